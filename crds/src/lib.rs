@@ -1,0 +1,1 @@
+//! pgkube API types, group `db.example.com`, version `v1alpha1`.

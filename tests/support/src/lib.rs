@@ -1,0 +1,1 @@
+//! Test support for pgkube's integration tests.
