@@ -1,5 +1,52 @@
-//! The `pgkube` binary: the manager (`pgkube run`), CRD generation and the backup agent.
+//! The `pgkube` binary.
+//!
+//! - `pgkube run`: the manager (controllers, leader election, health and metrics endpoints).
+//! - `pgkube crd`: prints the CRD YAML of every pgkube kind.
+//! - `pgkube agent backup|restore`: the data path that runs inside backup and restore Jobs.
 
-fn main() {
-    println!("pgkube");
+mod agent;
+mod manager;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "pgkube", version, about = "Kubernetes operator for PostgreSQL")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the manager: the PostgreSQLCluster, PostgreSQLBackup and PostgreSQLRestore controllers.
+    Run(Box<manager::RunArgs>),
+    /// Print the CustomResourceDefinitions of all pgkube kinds as YAML.
+    Crd,
+    /// Back up or restore PostgreSQL to or from S3-compatible storage (runs inside Jobs).
+    #[command(subcommand)]
+    Agent(agent::AgentCommand),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => manager::run(*args),
+        Command::Crd => print_crds(),
+        Command::Agent(command) => agent::run(command),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // `{:#}` prints the whole context chain on one line, without a backtrace.
+            eprintln!("pgkube: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn print_crds() -> anyhow::Result<()> {
+    print!("{}", pgkube_crds::crd_yaml()?);
+    Ok(())
 }

@@ -1,0 +1,155 @@
+//! `PostgreSQLCluster`: the desired PostgreSQL instance set and its observed state.
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{S3Storage, conditions_schema};
+
+/// Desired state of a PostgreSQL cluster.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "db.example.com",
+    version = "v1alpha1",
+    kind = "PostgreSQLCluster",
+    plural = "postgresqlclusters",
+    singular = "postgresqlcluster",
+    shortname = "pgcluster",
+    namespaced,
+    doc = "A PostgreSQL cluster: instances, services, credentials and scheduled backups.",
+    status = "PostgreSQLClusterStatus",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".spec.replicas"}"#,
+    printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.currentVersion","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgreSQLClusterSpec {
+    /// Number of PostgreSQL instances.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 1, max = 10))]
+    pub replicas: i32,
+    /// PostgreSQL major version. It can go up (an upgrade) but never down.
+    #[x_kube(validation = Rule::new("int(self) >= int(oldSelf)").message("cannot be lowered: a PostgreSQL major version downgrade is not possible"))]
+    pub version: PostgresVersion,
+    /// Size of each instance's data volume, in whole gibibytes, for example `100Gi`.
+    #[schemars(regex(pattern = r"^[0-9]+Gi$"))]
+    pub storage: String,
+    /// CPU and memory requests and limits of the PostgreSQL container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Scheduled backups to S3-compatible storage, with retention.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupConfig>,
+}
+
+fn default_replicas() -> i32 {
+    3
+}
+
+/// Supported PostgreSQL major versions.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema)]
+pub enum PostgresVersion {
+    #[serde(rename = "14")]
+    V14,
+    #[serde(rename = "15")]
+    V15,
+    #[serde(rename = "16")]
+    V16,
+    #[serde(rename = "17")]
+    V17,
+    #[serde(rename = "18")]
+    V18,
+}
+
+impl PostgresVersion {
+    /// The major version number, for example `16`.
+    pub fn major(self) -> u32 {
+        match self {
+            Self::V14 => 14,
+            Self::V15 => 15,
+            Self::V16 => 16,
+            Self::V17 => 17,
+            Self::V18 => 18,
+        }
+    }
+}
+
+impl std::fmt::Display for PostgresVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.major())
+    }
+}
+
+/// Scheduled backups of a cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupConfig {
+    /// When to back up, as a standard 5-field cron expression (minute hour day-of-month month
+    /// day-of-week), for example `0 3 * * *` for 03:00 every day. There is no seconds field.
+    #[schemars(regex(pattern = r"^\s*([0-9A-Za-z*?/,-]+\s+){4}[0-9A-Za-z*?/,-]+\s*$"))]
+    pub schedule: String,
+    /// IANA time zone the schedule is read in, for example `Europe/Paris`. Defaults to UTC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_zone: Option<String>,
+    /// Backups older than this many days are deleted; the newest completed backup is always kept.
+    #[serde(default = "default_retention_days")]
+    #[schemars(range(min = 1, max = 90))]
+    pub retention_days: i32,
+    /// Where backups are stored. Scheduled backups cannot run without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub s3: Option<S3Storage>,
+    /// Pause scheduled backups (on-demand backups still run).
+    #[serde(default)]
+    pub suspend: bool,
+}
+
+fn default_retention_days() -> i32 {
+    7
+}
+
+/// Observed state of a PostgreSQL cluster, written only by the controller.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgreSQLClusterStatus {
+    /// Overall phase: Pending, Creating, Running, Scaling, Upgrading, Degraded or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<ClusterPhase>,
+    /// Number of instances that are ready.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// PostgreSQL version the instances run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<String>,
+    /// The `metadata.generation` this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Standard conditions: Ready, Progressing, BackupComplete, Restoring.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// When the last scheduled backup was started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_scheduled_backup: Option<Time>,
+    /// When the next scheduled backup is due.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_scheduled_backup: Option<Time>,
+    /// Name of the newest Completed backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_successful_backup: Option<String>,
+}
+
+/// Phase of a cluster.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ClusterPhase {
+    Pending,
+    Creating,
+    Running,
+    Scaling,
+    Upgrading,
+    Degraded,
+    Failed,
+}

@@ -1,0 +1,98 @@
+//! `PostgreSQLRestore`: restore a backup into a cluster.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::common::{LocalReference, S3Storage, conditions_schema};
+
+/// Which backup to restore into which cluster. Immutable.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "db.example.com",
+    version = "v1alpha1",
+    kind = "PostgreSQLRestore",
+    plural = "postgresqlrestores",
+    singular = "postgresqlrestore",
+    shortname = "pgrestore",
+    namespaced,
+    doc = "A restore of a backup into a PostgreSQLCluster.",
+    status = "PostgreSQLRestoreStatus",
+    printcolumn = r#"{"name":"Backup","type":"string","jsonPath":".spec.backup.name"}"#,
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.cluster.name"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self == oldSelf").message("spec is immutable: create a new PostgreSQLRestore instead"))]
+#[x_kube(validation = Rule::new("has(self.backup) != has(self.source)").message("exactly one of backup and source must be set"))]
+pub struct PostgreSQLRestoreSpec {
+    /// The PostgreSQLBackup to restore, in the same namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<LocalReference>,
+    /// A backup given by its storage and manifest key, for backups without a PostgreSQLBackup
+    /// object (for example from another Kubernetes cluster).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<RestoreSource>,
+    /// The cluster to restore into, in the same namespace.
+    pub cluster: LocalReference,
+    /// Restore only these databases. Empty means all databases in the backup.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub databases: Vec<String>,
+    /// Drop and recreate databases that already exist in the target cluster. Without it, a
+    /// restore into an existing database fails and changes nothing.
+    #[serde(default)]
+    pub drop_existing: bool,
+}
+
+/// A backup located directly in storage.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreSource {
+    /// Where the backup is stored.
+    pub s3: S3Storage,
+    /// Key of the backup's manifest object.
+    #[schemars(length(min = 1))]
+    pub object_key: String,
+}
+
+/// Observed state of a restore, written only by the controller.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgreSQLRestoreStatus {
+    /// Pending, Running, Completed or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<RestorePhase>,
+    /// When the restore Job started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the restore finished (or failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    /// Manifest key of the backup that was restored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restored_object_key: Option<String>,
+    /// Databases that were restored.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restored_databases: Vec<String>,
+    /// Name of the Job that ran the restore.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_name: Option<String>,
+    /// Human-readable detail of the current phase, the reason of a failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Standard conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+}
+
+/// Phase of a restore.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum RestorePhase {
+    Pending,
+    Running,
+    Completed,
+    Failed,
+}
