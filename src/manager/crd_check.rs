@@ -8,6 +8,8 @@ use kube::Api;
 pub const INSTALL_COMMAND: &str = "pgkube crd | kubectl apply --server-side -f -";
 
 /// Why the CRDs are not usable.
+/// Inner errors are part of the message, not `#[source]`: kube's errors already repeat their
+/// causes, and `{:#}` would print each one several times.
 #[derive(Debug, thiserror::Error)]
 pub enum CrdCheckError {
     #[error(
@@ -16,12 +18,11 @@ pub enum CrdCheckError {
     )]
     Missing { names: String },
     #[error(
-        "cannot read CustomResourceDefinition {name} (the manager needs get on customresourcedefinitions): {source}"
+        "cannot read CustomResourceDefinition {name} (the manager needs get on customresourcedefinitions): {error}"
     )]
     Unreadable {
         name: String,
-        #[source]
-        source: kube::Error,
+                error: kube::Error,
     },
 }
 
@@ -44,9 +45,9 @@ pub async fn ensure_installed(
         let found = api
             .get_opt(name)
             .await
-            .map_err(|source| CrdCheckError::Unreadable {
+            .map_err(|error| CrdCheckError::Unreadable {
                 name: name.clone(),
-                source,
+                error,
             })?;
         if found.is_none() {
             missing.push(name.as_str());

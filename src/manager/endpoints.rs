@@ -35,12 +35,11 @@ impl Readiness {
 
 /// Why an endpoint could not start.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot listen on {address} for {endpoint}: {source}")]
+#[error("cannot listen on {address} for {endpoint}: {error}")]
 pub struct BindError {
     endpoint: &'static str,
     address: SocketAddr,
-    #[source]
-    source: std::io::Error,
+        error: std::io::Error,
 }
 
 /// The router of `/healthz` and `/readyz`.
@@ -91,10 +90,10 @@ pub async fn serve(
     router: Router,
     stop: CancellationToken,
 ) -> Result<SocketAddr, BindError> {
-    let bind_error = |source| BindError {
+    let bind_error = |error| BindError {
         endpoint,
         address,
-        source,
+        error,
     };
     let listener = TcpListener::bind(address).await.map_err(bind_error)?;
     let bound = listener.local_addr().map_err(bind_error)?;

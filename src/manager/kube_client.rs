@@ -9,15 +9,17 @@ use kube::config::{Config, InferConfigError};
 use super::rate_limit::RateLimitLayer;
 
 /// Why no client could be built.
+/// Inner errors are part of the message, not `#[source]`: kube's errors already repeat their
+/// causes, and `{:#}` would print each one several times.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error(
         "no Kubernetes configuration found: set KUBECONFIG to a kubeconfig file, create ~/.kube/config, \
          or run inside a cluster with a service account ({0})"
     )]
-    NoConfiguration(#[source] InferConfigError),
+    NoConfiguration(InferConfigError),
     #[error("cannot build the Kubernetes client: {0}")]
-    Build(#[source] kube::Error),
+    Build(kube::Error),
 }
 
 /// Builds the client: inferred configuration, rate limited to `qps` with bursts of `burst`.

@@ -31,16 +31,17 @@ use super::args::LeaseTimings;
 const EXPIRED_LOCK_JITTER: Duration = Duration::from_secs(1);
 
 /// Leader election failures.
+/// Inner errors are part of the message, not `#[source]`: kube's errors already repeat their
+/// causes, and `{:#}` would print each one several times.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaderError {
     #[error(
-        "cannot use Lease {namespace}/{name} (the manager needs get, create and patch on leases): {source}"
+        "cannot use Lease {namespace}/{name} (the manager needs get, create and patch on leases): {error}"
     )]
     Lease {
         namespace: String,
         name: String,
-        #[source]
-        source: LeaseManagerError,
+                error: LeaseManagerError,
     },
     #[error(
         "lost the leadership of Lease {namespace}/{name}{reason}; exiting so that this pod restarts as a follower"
@@ -142,10 +143,10 @@ impl LeaderElection {
             LeaseCreateMode::AutoCreate,
         )
         .await
-        .map_err(|source| LeaderError::Lease {
+        .map_err(|error| LeaderError::Lease {
             namespace: self.namespace.clone(),
             name: self.name.clone(),
-            source,
+            error,
         })
     }
 
@@ -228,10 +229,10 @@ impl Leadership {
                 tracing::info!(lease = %self.name, "released the Lease");
                 Ok(())
             }
-            Err(source) => Err(LeaderError::Lease {
+            Err(error) => Err(LeaderError::Lease {
                 namespace: self.namespace,
                 name: self.name,
-                source,
+                error,
             }),
         }
     }

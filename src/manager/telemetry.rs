@@ -38,19 +38,19 @@ pub const SECRET_SAFE_DIRECTIVES: &[&str] = &[
     "rustls=warn",
 ];
 
-/// Why telemetry could not start.
+/// Why telemetry could not start. Inner errors are part of the message, not `#[source]`, so
+/// `{:#}` prints each cause once.
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
-    #[error("invalid log filter `{filter}`: {source}")]
+    #[error("invalid log filter `{filter}`: {error}")]
     Filter {
         filter: String,
-        #[source]
-        source: tracing_subscriber::filter::ParseError,
+                error: tracing_subscriber::filter::ParseError,
     },
     #[error("cannot set up the OTLP trace exporter: {0}")]
-    Exporter(#[from] opentelemetry_otlp::ExporterBuildError),
+    Exporter(opentelemetry_otlp::ExporterBuildError),
     #[error("cannot install the log subscriber: {0}")]
-    Install(#[from] tracing_subscriber::util::TryInitError),
+    Install(tracing_subscriber::util::TryInitError),
 }
 
 /// What must be flushed at exit.
@@ -111,9 +111,9 @@ pub fn log_filter(filter: &str) -> Result<EnvFilter, TelemetryError> {
         .join(",");
     EnvFilter::builder()
         .parse(&full)
-        .map_err(|source| TelemetryError::Filter {
+        .map_err(|error| TelemetryError::Filter {
             filter: filter.to_owned(),
-            source,
+            error,
         })
 }
 
@@ -144,19 +144,21 @@ pub fn init(format: LogFormat, filter: &str) -> Result<Telemetry, TelemetryError
         .with(otel_layer)
         .with(json)
         .with(text)
-        .try_init()?;
+        .try_init()
+        .map_err(TelemetryError::Install)?;
     Ok(Telemetry { tracer_provider })
 }
 
 fn tracer_provider(transport: OtlpTransport) -> Result<SdkTracerProvider, TelemetryError> {
     // Endpoint, headers, timeout and compression come from the OTEL_EXPORTER_OTLP_* variables.
     let exporter = match transport {
-        OtlpTransport::Grpc => SpanExporter::builder().with_tonic().build()?,
+        OtlpTransport::Grpc => SpanExporter::builder().with_tonic().build(),
         OtlpTransport::HttpProtobuf => SpanExporter::builder()
             .with_http()
             .with_protocol(Protocol::HttpBinary)
-            .build()?,
-    };
+            .build(),
+    }
+    .map_err(TelemetryError::Exporter)?;
     // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win over our default name.
     let mut resource = Resource::builder();
     if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
