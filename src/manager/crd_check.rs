@@ -20,10 +20,7 @@ pub enum CrdCheckError {
     #[error(
         "cannot read CustomResourceDefinition {name} (the manager needs get on customresourcedefinitions): {error}"
     )]
-    Unreadable {
-        name: String,
-                error: kube::Error,
-    },
+    Unreadable { name: String, error: kube::Error },
 }
 
 /// The names (`plural.group`) of every pgkube CRD.
@@ -99,5 +96,42 @@ mod tests {
             ),
             "{two}"
         );
+    }
+}
+
+/// Against the test bed's real API server.
+#[cfg(test)]
+mod testbed_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_missing_crd_is_named_and_installed_ones_pass() {
+        let Some(env) = pgkube_testkit::testbed() else {
+            return;
+        };
+        let crds = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/crds.yaml");
+        let applied = env
+            .kubectl()
+            .args(["apply", "--server-side", "--force-conflicts", "-f"])
+            .arg(crds)
+            .status()
+            .expect("running kubectl");
+        assert!(applied.success(), "installing the CRDs failed");
+        let client = env.kube_client().await;
+        let installed = pgkube_crd_names();
+        ensure_installed(&client, &installed)
+            .await
+            .expect("installed CRDs pass");
+
+        let absent = "widgets.missing.pgkube.dev".to_owned();
+        let mut names = installed.clone();
+        names.insert(1, absent.clone());
+        let message = ensure_installed(&client, &names)
+            .await
+            .expect_err("the absent CRD is reported")
+            .to_string();
+        assert!(message.contains(&absent), "{message}");
+        assert!(!message.contains(&installed[0]), "{message}");
+        assert!(message.contains(INSTALL_COMMAND), "{message}");
     }
 }

@@ -39,7 +39,7 @@ impl Readiness {
 pub struct BindError {
     endpoint: &'static str,
     address: SocketAddr,
-        error: std::io::Error,
+    error: std::io::Error,
 }
 
 /// The router of `/healthz` and `/readyz`.

@@ -41,7 +41,7 @@ pub enum LeaderError {
     Lease {
         namespace: String,
         name: String,
-                error: LeaseManagerError,
+        error: LeaseManagerError,
     },
     #[error(
         "lost the leadership of Lease {namespace}/{name}{reason}; exiting so that this pod restarts as a follower"

@@ -45,7 +45,7 @@ pub enum TelemetryError {
     #[error("invalid log filter `{filter}`: {error}")]
     Filter {
         filter: String,
-                error: tracing_subscriber::filter::ParseError,
+        error: tracing_subscriber::filter::ParseError,
     },
     #[error("cannot set up the OTLP trace exporter: {0}")]
     Exporter(opentelemetry_otlp::ExporterBuildError),
