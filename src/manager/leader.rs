@@ -11,7 +11,6 @@
 //! - `leader_election_master_status{name}` (1 leader, 0 not) shows who leads, as in
 //!   controller-runtime.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
 use std::time::Duration;
@@ -205,15 +204,13 @@ pub struct Leadership {
 
 impl Leadership {
     /// Resolves when the Lease is lost (taken over or not renewable).
-    pub fn lost(&mut self) -> impl Future<Output = LeaderError> + '_ {
-        async move {
-            let reason = (&mut self.lost).await.unwrap_or_default();
-            self.status.set(0);
-            LeaderError::Lost {
-                namespace: self.namespace.clone(),
-                name: self.name.clone(),
-                reason,
-            }
+    pub async fn lost(&mut self) -> LeaderError {
+        let reason = (&mut self.lost).await.unwrap_or_default();
+        self.status.set(0);
+        LeaderError::Lost {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            reason,
         }
     }
 
