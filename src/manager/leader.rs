@@ -52,6 +52,20 @@ pub enum LeaderError {
     },
 }
 
+impl LeaderError {
+    /// Errors that retrying cannot fix: the manager is not allowed to use the Lease.
+    fn is_permanent(&self) -> bool {
+        match self {
+            LeaderError::Lease {
+                error: LeaseManagerError::KubeError(kube::Error::Api(status)),
+                ..
+            } => matches!(status.code, 401 | 403),
+            LeaderError::Lease { .. } => false,
+            LeaderError::Lost { .. } => true,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LeaseLabels {
     name: String,
@@ -110,7 +124,17 @@ impl LeaderElection {
             let manager = tokio::select! {
                 biased;
                 () = stop.cancelled() => return Ok(None),
-                manager = self.lease_manager() => manager?,
+                manager = self.lease_manager() => manager,
+            };
+            let manager = match manager {
+                Ok(manager) => manager,
+                Err(error) if error.is_permanent() => return Err(error),
+                Err(error) => {
+                    // The API server may be restarting: a follower keeps trying.
+                    tracing::warn!(%error, "cannot read the Lease; retrying");
+                    tokio::time::sleep(self.timings.retry_period).await;
+                    continue;
+                }
             };
             let attempt = tokio::time::timeout(attempt_window, manager.changed());
             tokio::select! {

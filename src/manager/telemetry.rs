@@ -8,6 +8,8 @@
 //!   follows `OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL` (`http/protobuf` by default, or `grpc`).
 //!   [`Telemetry::shutdown`] flushes the spans still buffered.
 
+use std::io::IsTerminal;
+
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{Protocol, SpanExporter, WithExportConfig};
 use opentelemetry_sdk::Resource;
@@ -137,7 +139,10 @@ pub fn init(format: LogFormat, filter: &str) -> Result<Telemetry, TelemetryError
             ),
             None,
         ),
-        LogFormat::Text => (None, Some(tracing_subscriber::fmt::layer())),
+        LogFormat::Text => (
+            None,
+            Some(tracing_subscriber::fmt::layer().with_ansi(std::io::stdout().is_terminal())),
+        ),
     };
     tracing_subscriber::registry()
         .with(filter)
