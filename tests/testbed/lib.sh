@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034 # the variables are used by the scripts that source this
 # Shared by tests/testbed/up and tests/testbed/down: paths, versions, logging, process records.
 #
 # Layout:
