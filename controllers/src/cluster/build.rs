@@ -161,9 +161,9 @@ fn statefulset(cluster: &ValidatedCluster, names: &ChildNames, image_repository:
             template: pod_template(cluster, names, image_repository),
             volume_claim_templates: Some(vec![data_claim_template(cluster, names)]),
             ..StatefulSetSpec::default()
-        },
+        }),
         ..StatefulSet::default()
-    })
+    }
 }
 
 fn pod_template(cluster: &ValidatedCluster, names: &ChildNames, image_repository: &str) -> PodTemplateSpec {
@@ -377,5 +377,141 @@ fn pod_disruption_budget(cluster: &ValidatedCluster, names: &ChildNames) -> PodD
             ..PodDisruptionBudgetSpec::default()
         }),
         ..PodDisruptionBudget::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::validate::{LiveFacts, validate};
+    use crate::names::is_valid;
+    use pgkube_crds::PostgreSQLCluster;
+
+    /// The seed's sample cluster.
+    const SAMPLE: &str = include_str!("../../../deploy/samples/postgresqlcluster.yaml");
+
+    fn validated(name: &str, replicas: i32) -> ValidatedCluster {
+        let mut cluster: PostgreSQLCluster = serde_yaml::from_str(SAMPLE).expect("sample parses");
+        cluster.metadata.name = Some(name.to_owned());
+        cluster.metadata.namespace = Some("team-a".to_owned());
+        cluster.metadata.uid = Some("0b5a5c2e-0000-4000-8000-000000000001".to_owned());
+        cluster.spec.replicas = replicas;
+        validate(&cluster, &LiveFacts::default()).expect("sample is valid")
+    }
+
+    fn container(children: &DesiredChildren) -> &Container {
+        let pod = children.statefulset.spec.as_ref().and_then(|s| s.template.spec.as_ref());
+        &pod.expect("pod spec").containers[0]
+    }
+
+    #[test]
+    fn the_sample_builds_the_named_children_with_owner_and_labels() {
+        let children = build(&validated("my-cluster", 3), "postgres", "secret");
+        let metas = [
+            &children.statefulset.metadata,
+            &children.headless_service.metadata,
+            &children.client_service.metadata,
+            &children.config_map.metadata,
+            &children.credentials.metadata,
+            &children.pod_disruption_budget.as_ref().expect("3 replicas get a PDB").metadata,
+        ];
+        let names: Vec<_> = metas.iter().map(|m| m.name.clone().unwrap_or_default()).collect();
+        assert_eq!(
+            names,
+            [
+                "my-cluster-postgresql",
+                "my-cluster-postgresql-headless",
+                "my-cluster-postgresql",
+                "my-cluster-postgresql-config",
+                "my-cluster-postgresql-credentials",
+                "my-cluster-postgresql",
+            ]
+        );
+        for meta in metas {
+            let labels = meta.labels.as_ref().expect("labels");
+            assert_eq!(labels["app.kubernetes.io/name"], "postgresql");
+            assert_eq!(labels["app.kubernetes.io/instance"], "my-cluster");
+            assert_eq!(labels["app.kubernetes.io/managed-by"], "pgkube");
+            let owner = &meta.owner_references.as_ref().expect("owner")[0];
+            assert_eq!((owner.kind.as_str(), owner.controller), ("PostgreSQLCluster", Some(true)));
+            assert_eq!(meta.namespace.as_deref(), Some("team-a"));
+        }
+    }
+
+    #[test]
+    fn the_statefulset_runs_the_version_with_probes_storage_and_resources() {
+        let children = build(&validated("my-cluster", 3), "registry.local/postgres", "secret");
+        let spec = children.statefulset.spec.as_ref().expect("spec");
+        assert_eq!(spec.replicas, Some(3));
+        assert_eq!(spec.service_name.as_deref(), Some("my-cluster-postgresql-headless"));
+        let postgres = container(&children);
+        assert_eq!(postgres.image.as_deref(), Some("registry.local/postgres:16"));
+        assert_eq!(postgres.ports.as_ref().expect("ports")[0].container_port, 5432);
+        let probe_command = |probe: &Option<Probe>| {
+            probe.as_ref().and_then(|p| p.exec.as_ref()?.command.clone()).expect("exec probe")
+        };
+        assert_eq!(probe_command(&postgres.readiness_probe)[0], "pg_isready");
+        assert_eq!(probe_command(&postgres.liveness_probe)[0], "pg_isready");
+        let resources = postgres.resources.as_ref().expect("resources from the spec");
+        assert_eq!(resources.requests.as_ref().expect("requests")["cpu"].0, "500m");
+        let claim = &spec.volume_claim_templates.as_ref().expect("claims")[0];
+        assert_eq!(claim.metadata.name.as_deref(), Some("data"));
+        let requests = claim.spec.as_ref().and_then(|s| s.resources.as_ref()?.requests.clone());
+        assert_eq!(requests.expect("storage request")["storage"].0, "100Gi");
+        let env: Vec<_> = postgres.env.as_ref().expect("env").iter().map(|e| e.name.as_str()).collect();
+        assert!(env.contains(&"POSTGRES_PASSWORD") && env.contains(&"PGDATA"), "{env:?}");
+    }
+
+    #[test]
+    fn pods_meet_the_restricted_pod_security_standard() {
+        let children = build(&validated("my-cluster", 1), "postgres", "secret");
+        let pod = children.statefulset.spec.as_ref().and_then(|s| s.template.spec.clone()).expect("pod");
+        let pod_security = pod.security_context.expect("pod security context");
+        assert_eq!(pod_security.run_as_non_root, Some(true));
+        assert_eq!(pod_security.run_as_user, Some(999));
+        let container = container(&children).security_context.clone().expect("container security");
+        assert_eq!(container.allow_privilege_escalation, Some(false));
+        assert_eq!(container.capabilities.and_then(|c| c.drop), Some(vec!["ALL".to_owned()]));
+        assert_eq!(container.seccomp_profile.map(|p| p.type_).as_deref(), Some("RuntimeDefault"));
+    }
+
+    #[test]
+    fn services_headless_and_client() {
+        let children = build(&validated("my-cluster", 3), "postgres", "secret");
+        let headless = children.headless_service.spec.expect("spec");
+        assert_eq!(headless.cluster_ip.as_deref(), Some("None"));
+        assert_eq!(headless.publish_not_ready_addresses, Some(true));
+        let client = children.client_service.spec.expect("spec");
+        assert_eq!(client.cluster_ip, None);
+        assert_eq!(client.selector, headless.selector);
+    }
+
+    #[test]
+    fn a_single_replica_gets_no_disruption_budget() {
+        assert!(build(&validated("my-cluster", 1), "postgres", "s").pod_disruption_budget.is_none());
+    }
+
+    #[test]
+    fn a_63_character_cluster_name_gives_valid_child_names() {
+        let name = "c".repeat(63);
+        let children = build(&validated(&name, 10), "postgres", "secret");
+        let sts = children.statefulset.metadata.name.clone().expect("name");
+        assert!(sts.len() <= STATEFULSET_NAME_MAX && is_valid(&sts, NameKind::DnsLabel), "{sts}");
+        // The highest pod, its hostname and its revision label value.
+        let pod = format!("{sts}-9");
+        assert!(pod.len() <= DNS_LABEL_MAX, "{pod}");
+        assert!(format!("{sts}-{}", "x".repeat(10)).len() <= DNS_LABEL_MAX);
+        for service in [&children.headless_service, &children.client_service] {
+            let name = service.metadata.name.clone().expect("name");
+            assert!(name.len() <= DNS_LABEL_MAX && is_valid(&name, NameKind::DnsLabel), "{name}");
+        }
+        for name in [&children.config_map.metadata.name, &children.credentials.metadata.name] {
+            let name = name.clone().expect("name");
+            assert!(name.len() <= DNS_SUBDOMAIN_MAX && is_valid(&name, NameKind::DnsSubdomain));
+        }
+        let labels = children.statefulset.metadata.labels.expect("labels");
+        assert!(labels.values().all(|v| v.len() <= DNS_LABEL_MAX));
+        let service_name = children.statefulset.spec.expect("spec").service_name;
+        assert_eq!(service_name, children.headless_service.metadata.name);
     }
 }

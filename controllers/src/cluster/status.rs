@@ -351,7 +351,7 @@ mod tests {
         assert_eq!(status.phase, Some(ClusterPhase::Running));
         let progressing = condition_of(&status, PROGRESSING);
         assert_eq!((progressing.status.as_str(), progressing.reason.as_str()), ("False", "MajorUpgradeNotSupported"));
-        let invalid = Issue { invalid_spec: true, ..refused };
+        let invalid = Issue { invalid_spec: true, ..refused.clone() };
         observation.issue = Some(&invalid);
         assert_eq!(compute(observation, now()).phase, Some(ClusterPhase::Failed));
     }

@@ -7,7 +7,7 @@
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
 use pgkube_crds::{PostgreSQLCluster, PostgresVersion};
 
 use crate::quantity;
@@ -186,11 +186,13 @@ mod tests {
     fn cluster(yaml: &str) -> PostgreSQLCluster {
         let mut cluster: PostgreSQLCluster =
             serde_yaml::from_str(yaml).expect("fixture is a PostgreSQLCluster");
+        cluster.metadata.namespace = Some("default".to_owned());
         cluster.metadata.uid = Some("0b5a5c2e-0000-4000-8000-000000000001".to_owned());
         cluster
     }
 
-    const SAMPLE: &str = include_str!("../../tests/fixtures/cluster-sample.yaml");
+    /// The seed's sample cluster.
+    const SAMPLE: &str = include_str!("../../../deploy/samples/postgresqlcluster.yaml");
 
     #[test]
     fn a_new_cluster_is_valid_and_its_template_gets_the_requested_size() {
