@@ -126,7 +126,10 @@ async fn ensure_crds_installed(context: &Context) -> Result<(), RunError> {
         Some(namespace) => Api::<PostgreSQLCluster>::namespaced(client, namespace),
         None => Api::<PostgreSQLCluster>::all(client),
     };
-    match clusters.list_metadata(&ListParams::default().limit(1)).await {
+    match clusters
+        .list_metadata(&ListParams::default().limit(1))
+        .await
+    {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(status)) if status.is_not_found() => Err(RunError::MissingCrd {
             crd: "postgresqlclusters.db.example.com".to_owned(),

@@ -154,7 +154,11 @@ mod tests {
         for (suffix, kind, max) in [
             ("-postgresql", NameKind::DnsLabel, STATEFULSET_NAME_MAX),
             ("-postgresql-headless", NameKind::DnsLabel, DNS_LABEL_MAX),
-            ("-postgresql-config", NameKind::DnsSubdomain, DNS_SUBDOMAIN_MAX),
+            (
+                "-postgresql-config",
+                NameKind::DnsSubdomain,
+                DNS_SUBDOMAIN_MAX,
+            ),
         ] {
             let name = child_name(LONG, suffix, kind, max);
             assert!(name.len() <= max, "{name} longer than {max}");

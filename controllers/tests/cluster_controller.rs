@@ -23,35 +23,86 @@ const TIMEOUT: Duration = Duration::from_secs(120);
 async fn patch_spec(running: &Running, name: &str, spec: serde_json::Value) {
     running
         .clusters()
-        .patch(name, &PatchParams::default(), &Patch::Merge(json!({ "spec": spec })))
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": spec })),
+        )
         .await
         .expect("spec patched");
 }
 
 fn password(secret: &Secret) -> Vec<u8> {
-    secret.data.as_ref().and_then(|d| d.get("password")).map(|b| b.0.clone()).expect("password")
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("password"))
+        .map(|b| b.0.clone())
+        .expect("password")
 }
 
 #[tokio::test]
 async fn the_sample_runs_scales_up_and_down_and_keeps_its_password() {
-    let Some(running) = Running::start("cluster-scale", RESYNC).await else { return };
+    let Some(running) = Running::start("cluster-scale", RESYNC).await else {
+        return;
+    };
     running.create_sample("my-cluster", 3).await;
     let cluster = running.wait_running("my-cluster", 3, TIMEOUT).await;
     let status = cluster.status.clone().expect("status");
     assert_eq!(status.current_version.as_deref(), Some("16"));
     let ready = condition(&cluster, "Ready").expect("Ready condition");
-    assert_eq!((ready.status.as_str(), ready.message.as_str()), ("True", "All 3 replicas are ready"));
-    assert!(cluster.finalizers().iter().any(|f| f == "db.example.com/cleanup"));
+    assert_eq!(
+        (ready.status.as_str(), ready.message.as_str()),
+        ("True", "All 3 replicas are ready")
+    );
+    assert!(
+        cluster
+            .finalizers()
+            .iter()
+            .any(|f| f == "db.example.com/cleanup")
+    );
 
-    let sts = running.api::<StatefulSet>().get("my-cluster-postgresql").await.expect("StatefulSet");
-    let template = sts.spec.as_ref().expect("spec").template.spec.as_ref().expect("pod");
+    let sts = running
+        .api::<StatefulSet>()
+        .get("my-cluster-postgresql")
+        .await
+        .expect("StatefulSet");
+    let template = sts
+        .spec
+        .as_ref()
+        .expect("spec")
+        .template
+        .spec
+        .as_ref()
+        .expect("pod");
     assert_eq!(template.containers[0].image.as_deref(), Some("postgres:16"));
-    running.api::<Service>().get("my-cluster-postgresql-headless").await.expect("headless Service");
-    running.api::<Service>().get("my-cluster-postgresql").await.expect("client Service");
-    running.api::<ConfigMap>().get("my-cluster-postgresql-config").await.expect("ConfigMap");
-    running.api::<PodDisruptionBudget>().get("my-cluster-postgresql").await.expect("PDB for 3");
+    running
+        .api::<Service>()
+        .get("my-cluster-postgresql-headless")
+        .await
+        .expect("headless Service");
+    running
+        .api::<Service>()
+        .get("my-cluster-postgresql")
+        .await
+        .expect("client Service");
+    running
+        .api::<ConfigMap>()
+        .get("my-cluster-postgresql-config")
+        .await
+        .expect("ConfigMap");
+    running
+        .api::<PodDisruptionBudget>()
+        .get("my-cluster-postgresql")
+        .await
+        .expect("PDB for 3");
     let secrets = running.api::<Secret>();
-    let first_password = password(&secrets.get("my-cluster-postgresql-credentials").await.expect("Secret"));
+    let first_password = password(
+        &secrets
+            .get("my-cluster-postgresql-credentials")
+            .await
+            .expect("Secret"),
+    );
     assert_eq!(first_password.len(), 32);
 
     patch_spec(&running, "my-cluster", json!({"replicas": 5})).await;
@@ -60,26 +111,51 @@ async fn the_sample_runs_scales_up_and_down_and_keeps_its_password() {
     running.wait_running("my-cluster", 1, TIMEOUT).await;
     let budgets = running.api::<PodDisruptionBudget>();
     wait_until("the PDB to go with one replica", TIMEOUT, || async {
-        Ok(budgets.get_opt("my-cluster-postgresql").await?.is_none().then_some(()))
+        Ok(budgets
+            .get_opt("my-cluster-postgresql")
+            .await?
+            .is_none()
+            .then_some(()))
     })
     .await
     .expect("PDB deleted");
-    let sts = running.api::<StatefulSet>().get("my-cluster-postgresql").await.expect("StatefulSet");
+    let sts = running
+        .api::<StatefulSet>()
+        .get("my-cluster-postgresql")
+        .await
+        .expect("StatefulSet");
     assert_eq!(sts.spec.and_then(|s| s.replicas), Some(1));
-    let after = password(&secrets.get("my-cluster-postgresql-credentials").await.expect("Secret"));
-    assert_eq!(after, first_password, "the generated password must never change");
+    let after = password(
+        &secrets
+            .get("my-cluster-postgresql-credentials")
+            .await
+            .expect("Secret"),
+    );
+    assert_eq!(
+        after, first_password,
+        "the generated password must never change"
+    );
     running.stop().await;
 }
 
 #[tokio::test]
 async fn deleted_and_edited_children_are_repaired() {
-    let Some(running) = Running::start("cluster-repair", RESYNC).await else { return };
+    let Some(running) = Running::start("cluster-repair", RESYNC).await else {
+        return;
+    };
     running.create_sample("repair", 2).await;
     running.wait_running("repair", 2, TIMEOUT).await;
 
     let services = running.api::<Service>();
-    let old_uid = services.get("repair-postgresql").await.expect("Service").uid();
-    services.delete("repair-postgresql", &DeleteParams::default()).await.expect("deleted");
+    let old_uid = services
+        .get("repair-postgresql")
+        .await
+        .expect("Service")
+        .uid();
+    services
+        .delete("repair-postgresql", &DeleteParams::default())
+        .await
+        .expect("deleted");
     wait_until("the client Service to come back", TIMEOUT, || async {
         let service = services.get_opt("repair-postgresql").await?;
         Ok(service.filter(|s| s.uid() != old_uid).map(|_| ()))
@@ -89,13 +165,21 @@ async fn deleted_and_edited_children_are_repaired() {
 
     let statefulsets = running.api::<StatefulSet>();
     statefulsets
-        .patch("repair-postgresql", &PatchParams::default(), &Patch::Merge(json!({"spec": {"replicas": 4}})))
+        .patch(
+            "repair-postgresql",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 4}})),
+        )
         .await
         .expect("scaled by hand");
-    wait_until("the StatefulSet's replicas to be restored to 2", TIMEOUT, || async {
-        let sts = statefulsets.get("repair-postgresql").await?;
-        Ok((sts.spec.and_then(|s| s.replicas) == Some(2)).then_some(()))
-    })
+    wait_until(
+        "the StatefulSet's replicas to be restored to 2",
+        TIMEOUT,
+        || async {
+            let sts = statefulsets.get("repair-postgresql").await?;
+            Ok((sts.spec.and_then(|s| s.replicas) == Some(2)).then_some(()))
+        },
+    )
     .await
     .expect("replicas restored");
     running.wait_running("repair", 2, TIMEOUT).await;
@@ -104,28 +188,49 @@ async fn deleted_and_edited_children_are_repaired() {
 
 #[tokio::test]
 async fn deleting_the_cluster_removes_the_finalizer_and_children_are_collected() {
-    let Some(running) = Running::start("cluster-delete", RESYNC).await else { return };
+    let Some(running) = Running::start("cluster-delete", RESYNC).await else {
+        return;
+    };
     running.create_sample("doomed", 1).await;
     running.wait_running("doomed", 1, TIMEOUT).await;
-    running.clusters().delete("doomed", &DeleteParams::default()).await.expect("delete asked");
+    running
+        .clusters()
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .expect("delete asked");
     let clusters = running.clusters();
-    wait_until("the cluster to be gone (finalizer removed)", TIMEOUT, || async {
-        Ok(clusters.get_opt("doomed").await?.is_none().then_some(()))
-    })
+    wait_until(
+        "the cluster to be gone (finalizer removed)",
+        TIMEOUT,
+        || async { Ok(clusters.get_opt("doomed").await?.is_none().then_some(())) },
+    )
     .await
     .expect("cluster deleted");
     let statefulsets = running.api::<StatefulSet>();
     let services = running.api::<Service>();
     let config_maps = running.api::<ConfigMap>();
     let secrets = running.api::<Secret>();
-    wait_until("the garbage collector to remove the children", TIMEOUT, || async {
-        let gone = statefulsets.get_opt("doomed-postgresql").await?.is_none()
-            && services.get_opt("doomed-postgresql").await?.is_none()
-            && services.get_opt("doomed-postgresql-headless").await?.is_none()
-            && config_maps.get_opt("doomed-postgresql-config").await?.is_none()
-            && secrets.get_opt("doomed-postgresql-credentials").await?.is_none();
-        Ok(gone.then_some(()))
-    })
+    wait_until(
+        "the garbage collector to remove the children",
+        TIMEOUT,
+        || async {
+            let gone = statefulsets.get_opt("doomed-postgresql").await?.is_none()
+                && services.get_opt("doomed-postgresql").await?.is_none()
+                && services
+                    .get_opt("doomed-postgresql-headless")
+                    .await?
+                    .is_none()
+                && config_maps
+                    .get_opt("doomed-postgresql-config")
+                    .await?
+                    .is_none()
+                && secrets
+                    .get_opt("doomed-postgresql-credentials")
+                    .await?
+                    .is_none();
+            Ok(gone.then_some(()))
+        },
+    )
     .await
     .expect("children collected");
     running.stop().await;
@@ -133,34 +238,78 @@ async fn deleting_the_cluster_removes_the_finalizer_and_children_are_collected()
 
 #[tokio::test]
 async fn storage_shrink_and_major_upgrade_are_refused_and_change_nothing() {
-    let Some(running) = Running::start("cluster-refuse", RESYNC).await else { return };
+    let Some(running) = Running::start("cluster-refuse", RESYNC).await else {
+        return;
+    };
     running.create_sample("steady", 1).await;
     running.wait_running("steady", 1, TIMEOUT).await;
     let statefulsets = running.api::<StatefulSet>();
-    let before = statefulsets.get("steady-postgresql").await.expect("StatefulSet");
+    let before = statefulsets
+        .get("steady-postgresql")
+        .await
+        .expect("StatefulSet");
 
     patch_spec(&running, "steady", json!({"storage": "50Gi"})).await;
     let refused = wait_for_progressing_reason(&running, "steady", "StorageShrinkRefused").await;
-    assert!(condition(&refused, "Progressing").expect("condition").message.contains("100Gi"));
-    let after = statefulsets.get("steady-postgresql").await.expect("StatefulSet");
-    assert_eq!(after.metadata.generation, before.metadata.generation, "StatefulSet untouched");
+    assert!(
+        condition(&refused, "Progressing")
+            .expect("condition")
+            .message
+            .contains("100Gi")
+    );
+    let after = statefulsets
+        .get("steady-postgresql")
+        .await
+        .expect("StatefulSet");
+    assert_eq!(
+        after.metadata.generation, before.metadata.generation,
+        "StatefulSet untouched"
+    );
 
-    patch_spec(&running, "steady", json!({"storage": "100Gi", "version": "17"})).await;
+    patch_spec(
+        &running,
+        "steady",
+        json!({"storage": "100Gi", "version": "17"}),
+    )
+    .await;
     let refused = wait_for_progressing_reason(&running, "steady", "MajorUpgradeNotSupported").await;
     assert_eq!(refused.spec.version, PostgresVersion::V17);
-    assert_eq!(refused.status.as_ref().and_then(|s| s.current_version.clone()).as_deref(), Some("16"));
-    let after = statefulsets.get("steady-postgresql").await.expect("StatefulSet");
-    let image = after.spec.and_then(|s| s.template.spec).map(|p| p.containers[0].image.clone());
-    assert_eq!(image, Some(Some("postgres:16".to_owned())), "the old image stays");
+    assert_eq!(
+        refused
+            .status
+            .as_ref()
+            .and_then(|s| s.current_version.clone())
+            .as_deref(),
+        Some("16")
+    );
+    let after = statefulsets
+        .get("steady-postgresql")
+        .await
+        .expect("StatefulSet");
+    let image = after
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|p| p.containers[0].image.clone());
+    assert_eq!(
+        image,
+        Some(Some("postgres:16".to_owned())),
+        "the old image stays"
+    );
     running.stop().await;
 }
 
-async fn wait_for_progressing_reason(running: &Running, name: &str, reason: &str) -> PostgreSQLCluster {
+async fn wait_for_progressing_reason(
+    running: &Running,
+    name: &str,
+    reason: &str,
+) -> PostgreSQLCluster {
     let clusters = running.clusters();
     wait_until(&format!("Progressing reason {reason}"), TIMEOUT, || async {
         let cluster = clusters.get(name).await?;
-        let found = condition(&cluster, "Progressing").is_some_and(|c| c.status == "False" && c.reason == reason)
-            && cluster.status.as_ref().and_then(|s| s.observed_generation) == cluster.metadata.generation;
+        let found = condition(&cluster, "Progressing")
+            .is_some_and(|c| c.status == "False" && c.reason == reason)
+            && cluster.status.as_ref().and_then(|s| s.observed_generation)
+                == cluster.metadata.generation;
         Ok(found.then_some(cluster))
     })
     .await
@@ -169,7 +318,9 @@ async fn wait_for_progressing_reason(running: &Running, name: &str, reason: &str
 
 #[tokio::test]
 async fn a_63_character_cluster_name_gets_valid_children_and_runs() {
-    let Some(running) = Running::start("cluster-longname", RESYNC).await else { return };
+    let Some(running) = Running::start("cluster-longname", RESYNC).await else {
+        return;
+    };
     let name = format!("long-{}", "n".repeat(58));
     assert_eq!(name.len(), 63);
     running.create_sample(&name, 2).await;
@@ -195,8 +346,13 @@ async fn a_63_character_cluster_name_gets_valid_children_and_runs() {
 /// 200 clusters created at once all reach Running (a functional check, not a timing one).
 #[tokio::test]
 async fn many_clusters_created_at_once_all_reach_running() {
-    let count: usize = std::env::var("PGKUBE_MANY_CLUSTERS").ok().and_then(|v| v.parse().ok()).unwrap_or(200);
-    let Some(running) = Running::start("cluster-many", Duration::from_secs(300)).await else { return };
+    let count: usize = std::env::var("PGKUBE_MANY_CLUSTERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let Some(running) = Running::start("cluster-many", Duration::from_secs(300)).await else {
+        return;
+    };
     let clusters = running.clusters();
     let template: PostgreSQLCluster = serde_yaml::from_str(common::SAMPLE).expect("sample parses");
     futures::stream::iter(0..count)
@@ -208,19 +364,26 @@ async fn many_clusters_created_at_once_all_reach_running() {
                 cluster.spec.replicas = 1;
                 cluster.spec.storage = "1Gi".to_owned();
                 cluster.spec.backup = None;
-                clusters.create(&PostParams::default(), &cluster).await.expect("created");
+                clusters
+                    .create(&PostParams::default(), &cluster)
+                    .await
+                    .expect("created");
             }
         })
         .await;
-    let running_count = wait_until(&format!("{count} clusters Running"), Duration::from_secs(600), || async {
-        let list = clusters.list(&ListParams::default()).await?;
-        let ready = list
-            .items
-            .iter()
-            .filter(|c| c.status.as_ref().and_then(|s| s.phase) == Some(ClusterPhase::Running))
-            .count();
-        Ok((ready == count).then_some(ready))
-    })
+    let running_count = wait_until(
+        &format!("{count} clusters Running"),
+        Duration::from_secs(600),
+        || async {
+            let list = clusters.list(&ListParams::default()).await?;
+            let ready = list
+                .items
+                .iter()
+                .filter(|c| c.status.as_ref().and_then(|s| s.phase) == Some(ClusterPhase::Running))
+                .count();
+            Ok((ready == count).then_some(ready))
+        },
+    )
     .await
     .expect("all Running");
     assert_eq!(running_count, count);
@@ -231,7 +394,9 @@ async fn many_clusters_created_at_once_all_reach_running() {
 #[tokio::test]
 async fn a_ready_unchanged_cluster_causes_zero_writes_across_resyncs() {
     let resync = Duration::from_secs(2);
-    let Some(running) = Running::start("cluster-idle", resync).await else { return };
+    let Some(running) = Running::start("cluster-idle", resync).await else {
+        return;
+    };
     running.create_sample("idle", 2).await;
     running.wait_running("idle", 2, TIMEOUT).await;
     // Let the last status write and its Event land, then count from a quiet point.
@@ -243,7 +408,15 @@ async fn a_ready_unchanged_cluster_causes_zero_writes_across_resyncs() {
     let reads = running.counts.reads() - reads_before;
     let writes = running.counts.writes() - writes_before;
     // Each resync reads the six children and the data claims: at least three resyncs ran.
-    assert!(reads >= 3 * 6, "only {reads} reads: the periodic reconciles did not run");
-    assert_eq!(writes, 0, "writes while idle: {:?}", &running.counts.write_log()[log_before..]);
+    assert!(
+        reads >= 3 * 6,
+        "only {reads} reads: the periodic reconciles did not run"
+    );
+    assert_eq!(
+        writes,
+        0,
+        "writes while idle: {:?}",
+        &running.counts.write_log()[log_before..]
+    );
     running.stop().await;
 }

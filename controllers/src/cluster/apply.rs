@@ -59,17 +59,44 @@ pub async fn apply(
         create_credentials(client, namespace, &credentials).await?;
         writes += 1;
     }
-    writes += apply_child(client, namespace, &config_map, live.config_map.as_ref()).await?.is_some() as usize;
-    writes += apply_child(client, namespace, &headless_service, live.headless_service.as_ref()).await?.is_some() as usize;
-    writes += apply_child(client, namespace, &client_service, live.client_service.as_ref()).await?.is_some() as usize;
-    let applied_sts = apply_child(client, namespace, &statefulset, live.statefulset.as_ref()).await?;
+    writes += apply_child(client, namespace, &config_map, live.config_map.as_ref())
+        .await?
+        .is_some() as usize;
+    writes += apply_child(
+        client,
+        namespace,
+        &headless_service,
+        live.headless_service.as_ref(),
+    )
+    .await?
+    .is_some() as usize;
+    writes += apply_child(
+        client,
+        namespace,
+        &client_service,
+        live.client_service.as_ref(),
+    )
+    .await?
+    .is_some() as usize;
+    let applied_sts =
+        apply_child(client, namespace, &statefulset, live.statefulset.as_ref()).await?;
     writes += applied_sts.is_some() as usize;
-    writes += reconcile_disruption_budget(client, namespace, pod_disruption_budget, live.pod_disruption_budget).await?;
+    writes += reconcile_disruption_budget(
+        client,
+        namespace,
+        pod_disruption_budget,
+        live.pod_disruption_budget,
+    )
+    .await?;
     let expansion = expand_volumes(client, namespace, &live.data_claims, storage_gib).await?;
     writes += expansion.writes;
     let statefulset = match (applied_sts, live.statefulset) {
         (Some(applied), _) | (None, Some(applied)) => applied,
-        (None, None) => return Err(Error::Invariant("the StatefulSet was neither live nor applied")),
+        (None, None) => {
+            return Err(Error::Invariant(
+                "the StatefulSet was neither live nor applied",
+            ));
+        }
     };
     Ok(Applied {
         statefulset,
@@ -81,7 +108,12 @@ pub async fn apply(
 
 /// Applies `desired` unless `live` already matches it; returns the object after the apply, or
 /// `None` when nothing was written.
-async fn apply_child<K>(client: &Client, namespace: &str, desired: &K, live: Option<&K>) -> Result<Option<K>, Error>
+async fn apply_child<K>(
+    client: &Client,
+    namespace: &str,
+    desired: &K,
+    live: Option<&K>,
+) -> Result<Option<K>, Error>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
         + Clone
@@ -118,14 +150,21 @@ where
 
 /// Creates the credentials Secret. It is never applied again: the password it holds was
 /// generated once and is in use.
-async fn create_credentials(client: &Client, namespace: &str, secret: &Secret) -> Result<(), Error> {
+async fn create_credentials(
+    client: &Client,
+    namespace: &str,
+    secret: &Secret,
+) -> Result<(), Error> {
     let name = secret.name_any();
     tracing::info!(name = %name, "creating credentials");
     let params = PostParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PostParams::default()
     };
-    match Api::<Secret>::namespaced(client.clone(), namespace).create(&params, secret).await {
+    match Api::<Secret>::namespaced(client.clone(), namespace)
+        .create(&params, secret)
+        .await
+    {
         Ok(_) => Ok(()),
         // Made by a reconcile that raced with ours (or a stale read): keep what is there.
         Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(()),
@@ -147,7 +186,9 @@ async fn reconcile_disruption_budget(
     live: Option<PodDisruptionBudget>,
 ) -> Result<usize, Error> {
     match (desired, live) {
-        (Some(desired), live) => Ok(apply_child(client, namespace, &desired, live.as_ref()).await?.is_some() as usize),
+        (Some(desired), live) => Ok(apply_child(client, namespace, &desired, live.as_ref())
+            .await?
+            .is_some() as usize),
         (None, Some(live)) if is_ours(&live) => {
             let name = live.name_any();
             tracing::info!(name = %name, "deleting PodDisruptionBudget");
@@ -187,7 +228,11 @@ async fn expand_volumes(
     claims: &[PersistentVolumeClaim],
     storage_gib: u64,
 ) -> Result<Expansion, Error> {
-    let mut outcome = Expansion { issue: None, pending: false, writes: 0 };
+    let mut outcome = Expansion {
+        issue: None,
+        pending: false,
+        writes: 0,
+    };
     let too_small = claims.iter().filter(|claim| {
         claim_request(claim)
             .and_then(|request| quantity::gibibytes(&request))
@@ -200,7 +245,10 @@ async fn expand_volumes(
             outcome.pending = true;
             continue;
         }
-        let class = claim.spec.as_ref().and_then(|s| s.storage_class_name.clone());
+        let class = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.clone());
         if !expansion_allowed(client, class.as_deref()).await? {
             outcome.issue = Some(Issue {
                 reason: "StorageExpansionNotSupported".to_owned(),
@@ -220,7 +268,11 @@ async fn expand_volumes(
             "spec": {"resources": {"requests": {"storage": format!("{storage_gib}Gi")}}},
         });
         Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
-            .patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body))
+            .patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
             .await
             .map_err(|source| Error::Kube {
                 action: "expand",
@@ -246,5 +298,7 @@ async fn expansion_allowed(client: &Client, class: Option<&str>) -> Result<bool,
             name: class.to_owned(),
             source,
         })?;
-    Ok(class.and_then(|c| c.allow_volume_expansion).unwrap_or(false))
+    Ok(class
+        .and_then(|c| c.allow_volume_expansion)
+        .unwrap_or(false))
 }

@@ -8,10 +8,10 @@ use k8s_openapi::api::apps::v1::{
     StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar,
-    EnvVarSource, ExecAction, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext,
-    PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector, SecurityContext,
-    Service, ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
+    ExecAction, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector, SecurityContext, Service,
+    ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -95,7 +95,11 @@ pub struct DesiredChildren {
 
 /// The desired children of `cluster`, running `<image_repository>:<version>`; `password` goes
 /// into the credentials Secret if it has to be created.
-pub fn build(cluster: &ValidatedCluster, image_repository: &str, password: &str) -> DesiredChildren {
+pub fn build(
+    cluster: &ValidatedCluster,
+    image_repository: &str,
+    password: &str,
+) -> DesiredChildren {
     let names = ChildNames::for_cluster(&cluster.name);
     DesiredChildren {
         statefulset: statefulset(cluster, &names, image_repository),
@@ -103,14 +107,18 @@ pub fn build(cluster: &ValidatedCluster, image_repository: &str, password: &str)
         client_service: service(cluster, &names, &names.client_service, false),
         config_map: config_map(cluster, &names),
         credentials: credentials(cluster, &names, password),
-        pod_disruption_budget: (cluster.replicas > 1).then(|| pod_disruption_budget(cluster, &names)),
+        pod_disruption_budget: (cluster.replicas > 1)
+            .then(|| pod_disruption_budget(cluster, &names)),
     }
 }
 
 /// `app.kubernetes.io/*` labels on every child.
 pub fn labels(names: &ChildNames) -> BTreeMap<String, String> {
     let mut labels = selector_labels(names);
-    labels.insert("app.kubernetes.io/managed-by".to_owned(), "pgkube".to_owned());
+    labels.insert(
+        "app.kubernetes.io/managed-by".to_owned(),
+        "pgkube".to_owned(),
+    );
     labels
 }
 
@@ -118,7 +126,10 @@ pub fn labels(names: &ChildNames) -> BTreeMap<String, String> {
 pub fn selector_labels(names: &ChildNames) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("app.kubernetes.io/name".to_owned(), "postgresql".to_owned()),
-        ("app.kubernetes.io/instance".to_owned(), names.instance_label.clone()),
+        (
+            "app.kubernetes.io/instance".to_owned(),
+            names.instance_label.clone(),
+        ),
     ])
 }
 
@@ -132,7 +143,11 @@ fn metadata(cluster: &ValidatedCluster, names: &ChildNames, name: &str) -> Objec
     }
 }
 
-fn statefulset(cluster: &ValidatedCluster, names: &ChildNames, image_repository: &str) -> StatefulSet {
+fn statefulset(
+    cluster: &ValidatedCluster,
+    names: &ChildNames,
+    image_repository: &str,
+) -> StatefulSet {
     let mut meta = metadata(cluster, names, &names.statefulset);
     meta.annotations = Some(BTreeMap::from([(
         VERSION_ANNOTATION.to_owned(),
@@ -166,7 +181,11 @@ fn statefulset(cluster: &ValidatedCluster, names: &ChildNames, image_repository:
     }
 }
 
-fn pod_template(cluster: &ValidatedCluster, names: &ChildNames, image_repository: &str) -> PodTemplateSpec {
+fn pod_template(
+    cluster: &ValidatedCluster,
+    names: &ChildNames,
+    image_repository: &str,
+) -> PodTemplateSpec {
     PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(labels(names)),
@@ -198,7 +217,11 @@ fn pod_template(cluster: &ValidatedCluster, names: &ChildNames, image_repository
     }
 }
 
-fn postgres_container(cluster: &ValidatedCluster, names: &ChildNames, image_repository: &str) -> Container {
+fn postgres_container(
+    cluster: &ValidatedCluster,
+    names: &ChildNames,
+    image_repository: &str,
+) -> Container {
     let from_secret = |name: &str, key: &str| EnvVar {
         name: name.to_owned(),
         value_from: Some(EnvVarSource {
@@ -400,7 +423,11 @@ mod tests {
     }
 
     fn container(children: &DesiredChildren) -> &Container {
-        let pod = children.statefulset.spec.as_ref().and_then(|s| s.template.spec.as_ref());
+        let pod = children
+            .statefulset
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref());
         &pod.expect("pod spec").containers[0]
     }
 
@@ -413,9 +440,16 @@ mod tests {
             &children.client_service.metadata,
             &children.config_map.metadata,
             &children.credentials.metadata,
-            &children.pod_disruption_budget.as_ref().expect("3 replicas get a PDB").metadata,
+            &children
+                .pod_disruption_budget
+                .as_ref()
+                .expect("3 replicas get a PDB")
+                .metadata,
         ];
-        let names: Vec<_> = metas.iter().map(|m| m.name.clone().unwrap_or_default()).collect();
+        let names: Vec<_> = metas
+            .iter()
+            .map(|m| m.name.clone().unwrap_or_default())
+            .collect();
         assert_eq!(
             names,
             [
@@ -433,46 +467,97 @@ mod tests {
             assert_eq!(labels["app.kubernetes.io/instance"], "my-cluster");
             assert_eq!(labels["app.kubernetes.io/managed-by"], "pgkube");
             let owner = &meta.owner_references.as_ref().expect("owner")[0];
-            assert_eq!((owner.kind.as_str(), owner.controller), ("PostgreSQLCluster", Some(true)));
+            assert_eq!(
+                (owner.kind.as_str(), owner.controller),
+                ("PostgreSQLCluster", Some(true))
+            );
             assert_eq!(meta.namespace.as_deref(), Some("team-a"));
         }
     }
 
     #[test]
     fn the_statefulset_runs_the_version_with_probes_storage_and_resources() {
-        let children = build(&validated("my-cluster", 3), "registry.local/postgres", "secret");
+        let children = build(
+            &validated("my-cluster", 3),
+            "registry.local/postgres",
+            "secret",
+        );
         let spec = children.statefulset.spec.as_ref().expect("spec");
         assert_eq!(spec.replicas, Some(3));
-        assert_eq!(spec.service_name.as_deref(), Some("my-cluster-postgresql-headless"));
+        assert_eq!(
+            spec.service_name.as_deref(),
+            Some("my-cluster-postgresql-headless")
+        );
         let postgres = container(&children);
-        assert_eq!(postgres.image.as_deref(), Some("registry.local/postgres:16"));
-        assert_eq!(postgres.ports.as_ref().expect("ports")[0].container_port, 5432);
+        assert_eq!(
+            postgres.image.as_deref(),
+            Some("registry.local/postgres:16")
+        );
+        assert_eq!(
+            postgres.ports.as_ref().expect("ports")[0].container_port,
+            5432
+        );
         let probe_command = |probe: &Option<Probe>| {
-            probe.as_ref().and_then(|p| p.exec.as_ref()?.command.clone()).expect("exec probe")
+            probe
+                .as_ref()
+                .and_then(|p| p.exec.as_ref()?.command.clone())
+                .expect("exec probe")
         };
         assert_eq!(probe_command(&postgres.readiness_probe)[0], "pg_isready");
         assert_eq!(probe_command(&postgres.liveness_probe)[0], "pg_isready");
-        let resources = postgres.resources.as_ref().expect("resources from the spec");
-        assert_eq!(resources.requests.as_ref().expect("requests")["cpu"].0, "500m");
+        let resources = postgres
+            .resources
+            .as_ref()
+            .expect("resources from the spec");
+        assert_eq!(
+            resources.requests.as_ref().expect("requests")["cpu"].0,
+            "500m"
+        );
         let claim = &spec.volume_claim_templates.as_ref().expect("claims")[0];
         assert_eq!(claim.metadata.name.as_deref(), Some("data"));
-        let requests = claim.spec.as_ref().and_then(|s| s.resources.as_ref()?.requests.clone());
+        let requests = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.resources.as_ref()?.requests.clone());
         assert_eq!(requests.expect("storage request")["storage"].0, "100Gi");
-        let env: Vec<_> = postgres.env.as_ref().expect("env").iter().map(|e| e.name.as_str()).collect();
-        assert!(env.contains(&"POSTGRES_PASSWORD") && env.contains(&"PGDATA"), "{env:?}");
+        let env: Vec<_> = postgres
+            .env
+            .as_ref()
+            .expect("env")
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect();
+        assert!(
+            env.contains(&"POSTGRES_PASSWORD") && env.contains(&"PGDATA"),
+            "{env:?}"
+        );
     }
 
     #[test]
     fn pods_meet_the_restricted_pod_security_standard() {
         let children = build(&validated("my-cluster", 1), "postgres", "secret");
-        let pod = children.statefulset.spec.as_ref().and_then(|s| s.template.spec.clone()).expect("pod");
+        let pod = children
+            .statefulset
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.clone())
+            .expect("pod");
         let pod_security = pod.security_context.expect("pod security context");
         assert_eq!(pod_security.run_as_non_root, Some(true));
         assert_eq!(pod_security.run_as_user, Some(999));
-        let container = container(&children).security_context.clone().expect("container security");
+        let container = container(&children)
+            .security_context
+            .clone()
+            .expect("container security");
         assert_eq!(container.allow_privilege_escalation, Some(false));
-        assert_eq!(container.capabilities.and_then(|c| c.drop), Some(vec!["ALL".to_owned()]));
-        assert_eq!(container.seccomp_profile.map(|p| p.type_).as_deref(), Some("RuntimeDefault"));
+        assert_eq!(
+            container.capabilities.and_then(|c| c.drop),
+            Some(vec!["ALL".to_owned()])
+        );
+        assert_eq!(
+            container.seccomp_profile.map(|p| p.type_).as_deref(),
+            Some("RuntimeDefault")
+        );
     }
 
     #[test]
@@ -488,7 +573,11 @@ mod tests {
 
     #[test]
     fn a_single_replica_gets_no_disruption_budget() {
-        assert!(build(&validated("my-cluster", 1), "postgres", "s").pod_disruption_budget.is_none());
+        assert!(
+            build(&validated("my-cluster", 1), "postgres", "s")
+                .pod_disruption_budget
+                .is_none()
+        );
     }
 
     #[test]
@@ -496,16 +585,25 @@ mod tests {
         let name = "c".repeat(63);
         let children = build(&validated(&name, 10), "postgres", "secret");
         let sts = children.statefulset.metadata.name.clone().expect("name");
-        assert!(sts.len() <= STATEFULSET_NAME_MAX && is_valid(&sts, NameKind::DnsLabel), "{sts}");
+        assert!(
+            sts.len() <= STATEFULSET_NAME_MAX && is_valid(&sts, NameKind::DnsLabel),
+            "{sts}"
+        );
         // The highest pod, its hostname and its revision label value.
         let pod = format!("{sts}-9");
         assert!(pod.len() <= DNS_LABEL_MAX, "{pod}");
         assert!(format!("{sts}-{}", "x".repeat(10)).len() <= DNS_LABEL_MAX);
         for service in [&children.headless_service, &children.client_service] {
             let name = service.metadata.name.clone().expect("name");
-            assert!(name.len() <= DNS_LABEL_MAX && is_valid(&name, NameKind::DnsLabel), "{name}");
+            assert!(
+                name.len() <= DNS_LABEL_MAX && is_valid(&name, NameKind::DnsLabel),
+                "{name}"
+            );
         }
-        for name in [&children.config_map.metadata.name, &children.credentials.metadata.name] {
+        for name in [
+            &children.config_map.metadata.name,
+            &children.credentials.metadata.name,
+        ] {
             let name = name.clone().expect("name");
             assert!(name.len() <= DNS_SUBDOMAIN_MAX && is_valid(&name, NameKind::DnsSubdomain));
         }

@@ -106,7 +106,9 @@ impl ClusterContext {
 
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
         // A panic while holding the lock leaves the counts usable.
-        self.failures.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.failures
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
@@ -122,11 +124,22 @@ impl ClusterControllers {
         let namespaces: Vec<Option<&str>> = if context.settings.watch_namespaces.is_empty() {
             vec![None]
         } else {
-            context.settings.watch_namespaces.iter().map(|ns| Some(ns.as_str())).collect()
+            context
+                .settings
+                .watch_namespaces
+                .iter()
+                .map(|ns| Some(ns.as_str()))
+                .collect()
         };
         let controllers = namespaces
             .into_iter()
-            .map(|namespace| controller(&context.client, namespace, context.settings.max_concurrent_reconciles))
+            .map(|namespace| {
+                controller(
+                    &context.client,
+                    namespace,
+                    context.settings.max_concurrent_reconciles,
+                )
+            })
             .collect();
         Self {
             controllers,
@@ -165,15 +178,22 @@ where
     }
 }
 
-fn controller(client: &Client, namespace: Option<&str>, concurrency: u16) -> Controller<PostgreSQLCluster> {
+fn controller(
+    client: &Client,
+    namespace: Option<&str>,
+    concurrency: u16,
+) -> Controller<PostgreSQLCluster> {
     let ours = || watcher::Config::default().labels(MANAGED_BY_SELECTOR);
-    Controller::new(api::<PostgreSQLCluster>(client, namespace), watcher::Config::default())
-        .with_config(ControllerConfig::default().concurrency(concurrency))
-        .owns(api::<StatefulSet>(client, namespace), ours())
-        .owns(api::<Service>(client, namespace), ours())
-        .owns(api::<ConfigMap>(client, namespace), ours())
-        .owns(api::<Secret>(client, namespace), ours())
-        .owns(api::<PodDisruptionBudget>(client, namespace), ours())
+    Controller::new(
+        api::<PostgreSQLCluster>(client, namespace),
+        watcher::Config::default(),
+    )
+    .with_config(ControllerConfig::default().concurrency(concurrency))
+    .owns(api::<StatefulSet>(client, namespace), ours())
+    .owns(api::<Service>(client, namespace), ours())
+    .owns(api::<ConfigMap>(client, namespace), ours())
+    .owns(api::<Secret>(client, namespace), ours())
+    .owns(api::<PodDisruptionBudget>(client, namespace), ours())
 }
 
 /// Reconciles one cluster: the finalizer first, then apply or cleanup.
@@ -190,7 +210,10 @@ fn controller(client: &Client, namespace: Option<&str>, concurrency: u16) -> Con
         trace_id = field::Empty,
     )
 )]
-pub async fn reconcile(cluster: Arc<PostgreSQLCluster>, context: Arc<ClusterContext>) -> Result<Action, Error> {
+pub async fn reconcile(
+    cluster: Arc<PostgreSQLCluster>,
+    context: Arc<ClusterContext>,
+) -> Result<Action, Error> {
     record_trace_id(&Span::current());
     let started = Instant::now();
     let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
@@ -204,7 +227,10 @@ pub async fn reconcile(cluster: Arc<PostgreSQLCluster>, context: Arc<ClusterCont
     })
     .await
     .map_err(|error| Error::Finalizer(Box::new(error)));
-    context.base.metrics.observe_reconcile(CONTROLLER, result.is_ok(), started.elapsed());
+    context
+        .base
+        .metrics
+        .observe_reconcile(CONTROLLER, result.is_ok(), started.elapsed());
     match &result {
         Ok(action) => {
             context.failures().remove(&key);
@@ -217,8 +243,16 @@ pub async fn reconcile(cluster: Arc<PostgreSQLCluster>, context: Arc<ClusterCont
 
 /// Retries a failed reconcile after a delay that doubles with each consecutive failure of the
 /// same object, and reports the error as an Event.
-pub fn error_policy(cluster: Arc<PostgreSQLCluster>, error: &Error, context: Arc<ClusterContext>) -> Action {
-    let key = format!("{}/{}", cluster.namespace().unwrap_or_default(), cluster.name_any());
+pub fn error_policy(
+    cluster: Arc<PostgreSQLCluster>,
+    error: &Error,
+    context: Arc<ClusterContext>,
+) -> Action {
+    let key = format!(
+        "{}/{}",
+        cluster.namespace().unwrap_or_default(),
+        cluster.name_any()
+    );
     let failures = {
         let mut failures = context.failures();
         let count = failures.entry(key).or_insert(0);
@@ -255,7 +289,9 @@ fn backoff(failures: u32) -> Duration {
 fn trigger(cluster: &PostgreSQLCluster) -> &'static str {
     if cluster.metadata.deletion_timestamp.is_some() {
         "deletion"
-    } else if cluster.status.as_ref().and_then(|s| s.observed_generation) != cluster.metadata.generation {
+    } else if cluster.status.as_ref().and_then(|s| s.observed_generation)
+        != cluster.metadata.generation
+    {
         "spec-change"
     } else {
         "resync-or-child-change"
@@ -281,23 +317,37 @@ async fn cleanup(cluster: &PostgreSQLCluster) -> Result<Action, Error> {
 }
 
 /// The pipeline for a cluster that is not being deleted.
-async fn reconcile_cluster(cluster: &PostgreSQLCluster, context: &ClusterContext) -> Result<Action, Error> {
+async fn reconcile_cluster(
+    cluster: &PostgreSQLCluster,
+    context: &ClusterContext,
+) -> Result<Action, Error> {
     let client = &context.base.client;
     let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
     let names = ChildNames::for_cluster(&cluster.name_any());
-    let live = read::read(client, &namespace, &names).instrument(info_span!("read")).await?;
+    let live = read::read(client, &namespace, &names)
+        .instrument(info_span!("read"))
+        .await?;
     let validated = info_span!("validate").in_scope(|| validate::validate(cluster, &live.facts()));
     let (statefulset, issue, expansion_pending, desired_replicas) = match validated {
         Ok(valid) => {
             let desired = info_span!("build").in_scope(|| {
-                build::build(&valid, &context.base.settings.postgres_image_repository, &generate_password())
+                build::build(
+                    &valid,
+                    &context.base.settings.postgres_image_repository,
+                    &generate_password(),
+                )
             });
             let apply_span = info_span!("apply", writes = field::Empty);
             let applied = apply::apply(client, &namespace, desired, live, valid.storage_gib)
                 .instrument(apply_span.clone())
                 .await?;
             apply_span.record("writes", applied.writes);
-            (Some(applied.statefulset), applied.issue, applied.expansion_pending, valid.replicas)
+            (
+                Some(applied.statefulset),
+                applied.issue,
+                applied.expansion_pending,
+                valid.replicas,
+            )
         }
         Err(refusal) => {
             tracing::warn!(reason = refusal.reason(), message = %refusal.message(), "spec refused; children left as they are");
@@ -322,13 +372,18 @@ async fn reconcile_cluster(cluster: &PostgreSQLCluster, context: &ClusterContext
         issue: issue.as_ref(),
         previous: cluster.status.as_ref(),
     };
-    let new_status = write_status(cluster, context, observation).instrument(info_span!("status")).await?;
-    let settled = new_status.phase == Some(ClusterPhase::Running) && issue.is_none() && !expansion_pending;
-    Ok(if settled || issue.as_ref().is_some_and(|i| i.invalid_spec) {
-        Action::requeue(context.base.settings.resync_interval)
-    } else {
-        Action::requeue(WAIT_REQUEUE.min(context.base.settings.resync_interval))
-    })
+    let new_status = write_status(cluster, context, observation)
+        .instrument(info_span!("status"))
+        .await?;
+    let settled =
+        new_status.phase == Some(ClusterPhase::Running) && issue.is_none() && !expansion_pending;
+    Ok(
+        if settled || issue.as_ref().is_some_and(|i| i.invalid_spec) {
+            Action::requeue(context.base.settings.resync_interval)
+        } else {
+            Action::requeue(WAIT_REQUEUE.min(context.base.settings.resync_interval))
+        },
+    )
 }
 
 /// Computes the status, writes it if it changed and publishes an Event per change.
@@ -349,7 +404,11 @@ async fn write_status(
         "status": new_status,
     });
     Api::<PostgreSQLCluster>::namespaced(context.base.client.clone(), &namespace)
-        .patch_status(&name, &PatchParams::apply(STATUS_FIELD_MANAGER).force(), &Patch::Apply(&body))
+        .patch_status(
+            &name,
+            &PatchParams::apply(STATUS_FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
         .await
         .map_err(|source| Error::Kube {
             action: "write status of",
@@ -361,7 +420,11 @@ async fn write_status(
     let reference = cluster.object_ref(&());
     for event in status::events(&new_status, observation.previous) {
         let event = KubeEvent {
-            type_: if event.warning { EventType::Warning } else { EventType::Normal },
+            type_: if event.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
             reason: event.reason,
             note: Some(truncate_note(event.note)),
             action: "Reconcile".to_owned(),
@@ -390,7 +453,11 @@ fn truncate_note(mut note: String) -> String {
 
 /// A random 32-character alphanumeric password.
 fn generate_password() -> String {
-    rand::rng().sample_iter(&Alphanumeric).take(32).map(char::from).collect()
+    rand::rng()
+        .sample_iter(&Alphanumeric)
+        .take(32)
+        .map(char::from)
+        .collect()
 }
 
 #[cfg(test)]

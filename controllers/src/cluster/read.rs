@@ -25,7 +25,11 @@ pub struct LiveChildren {
 }
 
 /// Reads the children named by `names` in `namespace`.
-pub async fn read(client: &Client, namespace: &str, names: &ChildNames) -> Result<LiveChildren, Error> {
+pub async fn read(
+    client: &Client,
+    namespace: &str,
+    names: &ChildNames,
+) -> Result<LiveChildren, Error> {
     let statefulset = get::<StatefulSet>(client, namespace, &names.statefulset).await?;
     let data_claims = if statefulset.is_some() {
         data_claims(client, namespace, names).await?
@@ -37,7 +41,9 @@ pub async fn read(client: &Client, namespace: &str, names: &ChildNames) -> Resul
         headless_service: get(client, namespace, &names.headless_service).await?,
         client_service: get(client, namespace, &names.client_service).await?,
         config_map: get(client, namespace, &names.config_map).await?,
-        credentials_exist: get::<Secret>(client, namespace, &names.secret).await?.is_some(),
+        credentials_exist: get::<Secret>(client, namespace, &names.secret)
+            .await?
+            .is_some(),
         pod_disruption_budget: get(client, namespace, &names.pod_disruption_budget).await?,
         data_claims,
     })
@@ -49,7 +55,13 @@ impl LiveChildren {
         let running_version = self
             .statefulset
             .as_ref()
-            .and_then(|sts| sts.metadata.annotations.as_ref()?.get(VERSION_ANNOTATION).cloned())
+            .and_then(|sts| {
+                sts.metadata
+                    .annotations
+                    .as_ref()?
+                    .get(VERSION_ANNOTATION)
+                    .cloned()
+            })
             .and_then(|version| serde_json::from_value(serde_json::Value::String(version)).ok());
         let claim_template_storage = self.statefulset.as_ref().and_then(|sts| {
             sts.spec
@@ -111,7 +123,11 @@ where
         })
 }
 
-async fn data_claims(client: &Client, namespace: &str, names: &ChildNames) -> Result<Vec<PersistentVolumeClaim>, Error> {
+async fn data_claims(
+    client: &Client,
+    namespace: &str,
+    names: &ChildNames,
+) -> Result<Vec<PersistentVolumeClaim>, Error> {
     let selector = format!(
         "app.kubernetes.io/instance={},app.kubernetes.io/managed-by=pgkube",
         names.instance_label
@@ -139,4 +155,3 @@ async fn data_claims(client: &Client, namespace: &str, names: &ChildNames) -> Re
         })
         .collect())
 }
-

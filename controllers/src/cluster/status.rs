@@ -101,7 +101,10 @@ pub fn changed(new: &PostgreSQLClusterStatus, previous: Option<&PostgreSQLCluste
 
 /// Events for what changed between `previous` and `new`: a new phase, or a new reason why
 /// the cluster does not progress.
-pub fn events(new: &PostgreSQLClusterStatus, previous: Option<&PostgreSQLClusterStatus>) -> Vec<EventSpec> {
+pub fn events(
+    new: &PostgreSQLClusterStatus,
+    previous: Option<&PostgreSQLClusterStatus>,
+) -> Vec<EventSpec> {
     let mut events = Vec::new();
     let find = |status: Option<&PostgreSQLClusterStatus>, type_: &str| {
         status.and_then(|s| s.conditions.iter().find(|c| c.type_ == type_).cloned())
@@ -109,7 +112,9 @@ pub fn events(new: &PostgreSQLClusterStatus, previous: Option<&PostgreSQLCluster
     if let Some(phase) = new.phase
         && previous.and_then(|p| p.phase) != Some(phase)
     {
-        let note = find(Some(new), READY).map(|c| c.message).unwrap_or_default();
+        let note = find(Some(new), READY)
+            .map(|c| c.message)
+            .unwrap_or_default();
         events.push(EventSpec {
             warning: matches!(phase, ClusterPhase::Degraded | ClusterPhase::Failed),
             reason: format!("{phase:?}"),
@@ -118,7 +123,10 @@ pub fn events(new: &PostgreSQLClusterStatus, previous: Option<&PostgreSQLCluster
     }
     if let Some(progressing) = find(Some(new), PROGRESSING)
         && progressing.status == "False"
-        && !matches!(progressing.reason.as_str(), "Complete" | "ReplicasUnavailable")
+        && !matches!(
+            progressing.reason.as_str(),
+            "Complete" | "ReplicasUnavailable"
+        )
         && find(previous, PROGRESSING).map(|c| (c.reason, c.message))
             != Some((progressing.reason.clone(), progressing.message.clone()))
     {
@@ -160,7 +168,11 @@ impl Rollout {
     }
 }
 
-fn phase(observation: Observation<'_>, rollout: Option<&Rollout>, previous: Option<ClusterPhase>) -> ClusterPhase {
+fn phase(
+    observation: Observation<'_>,
+    rollout: Option<&Rollout>,
+    previous: Option<ClusterPhase>,
+) -> ClusterPhase {
     if observation.issue.is_some_and(|i| i.invalid_spec) {
         return ClusterPhase::Failed;
     }
@@ -187,18 +199,37 @@ fn phase(observation: Observation<'_>, rollout: Option<&Rollout>, previous: Opti
 fn ready_condition(observation: Observation<'_>, ready: i32, phase: ClusterPhase) -> Condition {
     let desired = observation.desired_replicas;
     let (status, reason, message) = if phase == ClusterPhase::Failed {
-        let issue = observation.issue.map(|i| i.message.clone()).unwrap_or_default();
+        let issue = observation
+            .issue
+            .map(|i| i.message.clone())
+            .unwrap_or_default();
         ("False", "InvalidSpec", issue)
     } else if ready >= desired && desired > 0 {
-        let noun = if desired == 1 { "replica is" } else { "replicas are" };
-        ("True", "AllReplicasReady", format!("All {desired} {noun} ready"))
+        let noun = if desired == 1 {
+            "replica is"
+        } else {
+            "replicas are"
+        };
+        (
+            "True",
+            "AllReplicasReady",
+            format!("All {desired} {noun} ready"),
+        )
     } else {
-        ("False", "ReplicasNotReady", format!("{ready} of {desired} replicas are ready"))
+        (
+            "False",
+            "ReplicasNotReady",
+            format!("{ready} of {desired} replicas are ready"),
+        )
     };
     condition(READY, status, reason, message, observation.generation)
 }
 
-fn progressing_condition(observation: Observation<'_>, ready: i32, phase: ClusterPhase) -> Condition {
+fn progressing_condition(
+    observation: Observation<'_>,
+    ready: i32,
+    phase: ClusterPhase,
+) -> Condition {
     let desired = observation.desired_replicas;
     let (status, reason, message) = match (observation.issue, phase) {
         (Some(issue), _) => ("False", issue.reason.clone(), issue.message.clone()),
@@ -228,10 +259,22 @@ fn progressing_condition(observation: Observation<'_>, ready: i32, phase: Cluste
             format!("Replacing pods with the new revision: {ready} of {desired} ready"),
         ),
     };
-    condition(PROGRESSING, status, &reason, message, observation.generation)
+    condition(
+        PROGRESSING,
+        status,
+        &reason,
+        message,
+        observation.generation,
+    )
 }
 
-fn condition(type_: &str, status: &str, reason: &str, message: String, generation: Option<i64>) -> Condition {
+fn condition(
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+) -> Condition {
     Condition {
         type_: type_.to_owned(),
         status: status.to_owned(),
@@ -243,7 +286,11 @@ fn condition(type_: &str, status: &str, reason: &str, message: String, generatio
     }
 }
 
-fn keep_transition_time(mut condition: Condition, previous: Option<&PostgreSQLClusterStatus>, now: Timestamp) -> Condition {
+fn keep_transition_time(
+    mut condition: Condition,
+    previous: Option<&PostgreSQLClusterStatus>,
+    now: Timestamp,
+) -> Condition {
     let before = previous.and_then(|p| p.conditions.iter().find(|c| c.type_ == condition.type_));
     condition.last_transition_time = match before {
         Some(before) if before.status == condition.status => before.last_transition_time.clone(),
@@ -281,7 +328,11 @@ mod tests {
         sts
     }
 
-    fn observe<'a>(desired: i32, sts: Option<&'a StatefulSet>, previous: Option<&'a PostgreSQLClusterStatus>) -> Observation<'a> {
+    fn observe<'a>(
+        desired: i32,
+        sts: Option<&'a StatefulSet>,
+        previous: Option<&'a PostgreSQLClusterStatus>,
+    ) -> Observation<'a> {
         Observation {
             generation: Some(1),
             desired_replicas: desired,
@@ -307,7 +358,10 @@ mod tests {
     fn a_cluster_without_statefulset_is_pending() {
         let status = compute(observe(3, None, None), now());
         assert_eq!(status.phase, Some(ClusterPhase::Pending));
-        assert_eq!(condition_of(&status, READY).message, "0 of 3 replicas are ready");
+        assert_eq!(
+            condition_of(&status, READY).message,
+            "0 of 3 replicas are ready"
+        );
     }
 
     #[test]
@@ -318,7 +372,10 @@ mod tests {
         assert_eq!(status.ready_replicas, 3);
         assert_eq!(status.current_version.as_deref(), Some("16"));
         let ready = condition_of(&status, READY);
-        assert_eq!((ready.status.as_str(), ready.message.as_str()), ("True", "All 3 replicas are ready"));
+        assert_eq!(
+            (ready.status.as_str(), ready.message.as_str()),
+            ("True", "All 3 replicas are ready")
+        );
         assert_eq!(condition_of(&status, PROGRESSING).status, "False");
     }
 
@@ -327,13 +384,25 @@ mod tests {
         let running = compute(observe(3, Some(&sts(3, 3, 3, ("r1", "r1"))), None), now());
         let creating = compute(observe(3, Some(&sts(3, 1, 1, ("r1", "r1"))), None), now());
         assert_eq!(creating.phase, Some(ClusterPhase::Creating));
-        let scaling = compute(observe(5, Some(&sts(5, 4, 3, ("r1", "r1"))), Some(&running)), now());
+        let scaling = compute(
+            observe(5, Some(&sts(5, 4, 3, ("r1", "r1"))), Some(&running)),
+            now(),
+        );
         assert_eq!(scaling.phase, Some(ClusterPhase::Scaling));
-        let still_scaling = compute(observe(5, Some(&sts(5, 5, 4, ("r1", "r1"))), Some(&scaling)), now());
+        let still_scaling = compute(
+            observe(5, Some(&sts(5, 5, 4, ("r1", "r1"))), Some(&scaling)),
+            now(),
+        );
         assert_eq!(still_scaling.phase, Some(ClusterPhase::Scaling));
-        let upgrading = compute(observe(3, Some(&sts(3, 3, 2, ("r1", "r2"))), Some(&running)), now());
+        let upgrading = compute(
+            observe(3, Some(&sts(3, 3, 2, ("r1", "r2"))), Some(&running)),
+            now(),
+        );
         assert_eq!(upgrading.phase, Some(ClusterPhase::Upgrading));
-        let degraded = compute(observe(3, Some(&sts(3, 3, 2, ("r1", "r1"))), Some(&running)), now());
+        let degraded = compute(
+            observe(3, Some(&sts(3, 3, 2, ("r1", "r1"))), Some(&running)),
+            now(),
+        );
         assert_eq!(degraded.phase, Some(ClusterPhase::Degraded));
     }
 
@@ -350,10 +419,19 @@ mod tests {
         let status = compute(observation, now());
         assert_eq!(status.phase, Some(ClusterPhase::Running));
         let progressing = condition_of(&status, PROGRESSING);
-        assert_eq!((progressing.status.as_str(), progressing.reason.as_str()), ("False", "MajorUpgradeNotSupported"));
-        let invalid = Issue { invalid_spec: true, ..refused.clone() };
+        assert_eq!(
+            (progressing.status.as_str(), progressing.reason.as_str()),
+            ("False", "MajorUpgradeNotSupported")
+        );
+        let invalid = Issue {
+            invalid_spec: true,
+            ..refused.clone()
+        };
         observation.issue = Some(&invalid);
-        assert_eq!(compute(observation, now()).phase, Some(ClusterPhase::Failed));
+        assert_eq!(
+            compute(observation, now()).phase,
+            Some(ClusterPhase::Failed)
+        );
     }
 
     #[test]
@@ -374,7 +452,10 @@ mod tests {
         let running = compute(observe(3, Some(&sts_ready), Some(&creating)), now());
         let made = events(&running, Some(&creating));
         assert_eq!(made.len(), 1, "{made:?}");
-        assert_eq!((made[0].reason.as_str(), made[0].note.as_str()), ("Running", "All 3 replicas are ready"));
+        assert_eq!(
+            (made[0].reason.as_str(), made[0].note.as_str()),
+            ("Running", "All 3 replicas are ready")
+        );
         let refused = Issue {
             reason: "StorageShrinkRefused".to_owned(),
             message: "storage cannot shrink".to_owned(),

@@ -45,7 +45,10 @@ pub struct ValidatedCluster {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refusal {
     /// The data volumes would have to shrink, which Kubernetes cannot do.
-    StorageShrink { requested_gib: u64, current_gib: u64 },
+    StorageShrink {
+        requested_gib: u64,
+        current_gib: u64,
+    },
     /// The major version changed; that needs pg_upgrade or dump and restore, not a new image.
     MajorVersionChange {
         running: PostgresVersion,
@@ -92,7 +95,10 @@ impl Refusal {
 }
 
 /// Checks `cluster` against the live state in `live`.
-pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<ValidatedCluster, Refusal> {
+pub fn validate(
+    cluster: &PostgreSQLCluster,
+    live: &LiveFacts,
+) -> Result<ValidatedCluster, Refusal> {
     let spec = &cluster.spec;
     let namespace = cluster
         .namespace()
@@ -238,7 +244,9 @@ mod tests {
             ..LiveFacts::default()
         };
         assert_eq!(
-            validate(&below_volumes, &expanded).expect_err("refused").reason(),
+            validate(&below_volumes, &expanded)
+                .expect_err("refused")
+                .reason(),
             "StorageShrinkRefused"
         );
     }
@@ -253,13 +261,21 @@ mod tests {
         };
         let refusal = validate(&upgraded, &live).expect_err("refused");
         assert_eq!(refusal.reason(), "MajorUpgradeNotSupported");
-        assert!(refusal.message().contains("keeps running 16"), "{}", refusal.message());
+        assert!(
+            refusal.message().contains("keeps running 16"),
+            "{}",
+            refusal.message()
+        );
     }
 
     #[test]
     fn requests_above_limits_are_an_invalid_spec() {
         let mut greedy = cluster(SAMPLE);
-        let resources = greedy.spec.resources.as_mut().expect("sample has resources");
+        let resources = greedy
+            .spec
+            .resources
+            .as_mut()
+            .expect("sample has resources");
         let limits = resources.limits.as_mut().expect("sample has limits");
         limits.insert(
             "memory".to_owned(),
@@ -267,6 +283,10 @@ mod tests {
         );
         let refusal = validate(&greedy, &LiveFacts::default()).expect_err("refused");
         assert!(refusal.is_invalid_spec());
-        assert!(refusal.message().contains("resources.requests.memory"), "{}", refusal.message());
+        assert!(
+            refusal.message().contains("resources.requests.memory"),
+            "{}",
+            refusal.message()
+        );
     }
 }

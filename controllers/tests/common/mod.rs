@@ -38,7 +38,10 @@ impl RequestCounts {
     }
 
     pub fn write_log(&self) -> Vec<String> {
-        self.write_log.lock().map(|log| log.clone()).unwrap_or_default()
+        self.write_log
+            .lock()
+            .map(|log| log.clone())
+            .unwrap_or_default()
     }
 }
 
@@ -51,21 +54,22 @@ pub async fn counting_client(env: &TestEnv) -> (Client, Arc<RequestCounts>) {
         .expect("test bed kubeconfig is valid");
     let counts = Arc::new(RequestCounts::default());
     let counter = counts.clone();
-    let layer = tower::util::MapRequestLayer::new(move |request: http::Request<kube::client::Body>| {
-        let method = request.method().clone();
-        if matches!(
-            method,
-            http::Method::POST | http::Method::PUT | http::Method::PATCH | http::Method::DELETE
-        ) {
-            counter.writes.fetch_add(1, Ordering::SeqCst);
-            if let Ok(mut log) = counter.write_log.lock() {
-                log.push(format!("{method} {}", request.uri().path()));
+    let layer =
+        tower::util::MapRequestLayer::new(move |request: http::Request<kube::client::Body>| {
+            let method = request.method().clone();
+            if matches!(
+                method,
+                http::Method::POST | http::Method::PUT | http::Method::PATCH | http::Method::DELETE
+            ) {
+                counter.writes.fetch_add(1, Ordering::SeqCst);
+                if let Ok(mut log) = counter.write_log.lock() {
+                    log.push(format!("{method} {}", request.uri().path()));
+                }
+            } else {
+                counter.reads.fetch_add(1, Ordering::SeqCst);
             }
-        } else {
-            counter.reads.fetch_add(1, Ordering::SeqCst);
-        }
-        request
-    });
+            request
+        });
     let client = kube::client::ClientBuilder::try_from(config)
         .expect("client builder")
         .with_layer(&layer)
@@ -87,9 +91,17 @@ pub async fn install_crds(client: &Client) {
         .expect("CRD applies");
     }
     let clusters: Api<PostgreSQLCluster> = Api::all(client.clone());
-    wait_until("the PostgreSQLCluster CRD to be served", Duration::from_secs(30), || async {
-        Ok(clusters.list_metadata(&Default::default()).await.ok().map(|_| ()))
-    })
+    wait_until(
+        "the PostgreSQLCluster CRD to be served",
+        Duration::from_secs(30),
+        || async {
+            Ok(clusters
+                .list_metadata(&Default::default())
+                .await
+                .ok()
+                .map(|_| ()))
+        },
+    )
     .await
     .expect("CRD served");
 }
@@ -177,16 +189,25 @@ impl Running {
 
     /// Waits until cluster `name` is Running with `replicas` ready and its status describes the
     /// latest generation.
-    pub async fn wait_running(&self, name: &str, replicas: i32, timeout: Duration) -> PostgreSQLCluster {
+    pub async fn wait_running(
+        &self,
+        name: &str,
+        replicas: i32,
+        timeout: Duration,
+    ) -> PostgreSQLCluster {
         let clusters = self.clusters();
-        wait_until(&format!("{name} Running with {replicas} ready"), timeout, || async {
-            let cluster = clusters.get(name).await?;
-            let status = cluster.status.clone().unwrap_or_default();
-            let done = status.phase == Some(ClusterPhase::Running)
-                && status.ready_replicas == replicas
-                && status.observed_generation == cluster.metadata.generation;
-            Ok(done.then_some(cluster))
-        })
+        wait_until(
+            &format!("{name} Running with {replicas} ready"),
+            timeout,
+            || async {
+                let cluster = clusters.get(name).await?;
+                let status = cluster.status.clone().unwrap_or_default();
+                let done = status.phase == Some(ClusterPhase::Running)
+                    && status.ready_replicas == replicas
+                    && status.observed_generation == cluster.metadata.generation;
+                Ok(done.then_some(cluster))
+            },
+        )
         .await
         .expect("cluster reaches Running")
     }
@@ -198,9 +219,18 @@ impl Running {
         let _ = clusters
             .delete_collection(&Default::default(), &Default::default())
             .await;
-        let gone = wait_until("the test's clusters to be deleted", Duration::from_secs(120), || async {
-            Ok(clusters.list_metadata(&Default::default()).await?.items.is_empty().then_some(()))
-        })
+        let gone = wait_until(
+            "the test's clusters to be deleted",
+            Duration::from_secs(120),
+            || async {
+                Ok(clusters
+                    .list_metadata(&Default::default())
+                    .await?
+                    .items
+                    .is_empty()
+                    .then_some(()))
+            },
+        )
         .await;
         if let Err(error) = gone {
             eprintln!("warning: {error:#}");
@@ -216,7 +246,10 @@ impl Running {
 }
 
 /// A condition of a cluster's status.
-pub fn condition(cluster: &PostgreSQLCluster, type_: &str) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+pub fn condition(
+    cluster: &PostgreSQLCluster,
+    type_: &str,
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
     cluster
         .status
         .as_ref()?
