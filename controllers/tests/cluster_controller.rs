@@ -407,6 +407,7 @@ async fn a_ready_unchanged_cluster_causes_zero_writes_across_resyncs() {
     tokio::time::sleep(resync * 4 + Duration::from_secs(1)).await;
     let reads = running.counts.reads() - reads_before;
     let writes = running.counts.writes() - writes_before;
+    eprintln!("idle for {:?}: {reads} reads, {writes} writes", resync * 4 + Duration::from_secs(1));
     // Each resync reads the six children and the data claims: at least three resyncs ran.
     assert!(
         reads >= 3 * 6,
