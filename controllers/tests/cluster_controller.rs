@@ -344,7 +344,7 @@ async fn a_63_character_cluster_name_gets_valid_children_and_runs() {
 }
 
 /// 200 clusters created at once all reach Running (a functional check, not a timing one).
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_clusters_created_at_once_all_reach_running() {
     let count: usize = std::env::var("PGKUBE_MANY_CLUSTERS")
         .ok()
@@ -364,6 +364,9 @@ async fn many_clusters_created_at_once_all_reach_running() {
                 cluster.spec.replicas = 1;
                 cluster.spec.storage = "1Gi".to_owned();
                 cluster.spec.backup = None;
+                // The test bed's nodes have 48 CPUs in all: the sample's requests would fit
+                // 96 pods, not 200.
+                cluster.spec.resources = None;
                 clusters
                     .create(&PostParams::default(), &cluster)
                     .await
@@ -407,7 +410,10 @@ async fn a_ready_unchanged_cluster_causes_zero_writes_across_resyncs() {
     tokio::time::sleep(resync * 4 + Duration::from_secs(1)).await;
     let reads = running.counts.reads() - reads_before;
     let writes = running.counts.writes() - writes_before;
-    eprintln!("idle for {:?}: {reads} reads, {writes} writes", resync * 4 + Duration::from_secs(1));
+    eprintln!(
+        "idle for {:?}: {reads} reads, {writes} writes",
+        resync * 4 + Duration::from_secs(1)
+    );
     // Each resync reads the six children and the data claims: at least three resyncs ran.
     assert!(
         reads >= 3 * 6,
@@ -420,4 +426,80 @@ async fn a_ready_unchanged_cluster_causes_zero_writes_across_resyncs() {
         &running.counts.write_log()[log_before..]
     );
     running.stop().await;
+}
+
+/// A larger `storage` expands the existing data volumes; the StatefulSet's immutable claim
+/// template keeps its size.
+#[tokio::test]
+async fn growing_storage_expands_the_data_volumes() {
+    let Some(running) = Running::start("cluster-grow", RESYNC).await else {
+        return;
+    };
+    running.create_sample("grow", 1).await;
+    running.wait_running("grow", 1, TIMEOUT).await;
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = running.api();
+    let request = |claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim| {
+        claim.spec.as_ref().and_then(|s| {
+            s.resources
+                .as_ref()?
+                .requests
+                .as_ref()?
+                .get("storage")
+                .map(|q| q.0.clone())
+        })
+    };
+    wait_until("the data volume to be bound", TIMEOUT, || async {
+        let claim = claims.get("data-grow-postgresql-0").await?;
+        Ok((claim.status.and_then(|s| s.phase).as_deref() == Some("Bound")).then_some(()))
+    })
+    .await
+    .expect("bound");
+    patch_spec(&running, "grow", json!({"storage": "150Gi"})).await;
+    wait_until("the data volume to request 150Gi", TIMEOUT, || async {
+        let claim = claims.get("data-grow-postgresql-0").await?;
+        Ok((request(&claim).as_deref() == Some("150Gi")).then_some(()))
+    })
+    .await
+    .expect("expanded");
+    running.wait_running("grow", 1, TIMEOUT).await;
+    let sts = running
+        .api::<StatefulSet>()
+        .get("grow-postgresql")
+        .await
+        .expect("StatefulSet");
+    let template = &sts
+        .spec
+        .and_then(|s| s.volume_claim_templates)
+        .expect("templates")[0];
+    assert_eq!(
+        request(template).as_deref(),
+        Some("100Gi"),
+        "the template is immutable"
+    );
+    running.stop().await;
+}
+
+/// Events about `name` with `reason` in the test namespace, once there is at least one.
+async fn events_with_reason(
+    running: &Running,
+    name: &str,
+    reason: &str,
+) -> Vec<k8s_openapi::api::events::v1::Event> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = running.api();
+    wait_until(
+        &format!("an Event {reason} about {name}"),
+        TIMEOUT,
+        || async {
+            let list = events.list(&ListParams::default()).await?;
+            let matching: Vec<_> = list
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some(reason))
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+                .collect();
+            Ok((!matching.is_empty()).then_some(matching))
+        },
+    )
+    .await
+    .expect("Event published")
 }
