@@ -61,6 +61,16 @@ async fn the_sample_runs_scales_up_and_down_and_keeps_its_password() {
             .iter()
             .any(|f| f == "db.example.com/cleanup")
     );
+    let became_running = events_with_reason(&running, "my-cluster", "Running").await;
+    assert_eq!(
+        became_running.len(),
+        1,
+        "one Event for the change to Running: {became_running:?}"
+    );
+    assert_eq!(
+        became_running[0].note.as_deref(),
+        Some("All 3 replicas are ready")
+    );
 
     let sts = running
         .api::<StatefulSet>()
@@ -257,6 +267,9 @@ async fn storage_shrink_and_major_upgrade_are_refused_and_change_nothing() {
             .message
             .contains("100Gi")
     );
+    let warnings = events_with_reason(&running, "steady", "StorageShrinkRefused").await;
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0].type_.as_deref(), Some("Warning"));
     let after = statefulsets
         .get("steady-postgresql")
         .await
