@@ -4,10 +4,19 @@
 //! controller until the shutdown future resolves. Each controller lives in its own module and
 //! reports through the shared [`Metrics`].
 
+pub mod cluster;
 pub mod metrics;
+pub mod names;
+mod quantity;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Api;
+use kube::api::ListParams;
+use pgkube_crds::PostgreSQLCluster;
+use tokio::sync::watch;
 
 pub use metrics::Metrics;
 
@@ -23,6 +32,9 @@ pub struct Settings {
     pub postgres_image_repository: String,
     /// Image of pgkube itself, used by backup and restore Jobs (`pgkube agent`).
     pub agent_image: String,
+    /// How often a settled object is reconciled again although nothing changed (a safety net
+    /// for missed watch events; it costs reads, never writes).
+    pub resync_interval: Duration,
 }
 
 impl Default for Settings {
@@ -32,6 +44,7 @@ impl Default for Settings {
             max_concurrent_reconciles: 4,
             postgres_image_repository: "postgres".to_owned(),
             agent_image: "ghcr.io/pgkube/pgkube:latest".to_owned(),
+            resync_interval: Duration::from_secs(300),
         }
     }
 }
@@ -55,6 +68,32 @@ pub enum RunError {
     Kube(#[from] kube::Error),
 }
 
+/// Tells controllers to stop; cheap to clone, one per controller.
+#[derive(Clone, Debug)]
+pub struct ShutdownSignal(watch::Receiver<bool>);
+
+impl ShutdownSignal {
+    /// A signal that fires when `shutdown` resolves.
+    pub fn from_future(shutdown: impl Future<Output = ()> + Send + 'static) -> Self {
+        let (sender, receiver) = watch::channel(false);
+        tokio::spawn(async move {
+            shutdown.await;
+            // No receiver left means nobody is running any more: nothing to stop.
+            let _ = sender.send(true);
+        });
+        Self(receiver)
+    }
+
+    /// Resolves once shutdown was asked for (or the sender is gone).
+    pub async fn wait(mut self) {
+        while !*self.0.borrow_and_update() {
+            if self.0.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
 /// Runs every controller until `shutdown` resolves; in-flight reconciles finish first.
 /// `on_ready` is called once all watch caches have synced (the manager's `/readyz`).
 pub async fn run(
@@ -62,9 +101,39 @@ pub async fn run(
     on_ready: impl FnOnce() + Send + 'static,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), RunError> {
-    // The controllers are wired in here as they land.
-    let _ = context;
-    on_ready();
-    shutdown.await;
+    ensure_crds_installed(&context).await?;
+    let shutdown = ShutdownSignal::from_future(shutdown);
+    let clusters = cluster::ClusterControllers::new(&context);
+    let stores = clusters.stores();
+    let ready = async move {
+        for store in stores {
+            // Only fails when the controller stopped before its cache synced.
+            if store.wait_until_ready().await.is_err() {
+                return;
+            }
+        }
+        on_ready();
+    };
+    futures::future::join(ready, clusters.run(shutdown)).await;
     Ok(())
+}
+
+/// Fails with a useful message when the CRDs are missing, instead of controllers that retry
+/// their watches forever. Lists in a watched namespace: the manager may lack cluster-wide rights.
+async fn ensure_crds_installed(context: &Context) -> Result<(), RunError> {
+    let client = context.client.clone();
+    let clusters = match context.settings.watch_namespaces.first() {
+        Some(namespace) => Api::<PostgreSQLCluster>::namespaced(client, namespace),
+        None => Api::<PostgreSQLCluster>::all(client),
+    };
+    match clusters
+        .list_metadata(&ListParams::default().limit(1))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Err(RunError::MissingCrd {
+            crd: "postgresqlclusters.db.example.com".to_owned(),
+        }),
+        Err(error) => Err(error.into()),
+    }
 }

@@ -193,6 +193,7 @@ impl RunArgs {
             max_concurrent_reconciles: self.max_concurrent_reconciles,
             postgres_image_repository: self.postgres_image_repository.clone(),
             agent_image: self.agent_image.clone(),
+            ..pgkube_controllers::Settings::default()
         }
     }
 }

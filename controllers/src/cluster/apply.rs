@@ -1,0 +1,304 @@
+//! Apply: makes the live children match the desired ones with server-side apply, writing only
+//! what differs (see `drift`), and expands data volumes when the storage grew.
+//!
+//! Storage: a StatefulSet's volume claim templates are immutable, so the template keeps the
+//! size the StatefulSet was created with and a larger `storage` is applied to each existing
+//! claim `data-<statefulset>-N` instead (when its StorageClass allows expansion). Claims made
+//! later from the template start at the old size and are expanded by the next reconcile.
+//! Recreating the StatefulSet with orphaned pods would also update the template, at the cost
+//! of a delete and create of the workload's controller object; we keep it simple.
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+use super::build::DesiredChildren;
+use super::drift;
+use super::read::{LiveChildren, claim_request};
+use super::status::Issue;
+use super::{Error, FIELD_MANAGER};
+use crate::quantity;
+
+/// What applying left behind.
+#[derive(Debug)]
+pub struct Applied {
+    /// The StatefulSet as the API server has it now.
+    pub statefulset: StatefulSet,
+    /// Why the cluster does not fully match its spec yet, if it does not.
+    pub issue: Option<Issue>,
+    /// Data volumes still to be expanded (not bound yet); worth a retry soon.
+    pub expansion_pending: bool,
+    /// Write requests made.
+    pub writes: usize,
+}
+
+/// Applies `desired` over `live` in `namespace`; `storage_gib` is the requested volume size.
+pub async fn apply(
+    client: &Client,
+    namespace: &str,
+    desired: DesiredChildren,
+    live: LiveChildren,
+    storage_gib: u64,
+) -> Result<Applied, Error> {
+    let DesiredChildren {
+        statefulset,
+        headless_service,
+        client_service,
+        config_map,
+        credentials,
+        pod_disruption_budget,
+    } = desired;
+    let mut writes = 0;
+    if !live.credentials_exist {
+        create_credentials(client, namespace, &credentials).await?;
+        writes += 1;
+    }
+    writes += apply_child(client, namespace, &config_map, live.config_map.as_ref())
+        .await?
+        .is_some() as usize;
+    writes += apply_child(
+        client,
+        namespace,
+        &headless_service,
+        live.headless_service.as_ref(),
+    )
+    .await?
+    .is_some() as usize;
+    writes += apply_child(
+        client,
+        namespace,
+        &client_service,
+        live.client_service.as_ref(),
+    )
+    .await?
+    .is_some() as usize;
+    let applied_sts =
+        apply_child(client, namespace, &statefulset, live.statefulset.as_ref()).await?;
+    writes += applied_sts.is_some() as usize;
+    writes += reconcile_disruption_budget(
+        client,
+        namespace,
+        pod_disruption_budget,
+        live.pod_disruption_budget,
+    )
+    .await?;
+    let expansion = expand_volumes(client, namespace, &live.data_claims, storage_gib).await?;
+    writes += expansion.writes;
+    let statefulset = match (applied_sts, live.statefulset) {
+        (Some(applied), _) | (None, Some(applied)) => applied,
+        (None, None) => {
+            return Err(Error::Invariant(
+                "the StatefulSet was neither live nor applied",
+            ));
+        }
+    };
+    Ok(Applied {
+        statefulset,
+        issue: expansion.issue,
+        expansion_pending: expansion.pending,
+        writes,
+    })
+}
+
+/// Applies `desired` unless `live` already matches it; returns the object after the apply, or
+/// `None` when nothing was written.
+async fn apply_child<K>(
+    client: &Client,
+    namespace: &str,
+    desired: &K,
+    live: Option<&K>,
+) -> Result<Option<K>, Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
+    let name = desired.name_any();
+    let kind = K::kind(&()).into_owned();
+    let mut body = serde_json::to_value(desired).map_err(Error::Serialize)?;
+    // k8s-openapi leaves apiVersion and kind out of the typed objects' JSON.
+    body["apiVersion"] = json!(K::api_version(&()));
+    body["kind"] = json!(kind);
+    let body = drift::stamped(body);
+    if let Some(live) = live {
+        let live = serde_json::to_value(live).map_err(Error::Serialize)?;
+        if drift::is_up_to_date(&body, &live) {
+            return Ok(None);
+        }
+    }
+    tracing::info!(kind = %kind, name = %name, "applying");
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    Api::<K>::namespaced(client.clone(), namespace)
+        .patch(&name, &params, &Patch::Apply(&body))
+        .await
+        .map(Some)
+        .map_err(|source| Error::Kube {
+            action: "apply",
+            kind,
+            name,
+            source,
+        })
+}
+
+/// Creates the credentials Secret. It is never applied again: the password it holds was
+/// generated once and is in use.
+async fn create_credentials(
+    client: &Client,
+    namespace: &str,
+    secret: &Secret,
+) -> Result<(), Error> {
+    let name = secret.name_any();
+    tracing::info!(name = %name, "creating credentials");
+    let params = PostParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PostParams::default()
+    };
+    match Api::<Secret>::namespaced(client.clone(), namespace)
+        .create(&params, secret)
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Made by a reconcile that raced with ours (or a stale read): keep what is there.
+        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(()),
+        Err(source) => Err(Error::Kube {
+            action: "create",
+            kind: "Secret".to_owned(),
+            name,
+            source,
+        }),
+    }
+}
+
+/// Applies the budget when wanted, deletes ours when not (a single replica cannot be
+/// disrupted "one at a time"). Returns the number of writes.
+async fn reconcile_disruption_budget(
+    client: &Client,
+    namespace: &str,
+    desired: Option<PodDisruptionBudget>,
+    live: Option<PodDisruptionBudget>,
+) -> Result<usize, Error> {
+    match (desired, live) {
+        (Some(desired), live) => Ok(apply_child(client, namespace, &desired, live.as_ref())
+            .await?
+            .is_some() as usize),
+        (None, Some(live)) if is_ours(&live) => {
+            let name = live.name_any();
+            tracing::info!(name = %name, "deleting PodDisruptionBudget");
+            Api::<PodDisruptionBudget>::namespaced(client.clone(), namespace)
+                .delete(&name, &DeleteParams::default())
+                .await
+                .map_err(|source| Error::Kube {
+                    action: "delete",
+                    kind: "PodDisruptionBudget".to_owned(),
+                    name,
+                    source,
+                })?;
+            Ok(1)
+        }
+        (None, _) => Ok(0),
+    }
+}
+
+fn is_ours(object: &impl ResourceExt) -> bool {
+    object
+        .labels()
+        .get("app.kubernetes.io/managed-by")
+        .is_some_and(|manager| manager == "pgkube")
+}
+
+/// Outcome of volume expansion.
+struct Expansion {
+    issue: Option<Issue>,
+    pending: bool,
+    writes: usize,
+}
+
+/// Raises the storage request of every data claim smaller than `storage_gib`.
+async fn expand_volumes(
+    client: &Client,
+    namespace: &str,
+    claims: &[PersistentVolumeClaim],
+    storage_gib: u64,
+) -> Result<Expansion, Error> {
+    let mut outcome = Expansion {
+        issue: None,
+        pending: false,
+        writes: 0,
+    };
+    let too_small = claims.iter().filter(|claim| {
+        claim_request(claim)
+            .and_then(|request| quantity::gibibytes(&request))
+            .is_some_and(|gib| gib < storage_gib)
+    });
+    for claim in too_small {
+        let name = claim.name_any();
+        // Only a bound claim can be resized.
+        if claim.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Bound") {
+            outcome.pending = true;
+            continue;
+        }
+        let class = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.clone());
+        if !expansion_allowed(client, class.as_deref()).await? {
+            outcome.issue = Some(Issue {
+                reason: "StorageExpansionNotSupported".to_owned(),
+                message: format!(
+                    "volume {name} cannot grow to {storage_gib}Gi: its StorageClass {} does not allow volume expansion",
+                    class.as_deref().unwrap_or("(none)")
+                ),
+                invalid_spec: false,
+            });
+            continue;
+        }
+        tracing::info!(claim = %name, storage_gib, "expanding data volume");
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name},
+            "spec": {"resources": {"requests": {"storage": format!("{storage_gib}Gi")}}},
+        });
+        Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
+            .patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map_err(|source| Error::Kube {
+                action: "expand",
+                kind: "PersistentVolumeClaim".to_owned(),
+                name: name.clone(),
+                source,
+            })?;
+        outcome.writes += 1;
+    }
+    Ok(outcome)
+}
+
+async fn expansion_allowed(client: &Client, class: Option<&str>) -> Result<bool, Error> {
+    let Some(class) = class else {
+        return Ok(false);
+    };
+    let class = Api::<StorageClass>::all(client.clone())
+        .get_opt(class)
+        .await
+        .map_err(|source| Error::Kube {
+            action: "read",
+            kind: "StorageClass".to_owned(),
+            name: class.to_owned(),
+            source,
+        })?;
+    Ok(class
+        .and_then(|c| c.allow_volume_expansion)
+        .unwrap_or(false))
+}

@@ -1,0 +1,615 @@
+//! Build (pure): the children a validated cluster should have. No client, no I/O; the result
+//! is applied by `apply`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{
+    StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy, StatefulSetSpec,
+    StatefulSetUpdateStrategy,
+};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
+    ExecAction, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector, SecurityContext, Service,
+    ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::validate::ValidatedCluster;
+use crate::names::{self, DNS_LABEL_MAX, DNS_SUBDOMAIN_MAX, NameKind, STATEFULSET_NAME_MAX};
+
+/// PostgreSQL's port.
+pub const POSTGRES_PORT: i32 = 5432;
+/// Annotation on the StatefulSet naming the PostgreSQL major version it runs.
+pub const VERSION_ANNOTATION: &str = "db.example.com/postgres-version";
+/// Name of the data volume claim template; PVCs are `data-<statefulset>-N`.
+pub const DATA_VOLUME: &str = "data";
+/// uid and gid of `postgres` in the official image.
+const POSTGRES_UID: i64 = 999;
+const DATA_MOUNT: &str = "/var/lib/postgresql/data";
+const CONFIG_MOUNT: &str = "/etc/postgresql";
+const CONFIG_FILE: &str = "postgresql.conf";
+/// Keys of the credentials Secret.
+pub const USERNAME_KEY: &str = "username";
+pub const PASSWORD_KEY: &str = "password";
+/// Superuser of the official image.
+const SUPERUSER: &str = "postgres";
+
+/// Names of a cluster's children, all within Kubernetes limits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChildNames {
+    pub statefulset: String,
+    pub headless_service: String,
+    pub client_service: String,
+    pub config_map: String,
+    pub secret: String,
+    pub pod_disruption_budget: String,
+    /// Value of `app.kubernetes.io/instance`.
+    pub instance_label: String,
+}
+
+impl ChildNames {
+    /// The children's names for a cluster called `cluster`.
+    pub fn for_cluster(cluster: &str) -> Self {
+        let label = |suffix| names::child_name(cluster, suffix, NameKind::DnsLabel, DNS_LABEL_MAX);
+        let subdomain =
+            |suffix| names::child_name(cluster, suffix, NameKind::DnsSubdomain, DNS_SUBDOMAIN_MAX);
+        Self {
+            statefulset: names::child_name(
+                cluster,
+                "-postgresql",
+                NameKind::DnsLabel,
+                STATEFULSET_NAME_MAX,
+            ),
+            headless_service: label("-postgresql-headless"),
+            client_service: label("-postgresql"),
+            config_map: subdomain("-postgresql-config"),
+            secret: subdomain("-postgresql-credentials"),
+            pod_disruption_budget: subdomain("-postgresql"),
+            instance_label: names::label_value(cluster),
+        }
+    }
+
+    /// Name of the data volume claim of pod `ordinal`.
+    pub fn data_claim(&self, ordinal: i32) -> String {
+        format!("{DATA_VOLUME}-{}-{ordinal}", self.statefulset)
+    }
+}
+
+/// Everything a cluster should have. `apply` destructures it, so a child added here and not
+/// applied there fails to compile.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DesiredChildren {
+    pub statefulset: StatefulSet,
+    pub headless_service: Service,
+    pub client_service: Service,
+    pub config_map: ConfigMap,
+    /// Created once if missing, never updated: it holds the generated password.
+    pub credentials: Secret,
+    /// Only with more than one replica; otherwise an existing one is deleted.
+    pub pod_disruption_budget: Option<PodDisruptionBudget>,
+}
+
+/// The desired children of `cluster`, running `<image_repository>:<version>`; `password` goes
+/// into the credentials Secret if it has to be created.
+pub fn build(
+    cluster: &ValidatedCluster,
+    image_repository: &str,
+    password: &str,
+) -> DesiredChildren {
+    let names = ChildNames::for_cluster(&cluster.name);
+    DesiredChildren {
+        statefulset: statefulset(cluster, &names, image_repository),
+        headless_service: service(cluster, &names, &names.headless_service, true),
+        client_service: service(cluster, &names, &names.client_service, false),
+        config_map: config_map(cluster, &names),
+        credentials: credentials(cluster, &names, password),
+        pod_disruption_budget: (cluster.replicas > 1)
+            .then(|| pod_disruption_budget(cluster, &names)),
+    }
+}
+
+/// `app.kubernetes.io/*` labels on every child.
+pub fn labels(names: &ChildNames) -> BTreeMap<String, String> {
+    let mut labels = selector_labels(names);
+    labels.insert(
+        "app.kubernetes.io/managed-by".to_owned(),
+        "pgkube".to_owned(),
+    );
+    labels
+}
+
+/// Labels that select a cluster's pods.
+pub fn selector_labels(names: &ChildNames) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_owned(), "postgresql".to_owned()),
+        (
+            "app.kubernetes.io/instance".to_owned(),
+            names.instance_label.clone(),
+        ),
+    ])
+}
+
+fn metadata(cluster: &ValidatedCluster, names: &ChildNames, name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        namespace: Some(cluster.namespace.clone()),
+        labels: Some(labels(names)),
+        owner_references: Some(vec![cluster.owner.clone()]),
+        ..ObjectMeta::default()
+    }
+}
+
+fn statefulset(
+    cluster: &ValidatedCluster,
+    names: &ChildNames,
+    image_repository: &str,
+) -> StatefulSet {
+    let mut meta = metadata(cluster, names, &names.statefulset);
+    meta.annotations = Some(BTreeMap::from([(
+        VERSION_ANNOTATION.to_owned(),
+        cluster.version.to_string(),
+    )]));
+    StatefulSet {
+        metadata: meta,
+        spec: Some(StatefulSetSpec {
+            replicas: Some(cluster.replicas),
+            service_name: Some(names.headless_service.clone()),
+            selector: LabelSelector {
+                match_labels: Some(selector_labels(names)),
+                ..LabelSelector::default()
+            },
+            update_strategy: Some(StatefulSetUpdateStrategy {
+                type_: Some("RollingUpdate".to_owned()),
+                ..StatefulSetUpdateStrategy::default()
+            }),
+            // Data is never deleted by the operator, not even when scaling down.
+            persistent_volume_claim_retention_policy: Some(
+                StatefulSetPersistentVolumeClaimRetentionPolicy {
+                    when_deleted: Some("Retain".to_owned()),
+                    when_scaled: Some("Retain".to_owned()),
+                },
+            ),
+            template: pod_template(cluster, names, image_repository),
+            volume_claim_templates: Some(vec![data_claim_template(cluster, names)]),
+            ..StatefulSetSpec::default()
+        }),
+        ..StatefulSet::default()
+    }
+}
+
+fn pod_template(
+    cluster: &ValidatedCluster,
+    names: &ChildNames,
+    image_repository: &str,
+) -> PodTemplateSpec {
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels(names)),
+            ..ObjectMeta::default()
+        }),
+        spec: Some(PodSpec {
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(POSTGRES_UID),
+                run_as_group: Some(POSTGRES_UID),
+                fs_group: Some(POSTGRES_UID),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".to_owned(),
+                    ..SeccompProfile::default()
+                }),
+                ..PodSecurityContext::default()
+            }),
+            containers: vec![postgres_container(cluster, names, image_repository)],
+            volumes: Some(vec![Volume {
+                name: "config".to_owned(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: names.config_map.clone(),
+                    ..ConfigMapVolumeSource::default()
+                }),
+                ..Volume::default()
+            }]),
+            ..PodSpec::default()
+        }),
+    }
+}
+
+fn postgres_container(
+    cluster: &ValidatedCluster,
+    names: &ChildNames,
+    image_repository: &str,
+) -> Container {
+    let from_secret = |name: &str, key: &str| EnvVar {
+        name: name.to_owned(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: names.secret.clone(),
+                key: key.to_owned(),
+                optional: Some(false),
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    };
+    let value = |name: &str, value: &str| EnvVar {
+        name: name.to_owned(),
+        value: Some(value.to_owned()),
+        ..EnvVar::default()
+    };
+    Container {
+        name: "postgresql".to_owned(),
+        image: Some(format!("{image_repository}:{}", cluster.version)),
+        args: Some(vec![
+            "-c".to_owned(),
+            format!("config_file={CONFIG_MOUNT}/{CONFIG_FILE}"),
+        ]),
+        ports: Some(vec![ContainerPort {
+            name: Some("postgresql".to_owned()),
+            container_port: POSTGRES_PORT,
+            protocol: Some("TCP".to_owned()),
+            ..ContainerPort::default()
+        }]),
+        env: Some(vec![
+            from_secret("POSTGRES_USER", USERNAME_KEY),
+            from_secret("POSTGRES_PASSWORD", PASSWORD_KEY),
+            // A subdirectory: the volume's root may hold lost+found, which initdb refuses.
+            value("PGDATA", &format!("{DATA_MOUNT}/pgdata")),
+        ]),
+        resources: cluster.resources.clone(),
+        readiness_probe: Some(pg_isready_probe(5, 10, 3)),
+        liveness_probe: Some(pg_isready_probe(30, 10, 6)),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_owned()]),
+                ..Capabilities::default()
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_owned(),
+                ..SeccompProfile::default()
+            }),
+            ..SecurityContext::default()
+        }),
+        volume_mounts: Some(vec![
+            VolumeMount {
+                name: DATA_VOLUME.to_owned(),
+                mount_path: DATA_MOUNT.to_owned(),
+                ..VolumeMount::default()
+            },
+            VolumeMount {
+                name: "config".to_owned(),
+                mount_path: CONFIG_MOUNT.to_owned(),
+                read_only: Some(true),
+                ..VolumeMount::default()
+            },
+        ]),
+        ..Container::default()
+    }
+}
+
+fn pg_isready_probe(initial_delay: i32, period: i32, failure_threshold: i32) -> Probe {
+    Probe {
+        exec: Some(ExecAction {
+            command: Some(
+                [
+                    "pg_isready",
+                    "--host=127.0.0.1",
+                    &format!("--port={POSTGRES_PORT}"),
+                    &format!("--username={SUPERUSER}"),
+                ]
+                .map(str::to_owned)
+                .to_vec(),
+            ),
+        }),
+        initial_delay_seconds: Some(initial_delay),
+        period_seconds: Some(period),
+        timeout_seconds: Some(5),
+        failure_threshold: Some(failure_threshold),
+        ..Probe::default()
+    }
+}
+
+fn data_claim_template(cluster: &ValidatedCluster, names: &ChildNames) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some(DATA_VOLUME.to_owned()),
+            labels: Some(labels(names)),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_owned(),
+                    Quantity(cluster.claim_template_storage.clone()),
+                )])),
+                ..VolumeResourceRequirements::default()
+            }),
+            ..PersistentVolumeClaimSpec::default()
+        }),
+        ..PersistentVolumeClaim::default()
+    }
+}
+
+fn service(cluster: &ValidatedCluster, names: &ChildNames, name: &str, headless: bool) -> Service {
+    Service {
+        metadata: metadata(cluster, names, name),
+        spec: Some(ServiceSpec {
+            // The headless Service gives each pod a stable DNS name, ready or not, so that
+            // instances can find each other while starting.
+            cluster_ip: headless.then(|| "None".to_owned()),
+            publish_not_ready_addresses: headless.then_some(true),
+            selector: Some(selector_labels(names)),
+            ports: Some(vec![ServicePort {
+                name: Some("postgresql".to_owned()),
+                port: POSTGRES_PORT,
+                target_port: Some(IntOrString::String("postgresql".to_owned())),
+                protocol: Some("TCP".to_owned()),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    }
+}
+
+fn config_map(cluster: &ValidatedCluster, names: &ChildNames) -> ConfigMap {
+    let config = format!(
+        "# Managed by pgkube; edits are overwritten.\n\
+         listen_addresses = '*'\n\
+         port = {POSTGRES_PORT}\n\
+         max_connections = 100\n\
+         shared_buffers = 128MB\n\
+         password_encryption = scram-sha-256\n\
+         log_destination = 'stderr'\n\
+         logging_collector = off\n"
+    );
+    ConfigMap {
+        metadata: metadata(cluster, names, &names.config_map),
+        data: Some(BTreeMap::from([(CONFIG_FILE.to_owned(), config)])),
+        ..ConfigMap::default()
+    }
+}
+
+fn credentials(cluster: &ValidatedCluster, names: &ChildNames, password: &str) -> Secret {
+    Secret {
+        metadata: metadata(cluster, names, &names.secret),
+        type_: Some("kubernetes.io/basic-auth".to_owned()),
+        string_data: Some(BTreeMap::from([
+            (USERNAME_KEY.to_owned(), SUPERUSER.to_owned()),
+            (PASSWORD_KEY.to_owned(), password.to_owned()),
+        ])),
+        ..Secret::default()
+    }
+}
+
+fn pod_disruption_budget(cluster: &ValidatedCluster, names: &ChildNames) -> PodDisruptionBudget {
+    PodDisruptionBudget {
+        metadata: metadata(cluster, names, &names.pod_disruption_budget),
+        spec: Some(PodDisruptionBudgetSpec {
+            // Voluntary evictions (node drains) take one instance at a time.
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some(selector_labels(names)),
+                ..LabelSelector::default()
+            }),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        ..PodDisruptionBudget::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cluster::validate::{LiveFacts, validate};
+    use crate::names::is_valid;
+    use pgkube_crds::PostgreSQLCluster;
+
+    /// The seed's sample cluster.
+    const SAMPLE: &str = include_str!("../../../deploy/samples/postgresqlcluster.yaml");
+
+    fn validated(name: &str, replicas: i32) -> ValidatedCluster {
+        let mut cluster: PostgreSQLCluster = serde_yaml::from_str(SAMPLE).expect("sample parses");
+        cluster.metadata.name = Some(name.to_owned());
+        cluster.metadata.namespace = Some("team-a".to_owned());
+        cluster.metadata.uid = Some("0b5a5c2e-0000-4000-8000-000000000001".to_owned());
+        cluster.spec.replicas = replicas;
+        validate(&cluster, &LiveFacts::default()).expect("sample is valid")
+    }
+
+    fn container(children: &DesiredChildren) -> &Container {
+        let pod = children
+            .statefulset
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref());
+        &pod.expect("pod spec").containers[0]
+    }
+
+    #[test]
+    fn the_sample_builds_the_named_children_with_owner_and_labels() {
+        let children = build(&validated("my-cluster", 3), "postgres", "secret");
+        let metas = [
+            &children.statefulset.metadata,
+            &children.headless_service.metadata,
+            &children.client_service.metadata,
+            &children.config_map.metadata,
+            &children.credentials.metadata,
+            &children
+                .pod_disruption_budget
+                .as_ref()
+                .expect("3 replicas get a PDB")
+                .metadata,
+        ];
+        let names: Vec<_> = metas
+            .iter()
+            .map(|m| m.name.clone().unwrap_or_default())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "my-cluster-postgresql",
+                "my-cluster-postgresql-headless",
+                "my-cluster-postgresql",
+                "my-cluster-postgresql-config",
+                "my-cluster-postgresql-credentials",
+                "my-cluster-postgresql",
+            ]
+        );
+        for meta in metas {
+            let labels = meta.labels.as_ref().expect("labels");
+            assert_eq!(labels["app.kubernetes.io/name"], "postgresql");
+            assert_eq!(labels["app.kubernetes.io/instance"], "my-cluster");
+            assert_eq!(labels["app.kubernetes.io/managed-by"], "pgkube");
+            let owner = &meta.owner_references.as_ref().expect("owner")[0];
+            assert_eq!(
+                (owner.kind.as_str(), owner.controller),
+                ("PostgreSQLCluster", Some(true))
+            );
+            assert_eq!(meta.namespace.as_deref(), Some("team-a"));
+        }
+    }
+
+    #[test]
+    fn the_statefulset_runs_the_version_with_probes_storage_and_resources() {
+        let children = build(
+            &validated("my-cluster", 3),
+            "registry.local/postgres",
+            "secret",
+        );
+        let spec = children.statefulset.spec.as_ref().expect("spec");
+        assert_eq!(spec.replicas, Some(3));
+        assert_eq!(
+            spec.service_name.as_deref(),
+            Some("my-cluster-postgresql-headless")
+        );
+        let postgres = container(&children);
+        assert_eq!(
+            postgres.image.as_deref(),
+            Some("registry.local/postgres:16")
+        );
+        assert_eq!(
+            postgres.ports.as_ref().expect("ports")[0].container_port,
+            5432
+        );
+        let probe_command = |probe: &Option<Probe>| {
+            probe
+                .as_ref()
+                .and_then(|p| p.exec.as_ref()?.command.clone())
+                .expect("exec probe")
+        };
+        assert_eq!(probe_command(&postgres.readiness_probe)[0], "pg_isready");
+        assert_eq!(probe_command(&postgres.liveness_probe)[0], "pg_isready");
+        let resources = postgres
+            .resources
+            .as_ref()
+            .expect("resources from the spec");
+        assert_eq!(
+            resources.requests.as_ref().expect("requests")["cpu"].0,
+            "500m"
+        );
+        let claim = &spec.volume_claim_templates.as_ref().expect("claims")[0];
+        assert_eq!(claim.metadata.name.as_deref(), Some("data"));
+        let requests = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.resources.as_ref()?.requests.clone());
+        assert_eq!(requests.expect("storage request")["storage"].0, "100Gi");
+        let env: Vec<_> = postgres
+            .env
+            .as_ref()
+            .expect("env")
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect();
+        assert!(
+            env.contains(&"POSTGRES_PASSWORD") && env.contains(&"PGDATA"),
+            "{env:?}"
+        );
+    }
+
+    #[test]
+    fn pods_meet_the_restricted_pod_security_standard() {
+        let children = build(&validated("my-cluster", 1), "postgres", "secret");
+        let pod = children
+            .statefulset
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.clone())
+            .expect("pod");
+        let pod_security = pod.security_context.expect("pod security context");
+        assert_eq!(pod_security.run_as_non_root, Some(true));
+        assert_eq!(pod_security.run_as_user, Some(999));
+        let container = container(&children)
+            .security_context
+            .clone()
+            .expect("container security");
+        assert_eq!(container.allow_privilege_escalation, Some(false));
+        assert_eq!(
+            container.capabilities.and_then(|c| c.drop),
+            Some(vec!["ALL".to_owned()])
+        );
+        assert_eq!(
+            container.seccomp_profile.map(|p| p.type_).as_deref(),
+            Some("RuntimeDefault")
+        );
+    }
+
+    #[test]
+    fn services_headless_and_client() {
+        let children = build(&validated("my-cluster", 3), "postgres", "secret");
+        let headless = children.headless_service.spec.expect("spec");
+        assert_eq!(headless.cluster_ip.as_deref(), Some("None"));
+        assert_eq!(headless.publish_not_ready_addresses, Some(true));
+        let client = children.client_service.spec.expect("spec");
+        assert_eq!(client.cluster_ip, None);
+        assert_eq!(client.selector, headless.selector);
+    }
+
+    #[test]
+    fn a_single_replica_gets_no_disruption_budget() {
+        assert!(
+            build(&validated("my-cluster", 1), "postgres", "s")
+                .pod_disruption_budget
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_63_character_cluster_name_gives_valid_child_names() {
+        let name = "c".repeat(63);
+        let children = build(&validated(&name, 10), "postgres", "secret");
+        let sts = children.statefulset.metadata.name.clone().expect("name");
+        assert!(
+            sts.len() <= STATEFULSET_NAME_MAX && is_valid(&sts, NameKind::DnsLabel),
+            "{sts}"
+        );
+        // The highest pod, its hostname and its revision label value.
+        let pod = format!("{sts}-9");
+        assert!(pod.len() <= DNS_LABEL_MAX, "{pod}");
+        assert!(format!("{sts}-{}", "x".repeat(10)).len() <= DNS_LABEL_MAX);
+        for service in [&children.headless_service, &children.client_service] {
+            let name = service.metadata.name.clone().expect("name");
+            assert!(
+                name.len() <= DNS_LABEL_MAX && is_valid(&name, NameKind::DnsLabel),
+                "{name}"
+            );
+        }
+        for name in [
+            &children.config_map.metadata.name,
+            &children.credentials.metadata.name,
+        ] {
+            let name = name.clone().expect("name");
+            assert!(name.len() <= DNS_SUBDOMAIN_MAX && is_valid(&name, NameKind::DnsSubdomain));
+        }
+        let labels = children.statefulset.metadata.labels.expect("labels");
+        assert!(labels.values().all(|v| v.len() <= DNS_LABEL_MAX));
+        let service_name = children.statefulset.spec.expect("spec").service_name;
+        assert_eq!(service_name, children.headless_service.metadata.name);
+    }
+}

@@ -1,0 +1,481 @@
+//! The PostgreSQLCluster controller.
+//!
+//! Each reconcile is a pipeline, one span per step under the root span `reconcile`:
+//! `read` the live children -> `validate` the spec against them (pure) -> `build` the desired
+//! children (pure) -> `apply` what differs with server-side apply -> write the `status` when it
+//! changed, with an Event for each change. An unchanged, ready cluster makes no write at all.
+//!
+//! Errors go to [`error_policy`], which retries each object with its own exponential backoff;
+//! waiting for pods is a plain timed requeue. The finalizer [`CLEANUP_FINALIZER`] gives deletion
+//! a hook that does not depend on the spec being valid; children are removed by the garbage
+//! collector through their owner references, and backup data is never touched.
+
+mod apply;
+pub mod build;
+mod drift;
+mod read;
+pub mod status;
+pub mod validate;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use opentelemetry::trace::TraceContextExt;
+use pgkube_crds::{CLEANUP_FINALIZER, ClusterPhase, PostgreSQLCluster, PostgreSQLClusterStatus};
+use rand::Rng;
+use rand::distr::Alphanumeric;
+use serde_json::json;
+use tracing::{Instrument, Span, field, info_span, instrument};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::{Context, ShutdownSignal};
+use build::ChildNames;
+use status::{Issue, Observation};
+
+/// Name of this controller in metrics, spans and logs.
+pub const CONTROLLER: &str = "cluster";
+/// Field manager of every child this controller applies.
+pub const FIELD_MANAGER: &str = "pgkube";
+/// Field manager of the status fields this controller writes. Distinct from the one of other
+/// writers of the cluster's status (the backup scheduler): server-side apply removes fields a
+/// manager stops sending, so two writers sharing a manager would erase each other's fields.
+pub const STATUS_FIELD_MANAGER: &str = "pgkube-cluster";
+/// How soon to look again while pods are starting or a change is rolling out.
+const WAIT_REQUEUE: Duration = Duration::from_secs(10);
+/// First and longest retry delay after an error.
+const BACKOFF_BASE: Duration = Duration::from_secs(2);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// Label on every child, used to watch only our objects.
+const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=pgkube";
+
+/// Errors of one reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot {action} {kind} {name}: {source}")]
+    Kube {
+        action: &'static str,
+        kind: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("cannot encode a child as JSON: {0}")]
+    Serialize(#[source] serde_json::Error),
+    #[error("the cluster has no namespace")]
+    MissingNamespace,
+    #[error("internal error: {0}")]
+    Invariant(&'static str),
+    #[error(transparent)]
+    Finalizer(#[from] Box<kube::runtime::finalizer::Error<Error>>),
+}
+
+/// State shared by the cluster controller's reconciles.
+pub struct ClusterContext {
+    pub base: Context,
+    recorder: Recorder,
+    /// Consecutive failures per `namespace/name`, for the backoff; cleared on success.
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl ClusterContext {
+    pub fn new(base: Context) -> Self {
+        let reporter = Reporter {
+            controller: "pgkube".to_owned(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        let recorder = Recorder::new(base.client.clone(), reporter);
+        Self {
+            base,
+            recorder,
+            failures: Mutex::default(),
+        }
+    }
+
+    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        // A panic while holding the lock leaves the counts usable.
+        self.failures
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// One Controller per watched namespace (or one for all), with the stores whose readiness
+/// means the controller is ready.
+pub struct ClusterControllers {
+    controllers: Vec<Controller<PostgreSQLCluster>>,
+    context: Arc<ClusterContext>,
+}
+
+impl ClusterControllers {
+    pub fn new(context: &Context) -> Self {
+        let namespaces: Vec<Option<&str>> = if context.settings.watch_namespaces.is_empty() {
+            vec![None]
+        } else {
+            context
+                .settings
+                .watch_namespaces
+                .iter()
+                .map(|ns| Some(ns.as_str()))
+                .collect()
+        };
+        let controllers = namespaces
+            .into_iter()
+            .map(|namespace| {
+                controller(
+                    &context.client,
+                    namespace,
+                    context.settings.max_concurrent_reconciles,
+                )
+            })
+            .collect();
+        Self {
+            controllers,
+            context: Arc::new(ClusterContext::new(context.clone())),
+        }
+    }
+
+    /// The cluster caches; all ready means every cluster is known.
+    pub fn stores(&self) -> Vec<Store<PostgreSQLCluster>> {
+        self.controllers.iter().map(Controller::store).collect()
+    }
+
+    /// Runs until `shutdown` fires; reconciles in flight finish first.
+    pub async fn run(self, shutdown: ShutdownSignal) {
+        let runs = self.controllers.into_iter().map(|controller| {
+            controller
+                .graceful_shutdown_on(shutdown.clone().wait())
+                .run(reconcile, error_policy, self.context.clone())
+                .for_each(|result| async move {
+                    if let Err(error) = result {
+                        tracing::debug!(controller = CONTROLLER, %error, "reconcile stream");
+                    }
+                })
+        });
+        futures::future::join_all(runs).await;
+    }
+}
+
+fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    }
+}
+
+fn controller(
+    client: &Client,
+    namespace: Option<&str>,
+    concurrency: u16,
+) -> Controller<PostgreSQLCluster> {
+    let ours = || watcher::Config::default().labels(MANAGED_BY_SELECTOR);
+    Controller::new(
+        api::<PostgreSQLCluster>(client, namespace),
+        watcher::Config::default(),
+    )
+    .with_config(ControllerConfig::default().concurrency(concurrency))
+    .owns(api::<StatefulSet>(client, namespace), ours())
+    .owns(api::<Service>(client, namespace), ours())
+    .owns(api::<ConfigMap>(client, namespace), ours())
+    .owns(api::<Secret>(client, namespace), ours())
+    .owns(api::<PodDisruptionBudget>(client, namespace), ours())
+}
+
+/// Reconciles one cluster: the finalizer first, then apply or cleanup.
+#[instrument(
+    name = "reconcile",
+    // Each reconcile is its own trace, whatever span the runtime polls it in.
+    parent = None,
+    skip_all,
+    fields(
+        controller = CONTROLLER,
+        namespace = cluster.namespace().unwrap_or_default(),
+        name = cluster.name_any(),
+        trigger = trigger(&cluster),
+        trace_id = field::Empty,
+    )
+)]
+pub async fn reconcile(
+    cluster: Arc<PostgreSQLCluster>,
+    context: Arc<ClusterContext>,
+) -> Result<Action, Error> {
+    record_trace_id(&Span::current());
+    let started = Instant::now();
+    let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
+    let key = format!("{namespace}/{}", cluster.name_any());
+    let api = Api::<PostgreSQLCluster>::namespaced(context.base.client.clone(), &namespace);
+    let result = finalizer(&api, CLEANUP_FINALIZER, cluster, |event| async {
+        match event {
+            FinalizerEvent::Apply(cluster) => reconcile_cluster(&cluster, &context).await,
+            FinalizerEvent::Cleanup(cluster) => cleanup(&cluster).await,
+        }
+    })
+    .await
+    .map_err(|error| Error::Finalizer(Box::new(error)));
+    context
+        .base
+        .metrics
+        .observe_reconcile(CONTROLLER, result.is_ok(), started.elapsed());
+    match &result {
+        Ok(action) => {
+            context.failures().remove(&key);
+            tracing::debug!(?action, "reconciled");
+        }
+        Err(error) => tracing::warn!(%error, "reconcile failed"),
+    }
+    result
+}
+
+/// Retries a failed reconcile after a delay that doubles with each consecutive failure of the
+/// same object, and reports the error as an Event.
+pub fn error_policy(
+    cluster: Arc<PostgreSQLCluster>,
+    error: &Error,
+    context: Arc<ClusterContext>,
+) -> Action {
+    let key = format!(
+        "{}/{}",
+        cluster.namespace().unwrap_or_default(),
+        cluster.name_any()
+    );
+    let failures = {
+        let mut failures = context.failures();
+        let count = failures.entry(key).or_insert(0);
+        *count = count.saturating_add(1);
+        *count
+    };
+    let delay = backoff(failures);
+    let note = error.to_string();
+    let recorder = context.recorder.clone();
+    let reference = cluster.object_ref(&());
+    tokio::spawn(async move {
+        let event = KubeEvent {
+            type_: EventType::Warning,
+            reason: "ReconcileFailed".to_owned(),
+            note: Some(truncate_note(note)),
+            action: "Reconcile".to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = recorder.publish(&event, &reference).await {
+            tracing::warn!(%error, "cannot publish the error Event");
+        }
+    });
+    Action::requeue(delay)
+}
+
+/// `BACKOFF_BASE * 2^(failures - 1)`, at most `BACKOFF_MAX`.
+fn backoff(failures: u32) -> Duration {
+    let factor = 2u32.saturating_pow(failures.saturating_sub(1));
+    BACKOFF_BASE.saturating_mul(factor).min(BACKOFF_MAX)
+}
+
+/// Why this reconcile probably runs, from the object alone (the runtime keeps its own reason
+/// from the reconciler; it logs it as `object.reason` on its `reconciling object` span).
+fn trigger(cluster: &PostgreSQLCluster) -> &'static str {
+    if cluster.metadata.deletion_timestamp.is_some() {
+        "deletion"
+    } else if cluster.status.as_ref().and_then(|s| s.observed_generation)
+        != cluster.metadata.generation
+    {
+        "spec-change"
+    } else {
+        "resync-or-child-change"
+    }
+}
+
+/// Records the OpenTelemetry trace id into `span` when there is a valid one (there is none when
+/// no OpenTelemetry layer is installed), so JSON logs of the reconcile carry it.
+fn record_trace_id(span: &Span) {
+    let context = span.context();
+    let span_context = context.span().span_context().clone();
+    if span_context.is_valid() {
+        span.record("trace_id", field::display(span_context.trace_id()));
+    }
+}
+
+/// Deletion: children go with the cluster through owner references and the garbage collector;
+/// backup data and PostgreSQLBackup objects are never deleted here. Nothing here reads the
+/// spec, so an invalid spec cannot block deletion.
+async fn cleanup(cluster: &PostgreSQLCluster) -> Result<Action, Error> {
+    tracing::info!(cluster = %cluster.name_any(), "cluster deleted; children are left to the garbage collector");
+    Ok(Action::await_change())
+}
+
+/// The pipeline for a cluster that is not being deleted.
+async fn reconcile_cluster(
+    cluster: &PostgreSQLCluster,
+    context: &ClusterContext,
+) -> Result<Action, Error> {
+    let client = &context.base.client;
+    let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
+    let names = ChildNames::for_cluster(&cluster.name_any());
+    let live = read::read(client, &namespace, &names)
+        .instrument(info_span!("read"))
+        .await?;
+    let validated = info_span!("validate").in_scope(|| validate::validate(cluster, &live.facts()));
+    let (statefulset, issue, expansion_pending, desired_replicas) = match validated {
+        Ok(valid) => {
+            let desired = info_span!("build").in_scope(|| {
+                build::build(
+                    &valid,
+                    &context.base.settings.postgres_image_repository,
+                    &generate_password(),
+                )
+            });
+            let apply_span = info_span!("apply", writes = field::Empty);
+            let applied = apply::apply(client, &namespace, desired, live, valid.storage_gib)
+                .instrument(apply_span.clone())
+                .await?;
+            apply_span.record("writes", applied.writes);
+            (
+                Some(applied.statefulset),
+                applied.issue,
+                applied.expansion_pending,
+                valid.replicas,
+            )
+        }
+        Err(refusal) => {
+            tracing::warn!(reason = refusal.reason(), message = %refusal.message(), "spec refused; children left as they are");
+            let issue = Issue {
+                reason: refusal.reason().to_owned(),
+                message: refusal.message(),
+                invalid_spec: refusal.is_invalid_spec(),
+            };
+            // The StatefulSet keeps its replicas: judge readiness against those.
+            let replicas = live
+                .statefulset
+                .as_ref()
+                .and_then(|sts| sts.spec.as_ref()?.replicas)
+                .unwrap_or(cluster.spec.replicas);
+            (live.statefulset, Some(issue), false, replicas)
+        }
+    };
+    let observation = Observation {
+        generation: cluster.metadata.generation,
+        desired_replicas,
+        statefulset: statefulset.as_ref(),
+        issue: issue.as_ref(),
+        previous: cluster.status.as_ref(),
+    };
+    let new_status = write_status(cluster, context, observation)
+        .instrument(info_span!("status"))
+        .await?;
+    let settled =
+        new_status.phase == Some(ClusterPhase::Running) && issue.is_none() && !expansion_pending;
+    Ok(
+        if settled || issue.as_ref().is_some_and(|i| i.invalid_spec) {
+            Action::requeue(context.base.settings.resync_interval)
+        } else {
+            Action::requeue(WAIT_REQUEUE.min(context.base.settings.resync_interval))
+        },
+    )
+}
+
+/// Computes the status, writes it if it changed and publishes an Event per change.
+async fn write_status(
+    cluster: &PostgreSQLCluster,
+    context: &ClusterContext,
+    observation: Observation<'_>,
+) -> Result<PostgreSQLClusterStatus, Error> {
+    let new_status = status::compute(observation, Timestamp::now());
+    if !status::changed(&new_status, observation.previous) {
+        return Ok(new_status);
+    }
+    let name = cluster.name_any();
+    let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
+    let body = json!({
+        "apiVersion": PostgreSQLCluster::api_version(&()),
+        "kind": PostgreSQLCluster::kind(&()),
+        "status": new_status,
+    });
+    Api::<PostgreSQLCluster>::namespaced(context.base.client.clone(), &namespace)
+        .patch_status(
+            &name,
+            &PatchParams::apply(STATUS_FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(|source| Error::Kube {
+            action: "write status of",
+            kind: "PostgreSQLCluster".to_owned(),
+            name: name.clone(),
+            source,
+        })?;
+    tracing::info!(phase = ?new_status.phase, ready = new_status.ready_replicas, "status updated");
+    let reference = cluster.object_ref(&());
+    for event in status::events(&new_status, observation.previous) {
+        let event = KubeEvent {
+            type_: if event.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: event.reason,
+            note: Some(truncate_note(event.note)),
+            action: "Reconcile".to_owned(),
+            secondary: None,
+        };
+        // An Event that cannot be published is not worth failing the reconcile for.
+        if let Err(error) = context.recorder.publish(&event, &reference).await {
+            tracing::warn!(%error, "cannot publish an Event");
+        }
+    }
+    Ok(new_status)
+}
+
+/// Event notes are limited to 1 kB.
+fn truncate_note(mut note: String) -> String {
+    if note.len() > 1024 {
+        let mut end = 1021;
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+        note.push_str("...");
+    }
+    note
+}
+
+/// A random 32-character alphanumeric password.
+fn generate_password() -> String {
+    rand::rng()
+        .sample_iter(&Alphanumeric)
+        .take(32)
+        .map(char::from)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_per_failure_up_to_a_maximum() {
+        assert_eq!(backoff(1), Duration::from_secs(2));
+        assert_eq!(backoff(2), Duration::from_secs(4));
+        assert_eq!(backoff(5), Duration::from_secs(32));
+        assert_eq!(backoff(40), BACKOFF_MAX);
+    }
+
+    #[test]
+    fn passwords_are_random_and_long() {
+        let one = generate_password();
+        assert_eq!(one.len(), 32);
+        assert_ne!(one, generate_password());
+    }
+}

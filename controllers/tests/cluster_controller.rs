@@ -1,0 +1,518 @@
+//! The PostgreSQLCluster controller against the test bed (kwok makes pods Ready; PVCs bind
+//! through the test bed's provisioner). Each test runs the controllers in-process on its own
+//! namespace.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Running, condition};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use pgkube_crds::{ClusterPhase, PostgreSQLCluster, PostgresVersion};
+use pgkube_testkit::wait_until;
+use serde_json::json;
+
+const RESYNC: Duration = Duration::from_secs(30);
+const TIMEOUT: Duration = Duration::from_secs(120);
+
+async fn patch_spec(running: &Running, name: &str, spec: serde_json::Value) {
+    running
+        .clusters()
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": spec })),
+        )
+        .await
+        .expect("spec patched");
+}
+
+fn password(secret: &Secret) -> Vec<u8> {
+    secret
+        .data
+        .as_ref()
+        .and_then(|d| d.get("password"))
+        .map(|b| b.0.clone())
+        .expect("password")
+}
+
+#[tokio::test]
+async fn the_sample_runs_scales_up_and_down_and_keeps_its_password() {
+    let Some(running) = Running::start("cluster-scale", RESYNC).await else {
+        return;
+    };
+    running.create_sample("my-cluster", 3).await;
+    let cluster = running.wait_running("my-cluster", 3, TIMEOUT).await;
+    let status = cluster.status.clone().expect("status");
+    assert_eq!(status.current_version.as_deref(), Some("16"));
+    let ready = condition(&cluster, "Ready").expect("Ready condition");
+    assert_eq!(
+        (ready.status.as_str(), ready.message.as_str()),
+        ("True", "All 3 replicas are ready")
+    );
+    assert!(
+        cluster
+            .finalizers()
+            .iter()
+            .any(|f| f == "db.example.com/cleanup")
+    );
+    let became_running = events_with_reason(&running, "my-cluster", "Running").await;
+    assert_eq!(
+        became_running.len(),
+        1,
+        "one Event for the change to Running: {became_running:?}"
+    );
+    assert_eq!(
+        became_running[0].note.as_deref(),
+        Some("All 3 replicas are ready")
+    );
+
+    let sts = running
+        .api::<StatefulSet>()
+        .get("my-cluster-postgresql")
+        .await
+        .expect("StatefulSet");
+    let template = sts
+        .spec
+        .as_ref()
+        .expect("spec")
+        .template
+        .spec
+        .as_ref()
+        .expect("pod");
+    assert_eq!(template.containers[0].image.as_deref(), Some("postgres:16"));
+    running
+        .api::<Service>()
+        .get("my-cluster-postgresql-headless")
+        .await
+        .expect("headless Service");
+    running
+        .api::<Service>()
+        .get("my-cluster-postgresql")
+        .await
+        .expect("client Service");
+    running
+        .api::<ConfigMap>()
+        .get("my-cluster-postgresql-config")
+        .await
+        .expect("ConfigMap");
+    running
+        .api::<PodDisruptionBudget>()
+        .get("my-cluster-postgresql")
+        .await
+        .expect("PDB for 3");
+    let secrets = running.api::<Secret>();
+    let first_password = password(
+        &secrets
+            .get("my-cluster-postgresql-credentials")
+            .await
+            .expect("Secret"),
+    );
+    assert_eq!(first_password.len(), 32);
+
+    patch_spec(&running, "my-cluster", json!({"replicas": 5})).await;
+    running.wait_running("my-cluster", 5, TIMEOUT).await;
+    patch_spec(&running, "my-cluster", json!({"replicas": 1})).await;
+    running.wait_running("my-cluster", 1, TIMEOUT).await;
+    let budgets = running.api::<PodDisruptionBudget>();
+    wait_until("the PDB to go with one replica", TIMEOUT, || async {
+        Ok(budgets
+            .get_opt("my-cluster-postgresql")
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await
+    .expect("PDB deleted");
+    let sts = running
+        .api::<StatefulSet>()
+        .get("my-cluster-postgresql")
+        .await
+        .expect("StatefulSet");
+    assert_eq!(sts.spec.and_then(|s| s.replicas), Some(1));
+    let after = password(
+        &secrets
+            .get("my-cluster-postgresql-credentials")
+            .await
+            .expect("Secret"),
+    );
+    assert_eq!(
+        after, first_password,
+        "the generated password must never change"
+    );
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn deleted_and_edited_children_are_repaired() {
+    let Some(running) = Running::start("cluster-repair", RESYNC).await else {
+        return;
+    };
+    running.create_sample("repair", 2).await;
+    running.wait_running("repair", 2, TIMEOUT).await;
+
+    let services = running.api::<Service>();
+    let old_uid = services
+        .get("repair-postgresql")
+        .await
+        .expect("Service")
+        .uid();
+    services
+        .delete("repair-postgresql", &DeleteParams::default())
+        .await
+        .expect("deleted");
+    wait_until("the client Service to come back", TIMEOUT, || async {
+        let service = services.get_opt("repair-postgresql").await?;
+        Ok(service.filter(|s| s.uid() != old_uid).map(|_| ()))
+    })
+    .await
+    .expect("Service recreated");
+
+    let statefulsets = running.api::<StatefulSet>();
+    statefulsets
+        .patch(
+            "repair-postgresql",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 4}})),
+        )
+        .await
+        .expect("scaled by hand");
+    wait_until(
+        "the StatefulSet's replicas to be restored to 2",
+        TIMEOUT,
+        || async {
+            let sts = statefulsets.get("repair-postgresql").await?;
+            Ok((sts.spec.and_then(|s| s.replicas) == Some(2)).then_some(()))
+        },
+    )
+    .await
+    .expect("replicas restored");
+    running.wait_running("repair", 2, TIMEOUT).await;
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn deleting_the_cluster_removes_the_finalizer_and_children_are_collected() {
+    let Some(running) = Running::start("cluster-delete", RESYNC).await else {
+        return;
+    };
+    running.create_sample("doomed", 1).await;
+    running.wait_running("doomed", 1, TIMEOUT).await;
+    running
+        .clusters()
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .expect("delete asked");
+    let clusters = running.clusters();
+    wait_until(
+        "the cluster to be gone (finalizer removed)",
+        TIMEOUT,
+        || async { Ok(clusters.get_opt("doomed").await?.is_none().then_some(())) },
+    )
+    .await
+    .expect("cluster deleted");
+    let statefulsets = running.api::<StatefulSet>();
+    let services = running.api::<Service>();
+    let config_maps = running.api::<ConfigMap>();
+    let secrets = running.api::<Secret>();
+    wait_until(
+        "the garbage collector to remove the children",
+        TIMEOUT,
+        || async {
+            let gone = statefulsets.get_opt("doomed-postgresql").await?.is_none()
+                && services.get_opt("doomed-postgresql").await?.is_none()
+                && services
+                    .get_opt("doomed-postgresql-headless")
+                    .await?
+                    .is_none()
+                && config_maps
+                    .get_opt("doomed-postgresql-config")
+                    .await?
+                    .is_none()
+                && secrets
+                    .get_opt("doomed-postgresql-credentials")
+                    .await?
+                    .is_none();
+            Ok(gone.then_some(()))
+        },
+    )
+    .await
+    .expect("children collected");
+    running.stop().await;
+}
+
+#[tokio::test]
+async fn storage_shrink_and_major_upgrade_are_refused_and_change_nothing() {
+    let Some(running) = Running::start("cluster-refuse", RESYNC).await else {
+        return;
+    };
+    running.create_sample("steady", 1).await;
+    running.wait_running("steady", 1, TIMEOUT).await;
+    let statefulsets = running.api::<StatefulSet>();
+    let before = statefulsets
+        .get("steady-postgresql")
+        .await
+        .expect("StatefulSet");
+
+    patch_spec(&running, "steady", json!({"storage": "50Gi"})).await;
+    let refused = wait_for_progressing_reason(&running, "steady", "StorageShrinkRefused").await;
+    assert!(
+        condition(&refused, "Progressing")
+            .expect("condition")
+            .message
+            .contains("100Gi")
+    );
+    let warnings = events_with_reason(&running, "steady", "StorageShrinkRefused").await;
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0].type_.as_deref(), Some("Warning"));
+    let after = statefulsets
+        .get("steady-postgresql")
+        .await
+        .expect("StatefulSet");
+    assert_eq!(
+        after.metadata.generation, before.metadata.generation,
+        "StatefulSet untouched"
+    );
+
+    patch_spec(
+        &running,
+        "steady",
+        json!({"storage": "100Gi", "version": "17"}),
+    )
+    .await;
+    let refused = wait_for_progressing_reason(&running, "steady", "MajorUpgradeNotSupported").await;
+    assert_eq!(refused.spec.version, PostgresVersion::V17);
+    assert_eq!(
+        refused
+            .status
+            .as_ref()
+            .and_then(|s| s.current_version.clone())
+            .as_deref(),
+        Some("16")
+    );
+    let after = statefulsets
+        .get("steady-postgresql")
+        .await
+        .expect("StatefulSet");
+    let image = after
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|p| p.containers[0].image.clone());
+    assert_eq!(
+        image,
+        Some(Some("postgres:16".to_owned())),
+        "the old image stays"
+    );
+    running.stop().await;
+}
+
+async fn wait_for_progressing_reason(
+    running: &Running,
+    name: &str,
+    reason: &str,
+) -> PostgreSQLCluster {
+    let clusters = running.clusters();
+    wait_until(&format!("Progressing reason {reason}"), TIMEOUT, || async {
+        let cluster = clusters.get(name).await?;
+        let found = condition(&cluster, "Progressing")
+            .is_some_and(|c| c.status == "False" && c.reason == reason)
+            && cluster.status.as_ref().and_then(|s| s.observed_generation)
+                == cluster.metadata.generation;
+        Ok(found.then_some(cluster))
+    })
+    .await
+    .expect("refusal condition")
+}
+
+#[tokio::test]
+async fn a_63_character_cluster_name_gets_valid_children_and_runs() {
+    let Some(running) = Running::start("cluster-longname", RESYNC).await else {
+        return;
+    };
+    let name = format!("long-{}", "n".repeat(58));
+    assert_eq!(name.len(), 63);
+    running.create_sample(&name, 2).await;
+    running.wait_running(&name, 2, TIMEOUT).await;
+    let statefulsets = running.api::<StatefulSet>();
+    let sts = statefulsets
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=pgkube"))
+        .await
+        .expect("list")
+        .items
+        .pop()
+        .expect("one StatefulSet");
+    assert!(sts.name_any().len() <= 52, "{}", sts.name_any());
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = running.api();
+    let pods = pods.list(&ListParams::default()).await.expect("pods").items;
+    assert_eq!(pods.len(), 2);
+    for pod in pods {
+        assert!(pod.name_any().len() <= 63, "{}", pod.name_any());
+    }
+    running.stop().await;
+}
+
+/// 200 clusters created at once all reach Running (a functional check, not a timing one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_clusters_created_at_once_all_reach_running() {
+    let count: usize = std::env::var("PGKUBE_MANY_CLUSTERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let Some(running) = Running::start("cluster-many", Duration::from_secs(300)).await else {
+        return;
+    };
+    let clusters = running.clusters();
+    let template: PostgreSQLCluster = serde_yaml::from_str(common::SAMPLE).expect("sample parses");
+    futures::stream::iter(0..count)
+        .for_each_concurrent(16, |i| {
+            let clusters = clusters.clone();
+            let mut cluster = template.clone();
+            async move {
+                cluster.metadata.name = Some(format!("c{i:03}"));
+                cluster.spec.replicas = 1;
+                cluster.spec.storage = "1Gi".to_owned();
+                cluster.spec.backup = None;
+                // The test bed's nodes have 48 CPUs in all: the sample's requests would fit
+                // 96 pods, not 200.
+                cluster.spec.resources = None;
+                clusters
+                    .create(&PostParams::default(), &cluster)
+                    .await
+                    .expect("created");
+            }
+        })
+        .await;
+    let running_count = wait_until(
+        &format!("{count} clusters Running"),
+        Duration::from_secs(600),
+        || async {
+            let list = clusters.list(&ListParams::default()).await?;
+            let ready = list
+                .items
+                .iter()
+                .filter(|c| c.status.as_ref().and_then(|s| s.phase) == Some(ClusterPhase::Running))
+                .count();
+            Ok((ready == count).then_some(ready))
+        },
+    )
+    .await
+    .expect("all Running");
+    assert_eq!(running_count, count);
+    running.stop().await;
+}
+
+/// An unchanged, ready cluster makes no write request over several resyncs.
+#[tokio::test]
+async fn a_ready_unchanged_cluster_causes_zero_writes_across_resyncs() {
+    let resync = Duration::from_secs(2);
+    let Some(running) = Running::start("cluster-idle", resync).await else {
+        return;
+    };
+    running.create_sample("idle", 2).await;
+    running.wait_running("idle", 2, TIMEOUT).await;
+    // Let the last status write and its Event land, then count from a quiet point.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let writes_before = running.counts.writes();
+    let reads_before = running.counts.reads();
+    let log_before = running.counts.write_log().len();
+    tokio::time::sleep(resync * 4 + Duration::from_secs(1)).await;
+    let reads = running.counts.reads() - reads_before;
+    let writes = running.counts.writes() - writes_before;
+    eprintln!(
+        "idle for {:?}: {reads} reads, {writes} writes",
+        resync * 4 + Duration::from_secs(1)
+    );
+    // Each resync reads the six children and the data claims: at least three resyncs ran.
+    assert!(
+        reads >= 3 * 6,
+        "only {reads} reads: the periodic reconciles did not run"
+    );
+    assert_eq!(
+        writes,
+        0,
+        "writes while idle: {:?}",
+        &running.counts.write_log()[log_before..]
+    );
+    running.stop().await;
+}
+
+/// A larger `storage` expands the existing data volumes; the StatefulSet's immutable claim
+/// template keeps its size.
+#[tokio::test]
+async fn growing_storage_expands_the_data_volumes() {
+    let Some(running) = Running::start("cluster-grow", RESYNC).await else {
+        return;
+    };
+    running.create_sample("grow", 1).await;
+    running.wait_running("grow", 1, TIMEOUT).await;
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = running.api();
+    let request = |claim: &k8s_openapi::api::core::v1::PersistentVolumeClaim| {
+        claim.spec.as_ref().and_then(|s| {
+            s.resources
+                .as_ref()?
+                .requests
+                .as_ref()?
+                .get("storage")
+                .map(|q| q.0.clone())
+        })
+    };
+    wait_until("the data volume to be bound", TIMEOUT, || async {
+        let claim = claims.get("data-grow-postgresql-0").await?;
+        Ok((claim.status.and_then(|s| s.phase).as_deref() == Some("Bound")).then_some(()))
+    })
+    .await
+    .expect("bound");
+    patch_spec(&running, "grow", json!({"storage": "150Gi"})).await;
+    wait_until("the data volume to request 150Gi", TIMEOUT, || async {
+        let claim = claims.get("data-grow-postgresql-0").await?;
+        Ok((request(&claim).as_deref() == Some("150Gi")).then_some(()))
+    })
+    .await
+    .expect("expanded");
+    running.wait_running("grow", 1, TIMEOUT).await;
+    let sts = running
+        .api::<StatefulSet>()
+        .get("grow-postgresql")
+        .await
+        .expect("StatefulSet");
+    let template = &sts
+        .spec
+        .and_then(|s| s.volume_claim_templates)
+        .expect("templates")[0];
+    assert_eq!(
+        request(template).as_deref(),
+        Some("100Gi"),
+        "the template is immutable"
+    );
+    running.stop().await;
+}
+
+/// Events about `name` with `reason` in the test namespace, once there is at least one.
+async fn events_with_reason(
+    running: &Running,
+    name: &str,
+    reason: &str,
+) -> Vec<k8s_openapi::api::events::v1::Event> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = running.api();
+    wait_until(
+        &format!("an Event {reason} about {name}"),
+        TIMEOUT,
+        || async {
+            let list = events.list(&ListParams::default()).await?;
+            let matching: Vec<_> = list
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some(reason))
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+                .collect();
+            Ok((!matching.is_empty()).then_some(matching))
+        },
+    )
+    .await
+    .expect("Event published")
+}

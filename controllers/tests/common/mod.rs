@@ -1,0 +1,260 @@
+//! Shared by the cluster controller's integration tests: CRD installation, a kube client that
+//! counts its write requests, and the controllers running in-process for one test namespace.
+
+#![allow(dead_code)] // Each test binary uses a different part.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, ResourceExt};
+use pgkube_controllers::{Context, Metrics, Settings};
+use pgkube_crds::{ClusterPhase, PostgreSQLCluster};
+use pgkube_testkit::{TestEnv, TestNamespace, wait_until};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// The seed's sample cluster.
+pub const SAMPLE: &str = include_str!("../../../deploy/samples/postgresqlcluster.yaml");
+
+/// Requests made through a [`counting_client`], by kind.
+#[derive(Debug, Default)]
+pub struct RequestCounts {
+    pub writes: AtomicUsize,
+    pub reads: AtomicUsize,
+    /// `METHOD path` of every write, to explain a failing assertion.
+    pub write_log: std::sync::Mutex<Vec<String>>,
+}
+
+impl RequestCounts {
+    pub fn writes(&self) -> usize {
+        self.writes.load(Ordering::SeqCst)
+    }
+
+    pub fn reads(&self) -> usize {
+        self.reads.load(Ordering::SeqCst)
+    }
+
+    pub fn write_log(&self) -> Vec<String> {
+        self.write_log
+            .lock()
+            .map(|log| log.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// A client for the test bed that counts every request it sends: POST, PUT, PATCH and DELETE
+/// as writes, the rest (GET, including watches) as reads.
+pub async fn counting_client(env: &TestEnv) -> (Client, Arc<RequestCounts>) {
+    let kubeconfig = Kubeconfig::read_from(&env.kubeconfig).expect("test bed kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("test bed kubeconfig is valid");
+    let counts = Arc::new(RequestCounts::default());
+    let counter = counts.clone();
+    let layer =
+        tower::util::MapRequestLayer::new(move |request: http::Request<kube::client::Body>| {
+            let method = request.method().clone();
+            if matches!(
+                method,
+                http::Method::POST | http::Method::PUT | http::Method::PATCH | http::Method::DELETE
+            ) {
+                counter.writes.fetch_add(1, Ordering::SeqCst);
+                if let Ok(mut log) = counter.write_log.lock() {
+                    log.push(format!("{method} {}", request.uri().path()));
+                }
+            } else {
+                counter.reads.fetch_add(1, Ordering::SeqCst);
+            }
+            request
+        });
+    let client = kube::client::ClientBuilder::try_from(config)
+        .expect("client builder")
+        .with_layer(&layer)
+        .build();
+    (client, counts)
+}
+
+/// Installs the CRDs with server-side apply (idempotent) and waits until they are served.
+pub async fn install_crds(client: &Client) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in pgkube_crds::crds() {
+        crds.patch(
+            &crd.name_any(),
+            &PatchParams::apply("pgkube-tests").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .expect("CRD applies");
+    }
+    let clusters: Api<PostgreSQLCluster> = Api::all(client.clone());
+    wait_until(
+        "the PostgreSQLCluster CRD to be served",
+        Duration::from_secs(30),
+        || async {
+            Ok(clusters
+                .list_metadata(&Default::default())
+                .await
+                .ok()
+                .map(|_| ()))
+        },
+    )
+    .await
+    .expect("CRD served");
+}
+
+/// The controllers running in-process, watching one test namespace.
+pub struct Running {
+    pub namespace: TestNamespace,
+    /// Admin client for the test's own reads and writes (not counted).
+    pub client: Client,
+    /// Requests of the controllers' client.
+    pub counts: Arc<RequestCounts>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Running {
+    /// Installs the CRDs, creates a namespace and starts the controllers on it; `None` when
+    /// test bed tests are skipped.
+    pub async fn start(prefix: &str, resync_interval: Duration) -> Option<Running> {
+        let env = pgkube_testkit::testbed()?;
+        let client = env.kube_client().await;
+        install_crds(&client).await;
+        let namespace = TestNamespace::create(&client, prefix).await;
+        let (controller_client, counts) = counting_client(&env).await;
+        let settings = Settings {
+            watch_namespaces: vec![namespace.name().to_owned()],
+            resync_interval,
+            ..Settings::default()
+        };
+        let mut registry = prometheus_client::registry::Registry::default();
+        let context = Context {
+            client: controller_client,
+            settings: Arc::new(settings),
+            metrics: Arc::new(Metrics::register(&mut registry)),
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let (ready_tx, ready_rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let on_ready = move || {
+                let _ = ready_tx.send(());
+            };
+            let shutdown = async move {
+                let _ = stopped.await;
+            };
+            pgkube_controllers::run(context, on_ready, shutdown)
+                .await
+                .expect("controllers run");
+        });
+        tokio::time::timeout(Duration::from_secs(60), ready_rx)
+            .await
+            .expect("controllers ready within 60s")
+            .expect("on_ready called");
+        Some(Running {
+            namespace,
+            client,
+            counts,
+            stop: Some(stop),
+            task: Some(task),
+        })
+    }
+
+    pub fn clusters(&self) -> Api<PostgreSQLCluster> {
+        Api::namespaced(self.client.clone(), self.namespace.name())
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), self.namespace.name())
+    }
+
+    /// Creates the sample cluster under `name` with `replicas`, without its backup section
+    /// (backups are another controller's business).
+    pub async fn create_sample(&self, name: &str, replicas: i32) -> PostgreSQLCluster {
+        let mut cluster: PostgreSQLCluster = serde_yaml::from_str(SAMPLE).expect("sample parses");
+        cluster.metadata.name = Some(name.to_owned());
+        cluster.spec.replicas = replicas;
+        cluster.spec.backup = None;
+        self.clusters()
+            .create(&PostParams::default(), &cluster)
+            .await
+            .expect("cluster created")
+    }
+
+    /// Waits until cluster `name` is Running with `replicas` ready and its status describes the
+    /// latest generation.
+    pub async fn wait_running(
+        &self,
+        name: &str,
+        replicas: i32,
+        timeout: Duration,
+    ) -> PostgreSQLCluster {
+        let clusters = self.clusters();
+        wait_until(
+            &format!("{name} Running with {replicas} ready"),
+            timeout,
+            || async {
+                let cluster = clusters.get(name).await?;
+                let status = cluster.status.clone().unwrap_or_default();
+                let done = status.phase == Some(ClusterPhase::Running)
+                    && status.ready_replicas == replicas
+                    && status.observed_generation == cluster.metadata.generation;
+                Ok(done.then_some(cluster))
+            },
+        )
+        .await
+        .expect("cluster reaches Running")
+    }
+
+    /// Deletes the test's clusters (the controllers remove their finalizers), stops the
+    /// controllers, then deletes the namespace.
+    pub async fn stop(mut self) {
+        let clusters = self.clusters();
+        let _ = clusters
+            .delete_collection(&Default::default(), &Default::default())
+            .await;
+        let gone = wait_until(
+            "the test's clusters to be deleted",
+            Duration::from_secs(120),
+            || async {
+                Ok(clusters
+                    .list_metadata(&Default::default())
+                    .await?
+                    .items
+                    .is_empty()
+                    .then_some(()))
+            },
+        )
+        .await;
+        if let Err(error) = gone {
+            eprintln!("warning: {error:#}");
+        }
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+        }
+        self.namespace.cleanup().await;
+    }
+}
+
+/// A condition of a cluster's status.
+pub fn condition(
+    cluster: &PostgreSQLCluster,
+    type_: &str,
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
+    cluster
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .cloned()
+}
