@@ -6,17 +6,26 @@ mod manager_common;
 use std::process::Command;
 use std::time::Duration;
 
+use kube::api::{Api, PostParams};
 use manager_common::{Manager, http_get, install_crds};
-use pgkube_testkit::{testbed, wait_until};
+use pgkube_crds::PostgreSQLCluster;
+use pgkube_testkit::{TestNamespace, testbed, wait_until};
 
 #[tokio::test]
 async fn serves_probes_and_metrics_then_stops_on_sigterm() {
     let Some(env) = testbed() else { return };
     install_crds(&env);
+    let client = env.kube_client().await;
+    let namespace = TestNamespace::create(&client, "manager-endpoints").await;
     let mut manager = Manager::start(
         &env,
         "manager-endpoints",
-        &["--shutdown-grace-period", "10s"],
+        &[
+            "--shutdown-grace-period",
+            "10s",
+            "--watch-namespaces",
+            namespace.name(),
+        ],
     );
     let probes = manager.endpoint("health probes").await;
     let metrics = manager.endpoint("metrics").await;
@@ -35,12 +44,33 @@ async fn serves_probes_and_metrics_then_stops_on_sigterm() {
         manager.output().join("\n")
     );
 
-    // The reconcile metrics get series with the first reconcile (prometheus-client leaves
-    // families without series out), so here only the endpoint and its format are checked;
-    // the unit test of the metrics handler checks both reconcile metrics.
     let (status, body) = http_get(metrics, "/metrics").await.expect("metrics");
     assert_eq!(status, 200);
     assert!(body.ends_with("# EOF\n"), "not OpenMetrics text: {body}");
+
+    // The reconcile metrics get their series with the first reconcile: give the manager a
+    // cluster to reconcile and wait for both metrics to count it.
+    create_cluster(&client, namespace.name()).await;
+    let body = wait_until(
+        "both reconcile metrics to count the cluster's reconciles",
+        Duration::from_secs(60),
+        || async {
+            let (_, body) = http_get(metrics, "/metrics").await?;
+            let counted = body
+                .contains(r#"operator_reconcile_total{controller="cluster",result="success"}"#)
+                && body
+                    .contains(r#"operator_reconcile_duration_seconds_count{controller="cluster"}"#);
+            Ok(counted.then_some(body))
+        },
+    )
+    .await
+    .expect("reconcile metrics");
+    assert!(
+        body.contains(
+            r#"operator_reconcile_duration_seconds_bucket{le="0.01",controller="cluster"}"#
+        ),
+        "the duration histogram starts at 0.01 s: {body}"
+    );
     assert_eq!(
         http_get(metrics, "/nothing-here").await.expect("404").0,
         404
@@ -49,6 +79,22 @@ async fn serves_probes_and_metrics_then_stops_on_sigterm() {
     manager.terminate();
     let code = manager.exit_code(Duration::from_secs(20)).await;
     assert_eq!(code, Some(0), "output:\n{}", manager.output().join("\n"));
+    namespace.cleanup().await;
+}
+
+async fn create_cluster(client: &kube::Client, namespace: &str) {
+    let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), namespace);
+    let cluster: PostgreSQLCluster = serde_json::from_value(serde_json::json!({
+        "apiVersion": "db.example.com/v1alpha1",
+        "kind": "PostgreSQLCluster",
+        "metadata": { "name": "metrics" },
+        "spec": { "replicas": 1, "version": "16", "storage": "1Gi" },
+    }))
+    .expect("a valid cluster");
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("cluster created");
 }
 
 #[test]
