@@ -51,7 +51,9 @@ fn default_replicas() -> i32 {
 }
 
 /// Supported PostgreSQL major versions.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema)]
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, JsonSchema,
+)]
 pub enum PostgresVersion {
     #[serde(rename = "14")]
     V14,
