@@ -55,9 +55,9 @@ use tracing_subscriber::EnvFilter;
 #[derive(Subcommand)]
 pub enum AgentCommand {
     /// Back up every database of a PostgreSQL instance to S3-compatible storage.
-    Backup(backup::BackupArgs),
+    Backup(Box<backup::BackupArgs>),
     /// Restore databases from a backup in S3-compatible storage.
-    Restore(restore::RestoreArgs),
+    Restore(Box<restore::RestoreArgs>),
 }
 
 /// Settings shared by backup and restore.
@@ -96,8 +96,8 @@ pub fn run(command: AgentCommand) -> anyhow::Result<()> {
         .build()?;
     let outcome = runtime.block_on(async {
         match command {
-            AgentCommand::Backup(args) => backup::run(args).await,
-            AgentCommand::Restore(args) => restore::run(args).await,
+            AgentCommand::Backup(args) => backup::run(*args).await,
+            AgentCommand::Restore(args) => restore::run(*args).await,
         }
     });
     let report = match &outcome {
