@@ -33,6 +33,7 @@ pub struct PostgreSQLClusterSpec {
     #[schemars(range(min = 1, max = 10))]
     pub replicas: i32,
     /// PostgreSQL major version. It can go up (an upgrade) but never down.
+    #[serde(default = "default_version")]
     #[x_kube(validation = Rule::new("int(self) >= int(oldSelf)").message("cannot be lowered: a PostgreSQL major version downgrade is not possible"))]
     pub version: PostgresVersion,
     /// Size of each instance's data volume, in whole gibibytes, for example `100Gi`.
@@ -48,6 +49,10 @@ pub struct PostgreSQLClusterSpec {
 
 fn default_replicas() -> i32 {
     3
+}
+
+fn default_version() -> PostgresVersion {
+    PostgresVersion::V16
 }
 
 /// Supported PostgreSQL major versions.

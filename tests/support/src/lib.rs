@@ -1,1 +1,38 @@
 //! Test support for pgkube's integration tests.
+//!
+//! Integration tests run against the local test bed that `tests/testbed/up` starts: a real
+//! Kubernetes control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok nodes and
+//! a storage provisioner), a PostgreSQL server and a Garage S3 server, all on 127.0.0.1. `up`
+//! writes what a test needs to reach them into `target/testbed/env`; this crate reads it and
+//! hands out clients and throwaway resources:
+//!
+//! ```no_run
+//! # async fn example() -> anyhow::Result<()> {
+//! let Some(env) = pgkube_testkit::testbed() else { return Ok(()) };
+//! let client = env.kube_client().await;
+//! let namespace = pgkube_testkit::TestNamespace::create(&client, "smoke").await;
+//! // ... create objects in namespace.name() ...
+//! namespace.cleanup().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Every test gets its own namespace, database and bucket, so tests run in parallel. Each of
+//! them is removed by `cleanup()`, or on drop (best effort) when a test panics first.
+
+mod bucket;
+mod database;
+mod env;
+mod names;
+mod namespace;
+mod wait;
+
+pub use bucket::TestBucket;
+pub use database::TestDatabase;
+pub use env::{SKIP_ENV_VAR, TestEnv, testbed};
+pub use namespace::TestNamespace;
+pub use wait::wait_until;
+
+/// Re-exported so tests name S3 and PostgreSQL types without their own dependency on them.
+pub use aws_sdk_s3;
+pub use tokio_postgres;

@@ -1,0 +1,74 @@
+//! A fresh namespace per test.
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
+use kube::{Api, Client};
+
+use crate::TestEnv;
+use crate::names::unique_name;
+
+/// A namespace with a unique name, deleted by [`TestNamespace::cleanup`] or, if the test ends
+/// without calling it (a panic), on drop.
+pub struct TestNamespace {
+    client: Client,
+    name: String,
+    cleaned_up: bool,
+}
+
+impl TestNamespace {
+    /// Creates `<prefix>-<random>`.
+    pub async fn create(client: &Client, prefix: &str) -> TestNamespace {
+        let name = unique_name(prefix);
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some([("pgkube.dev/test".to_owned(), "true".to_owned())].into()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .unwrap_or_else(|e| panic!("creating test namespace {name}: {e}"));
+        TestNamespace {
+            client: client.clone(),
+            name,
+            cleaned_up: false,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Starts deleting the namespace (the namespace controller removes its contents).
+    pub async fn cleanup(mut self) {
+        self.cleaned_up = true;
+        let api = Api::<Namespace>::all(self.client.clone());
+        if let Err(error) = api.delete(&self.name, &DeleteParams::default()).await {
+            eprintln!("warning: deleting test namespace {}: {error}", self.name);
+        }
+    }
+}
+
+impl Drop for TestNamespace {
+    /// Best effort, without async: the kube client belongs to the test's runtime, which may be
+    /// shutting down, so this asks kubectl instead.
+    fn drop(&mut self) {
+        if self.cleaned_up {
+            return;
+        }
+        let Ok(Some(env)) = TestEnv::load() else {
+            return;
+        };
+        let result = env
+            .kubectl()
+            .args(["delete", "namespace", &self.name, "--wait=false"])
+            .args(["--ignore-not-found", "--request-timeout=10s"])
+            .output();
+        if let Err(error) = result {
+            eprintln!("warning: deleting test namespace {}: {error}", self.name);
+        }
+    }
+}

@@ -1,0 +1,64 @@
+# shellcheck shell=bash
+# Shared by tests/testbed/up and tests/testbed/down: paths, versions, logging, process records.
+#
+# Layout:
+#   <repo>/target/testbed/            state of the running test bed (never CARGO_TARGET_DIR)
+#     env                             KEY='value' lines for tests and scripts
+#     bin/                            symlinks to the cached binaries (bin/kubectl, ...)
+#     pids/<component>.pid            PIDs of what `up` started; `down` stops exactly these
+#     logs/<component>.log            one log per component
+#   ${PGKUBE_CACHE_DIR:-~/.cache/pgkube}/testbed/   built binaries, shared by every clone
+
+TESTBED_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "$TESTBED_DIR/../.." && pwd)"
+STATE="$REPO_ROOT/target/testbed"
+LOGS="$STATE/logs"
+PIDS="$STATE/pids"
+CACHE="${PGKUBE_CACHE_DIR:-$HOME/.cache/pgkube}/testbed"
+
+KUBERNETES_VERSION="v1.34.3"
+GARAGE_VERSION="2.5.0"
+
+# Test-only credentials of the local Garage server. Not secrets: the server listens on
+# 127.0.0.1 only and lives as long as the test bed.
+S3_KEY_NAME="pgkube-test"
+S3_ACCESS_KEY="GK7e57b0a7d00000000000c0de"
+S3_SECRET_KEY="5e1f7e57000000000000000000000000000000000000000000000000c0ffee01"
+S3_BUCKET="pgkube-test"
+S3_REGION="garage"
+
+# Every component `up` starts, in start order; `down` stops them in reverse.
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler provisioner kwok postgres garage)
+
+log() { printf '[testbed %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+
+# Prints the end of a component's log and exits.
+fail() {
+    local component="$1"
+    shift
+    log "FAILED: $*"
+    if [[ -f "$LOGS/$component.log" ]]; then
+        log "last lines of $LOGS/$component.log:"
+        tail -n 40 "$LOGS/$component.log" >&2
+    fi
+    exit 1
+}
+
+pid_of() { cat "$PIDS/$1.pid" 2>/dev/null || true; }
+
+is_alive() {
+    local pid
+    pid="$(pid_of "$1")"
+    [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null
+}
+
+# Cache key of the Go-built binaries: the pinned module files, our Go sources and the Go version,
+# so a change to any of them builds into a new directory instead of reusing a stale binary.
+kube_cache_key() {
+    local hash
+    hash="$(cd "$TESTBED_DIR/kube" && {
+        go version
+        cat go.mod go.sum kwok/go.mod kwok/go.sum provisioner/*.go
+    } | sha256sum | cut -c1-12)"
+    echo "k8s-$KUBERNETES_VERSION-$hash"
+}
