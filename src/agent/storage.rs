@@ -16,7 +16,7 @@ use aws_sdk_s3::Client;
 use aws_sdk_s3::config::{
     Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation,
 };
-use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::types::ServerSideEncryption;
 use aws_smithy_http_client::tls::{self, TlsContext, TrustStore};
 use clap::Args;
@@ -145,7 +145,7 @@ impl Store {
 pub fn s3_error<E, R>(operation: &'static str, key: &str, error: SdkError<E, R>) -> AgentError
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
-    R: std::fmt::Debug,
+    R: std::fmt::Debug + 'static,
 {
     let reason = match &error {
         SdkError::ServiceError(service) => {
@@ -153,16 +153,30 @@ where
             match (err.code(), err.message()) {
                 (Some(code), Some(message)) => format!("{code}: {message}"),
                 (Some(code), None) => code.to_string(),
-                _ => DisplayErrorContext(&error).to_string(),
+                _ => error_chain(&error),
             }
         }
-        _ => DisplayErrorContext(&error).to_string(),
+        _ => error_chain(&error),
     };
     AgentError::S3 {
         operation,
         key: key.to_string(),
         reason: one_line(&reason),
     }
+}
+
+/// `outer: cause: root cause`, each error's Display once (no Debug dumps).
+fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = vec![error.to_string()];
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !parts.iter().any(|part| part.contains(&text)) {
+            parts.push(text);
+        }
+        source = cause.source();
+    }
+    parts.join(": ")
 }
 
 pub fn one_line(text: &str) -> String {
