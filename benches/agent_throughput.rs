@@ -48,9 +48,7 @@ async fn bench() {
     let database = format!("agent_bench_{}", std::process::id());
     let admin = connect(&login, "postgres").await;
     admin
-        .batch_execute(&format!(
-            "DROP DATABASE IF EXISTS {database}; CREATE DATABASE {database}"
-        ))
+        .batch_execute(&format!("CREATE DATABASE {database}"))
         .await
         .expect("creating the bench database");
     let bucket = TestBucket::create(&env, "agent-bench").await;

@@ -146,7 +146,12 @@ async fn statefulset_claims_bind_pods_become_ready_and_claims_expand() {
     let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace.name());
     for claim in claims.list(&ListParams::default()).await.expect("claims") {
         let phase = claim.status.and_then(|s| s.phase);
-        assert_eq!(phase.as_deref(), Some("Bound"), "claim {:?}", claim.metadata.name);
+        assert_eq!(
+            phase.as_deref(),
+            Some("Bound"),
+            "claim {:?}",
+            claim.metadata.name
+        );
     }
 
     let grow = json!({"spec": {"resources": {"requests": {"storage": "2Gi"}}}});
@@ -199,7 +204,10 @@ async fn deleting_an_owner_garbage_collects_its_dependents() {
     let namespace = TestNamespace::create(&client, "smoke-gc").await;
     let config_maps = Api::<ConfigMap>::namespaced(client.clone(), namespace.name());
     let owner = config_maps
-        .create(&PostParams::default(), &object(json!({"metadata": {"name": "owner"}})))
+        .create(
+            &PostParams::default(),
+            &object(json!({"metadata": {"name": "owner"}})),
+        )
         .await
         .expect("owner created");
     let owner_ref = owner
@@ -218,7 +226,11 @@ async fn deleting_an_owner_garbage_collects_its_dependents() {
         .await
         .expect("owner deleted");
     wait_until("the dependent to be garbage-collected", TIMEOUT, || async {
-        Ok(config_maps.get_opt("dependent").await?.is_none().then_some(()))
+        Ok(config_maps
+            .get_opt("dependent")
+            .await?
+            .is_none()
+            .then_some(()))
     })
     .await
     .expect("dependent collected");
@@ -244,7 +256,9 @@ async fn a_job_creates_a_pod() {
 
     let pods = Api::<Pod>::namespaced(client.clone(), namespace.name());
     let pod = wait_until("a Pod of Job backup", TIMEOUT, || async {
-        let list = pods.list(&ListParams::default().labels("job-name=backup")).await?;
+        let list = pods
+            .list(&ListParams::default().labels("job-name=backup"))
+            .await?;
         Ok(list.items.into_iter().next())
     })
     .await
@@ -277,7 +291,10 @@ async fn a_service_account_token_authenticates_and_rbac_denies_missing_verbs() {
         .await
         .expect("the token authenticates and the Role allows list");
     let denied = config_maps
-        .create(&PostParams::default(), &object(json!({"metadata": {"name": "x"}})))
+        .create(
+            &PostParams::default(),
+            &object(json!({"metadata": {"name": "x"}})),
+        )
         .await
         .expect_err("the Role does not allow create");
     match denied {
