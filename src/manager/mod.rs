@@ -1,10 +1,231 @@
 //! `pgkube run`: the manager process.
+//!
+//! Start-up: telemetry, Kubernetes client (rate limited), a check that the CRDs are installed,
+//! the health and metrics endpoints. Then, with `--leader-elect`, wait for the Lease (standing
+//! by as a ready follower) and run the controllers only while leading; without it, run them at
+//! once. SIGTERM/SIGINT stops taking work, lets in-flight reconciles finish within the grace
+//! period, releases the Lease and exits 0. A lost Lease stops the controllers and exits non-zero
+//! so the pod restarts as a follower.
 
-use clap::Args;
+mod args;
+mod crd_check;
+mod endpoints;
+mod kube_client;
+mod leader;
+mod rate_limit;
+mod telemetry;
 
-#[derive(Args)]
-pub struct RunArgs {}
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::Duration;
 
-pub fn run(_args: RunArgs) -> anyhow::Result<()> {
-    anyhow::bail!("pgkube run is not implemented yet")
+use anyhow::Context as _;
+use prometheus_client::registry::Registry;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use args::BindAddress;
+pub use args::RunArgs;
+use endpoints::Readiness;
+use leader::{LeaderElection, Leadership};
+
+/// Runs the manager until a signal or a fatal error.
+pub fn run(args: RunArgs) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let telemetry = {
+        // The gRPC trace exporter spawns its connection onto the current runtime.
+        let _entered = runtime.enter();
+        telemetry::init(args.log_format, &args.log_filter)?
+    };
+    let result = runtime.block_on(run_manager(args));
+    // Flush spans while the runtime (and with it the exporter's connection) still runs.
+    telemetry.shutdown();
+    result
+}
+
+async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
+    let lease_timings = args.lease_timings()?;
+    let burst = NonZeroU32::new(args.kube_api_burst).unwrap_or(NonZeroU32::MIN);
+    let client = kube_client::connect(args.kube_api_qps, burst).await?;
+    crd_check::ensure_installed(&client, &crd_check::pgkube_crd_names()).await?;
+
+    let mut registry = Registry::default();
+    let metrics = Arc::new(pgkube_controllers::Metrics::register(&mut registry));
+    let election = args.leader_elect.then(|| {
+        let namespace = args::lease_namespace(
+            args.leader_elect_namespace.as_deref(),
+            std::env::var("POD_NAMESPACE").ok().as_deref(),
+            std::fs::read_to_string(args::SERVICE_ACCOUNT_NAMESPACE_FILE)
+                .ok()
+                .as_deref(),
+        );
+        LeaderElection::new(
+            client.clone(),
+            namespace,
+            args.leader_elect_id.clone(),
+            leader::identity(std::env::var("HOSTNAME").ok()),
+            lease_timings,
+            &mut registry,
+        )
+    });
+
+    let shutdown = CancellationToken::new();
+    let endpoints_stop = CancellationToken::new();
+    let readiness = Readiness::default();
+    start_endpoints(&args, registry, readiness.clone(), &endpoints_stop).await?;
+    spawn_signal_handler(shutdown.clone())?;
+
+    let context = pgkube_controllers::Context {
+        client,
+        settings: Arc::new(args.settings()),
+        metrics,
+    };
+    let outcome = match election {
+        Some(election) => {
+            run_as_candidate(
+                election,
+                context,
+                &readiness,
+                &shutdown,
+                args.shutdown_grace_period,
+            )
+            .await
+        }
+        None => {
+            let mut controllers = spawn_controllers(context, readiness.clone(), shutdown.clone());
+            tokio::select! {
+                () = shutdown.cancelled() => finish_in_flight(controllers, args.shutdown_grace_period).await,
+                stopped = &mut controllers => controllers_outcome(stopped),
+            }
+        }
+    };
+    endpoints_stop.cancel();
+    outcome
+}
+
+/// Starts `/healthz`+`/readyz` and `/metrics` unless disabled.
+async fn start_endpoints(
+    args: &RunArgs,
+    registry: Registry,
+    readiness: Readiness,
+    stop: &CancellationToken,
+) -> anyhow::Result<()> {
+    if let BindAddress::Listen(address) = args.health_probe_bind_address {
+        endpoints::serve(
+            "health probes",
+            address,
+            endpoints::probe_router(readiness),
+            stop.clone(),
+        )
+        .await?;
+    }
+    if let BindAddress::Listen(address) = args.metrics_bind_address {
+        let router = endpoints::metrics_router(Arc::new(registry));
+        endpoints::serve("metrics", address, router, stop.clone()).await?;
+    }
+    Ok(())
+}
+
+/// Waits for the Lease, runs the controllers while leading, and hands the Lease over on a
+/// graceful stop.
+async fn run_as_candidate(
+    election: LeaderElection,
+    context: pgkube_controllers::Context,
+    readiness: &Readiness,
+    shutdown: &CancellationToken,
+    grace_period: Duration,
+) -> anyhow::Result<()> {
+    // Followers report ready, as with controller-runtime, so a rolling update can bring up the
+    // new pod while the old one still leads.
+    readiness.set_ready();
+    tracing::info!(identity = %election.identity(), "waiting for leadership");
+    let Some(mut leadership) = election.acquire(shutdown).await? else {
+        return Ok(());
+    };
+    let mut controllers = spawn_controllers(context, readiness.clone(), shutdown.clone());
+    tokio::select! {
+        () = shutdown.cancelled() => {}
+        stopped = &mut controllers => {
+            release(leadership).await;
+            return controllers_outcome(stopped);
+        }
+        lost = leadership.lost() => {
+            // Another manager may already be reconciling: stop at once, no grace period.
+            shutdown.cancel();
+            controllers.abort();
+            return Err(lost.into());
+        }
+    }
+    let finished = finish_in_flight(controllers, grace_period).await;
+    release(leadership).await;
+    finished
+}
+
+async fn release(leadership: Leadership) {
+    if let Err(error) = leadership.release().await {
+        tracing::warn!(%error, "could not release the Lease; a follower takes over when it expires");
+    }
+}
+
+type ControllersTask = JoinHandle<Result<(), pgkube_controllers::RunError>>;
+
+fn spawn_controllers(
+    context: pgkube_controllers::Context,
+    readiness: Readiness,
+    shutdown: CancellationToken,
+) -> ControllersTask {
+    tracing::info!("starting controllers");
+    let on_ready = move || {
+        tracing::info!("controller caches synced");
+        readiness.set_ready();
+    };
+    tokio::spawn(pgkube_controllers::run(
+        context,
+        on_ready,
+        shutdown.cancelled_owned(),
+    ))
+}
+
+/// Waits for the controllers to stop after shutdown was requested, at most `grace_period`.
+async fn finish_in_flight(
+    mut controllers: ControllersTask,
+    grace_period: Duration,
+) -> anyhow::Result<()> {
+    tracing::info!(grace_period = ?grace_period, "shutting down: waiting for in-flight reconciles");
+    match tokio::time::timeout(grace_period, &mut controllers).await {
+        Ok(stopped) => controllers_outcome(stopped),
+        Err(_elapsed) => {
+            controllers.abort();
+            tracing::warn!("grace period over: abandoning in-flight reconciles");
+            Ok(())
+        }
+    }
+}
+
+fn controllers_outcome(
+    stopped: Result<Result<(), pgkube_controllers::RunError>, tokio::task::JoinError>,
+) -> anyhow::Result<()> {
+    match stopped {
+        Ok(result) => result.context("controllers stopped"),
+        Err(join_error) => Err(anyhow::anyhow!("controllers task failed: {join_error}")),
+    }
+}
+
+/// Cancels `shutdown` on SIGTERM or SIGINT.
+fn spawn_signal_handler(shutdown: CancellationToken) -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
+    tokio::spawn(async move {
+        let name = tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = interrupt.recv() => "SIGINT",
+        };
+        tracing::info!(signal = name, "stop requested");
+        shutdown.cancel();
+    });
+    Ok(())
 }

@@ -1,4 +1,4 @@
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034 # the variables are used by the scripts that source this
 # Shared by tests/testbed/up and tests/testbed/down: paths, versions, logging, process records.
 #
 # Layout:
@@ -38,8 +38,10 @@ fail() {
     shift
     log "FAILED: $*"
     if [[ -f "$LOGS/$component.log" ]]; then
+        log "errors in $LOGS/$component.log:"
+        grep -iE 'panic|fatal|error|failed' "$LOGS/$component.log" | tail -n 8 | cut -c1-400 >&2 || true
         log "last lines of $LOGS/$component.log:"
-        tail -n 40 "$LOGS/$component.log" >&2
+        tail -n 25 "$LOGS/$component.log" | cut -c1-400 >&2
     fi
     exit 1
 }
@@ -52,12 +54,24 @@ is_alive() {
     [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null
 }
 
-# Cache key of the Go-built binaries: the pinned module files, our Go sources and the Go version,
-# so a change to any of them builds into a new directory instead of reusing a stale binary.
+# Stamps the release into the binaries (what /version and `kubectl version` report); a plain
+# `go build` of the modules would report v0.0.0-master.
+KUBE_LDFLAGS="-X k8s.io/component-base/version.gitVersion=$KUBERNETES_VERSION"
+KUBE_LDFLAGS+=" -X k8s.io/component-base/version.gitMajor=1"
+KUBE_LDFLAGS+=" -X k8s.io/component-base/version.gitMinor=34"
+KUBE_LDFLAGS+=" -X k8s.io/component-base/version.gitTreeState=clean"
+KUBE_LDFLAGS+=" -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION"
+KUBE_LDFLAGS+=" -X k8s.io/client-go/pkg/version.gitMajor=1"
+KUBE_LDFLAGS+=" -X k8s.io/client-go/pkg/version.gitMinor=34"
+
+# Cache key of the Go-built binaries: the pinned module files, our Go sources, the link flags and
+# the Go version, so a change to any of them builds into a new directory instead of reusing a
+# stale binary.
 kube_cache_key() {
     local hash
     hash="$(cd "$TESTBED_DIR/kube" && {
         go version
+        echo "$KUBE_LDFLAGS"
         cat go.mod go.sum kwok/go.mod kwok/go.sum provisioner/*.go
     } | sha256sum | cut -c1-12)"
     echo "k8s-$KUBERNETES_VERSION-$hash"

@@ -1,0 +1,395 @@
+//! Command-line flags of `pgkube run`, each with an environment variable equivalent.
+//!
+//! Parsing is pure: values that depend on where the manager runs (the pod's namespace, its
+//! host name) are resolved later by small functions that take their inputs explicitly, so
+//! they can be unit-tested.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{ArgAction, Args, ValueEnum};
+
+/// Where a pod finds its own namespace (mounted by Kubernetes with the service account token).
+pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
+    "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
+
+/// Flags of `pgkube run`.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Elect a leader on a coordination.k8s.io Lease so that only one replica runs the
+    /// controllers; the others stand by. `--leader-elect` alone means true.
+    #[arg(long, env = "PGKUBE_LEADER_ELECT", action = ArgAction::Set, num_args = 0..=1,
+        default_value_t = false, default_missing_value = "true", value_name = "BOOL")]
+    pub leader_elect: bool,
+
+    /// Name of the Lease used for leader election.
+    #[arg(long, env = "PGKUBE_LEADER_ELECT_ID", default_value = "pgkube-leader")]
+    pub leader_elect_id: String,
+
+    /// Namespace of the Lease. Default: the pod's namespace (POD_NAMESPACE, or the service
+    /// account's namespace file), else `default`.
+    #[arg(long, env = "PGKUBE_LEADER_ELECT_NAMESPACE")]
+    pub leader_elect_namespace: Option<String>,
+
+    /// How long a Lease stays valid after its last renewal; a follower takes over a leader that
+    /// died (kill -9, node loss) after at most this long. Whole seconds.
+    #[arg(long, env = "PGKUBE_LEADER_ELECT_LEASE_DURATION", default_value = "15s",
+        value_parser = parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+
+    /// The leader renews the Lease at the latest this long after its previous renewal; must be
+    /// shorter than the lease duration (the difference absorbs clock skew and API latency).
+    /// Whole seconds.
+    #[arg(long, env = "PGKUBE_LEADER_ELECT_RENEW_DEADLINE", default_value = "10s",
+        value_parser = parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+
+    /// How often a follower checks whether the Lease is free (a released Lease is taken over
+    /// within about this long).
+    #[arg(long, env = "PGKUBE_LEADER_ELECT_RETRY_PERIOD", default_value = "2s",
+        value_parser = parse_duration)]
+    pub leader_elect_retry_period: Duration,
+
+    /// Address of the health probes: `/healthz` (live) and `/readyz` (caches synced, or
+    /// standing by as a follower). `:PORT` means all interfaces; `0` disables.
+    #[arg(long, env = "PGKUBE_HEALTH_PROBE_BIND_ADDRESS", default_value = ":8081",
+        value_parser = parse_bind_address)]
+    pub health_probe_bind_address: BindAddress,
+
+    /// Address of the Prometheus `/metrics` endpoint. `:PORT` means all interfaces; `0`
+    /// disables.
+    #[arg(long, env = "PGKUBE_METRICS_BIND_ADDRESS", default_value = ":8080",
+        value_parser = parse_bind_address)]
+    pub metrics_bind_address: BindAddress,
+
+    /// Sustained rate of requests to the Kubernetes API server (requests per second, client
+    /// side; requests beyond it wait).
+    #[arg(long, env = "PGKUBE_KUBE_API_QPS", default_value_t = 20.0,
+        value_parser = parse_positive_f64)]
+    pub kube_api_qps: f64,
+
+    /// Requests to the Kubernetes API server allowed at once above the sustained rate.
+    #[arg(long, env = "PGKUBE_KUBE_API_BURST", default_value_t = 30,
+        value_parser = clap::value_parser!(u32).range(1..))]
+    pub kube_api_burst: u32,
+
+    /// Namespaces to watch, comma-separated. Default: all namespaces.
+    #[arg(
+        long,
+        env = "PGKUBE_WATCH_NAMESPACES",
+        value_delimiter = ',',
+        value_name = "NS,..."
+    )]
+    pub watch_namespaces: Vec<String>,
+
+    /// Objects each controller reconciles at once.
+    #[arg(long, env = "PGKUBE_MAX_CONCURRENT_RECONCILES", default_value_t = 4,
+        value_parser = clap::value_parser!(u16).range(1..))]
+    pub max_concurrent_reconciles: u16,
+
+    /// PostgreSQL image repository without tag; the tag is the cluster's major version.
+    #[arg(
+        long,
+        env = "PGKUBE_POSTGRES_IMAGE_REPOSITORY",
+        default_value = "postgres"
+    )]
+    pub postgres_image_repository: String,
+
+    /// Image of pgkube itself, run by backup and restore Jobs (`pgkube agent`).
+    #[arg(
+        long,
+        env = "PGKUBE_AGENT_IMAGE",
+        default_value = "ghcr.io/pgkube/pgkube:latest"
+    )]
+    pub agent_image: String,
+
+    /// How long in-flight reconciles may take to finish after SIGTERM or SIGINT.
+    #[arg(long, env = "PGKUBE_SHUTDOWN_GRACE_PERIOD", default_value = "30s",
+        value_parser = parse_duration)]
+    pub shutdown_grace_period: Duration,
+
+    /// Log line format.
+    #[arg(long, env = "PGKUBE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Log filter in RUST_LOG syntax (`info`, `pgkube=debug,kube=info`, ...). Crates that could
+    /// log credentials or signed requests (AWS SDK, HTTP clients) are always capped at `warn`.
+    #[arg(long, env = "RUST_LOG", default_value = "info")]
+    pub log_filter: String,
+}
+
+/// Log line format.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One JSON object a line, with the fields of the enclosing spans (trace_id among them).
+    Json,
+    /// Human-readable lines.
+    Text,
+}
+
+/// Where an HTTP endpoint listens; `Disabled` for `0`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BindAddress {
+    Disabled,
+    Listen(SocketAddr),
+}
+
+/// Timings of leader election, validated against each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTimings {
+    /// Validity of the Lease after a renewal, whole seconds.
+    pub duration_seconds: u64,
+    /// How long before expiry the leader renews (lease duration minus renew deadline).
+    pub renew_margin_seconds: u64,
+    /// How often a follower looks at the Lease.
+    pub retry_period: Duration,
+}
+
+/// Flags that parse individually but don't fit together.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ArgsError {
+    #[error(
+        "--leader-elect-lease-duration and --leader-elect-renew-deadline must be whole seconds of at least 1s"
+    )]
+    FractionalLeaseTiming,
+    #[error(
+        "--leader-elect-renew-deadline ({renew}s) must be shorter than --leader-elect-lease-duration ({duration}s)"
+    )]
+    RenewDeadlineNotShorter { renew: u64, duration: u64 },
+    #[error(
+        "--leader-elect-retry-period must be at least 100ms and shorter than the lease duration"
+    )]
+    RetryPeriodOutOfRange,
+}
+
+impl RunArgs {
+    /// The leader election timings, checked for consistency.
+    pub fn lease_timings(&self) -> Result<LeaseTimings, ArgsError> {
+        let duration = whole_seconds(self.leader_elect_lease_duration)?;
+        let renew = whole_seconds(self.leader_elect_renew_deadline)?;
+        if renew >= duration {
+            return Err(ArgsError::RenewDeadlineNotShorter { renew, duration });
+        }
+        let retry = self.leader_elect_retry_period;
+        if retry < Duration::from_millis(100) || retry >= self.leader_elect_lease_duration {
+            return Err(ArgsError::RetryPeriodOutOfRange);
+        }
+        Ok(LeaseTimings {
+            duration_seconds: duration,
+            renew_margin_seconds: duration - renew,
+            retry_period: retry,
+        })
+    }
+
+    /// The controllers' settings.
+    pub fn settings(&self) -> pgkube_controllers::Settings {
+        pgkube_controllers::Settings {
+            watch_namespaces: self
+                .watch_namespaces
+                .iter()
+                .map(|namespace| namespace.trim().to_owned())
+                .filter(|namespace| !namespace.is_empty())
+                .collect(),
+            max_concurrent_reconciles: self.max_concurrent_reconciles,
+            postgres_image_repository: self.postgres_image_repository.clone(),
+            agent_image: self.agent_image.clone(),
+        }
+    }
+}
+
+fn whole_seconds(duration: Duration) -> Result<u64, ArgsError> {
+    if duration.subsec_nanos() != 0 || duration.as_secs() == 0 {
+        return Err(ArgsError::FractionalLeaseTiming);
+    }
+    Ok(duration.as_secs())
+}
+
+/// The namespace of the leader election Lease: the flag, else the pod's namespace from
+/// `POD_NAMESPACE` or the service account file, else `default`.
+pub fn lease_namespace(
+    flag: Option<&str>,
+    pod_namespace_env: Option<&str>,
+    service_account_file: Option<&str>,
+) -> String {
+    [flag, pod_namespace_env, service_account_file]
+        .into_iter()
+        .flatten()
+        .map(str::trim)
+        .find(|namespace| !namespace.is_empty())
+        .unwrap_or("default")
+        .to_owned()
+}
+
+/// Accepts `30s`, `1m30s`, `500ms` and a bare number of seconds.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    if let Ok(seconds) = text.parse::<u64>() {
+        return Ok(Duration::from_secs(seconds));
+    }
+    humantime::parse_duration(text).map_err(|error| format!("{error} (examples: 30s, 1m, 500ms)"))
+}
+
+/// Accepts `:8080` (all interfaces), `127.0.0.1:8080`, `[::1]:8080`, and `0` (disabled).
+fn parse_bind_address(text: &str) -> Result<BindAddress, String> {
+    if text == "0" {
+        return Ok(BindAddress::Disabled);
+    }
+    let full = match text.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => text.to_owned(),
+    };
+    full.parse()
+        .map(BindAddress::Listen)
+        .map_err(|_| format!("`{text}` is not an address like :8080 or 127.0.0.1:8080, or 0"))
+}
+
+fn parse_positive_f64(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(value) if value.is_finite() && value > 0.0 => Ok(value),
+        _ => Err(format!("`{text}` is not a positive number")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct TestCli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        let argv = std::iter::once("pgkube-run").chain(args.iter().copied());
+        TestCli::try_parse_from(argv).map(|cli| cli.run)
+    }
+
+    #[test]
+    fn defaults_match_the_documented_ones() {
+        let args = parse(&[]).expect("no flags parse");
+        assert!(!args.leader_elect);
+        assert_eq!(args.leader_elect_id, "pgkube-leader");
+        assert_eq!(args.leader_elect_namespace, None);
+        assert_eq!(
+            args.health_probe_bind_address,
+            BindAddress::Listen("0.0.0.0:8081".parse().expect("address"))
+        );
+        assert_eq!(
+            args.metrics_bind_address,
+            BindAddress::Listen("0.0.0.0:8080".parse().expect("address"))
+        );
+        assert_eq!(args.shutdown_grace_period, Duration::from_secs(30));
+        assert_eq!(args.log_format, LogFormat::Text);
+        assert!(args.settings().watch_namespaces.is_empty());
+        assert_eq!(
+            args.lease_timings(),
+            Ok(LeaseTimings {
+                duration_seconds: 15,
+                renew_margin_seconds: 5,
+                retry_period: Duration::from_secs(2)
+            })
+        );
+    }
+
+    #[test]
+    fn flags_reach_the_controller_settings() {
+        let args = parse(&[
+            "--watch-namespaces",
+            "team-a, team-b,,",
+            "--max-concurrent-reconciles",
+            "9",
+            "--postgres-image-repository",
+            "mirror.local/postgres",
+            "--agent-image",
+            "mirror.local/pgkube:1.2.3",
+        ])
+        .expect("flags parse");
+        let settings = args.settings();
+        assert_eq!(settings.watch_namespaces, ["team-a", "team-b"]);
+        assert_eq!(settings.max_concurrent_reconciles, 9);
+        assert_eq!(settings.postgres_image_repository, "mirror.local/postgres");
+        assert_eq!(settings.agent_image, "mirror.local/pgkube:1.2.3");
+    }
+
+    #[test]
+    fn leader_elect_takes_an_optional_boolean() {
+        assert!(parse(&["--leader-elect"]).expect("bare flag").leader_elect);
+        assert!(
+            !parse(&["--leader-elect=false"])
+                .expect("false")
+                .leader_elect
+        );
+        assert!(parse(&["--leader-elect=true"]).expect("true").leader_elect);
+    }
+
+    #[test]
+    fn bind_addresses_accept_port_only_full_and_disabled() {
+        assert_eq!(
+            parse_bind_address(":9000"),
+            Ok(BindAddress::Listen(
+                "0.0.0.0:9000".parse().expect("address")
+            ))
+        );
+        assert_eq!(
+            parse_bind_address("127.0.0.1:0"),
+            Ok(BindAddress::Listen("127.0.0.1:0".parse().expect("address")))
+        );
+        assert_eq!(parse_bind_address("0"), Ok(BindAddress::Disabled));
+        assert!(parse_bind_address("localhost").is_err());
+        assert!(parse(&["--metrics-bind-address", "nonsense"]).is_err());
+    }
+
+    #[test]
+    fn durations_accept_units_and_bare_seconds() {
+        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert!(parse_duration("soon").is_err());
+    }
+
+    #[test]
+    fn qps_and_burst_reject_zero() {
+        assert!(parse(&["--kube-api-qps", "0"]).is_err());
+        assert!(parse(&["--kube-api-burst", "0"]).is_err());
+        let args = parse(&["--kube-api-qps", "2.5", "--kube-api-burst", "7"]).expect("parse");
+        assert_eq!((args.kube_api_qps, args.kube_api_burst), (2.5, 7));
+    }
+
+    #[test]
+    fn inconsistent_lease_timings_are_rejected() {
+        let args = parse(&[
+            "--leader-elect-lease-duration",
+            "10s",
+            "--leader-elect-renew-deadline",
+            "10s",
+        ])
+        .expect("parse");
+        assert_eq!(
+            args.lease_timings(),
+            Err(ArgsError::RenewDeadlineNotShorter {
+                renew: 10,
+                duration: 10
+            })
+        );
+        let args = parse(&["--leader-elect-lease-duration", "1500ms"]).expect("parse");
+        assert_eq!(args.lease_timings(), Err(ArgsError::FractionalLeaseTiming));
+        let args = parse(&["--leader-elect-retry-period", "20s"]).expect("parse");
+        assert_eq!(args.lease_timings(), Err(ArgsError::RetryPeriodOutOfRange));
+    }
+
+    #[test]
+    fn lease_namespace_prefers_flag_then_pod_then_default() {
+        assert_eq!(
+            lease_namespace(Some("ops"), Some("pod-ns"), Some("sa-ns")),
+            "ops"
+        );
+        assert_eq!(
+            lease_namespace(None, Some("pod-ns"), Some("sa-ns")),
+            "pod-ns"
+        );
+        assert_eq!(lease_namespace(None, None, Some("sa-ns\n")), "sa-ns");
+        assert_eq!(lease_namespace(None, Some(" "), None), "default");
+        assert_eq!(lease_namespace(None, None, None), "default");
+    }
+}

@@ -1,0 +1,177 @@
+//! Shared by the `manager_*` integration tests: runs the real `pgkube run` binary against the
+//! test bed, collects its JSON log lines, finds its endpoints, and speaks minimal HTTP to them.
+
+#![allow(dead_code)] // each test file uses a different part
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pgkube_testkit::{TestEnv, wait_until};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+
+pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Installs (or updates) the pgkube CRDs with server-side apply; idempotent and shared by
+/// every test that needs them.
+pub fn install_crds(env: &TestEnv) {
+    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/crds.yaml");
+    let output = env
+        .kubectl()
+        .args(["apply", "--server-side", "--force-conflicts", "-f"])
+        .arg(&crds)
+        .output()
+        .expect("running kubectl");
+    assert!(
+        output.status.success(),
+        "installing the CRDs failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// A running `pgkube run` process.
+pub struct Manager {
+    pub name: String,
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Manager {
+    /// Starts `pgkube run --log-format json` with endpoints on free loopback ports, plus
+    /// `extra` flags. `name` becomes the host name part of its Lease identity.
+    pub fn start(env: &TestEnv, name: &str, extra: &[&str]) -> Manager {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_pgkube"));
+        command
+            .args([
+                "run",
+                "--log-format",
+                "json",
+                "--health-probe-bind-address",
+                "127.0.0.1:0",
+                "--metrics-bind-address",
+                "127.0.0.1:0",
+            ])
+            .args(extra)
+            .env("KUBECONFIG", &env.kubeconfig)
+            .env("HOSTNAME", name)
+            .env("RUST_LOG", "info,pgkube=debug")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_TRACES_EXPORTER")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = command.spawn().expect("starting pgkube run");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        if let Some(stdout) = child.stdout.take() {
+            tokio::spawn(collect_lines(BufReader::new(stdout), Arc::clone(&lines)));
+        }
+        if let Some(stderr) = child.stderr.take() {
+            tokio::spawn(collect_lines(BufReader::new(stderr), Arc::clone(&lines)));
+        }
+        Manager {
+            name: name.to_owned(),
+            child,
+            lines,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("manager still running")
+    }
+
+    /// Every line the process printed so far (stdout and stderr).
+    pub fn output(&self) -> Vec<String> {
+        self.lines.lock().expect("lock").clone()
+    }
+
+    /// Whether a JSON log line has this `message`.
+    pub fn logged(&self, message: &str) -> bool {
+        self.output()
+            .iter()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .any(|line| line["fields"]["message"] == message)
+    }
+
+    /// The address the endpoint (`health probes` or `metrics`) is bound to.
+    pub async fn endpoint(&self, endpoint: &str) -> SocketAddr {
+        wait_until(
+            &format!("{} to serve {endpoint}", self.name),
+            STARTUP_TIMEOUT,
+            || async {
+                Ok(self
+                    .output()
+                    .iter()
+                    .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+                    .find(|line| {
+                        line["fields"]["message"] == "serving"
+                            && line["fields"]["endpoint"] == endpoint
+                    })
+                    .and_then(|line| line["fields"]["address"].as_str()?.parse().ok()))
+            },
+        )
+        .await
+        .unwrap_or_else(|error| panic!("{error}\noutput:\n{}", self.output().join("\n")))
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .expect("running kill");
+        assert!(status.success(), "kill -TERM failed");
+    }
+
+    /// SIGKILL, as `kill -9`.
+    pub async fn kill_hard(&mut self) {
+        self.child.kill().await.expect("kill -9");
+    }
+
+    /// Waits for the process to exit; its exit code.
+    pub async fn exit_code(&mut self, timeout: Duration) -> Option<i32> {
+        let status = tokio::time::timeout(timeout, self.child.wait())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "{} did not exit within {timeout:?}\noutput:\n{}",
+                    self.name,
+                    self.output().join("\n")
+                )
+            })
+            .expect("waiting for the manager");
+        status.code()
+    }
+}
+
+async fn collect_lines<R: tokio::io::AsyncRead + Unpin>(
+    reader: BufReader<R>,
+    lines: Arc<Mutex<Vec<String>>>,
+) {
+    let mut reader = reader.lines();
+    while let Ok(Some(line)) = reader.next_line().await {
+        lines.lock().expect("lock").push(line);
+    }
+}
+
+/// `GET path` over HTTP/1.1; the status code and body.
+pub async fn http_get(address: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
+    let mut stream = TcpStream::connect(address).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no status line in {response:?}"))?;
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    Ok((status, body))
+}
