@@ -1,0 +1,282 @@
+//! Benchmark of the `pgkube agent` data path against the PostgreSQL tools on their own.
+//!
+//! Not a test: it prints figures and asserts nothing. Needs the test bed (`tests/testbed/up`):
+//!
+//! ```text
+//! cargo bench --bench agent_throughput
+//! PGKUBE_BENCH_SIZES_MB=256,1100 cargo bench --bench agent_throughput   # sizes to measure at
+//! ```
+//!
+//! For each database size (default 512 MB, then grown to 1100 MB) it measures, in the same run:
+//! - backup: `pg_dump -Fc > /dev/null` versus `pgkube agent backup` (pg_dump streamed to S3 with
+//!   SHA-256), as a throughput ratio (baseline time / agent time; 1.0 = no overhead);
+//! - restore: `pg_restore --create` from a local file versus `pgkube agent restore` (which reads
+//!   every object twice: a verification pass, then the restore);
+//! - the agent's peak RSS (VmHWM of its own process, sampled from /proc every 20 ms), which must
+//!   stay flat as the database grows.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[path = "../tests/agent_common/mod.rs"]
+mod agent_common;
+
+use agent_common::{PgLogin as Login, connect};
+use pgkube_testkit::tokio_postgres::Client;
+use pgkube_testkit::{TestBucket, TestEnv};
+
+const DEFAULT_SIZES_MB: &str = "512,1100";
+const ROWS_PER_BATCH: i64 = 1_000_000;
+
+struct Measured {
+    seconds: f64,
+    peak_rss_mib: f64,
+}
+
+fn main() {
+    let runtime = tokio::runtime::Runtime::new().expect("tokio runtime");
+    runtime.block_on(bench());
+}
+
+async fn bench() {
+    let Some(env) = pgkube_testkit::testbed() else {
+        println!("agent_throughput: test bed not running, nothing measured");
+        return;
+    };
+    let login = Login::from_url(&env.pg_url);
+    let database = format!("agent_bench_{}", std::process::id());
+    let admin = connect(&login, "postgres").await;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {database}"))
+        .await
+        .expect("creating the bench database");
+    let bucket = TestBucket::create(&env, "agent-bench").await;
+    let work = std::env::temp_dir().join(format!("pgkube-agent-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&work).expect("work dir");
+
+    println!(
+        "{:>8} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9}",
+        "db MB",
+        "dump MB",
+        "pg_dump s",
+        "agent s",
+        "ratio",
+        "rss MiB",
+        "pg_rest s",
+        "agent s",
+        "ratio",
+        "rss MiB",
+        "MB/s"
+    );
+    let sizes = std::env::var("PGKUBE_BENCH_SIZES_MB").unwrap_or_else(|_| DEFAULT_SIZES_MB.into());
+    for (round, target_mb) in sizes
+        .split(',')
+        .filter_map(|s| s.trim().parse::<u64>().ok())
+        .enumerate()
+    {
+        let size_mb = grow_to(&login, &database, target_mb).await;
+        let dump_file = work.join("baseline.dump");
+
+        let pg_dump = measure(pg_dump_to(&login, &database, Path::new("/dev/null")));
+        let backup_name = format!("bench-{round}");
+        let agent_backup = measure(agent(
+            &env,
+            &login,
+            &bucket,
+            "backup",
+            &backup_name,
+            &[
+                "--cluster",
+                "bench",
+                "--namespace",
+                "bench",
+                "--database",
+                &database,
+            ],
+        ));
+        // The same dump in a local file: its size, and the input of the pg_restore baseline.
+        measure(pg_dump_to(&login, &database, &dump_file));
+        let dump_mb = file_mb(&dump_file);
+
+        drop_database(&admin, &database).await;
+        let pg_restore = measure(pg_restore_from(&login, &dump_file));
+        drop_database(&admin, &database).await;
+        let agent_restore = measure(agent(
+            &env,
+            &login,
+            &bucket,
+            "restore",
+            &backup_name,
+            &["--skip-globals"],
+        ));
+
+        println!(
+            "{:>8} {:>9.0} {:>9.1} {:>9.1} {:>7.2} {:>9.1} {:>9.1} {:>9.1} {:>7.2} {:>9.1} {:>9.1}",
+            size_mb,
+            dump_mb,
+            pg_dump.seconds,
+            agent_backup.seconds,
+            pg_dump.seconds / agent_backup.seconds,
+            agent_backup.peak_rss_mib,
+            pg_restore.seconds,
+            agent_restore.seconds,
+            pg_restore.seconds / agent_restore.seconds,
+            agent_restore.peak_rss_mib,
+            size_mb as f64 / agent_backup.seconds,
+        );
+        let _ = std::fs::remove_file(&dump_file);
+    }
+    println!(
+        "ratio = PostgreSQL tool time / agent time (1.0 = no overhead); MB/s = database MB per agent backup second"
+    );
+
+    drop_database(&admin, &database).await;
+    bucket.cleanup().await;
+    let _ = std::fs::remove_dir_all(work);
+}
+
+/// Adds rows until the database is at least `target_mb`; returns its size in MB.
+async fn grow_to(login: &Login, database: &str, target_mb: u64) -> u64 {
+    let client = connect(login, database).await;
+    client
+        .batch_execute(
+            "CREATE TABLE IF NOT EXISTS events (id bigint PRIMARY KEY, at timestamptz, payload text)",
+        )
+        .await
+        .expect("creating the bench table");
+    loop {
+        let size_mb = database_mb(&client, database).await;
+        if size_mb >= target_mb {
+            client
+                .batch_execute("VACUUM ANALYZE events")
+                .await
+                .expect("vacuum");
+            return size_mb;
+        }
+        // Half random hex, half regular text: compresses about like real rows do.
+        client
+            .batch_execute(&format!(
+                "INSERT INTO events
+                   SELECT n + g, now() - g * interval '1 second',
+                          md5(random()::text) || md5(g::text) || repeat(chr(65 + (g % 26)::int), 24)
+                   FROM (SELECT coalesce(max(id), 0) AS n FROM events) last,
+                        generate_series(1, {ROWS_PER_BATCH}) g"
+            ))
+            .await
+            .expect("growing the bench table");
+    }
+}
+
+async fn database_mb(client: &Client, database: &str) -> u64 {
+    let bytes: i64 = client
+        .query_one("SELECT pg_database_size($1)", &[&database])
+        .await
+        .expect("database size")
+        .get(0);
+    u64::try_from(bytes).unwrap_or(0) / 1_000_000
+}
+
+fn pg_dump_to(login: &Login, database: &str, file: &Path) -> Command {
+    let mut command = pg_command(login, "pg_dump");
+    command
+        .args(["--format=custom", "--dbname", database])
+        .stdout(std::fs::File::create(file).expect("dump output file"));
+    command
+}
+
+fn pg_restore_from(login: &Login, file: &Path) -> Command {
+    let mut command = pg_command(login, "pg_restore");
+    command
+        .args(["--create", "--exit-on-error", "--dbname", "postgres"])
+        .arg(file);
+    command
+}
+
+fn agent(
+    env: &TestEnv,
+    login: &Login,
+    bucket: &TestBucket,
+    subcommand: &str,
+    backup_name: &str,
+    extra: &[&str],
+) -> Command {
+    let mut command = pg_command(login, env!("CARGO_BIN_EXE_pgkube"));
+    command
+        .args(["agent", subcommand, "--backup-name", backup_name])
+        .args([
+            "--s3-endpoint",
+            &env.s3_endpoint,
+            "--s3-region",
+            &env.s3_region,
+        ])
+        .args([
+            "--s3-bucket",
+            bucket.name(),
+            "--s3-prefix",
+            "bench",
+            "--s3-force-path-style",
+        ])
+        .args(["--termination-message-path", "/dev/null"])
+        .args(extra)
+        .env("AWS_ACCESS_KEY_ID", &env.s3_access_key)
+        .env("AWS_SECRET_ACCESS_KEY", &env.s3_secret_key)
+        .stdout(Stdio::null());
+    command
+}
+
+fn pg_command(login: &Login, program: &str) -> Command {
+    let mut command = Command::new(program);
+    command
+        .env("PGHOST", &login.host)
+        .env("PGPORT", &login.port)
+        .env("PGUSER", &login.user)
+        .env("PGPASSWORD", &login.password);
+    command
+}
+
+/// Runs the command to its end; wall time and the peak RSS of the process itself.
+fn measure(mut command: Command) -> Measured {
+    let started = Instant::now();
+    let mut child = command.spawn().expect("starting a measured command");
+    let status_file = format!("/proc/{}/status", child.id());
+    let mut peak_kib = 0u64;
+    let status = loop {
+        // Read before reaping: once waited for, the process and its /proc entry are gone.
+        peak_kib = peak_kib.max(vm_hwm_kib(&status_file));
+        if let Some(status) = child.try_wait().expect("waiting for a measured command") {
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{command:?} failed: {status}");
+    Measured {
+        seconds: started.elapsed().as_secs_f64(),
+        peak_rss_mib: peak_kib as f64 / 1024.0,
+    }
+}
+
+fn vm_hwm_kib(status_file: &str) -> u64 {
+    std::fs::read_to_string(status_file)
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("VmHWM:"))
+                .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn file_mb(path: &Path) -> f64 {
+    std::fs::metadata(path)
+        .map(|m| m.len() as f64 / 1e6)
+        .unwrap_or(0.0)
+}
+
+async fn drop_database(admin: &Client, database: &str) {
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
+        .await
+        .expect("dropping the bench database");
+}

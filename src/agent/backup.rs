@@ -1,0 +1,268 @@
+//! `pgkube agent backup`: globals and every database, streamed into S3, manifest last.
+
+use aws_sdk_s3::primitives::ByteStream;
+use chrono::{SecondsFormat, Utc};
+use clap::Args;
+use sha2::{Digest, Sha256};
+use tokio::process::Command;
+use tracing::info;
+
+use super::CommonArgs;
+use super::error::AgentError;
+use super::manifest::{
+    DATABASE_FORMAT, DatabaseObject, GLOBALS_FORMAT, MANIFEST_VERSION, Manifest, StoredObject,
+};
+use super::multipart::MultipartUpload;
+use super::postgres::{Postgres, conninfo_for};
+use super::report::Report;
+use super::storage::{Store, s3_error};
+
+const MIB: u64 = 1024 * 1024;
+
+#[derive(Args, Debug)]
+pub struct BackupArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+
+    /// Name of the PostgreSQLCluster, recorded in the manifest.
+    #[arg(long, env = "PGKUBE_CLUSTER")]
+    cluster: String,
+
+    /// Namespace of the PostgreSQLCluster, recorded in the manifest.
+    #[arg(long, env = "PGKUBE_NAMESPACE")]
+    namespace: String,
+
+    /// Back up only this database (repeatable). Default: every non-template database.
+    #[arg(long = "database", value_name = "NAME")]
+    databases: Vec<String>,
+
+    /// Size of each multipart-upload part in MiB (S3 needs at least 5; 10,000 parts at most).
+    #[arg(long, env = "PGKUBE_PART_SIZE_MIB", default_value_t = 8,
+          value_parser = clap::value_parser!(u64).range(5..=4096))]
+    part_size_mib: u64,
+
+    /// Parts uploaded concurrently while the next one is read; memory is about
+    /// (parts-in-flight + 1) x part size.
+    #[arg(long, env = "PGKUBE_PARTS_IN_FLIGHT", default_value_t = 2,
+          value_parser = clap::value_parser!(u64).range(1..=16))]
+    parts_in_flight: u64,
+}
+
+/// Streams one tool's stdout into one object.
+struct Dumper {
+    store: Store,
+    postgres: Postgres,
+    part_size: usize,
+    parts_in_flight: usize,
+}
+
+pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
+    let started_at = now();
+    let store = Store::connect(&args.common.s3, &args.common.backup_name).await?;
+    let postgres = Postgres::from_env(&args.common.maintenance_database)?;
+    let manifest_key = store.manifest_key();
+    if store.object_size(&manifest_key).await?.is_some() {
+        return Err(AgentError::BackupExists { key: manifest_key });
+    }
+    let postgresql_version = postgres.server_version().await?;
+    let databases = select_databases(postgres.list_databases().await?, &args.databases)?;
+    info!(
+        backup = %args.common.backup_name,
+        databases = databases.len(),
+        %postgresql_version,
+        "starting backup"
+    );
+
+    let dumper = Dumper {
+        store: store.clone(),
+        postgres,
+        part_size: usize::try_from(args.part_size_mib * MIB)
+            .map_err(|_| AgentError::Settings("--part-size-mib is too large".into()))?,
+        parts_in_flight: usize::try_from(args.parts_in_flight).unwrap_or(1),
+    };
+    let globals = dumper.dump_globals().await?;
+    let mut dumped = Vec::with_capacity(databases.len());
+    for database in &databases {
+        dumped.push(dumper.dump_database(database).await?);
+    }
+
+    let manifest = Manifest {
+        manifest_version: MANIFEST_VERSION,
+        cluster: args.cluster,
+        namespace: args.namespace,
+        backup_name: args.common.backup_name.clone(),
+        postgresql_version,
+        started_at,
+        finished_at: now(),
+        format: DATABASE_FORMAT.into(),
+        globals,
+        databases: dumped,
+    };
+    let manifest_sha256 = write_manifest(&store, &manifest_key, &manifest).await?;
+    info!(backup = %manifest.backup_name, size = manifest.total_size(), "backup completed");
+    Ok(Report {
+        backup_name: Some(manifest.backup_name.clone()),
+        manifest_key: Some(manifest_key),
+        manifest_sha256: Some(manifest_sha256),
+        size: Some(manifest.total_size()),
+        database_count: Some(manifest.databases.len()),
+        databases: Some(
+            manifest
+                .databases
+                .iter()
+                .map(|db| db.name.clone())
+                .collect(),
+        ),
+        postgresql_version: Some(manifest.postgresql_version),
+        started_at: Some(manifest.started_at),
+        finished_at: Some(manifest.finished_at),
+        ..Report::completed()
+    })
+}
+
+impl Dumper {
+    async fn dump_globals(&self) -> Result<StoredObject, AgentError> {
+        let mut command = self.postgres.command("pg_dumpall");
+        command
+            .args(["--globals-only", "--no-password", "--dbname"])
+            .arg(conninfo_for(self.postgres.maintenance_database()));
+        let key = self.store.globals_key();
+        info!(%key, "dumping globals");
+        self.stream_to_object("pg_dumpall", command, &key, GLOBALS_FORMAT)
+            .await
+    }
+
+    async fn dump_database(&self, database: &str) -> Result<DatabaseObject, AgentError> {
+        let mut command = self.postgres.command("pg_dump");
+        command
+            .args(["--format=custom", "--no-password", "--dbname"])
+            .arg(conninfo_for(database));
+        let key = self.store.database_key(database);
+        info!(%database, %key, "dumping database");
+        let object = self
+            .stream_to_object("pg_dump", command, &key, DATABASE_FORMAT)
+            .await?;
+        info!(%database, size = object.size, "database stored");
+        Ok(DatabaseObject {
+            name: database.to_string(),
+            object,
+        })
+    }
+
+    /// Runs the tool and uploads its stdout. The upload is completed only after the tool exited
+    /// successfully (a dump killed mid-stream ends its output like a finished one); on any error
+    /// the upload is aborted and the tool, if still running, is killed.
+    async fn stream_to_object(
+        &self,
+        program: &str,
+        mut command: Command,
+        key: &str,
+        format: &str,
+    ) -> Result<StoredObject, AgentError> {
+        let upload =
+            MultipartUpload::create(&self.store, key, self.part_size, self.parts_in_flight).await?;
+        let sent = async {
+            command.stdout(std::process::Stdio::piped());
+            let mut tool = self.postgres.spawn(program, command)?;
+            let mut stdout = tool.child.stdout.take().ok_or_else(|| AgentError::Tool {
+                program: program.to_string(),
+                reason: "its stdout is not captured".into(),
+            })?;
+            let sent = upload.send(&mut stdout).await?;
+            tool.finish().await?;
+            Ok(sent)
+        }
+        .await;
+        let sent = match sent {
+            Ok(sent) => sent,
+            Err(error) => {
+                upload.abort().await;
+                return Err(error);
+            }
+        };
+        let (size, sha256) = upload.complete(sent).await?;
+        Ok(StoredObject {
+            key: key.to_string(),
+            size,
+            sha256,
+            format: format.to_string(),
+        })
+    }
+}
+
+/// Every dumpable database, or the requested ones if they all exist.
+fn select_databases(
+    available: Vec<String>,
+    requested: &[String],
+) -> Result<Vec<String>, AgentError> {
+    if requested.is_empty() {
+        return Ok(available);
+    }
+    if let Some(missing) = requested.iter().find(|name| !available.contains(name)) {
+        return Err(AgentError::MissingDatabase(missing.clone()));
+    }
+    let mut selected = requested.to_vec();
+    selected.sort();
+    selected.dedup();
+    Ok(selected)
+}
+
+/// Uploads the manifest in one request and returns the SHA-256 of its bytes.
+async fn write_manifest(
+    store: &Store,
+    key: &str,
+    manifest: &Manifest,
+) -> Result<String, AgentError> {
+    let bytes = serde_json::to_vec_pretty(manifest).map_err(|error| AgentError::Manifest {
+        key: key.to_string(),
+        reason: error.to_string(),
+    })?;
+    let sha256 = hex::encode(Sha256::digest(&bytes));
+    let mut request = store
+        .client
+        .put_object()
+        .bucket(&store.bucket)
+        .key(key)
+        .content_type("application/json")
+        .body(ByteStream::from(bytes));
+    if let Some(algorithm) = &store.encryption.algorithm {
+        request = request.server_side_encryption(algorithm.clone());
+    }
+    if let Some(kms_key_id) = &store.encryption.kms_key_id {
+        request = request.ssekms_key_id(kms_key_id);
+    }
+    request
+        .send()
+        .await
+        .map_err(|error| s3_error("PutObject", key, error))?;
+    Ok(sha256)
+}
+
+fn now() -> String {
+    Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(list: &[&str]) -> Vec<String> {
+        list.iter().map(|name| name.to_string()).collect()
+    }
+
+    #[test]
+    fn without_a_selection_every_database_is_backed_up() {
+        let selected = select_databases(names(&["app", "postgres"]), &[]).expect("selected");
+        assert_eq!(selected, names(&["app", "postgres"]));
+    }
+
+    #[test]
+    fn a_selection_is_deduplicated_and_must_exist() {
+        let available = names(&["app", "postgres", "shop"]);
+        let selected =
+            select_databases(available.clone(), &names(&["shop", "app", "shop"])).expect("ok");
+        assert_eq!(selected, names(&["app", "shop"]));
+        let error = select_databases(available, &names(&["app", "gone"])).expect_err("missing");
+        assert_eq!(error.to_string(), "the server has no database named gone");
+    }
+}

@@ -1,0 +1,62 @@
+//! Errors of the backup and restore agent.
+//!
+//! Every message is one line and names the thing that failed (a program, an object key, a
+//! database). None of them carries a credential: S3 errors are reduced to the service's code and
+//! message or the transport failure, PostgreSQL errors to the tool's exit status and the tail of
+//! its stderr (the password reaches the tools only through their environment).
+
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum AgentError {
+    #[error("invalid settings: {0}")]
+    Settings(String),
+
+    #[error("cannot read {}: {source}", path.display())]
+    ReadFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+
+    #[error("cannot start {program}: {source}")]
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
+
+    #[error("{program} failed: {reason}")]
+    Tool { program: String, reason: String },
+
+    #[error("stream of {key} broke: {source}")]
+    Stream { key: String, source: std::io::Error },
+
+    #[error("S3 {operation} of {key} failed: {reason}")]
+    S3 {
+        operation: &'static str,
+        key: String,
+        reason: String,
+    },
+
+    #[error("object {key} does not match the manifest: {reason}")]
+    Verification { key: String, reason: String },
+
+    #[error("manifest {key} is unusable: {reason}")]
+    Manifest { key: String, reason: String },
+
+    #[error("backup {key} already exists; refusing to overwrite a completed backup")]
+    BackupExists { key: String },
+
+    #[error("the server has no database named {0}")]
+    MissingDatabase(String),
+
+    #[error("the backup has no database named {0}")]
+    UnknownDatabase(String),
+
+    #[error(
+        "database(s) {} already exist; nothing was changed (use --drop-existing to replace them)",
+        .0.join(", ")
+    )]
+    DatabasesExist(Vec<String>),
+}

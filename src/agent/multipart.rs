@@ -1,0 +1,261 @@
+//! Streaming a byte stream of unknown length into one S3 object through a multipart upload.
+//!
+//! Memory stays bounded whatever the stream's length: one part is being filled from the reader
+//! while at most `parts_in_flight` earlier parts are being uploaded, so the agent holds at most
+//! `(parts_in_flight + 1) * part_size` bytes of data. The SHA-256 and the byte count are computed
+//! on the fly, in stream order.
+//!
+//! The caller decides whether the upload is kept: [`MultipartUpload::send`] only uploads parts,
+//! [`MultipartUpload::complete`] makes the object visible and checks its stored size, and
+//! [`MultipartUpload::abort`] discards every uploaded part. That split lets the backup wait for
+//! `pg_dump`'s exit status before completing: a dump that died mid-stream looks like a clean end
+//! of file to the reader.
+
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
+use bytes::BytesMut;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::task::JoinSet;
+use tracing::{debug, warn};
+
+use super::error::AgentError;
+use super::storage::{Store, s3_error};
+
+/// S3's limits: every part but the last is at least 5 MiB, and an upload has at most 10,000.
+pub const MIN_PART_SIZE: usize = 5 * 1024 * 1024;
+const MAX_PARTS: i32 = 10_000;
+
+/// How the stream was cut up and what it contained.
+#[derive(Debug)]
+pub struct SentStream {
+    pub size: u64,
+    pub sha256: String,
+    parts: Vec<CompletedPart>,
+}
+
+/// An open multipart upload. Dropping it without `complete` or `abort` leaves the parts in the
+/// store until a lifecycle rule removes them, so every path must end in one of the two.
+pub struct MultipartUpload {
+    store: Store,
+    key: String,
+    upload_id: String,
+    part_size: usize,
+    parts_in_flight: usize,
+}
+
+impl MultipartUpload {
+    pub async fn create(
+        store: &Store,
+        key: &str,
+        part_size: usize,
+        parts_in_flight: usize,
+    ) -> Result<Self, AgentError> {
+        let mut request = store
+            .client
+            .create_multipart_upload()
+            .bucket(&store.bucket)
+            .key(key)
+            .content_type("application/octet-stream");
+        if let Some(algorithm) = &store.encryption.algorithm {
+            request = request.server_side_encryption(algorithm.clone());
+        }
+        if let Some(kms_key_id) = &store.encryption.kms_key_id {
+            request = request.ssekms_key_id(kms_key_id);
+        }
+        let created = request
+            .send()
+            .await
+            .map_err(|error| s3_error("CreateMultipartUpload", key, error))?;
+        let upload_id = created.upload_id().ok_or_else(|| AgentError::S3 {
+            operation: "CreateMultipartUpload",
+            key: key.to_string(),
+            reason: "the store returned no upload id".into(),
+        })?;
+        Ok(Self {
+            store: store.clone(),
+            key: key.to_string(),
+            upload_id: upload_id.to_string(),
+            part_size: part_size.max(MIN_PART_SIZE),
+            parts_in_flight: parts_in_flight.max(1),
+        })
+    }
+
+    /// Uploads the whole stream as parts. On error the parts still in flight are cancelled; the
+    /// caller must then `abort`.
+    pub async fn send<R: AsyncRead + Unpin>(
+        &self,
+        reader: &mut R,
+    ) -> Result<SentStream, AgentError> {
+        let mut hasher = Sha256::new();
+        let mut size = 0u64;
+        let mut parts = Vec::new();
+        // Dropping the set (on an early return) cancels the uploads still running.
+        let mut uploads = JoinSet::new();
+        let mut part_number = 0i32;
+        loop {
+            let data = self.read_part(reader).await?;
+            let at_end = data.len() < self.part_size;
+            // An empty stream still needs one (empty) part; otherwise skip the empty tail.
+            if data.is_empty() && part_number > 0 {
+                break;
+            }
+            part_number += 1;
+            if part_number > MAX_PARTS {
+                return Err(AgentError::Settings(format!(
+                    "{} needs more than {MAX_PARTS} parts; raise --part-size-mib",
+                    self.key
+                )));
+            }
+            hasher.update(&data);
+            size += data.len() as u64;
+            while uploads.len() >= self.parts_in_flight {
+                parts.push(self.next_finished(&mut uploads).await?);
+            }
+            uploads.spawn(upload_part(
+                self.store.clone(),
+                self.key.clone(),
+                self.upload_id.clone(),
+                part_number,
+                data.freeze(),
+            ));
+            if at_end {
+                break;
+            }
+        }
+        while !uploads.is_empty() {
+            parts.push(self.next_finished(&mut uploads).await?);
+        }
+        parts.sort_by_key(|part| part.part_number());
+        Ok(SentStream {
+            size,
+            sha256: hex::encode(hasher.finalize()),
+            parts,
+        })
+    }
+
+    /// Makes the object visible, then checks that the store holds exactly the bytes sent.
+    /// Aborts the upload if completing fails.
+    pub async fn complete(self, sent: SentStream) -> Result<(u64, String), AgentError> {
+        let completion = CompletedMultipartUpload::builder()
+            .set_parts(Some(sent.parts))
+            .build();
+        let completed = self
+            .store
+            .client
+            .complete_multipart_upload()
+            .bucket(&self.store.bucket)
+            .key(&self.key)
+            .upload_id(&self.upload_id)
+            .multipart_upload(completion)
+            .send()
+            .await;
+        if let Err(error) = completed {
+            let error = s3_error("CompleteMultipartUpload", &self.key, error);
+            self.abort().await;
+            return Err(error);
+        }
+        match self.store.object_size(&self.key).await? {
+            Some(stored) if stored == sent.size => Ok((sent.size, sent.sha256)),
+            Some(stored) => Err(AgentError::Verification {
+                key: self.key,
+                reason: format!("{stored} bytes stored, {} bytes sent", sent.size),
+            }),
+            None => Err(AgentError::Verification {
+                key: self.key,
+                reason: "missing right after the upload completed".into(),
+            }),
+        }
+    }
+
+    /// Discards the upload and its parts. Failure to abort is logged, not returned: the caller
+    /// is already reporting the error that made it abort.
+    pub async fn abort(self) {
+        let aborted = self
+            .store
+            .client
+            .abort_multipart_upload()
+            .bucket(&self.store.bucket)
+            .key(&self.key)
+            .upload_id(&self.upload_id)
+            .send()
+            .await;
+        match aborted {
+            Ok(_) => debug!(key = %self.key, "multipart upload aborted"),
+            Err(error) => warn!(
+                "could not abort the multipart upload of {}; its parts stay until a lifecycle rule removes them: {}",
+                self.key,
+                s3_error("AbortMultipartUpload", &self.key, error)
+            ),
+        }
+    }
+
+    /// Fills one part, or less at the end of the stream.
+    async fn read_part<R: AsyncRead + Unpin>(
+        &self,
+        reader: &mut R,
+    ) -> Result<BytesMut, AgentError> {
+        let mut data = BytesMut::with_capacity(self.part_size);
+        while data.len() < self.part_size {
+            // `read_buf` never reads past the capacity, so a part never grows beyond part_size.
+            let read = reader
+                .read_buf(&mut data)
+                .await
+                .map_err(|source| AgentError::Stream {
+                    key: self.key.clone(),
+                    source,
+                })?;
+            if read == 0 {
+                break;
+            }
+        }
+        Ok(data)
+    }
+
+    async fn next_finished(
+        &self,
+        uploads: &mut JoinSet<Result<CompletedPart, AgentError>>,
+    ) -> Result<CompletedPart, AgentError> {
+        match uploads.join_next().await {
+            Some(Ok(result)) => result,
+            Some(Err(join_error)) => Err(AgentError::S3 {
+                operation: "UploadPart",
+                key: self.key.clone(),
+                reason: format!("upload task ended abnormally: {join_error}"),
+            }),
+            None => Err(AgentError::S3 {
+                operation: "UploadPart",
+                key: self.key.clone(),
+                reason: "no upload in flight".into(),
+            }),
+        }
+    }
+}
+
+async fn upload_part(
+    store: Store,
+    key: String,
+    upload_id: String,
+    part_number: i32,
+    data: bytes::Bytes,
+) -> Result<CompletedPart, AgentError> {
+    let length = data.len();
+    // A `Bytes` body can be replayed, so the SDK's retries resend the part as is.
+    let uploaded = store
+        .client
+        .upload_part()
+        .bucket(&store.bucket)
+        .key(&key)
+        .upload_id(&upload_id)
+        .part_number(part_number)
+        .content_length(i64::try_from(length).unwrap_or(i64::MAX))
+        .body(ByteStream::from(data))
+        .send()
+        .await
+        .map_err(|error| s3_error("UploadPart", &key, error))?;
+    debug!(%key, part_number, length, "part uploaded");
+    Ok(CompletedPart::builder()
+        .part_number(part_number)
+        .set_e_tag(uploaded.e_tag().map(str::to_string))
+        .build())
+}

@@ -1,0 +1,307 @@
+//! Running the PostgreSQL client tools (`pg_dump`, `pg_dumpall`, `pg_restore`, `psql`).
+//!
+//! Connection settings reach the tools through libpq's own environment variables (`PGHOST`,
+//! `PGPORT`, `PGUSER`, `PGSSLMODE`, ...), which they inherit. The password comes from
+//! `PGPASSWORD` or from the file named by `PGKUBE_PGPASSWORD_FILE` and is handed to each child as
+//! `PGPASSWORD` in its environment, never on its command line. Database names are passed as
+//! quoted `dbname='...'` connection strings, so a name that looks like a URI or contains `=` is
+//! still only a name.
+
+use std::process::{ExitStatus, Stdio};
+
+use tokio::io::AsyncReadExt;
+use tokio::process::{Child, ChildStderr, Command};
+use tokio::task::JoinHandle;
+
+use super::error::AgentError;
+use super::storage::{one_line, secret_from_env_or_file};
+
+/// How many bytes of a tool's stderr are kept for the error message.
+const STDERR_TAIL_BYTES: usize = 2048;
+
+/// What every tool invocation needs: the password (if any) and the maintenance database.
+#[derive(Clone)]
+pub struct Postgres {
+    password: Option<String>,
+    maintenance_database: String,
+}
+
+impl std::fmt::Debug for Postgres {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Postgres")
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("maintenance_database", &self.maintenance_database)
+            .finish()
+    }
+}
+
+/// A started tool whose stderr is collected in the background.
+pub struct RunningTool {
+    program: String,
+    pub child: Child,
+    stderr_tail: JoinHandle<String>,
+}
+
+impl Postgres {
+    pub fn from_env(maintenance_database: &str) -> Result<Self, AgentError> {
+        Ok(Self {
+            password: secret_from_env_or_file("PGPASSWORD", "PGKUBE_PGPASSWORD_FILE")?,
+            maintenance_database: maintenance_database.to_string(),
+        })
+    }
+
+    pub fn maintenance_database(&self) -> &str {
+        &self.maintenance_database
+    }
+
+    /// A command for `program` with the password in its environment. Killed if dropped, so an
+    /// abandoned dump never keeps running behind the agent's back.
+    pub fn command(&self, program: &str) -> Command {
+        let mut command = Command::new(program);
+        command.kill_on_drop(true).stdin(Stdio::null());
+        if let Some(password) = &self.password {
+            command.env("PGPASSWORD", password);
+        }
+        command
+    }
+
+    /// Starts a command with stderr collected; stdin and stdout are as the caller set them.
+    pub fn spawn(&self, program: &str, mut command: Command) -> Result<RunningTool, AgentError> {
+        command.stderr(Stdio::piped());
+        let mut child = command.spawn().map_err(|source| AgentError::Spawn {
+            program: program.to_string(),
+            source,
+        })?;
+        let stderr = child.stderr.take();
+        Ok(RunningTool {
+            program: program.to_string(),
+            child,
+            stderr_tail: tokio::spawn(collect_tail(stderr)),
+        })
+    }
+
+    /// Runs one SQL statement with `psql` against `database` and returns its unaligned output.
+    pub async fn query(&self, database: &str, sql: &str) -> Result<String, AgentError> {
+        let mut command = self.command("psql");
+        command
+            .args(["--no-psqlrc", "--no-align", "--tuples-only", "--quiet"])
+            .args(["--set", "ON_ERROR_STOP=1"])
+            .arg("--dbname")
+            .arg(conninfo_for(database))
+            .arg("--command")
+            .arg(sql)
+            .stdout(Stdio::piped());
+        let mut tool = self.spawn("psql", command)?;
+        let mut output = String::new();
+        if let Some(mut stdout) = tool.child.stdout.take() {
+            stdout
+                .read_to_string(&mut output)
+                .await
+                .map_err(|source| AgentError::Tool {
+                    program: "psql".into(),
+                    reason: format!("reading its output: {source}"),
+                })?;
+        }
+        tool.finish().await?;
+        Ok(output)
+    }
+
+    /// Names of the databases that can be dumped: not templates and accepting connections.
+    pub async fn list_databases(&self) -> Result<Vec<String>, AgentError> {
+        self.database_names("WHERE NOT datistemplate AND datallowconn")
+            .await
+    }
+
+    /// Names of every database, templates included.
+    pub async fn list_all_databases(&self) -> Result<Vec<String>, AgentError> {
+        self.database_names("").await
+    }
+
+    async fn database_names(&self, condition: &str) -> Result<Vec<String>, AgentError> {
+        // One name per line, as JSON strings, so names with newlines stay intact.
+        let sql =
+            format!("SELECT to_json(datname)::text FROM pg_database {condition} ORDER BY datname");
+        let output = self.query(&self.maintenance_database, &sql).await?;
+        output
+            .lines()
+            .filter(|line| !line.is_empty())
+            .map(|line| {
+                serde_json::from_str::<String>(line).map_err(|error| AgentError::Tool {
+                    program: "psql".into(),
+                    reason: format!("unexpected database list line: {error}"),
+                })
+            })
+            .collect()
+    }
+
+    pub async fn server_version(&self) -> Result<String, AgentError> {
+        let output = self
+            .query(&self.maintenance_database, "SHOW server_version")
+            .await?;
+        Ok(output.trim().to_string())
+    }
+
+    /// The connecting role as `pg_dumpall` writes it (quoted only when needed).
+    pub async fn current_role_identifier(&self) -> Result<String, AgentError> {
+        let output = self
+            .query(
+                &self.maintenance_database,
+                "SELECT quote_ident(current_user)",
+            )
+            .await?;
+        Ok(output.trim().to_string())
+    }
+
+    /// `DROP DATABASE ... WITH (FORCE)`, from a database other than the one dropped.
+    pub async fn drop_database(&self, database: &str) -> Result<(), AgentError> {
+        let sql = format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            quote_identifier(database)
+        );
+        self.query(self.database_to_connect_while_replacing(database), &sql)
+            .await
+            .map(|_| ())
+    }
+
+    /// The maintenance database, or `template1` when the maintenance database itself is the one
+    /// being dropped and recreated (one cannot drop the database one is connected to).
+    pub fn database_to_connect_while_replacing<'a>(&'a self, database: &str) -> &'a str {
+        if database == self.maintenance_database {
+            "template1"
+        } else {
+            &self.maintenance_database
+        }
+    }
+}
+
+impl RunningTool {
+    /// Waits for the tool and turns a non-zero exit or a signal into an error that carries the
+    /// last lines it wrote to stderr. On success, returns that stderr tail.
+    pub async fn finish(mut self) -> Result<String, AgentError> {
+        let status = self.child.wait().await.map_err(|source| AgentError::Tool {
+            program: self.program.clone(),
+            reason: format!("waiting for it: {source}"),
+        })?;
+        let stderr = self.stderr_tail.await.unwrap_or_default();
+        if status.success() {
+            return Ok(stderr);
+        }
+        let mut reason = describe_exit(status);
+        let stderr = one_line(&stderr);
+        if !stderr.is_empty() {
+            reason = format!("{reason}: {stderr}");
+        }
+        Err(AgentError::Tool {
+            program: self.program,
+            reason,
+        })
+    }
+}
+
+/// `dbname='...'` with libpq's quoting, so that only the name is taken from it.
+pub fn conninfo_for(database: &str) -> String {
+    format!(
+        "dbname='{}'",
+        database.replace('\\', "\\\\").replace('\'', "\\'")
+    )
+}
+
+/// A PostgreSQL identifier in double quotes.
+pub fn quote_identifier(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+fn describe_exit(status: ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exit status {code}"),
+        (None, Some(signal)) => format!("killed by signal {signal}"),
+        _ => "ended abnormally".into(),
+    }
+}
+
+/// Reads the whole stderr (so the tool never blocks on a full pipe), keeping only its tail.
+async fn collect_tail(stderr: Option<ChildStderr>) -> String {
+    let Some(mut stderr) = stderr else {
+        return String::new();
+    };
+    let mut tail: Vec<u8> = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while let Ok(read) = stderr.read(&mut buffer).await {
+        if read == 0 {
+            break;
+        }
+        tail.extend_from_slice(&buffer[..read]);
+        if tail.len() > STDERR_TAIL_BYTES {
+            tail.drain(..tail.len() - STDERR_TAIL_BYTES);
+        }
+    }
+    String::from_utf8_lossy(&tail).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conninfo_quotes_names_that_look_like_connection_strings() {
+        assert_eq!(conninfo_for("app"), "dbname='app'");
+        assert_eq!(conninfo_for("host=evil' x"), "dbname='host=evil\\' x'");
+        assert_eq!(conninfo_for("a\\b"), "dbname='a\\\\b'");
+    }
+
+    #[test]
+    fn identifiers_are_double_quoted() {
+        assert_eq!(quote_identifier("App\"DB"), "\"App\"\"DB\"");
+    }
+
+    #[test]
+    fn the_password_is_redacted_from_debug_output() {
+        let postgres = Postgres {
+            password: Some("s3cret-value".into()),
+            maintenance_database: "postgres".into(),
+        };
+        assert!(!format!("{postgres:?}").contains("s3cret-value"));
+    }
+
+    #[tokio::test]
+    async fn a_failing_tool_reports_its_exit_status_and_stderr() {
+        let postgres = Postgres {
+            password: None,
+            maintenance_database: "postgres".into(),
+        };
+        let mut command = postgres.command("sh");
+        command.args([
+            "-c",
+            "echo 'first line' >&2; echo 'no such database' >&2; exit 3",
+        ]);
+        let error = postgres
+            .spawn("sh", command)
+            .expect("sh starts")
+            .finish()
+            .await
+            .expect_err("exit 3 is a failure");
+        let message = error.to_string();
+        assert!(message.contains("exit status 3"), "{message}");
+        assert!(message.contains("no such database"), "{message}");
+        assert!(!message.contains('\n'), "{message}");
+    }
+
+    #[tokio::test]
+    async fn a_killed_tool_reports_the_signal() {
+        let postgres = Postgres {
+            password: None,
+            maintenance_database: "postgres".into(),
+        };
+        let mut command = postgres.command("sh");
+        command.args(["-c", "kill -9 $$"]);
+        let error = postgres
+            .spawn("sh", command)
+            .expect("sh starts")
+            .finish()
+            .await
+            .expect_err("a killed tool is a failure");
+        assert!(error.to_string().contains("killed by signal 9"), "{error}");
+    }
+}

@@ -1,0 +1,405 @@
+//! `pgkube agent restore`: verify everything first, then apply globals and databases.
+//!
+//! Two passes over the object store. The first streams every selected object through SHA-256
+//! (no temporary file, nothing kept) and fails, before the server is touched, if an object is
+//! missing, has the wrong size or the wrong checksum. The second streams each object again into
+//! `pg_restore` and checks it once more while it streams; a mismatch there (the object changed
+//! between the passes) fails the restore too, but that database may then be partly restored,
+//! which the message says. Reading twice costs a second download, which is cheap next to
+//! `pg_restore` itself, and it is what lets a corrupted backup change nothing.
+//!
+//! Globals are small: they are downloaded into memory (up to [`GLOBALS_LIMIT`]), verified, and
+//! fed to `psql` without the statements that would reset the connecting role, so restoring
+//! another cluster's backup does not change the password the operator manages for it. As
+//! `pg_dumpall` intends, errors such as "role already exists" do not stop the globals script.
+
+use std::collections::BTreeSet;
+use std::process::Stdio;
+
+use chrono::{SecondsFormat, Utc};
+use clap::Args;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tracing::{info, warn};
+
+use super::CommonArgs;
+use super::error::AgentError;
+use super::manifest::{DatabaseObject, Manifest, StoredObject};
+use super::postgres::{Postgres, conninfo_for};
+use super::report::Report;
+use super::storage::{Store, s3_error};
+
+/// Largest globals script restore accepts; real ones are a few kilobytes.
+const GLOBALS_LIMIT: u64 = 16 * 1024 * 1024;
+
+#[derive(Args, Debug)]
+pub struct RestoreArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+
+    /// Restore only this database (repeatable). Default: every database in the backup.
+    #[arg(long = "database", value_name = "NAME")]
+    databases: Vec<String>,
+
+    /// Drop (WITH (FORCE)) and recreate databases that already exist. Without it an existing
+    /// database fails the restore before anything is changed.
+    #[arg(long, env = "PGKUBE_DROP_EXISTING")]
+    drop_existing: bool,
+
+    /// Do not restore roles and tablespaces.
+    #[arg(long, env = "PGKUBE_SKIP_GLOBALS")]
+    skip_globals: bool,
+}
+
+pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
+    let started_at = now();
+    let store = Store::connect(&args.common.s3, &args.common.backup_name).await?;
+    let postgres = Postgres::from_env(&args.common.maintenance_database)?;
+    let manifest = read_manifest(&store).await?;
+    let selected = select_databases(&manifest, &args.databases)?;
+    let existing = existing_among(&postgres, &selected).await?;
+    if !existing.is_empty() && !args.drop_existing {
+        return Err(AgentError::DatabasesExist(existing.into_iter().collect()));
+    }
+
+    info!(backup = %manifest.backup_name, databases = selected.len(), "verifying objects");
+    let globals = if args.skip_globals {
+        None
+    } else {
+        Some(download_globals(&store, &manifest.globals).await?)
+    };
+    for database in &selected {
+        stream_object(&store, &database.object, &mut tokio::io::sink()).await?;
+    }
+
+    if let Some(globals) = globals {
+        restore_globals(&postgres, &globals).await?;
+    }
+    for database in &selected {
+        if existing.contains(&database.name) {
+            info!(database = %database.name, "dropping the existing database");
+            postgres.drop_database(&database.name).await?;
+        }
+        restore_database(&postgres, &store, database).await?;
+    }
+
+    let size = selected.iter().map(|db| db.object.size).sum::<u64>()
+        + if args.skip_globals {
+            0
+        } else {
+            manifest.globals.size
+        };
+    info!(backup = %manifest.backup_name, size, "restore completed");
+    Ok(Report {
+        backup_name: Some(manifest.backup_name.clone()),
+        manifest_key: Some(store.manifest_key()),
+        postgresql_version: Some(manifest.postgresql_version.clone()),
+        started_at: Some(started_at),
+        finished_at: Some(now()),
+        size: Some(size),
+        database_count: Some(selected.len()),
+        databases: Some(selected.iter().map(|db| db.name.clone()).collect()),
+        ..Report::completed()
+    })
+}
+
+async fn read_manifest(store: &Store) -> Result<Manifest, AgentError> {
+    let key = store.manifest_key();
+    let response = store
+        .client
+        .get_object()
+        .bucket(&store.bucket)
+        .key(&key)
+        .send()
+        .await;
+    let response = match response {
+        Ok(response) => response,
+        Err(error) if error.as_service_error().is_some_and(|e| e.is_no_such_key()) => {
+            return Err(AgentError::Manifest {
+                key,
+                reason: "not found: the backup does not exist or never completed".into(),
+            });
+        }
+        Err(error) => return Err(s3_error("GetObject", &key, error)),
+    };
+    let bytes = response
+        .body
+        .collect()
+        .await
+        .map_err(|error| AgentError::Manifest {
+            key: key.clone(),
+            reason: format!("reading it: {error}"),
+        })?
+        .into_bytes();
+    Manifest::parse(&key, &bytes)
+}
+
+/// The databases to restore, in manifest order.
+fn select_databases<'a>(
+    manifest: &'a Manifest,
+    requested: &[String],
+) -> Result<Vec<&'a DatabaseObject>, AgentError> {
+    if let Some(unknown) = requested
+        .iter()
+        .find(|name| !manifest.databases.iter().any(|db| &db.name == *name))
+    {
+        return Err(AgentError::UnknownDatabase(unknown.clone()));
+    }
+    Ok(manifest
+        .databases
+        .iter()
+        .filter(|db| requested.is_empty() || requested.contains(&db.name))
+        .collect())
+}
+
+async fn existing_among(
+    postgres: &Postgres,
+    selected: &[&DatabaseObject],
+) -> Result<BTreeSet<String>, AgentError> {
+    let on_server = postgres.list_all_databases().await?;
+    Ok(selected
+        .iter()
+        .filter(|db| on_server.contains(&db.name))
+        .map(|db| db.name.clone())
+        .collect())
+}
+
+/// Streams an object into `sink`, checking its size and SHA-256 against the manifest.
+async fn stream_object<W: AsyncWrite + Unpin>(
+    store: &Store,
+    object: &StoredObject,
+    sink: &mut W,
+) -> Result<(), AgentError> {
+    let mismatch = |reason: String| AgentError::Verification {
+        key: object.key.clone(),
+        reason,
+    };
+    let response = store
+        .client
+        .get_object()
+        .bucket(&store.bucket)
+        .key(&object.key)
+        .send()
+        .await;
+    let mut body = match response {
+        Ok(response) => response.body,
+        Err(error) if error.as_service_error().is_some_and(|e| e.is_no_such_key()) => {
+            return Err(mismatch("missing from storage".into()));
+        }
+        Err(error) => return Err(s3_error("GetObject", &object.key, error)),
+    };
+    let mut hasher = Sha256::new();
+    let mut size = 0u64;
+    while let Some(chunk) = body.try_next().await.map_err(|error| AgentError::S3 {
+        operation: "GetObject",
+        key: object.key.clone(),
+        reason: format!("reading the body: {error}"),
+    })? {
+        size += chunk.len() as u64;
+        if size > object.size {
+            return Err(mismatch(format!(
+                "longer than the {} bytes the manifest lists",
+                object.size
+            )));
+        }
+        hasher.update(&chunk);
+        sink.write_all(&chunk)
+            .await
+            .map_err(|source| AgentError::Stream {
+                key: object.key.clone(),
+                source,
+            })?;
+    }
+    if size != object.size {
+        return Err(mismatch(format!(
+            "{size} bytes stored, the manifest lists {}",
+            object.size
+        )));
+    }
+    let sha256 = hex::encode(hasher.finalize());
+    if sha256 != object.sha256 {
+        return Err(mismatch(format!(
+            "SHA-256 {sha256}, the manifest lists {}",
+            object.sha256
+        )));
+    }
+    Ok(())
+}
+
+async fn download_globals(store: &Store, globals: &StoredObject) -> Result<Vec<u8>, AgentError> {
+    if globals.size > GLOBALS_LIMIT {
+        return Err(AgentError::Verification {
+            key: globals.key.clone(),
+            reason: format!(
+                "{} bytes of globals is more than the {GLOBALS_LIMIT} accepted",
+                globals.size
+            ),
+        });
+    }
+    let mut script = Vec::new();
+    stream_object(store, globals, &mut script).await?;
+    Ok(script)
+}
+
+async fn restore_globals(postgres: &Postgres, script: &[u8]) -> Result<(), AgentError> {
+    let own_role = postgres.current_role_identifier().await?;
+    let script = without_own_role(&String::from_utf8_lossy(script), &own_role);
+    let mut command = postgres.command("psql");
+    command
+        .args(["--no-psqlrc", "--quiet", "--no-password", "--dbname"])
+        .arg(conninfo_for(postgres.maintenance_database()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null());
+    let mut tool = postgres.spawn("psql", command)?;
+    let written = match tool.child.stdin.take() {
+        Some(mut stdin) => stdin.write_all(script.as_bytes()).await,
+        None => Ok(()),
+    };
+    let stderr = tool.finish().await?;
+    written.map_err(|source| AgentError::Stream {
+        key: "globals".into(),
+        source,
+    })?;
+    let errors = stderr
+        .lines()
+        .filter(|line| line.contains("ERROR:"))
+        .count();
+    if errors > 0 {
+        warn!(
+            errors,
+            "some global statements failed (usually roles that already exist): {}",
+            super::storage::one_line(&stderr)
+        );
+    }
+    info!("globals restored");
+    Ok(())
+}
+
+/// The globals script without `CREATE ROLE <own>;` and `ALTER ROLE <own> WITH ...;`, the two
+/// statements `pg_dumpall` writes for the role the restore connects as.
+fn without_own_role(script: &str, own_role: &str) -> String {
+    let create = format!("CREATE ROLE {own_role};");
+    let alter = format!("ALTER ROLE {own_role} WITH ");
+    script
+        .lines()
+        .filter(|line| *line != create && !line.starts_with(&alter))
+        .flat_map(|line| [line, "\n"])
+        .collect()
+}
+
+/// `pg_restore --create` from the object, connected to a database other than the target.
+async fn restore_database(
+    postgres: &Postgres,
+    store: &Store,
+    database: &DatabaseObject,
+) -> Result<(), AgentError> {
+    info!(database = %database.name, key = %database.object.key, "restoring database");
+    let mut command = postgres.command("pg_restore");
+    command
+        .args(["--create", "--exit-on-error", "--no-password", "--dbname"])
+        .arg(conninfo_for(
+            postgres.database_to_connect_while_replacing(&database.name),
+        ))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null());
+    let mut tool = postgres.spawn("pg_restore", command)?;
+    let streamed = match tool.child.stdin.take() {
+        // Dropping stdin at the end of the arm closes it: pg_restore sees the end of the archive.
+        Some(mut stdin) => stream_object(store, &database.object, &mut stdin).await,
+        None => Err(AgentError::Tool {
+            program: "pg_restore".into(),
+            reason: "its stdin is not captured".into(),
+        }),
+    };
+    let finished = tool.finish().await;
+    match (streamed, finished) {
+        (Ok(()), Ok(_)) => {
+            info!(database = %database.name, "database restored");
+            Ok(())
+        }
+        (Err(AgentError::Verification { key, reason }), _) => Err(AgentError::Verification {
+            key,
+            reason: format!(
+                "{reason} (detected while restoring: database {} may be partly restored)",
+                database.name
+            ),
+        }),
+        // A broken pipe means pg_restore stopped reading: its own error says why.
+        (Err(AgentError::Stream { .. }), Err(tool_error)) => Err(tool_error),
+        (Err(error), _) | (Ok(()), Err(error)) => Err(error),
+    }
+}
+
+fn now() -> String {
+    Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::manifest::{DATABASE_FORMAT, GLOBALS_FORMAT, MANIFEST_VERSION};
+
+    fn object(key: &str) -> StoredObject {
+        StoredObject {
+            key: key.into(),
+            size: 1,
+            sha256: String::new(),
+            format: DATABASE_FORMAT.into(),
+        }
+    }
+
+    fn manifest_with(databases: &[&str]) -> Manifest {
+        Manifest {
+            manifest_version: MANIFEST_VERSION,
+            cluster: "c".into(),
+            namespace: "n".into(),
+            backup_name: "b".into(),
+            postgresql_version: "15".into(),
+            started_at: String::new(),
+            finished_at: String::new(),
+            format: DATABASE_FORMAT.into(),
+            globals: StoredObject {
+                format: GLOBALS_FORMAT.into(),
+                ..object("b/globals.sql")
+            },
+            databases: databases
+                .iter()
+                .map(|name| DatabaseObject {
+                    name: name.to_string(),
+                    object: object(&format!("b/databases/{name}.dump")),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn all_databases_are_restored_unless_some_are_named() {
+        let manifest = manifest_with(&["app", "postgres", "shop"]);
+        let all = select_databases(&manifest, &[]).expect("all");
+        assert_eq!(all.len(), 3);
+        let some = select_databases(&manifest, &["shop".to_string()]).expect("one");
+        assert_eq!(
+            some.iter().map(|db| db.name.as_str()).collect::<Vec<_>>(),
+            ["shop"]
+        );
+    }
+
+    #[test]
+    fn naming_a_database_the_backup_lacks_fails() {
+        let manifest = manifest_with(&["app"]);
+        let error = select_databases(&manifest, &["gone".to_string()]).expect_err("unknown");
+        assert_eq!(error.to_string(), "the backup has no database named gone");
+    }
+
+    #[test]
+    fn the_connecting_role_is_left_alone_by_the_globals_script() {
+        let script = "CREATE ROLE app;\nALTER ROLE app WITH LOGIN PASSWORD 'x';\n\
+                      CREATE ROLE postgres;\nALTER ROLE postgres WITH SUPERUSER PASSWORD 'y';\n\
+                      CREATE ROLE postgres_reader;\n";
+        let filtered = without_own_role(script, "postgres");
+        assert_eq!(
+            filtered,
+            "CREATE ROLE app;\nALTER ROLE app WITH LOGIN PASSWORD 'x';\nCREATE ROLE postgres_reader;\n"
+        );
+    }
+}
