@@ -44,6 +44,16 @@ impl Manager {
     /// Starts `pgkube run --log-format json` with endpoints on free loopback ports, plus
     /// `extra` flags. `name` becomes the host name part of its Lease identity.
     pub fn start(env: &TestEnv, name: &str, extra: &[&str]) -> Manager {
+        Self::start_with_env(env, name, extra, &[])
+    }
+
+    /// Like [`Manager::start`], with extra environment variables (set after the defaults).
+    pub fn start_with_env(
+        env: &TestEnv,
+        name: &str,
+        extra: &[&str],
+        vars: &[(&str, &str)],
+    ) -> Manager {
         let mut command = Command::new(env!("CARGO_BIN_EXE_pgkube"));
         command
             .args([
@@ -61,6 +71,7 @@ impl Manager {
             .env("RUST_LOG", "info,pgkube=debug")
             .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
             .env_remove("OTEL_TRACES_EXPORTER")
+            .envs(vars.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);

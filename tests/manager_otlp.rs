@@ -1,0 +1,109 @@
+//! Traces leave the real `pgkube run` process by OTLP when the standard `OTEL_*` variables ask
+//! for it, and the spans still buffered at SIGTERM are flushed before it exits.
+//!
+//! The collector here is a minimal OTLP/HTTP receiver on loopback that keeps every request body
+//! of `POST /v1/traces`; protobuf keeps strings as plain UTF-8, so span names, attribute values
+//! and the service name can be found in the bytes without decoding.
+
+mod manager_common;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::routing::post;
+use kube::api::{Api, PostParams};
+use manager_common::{Manager, install_crds};
+use pgkube_crds::{ClusterPhase, PostgreSQLCluster};
+use pgkube_testkit::{TestNamespace, testbed, wait_until};
+
+type Received = Arc<Mutex<Vec<Bytes>>>;
+
+/// Starts the receiver; its address and what it received.
+async fn start_collector() -> (SocketAddr, Received) {
+    let received = Received::default();
+    let app = Router::new()
+        .route("/v1/traces", post(collect))
+        .with_state(Arc::clone(&received));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("collector binds");
+    let address = listener.local_addr().expect("collector address");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (address, received)
+}
+
+async fn collect(State(received): State<Received>, body: Bytes) -> &'static [u8] {
+    received.lock().expect("lock").push(body);
+    // An empty ExportTraceServiceResponse encodes to zero bytes.
+    b""
+}
+
+fn received_contains(received: &Received, needle: &str) -> bool {
+    received.lock().expect("lock").iter().any(|body| {
+        body.windows(needle.len())
+            .any(|window| window == needle.as_bytes())
+    })
+}
+
+#[tokio::test]
+async fn reconcile_traces_are_exported_by_otlp_and_flushed_on_sigterm() {
+    let Some(env) = testbed() else { return };
+    install_crds(&env);
+    let (collector, received) = start_collector().await;
+    let client = env.kube_client().await;
+    let namespace = TestNamespace::create(&client, "manager-otlp").await;
+    let endpoint = format!("http://{collector}");
+    let mut manager = Manager::start_with_env(
+        &env,
+        "manager-otlp",
+        &["--watch-namespaces", namespace.name()],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ],
+    );
+
+    let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), namespace.name());
+    let cluster: PostgreSQLCluster = serde_json::from_value(serde_json::json!({
+        "apiVersion": "db.example.com/v1alpha1",
+        "kind": "PostgreSQLCluster",
+        "metadata": { "name": "traced" },
+        "spec": { "replicas": 1, "version": "16", "storage": "1Gi" },
+    }))
+    .expect("a valid cluster");
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("cluster created");
+    wait_until(
+        "the cluster to be Running",
+        Duration::from_secs(90),
+        || async {
+            let phase = clusters.get("traced").await?.status.and_then(|s| s.phase);
+            Ok((phase == Some(ClusterPhase::Running)).then_some(()))
+        },
+    )
+    .await
+    .expect("cluster Running");
+
+    manager.terminate();
+    let code = manager.exit_code(Duration::from_secs(30)).await;
+    assert_eq!(code, Some(0), "output:\n{}", manager.output().join("\n"));
+
+    assert!(
+        received_contains(&received, "reconcile"),
+        "no `reconcile` span reached the collector ({} requests)",
+        received.lock().expect("lock").len()
+    );
+    for expected in ["pgkube", "traced", namespace.name(), "apply", "status"] {
+        assert!(
+            received_contains(&received, expected),
+            "the exported spans do not mention `{expected}`"
+        );
+    }
+    namespace.cleanup().await;
+}
