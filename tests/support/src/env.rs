@@ -182,9 +182,19 @@ fn env_file_path() -> PathBuf {
     workspace_root().join("target/testbed/env")
 }
 
-/// This crate lives at `<workspace>/tests/support`.
+/// The workspace being tested. `cargo test` sets CARGO_MANIFEST_DIR for the test process to the
+/// tested package's directory; the workspace root is its nearest ancestor with a Cargo.lock.
+/// That beats this crate's compile-time directory, which may name another clone when several
+/// clones share one CARGO_TARGET_DIR and cargo reused the compiled testkit.
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    let compiled_in = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let Some(manifest_dir) = std::env::var_os("CARGO_MANIFEST_DIR") else {
+        return compiled_in;
+    };
+    Path::new(&manifest_dir)
+        .ancestors()
+        .find(|dir| dir.join("Cargo.lock").is_file())
+        .map_or(compiled_in, Path::to_path_buf)
 }
 
 /// Parses `KEY=value` lines; values may be wrapped in single or double quotes.
