@@ -5,6 +5,7 @@
 //! ```text
 //! cargo bench --bench agent_throughput
 //! PGKUBE_BENCH_SIZES_MB=256,1100 cargo bench --bench agent_throughput   # sizes to measure at
+//! PGKUBE_BENCH_AGENT_BIN=/path/to/old/pgkube cargo bench --bench agent_throughput  # before/after
 //! ```
 //!
 //! For each database size (default 512 MB, then grown to 1100 MB) it measures, in the same run:
@@ -13,7 +14,10 @@
 //! - restore: `pg_restore --create` from a local file versus `pgkube agent restore` (which reads
 //!   every object twice: a verification pass, then the restore);
 //! - the agent's peak RSS (VmHWM of its own process, sampled from /proc every 20 ms), which must
-//!   stay flat as the database grows.
+//!   stay flat as the database grows;
+//! - the CPU seconds of the agent process itself (user + system, its PostgreSQL tools excluded,
+//!   sampled like the RSS so the last 20 ms may be missing): its real overhead, which unlike the
+//!   wall-time ratios hardly moves when other work shares the machine.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -32,6 +36,7 @@ const ROWS_PER_BATCH: i64 = 1_000_000;
 struct Measured {
     seconds: f64,
     peak_rss_mib: f64,
+    cpu_seconds: f64,
 }
 
 fn main() {
@@ -56,13 +61,14 @@ async fn bench() {
     std::fs::create_dir_all(&work).expect("work dir");
 
     println!(
-        "{:>8} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9}",
+        "{:>8} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9}",
         "db MB",
         "dump MB",
         "pg_dump s",
         "agent s",
         "ratio",
         "rss MiB",
+        "cpu s",
         "pg_rest s",
         "agent s",
         "ratio",
@@ -112,13 +118,14 @@ async fn bench() {
         ));
 
         println!(
-            "{:>8} {:>9.0} {:>9.1} {:>9.1} {:>7.2} {:>9.1} {:>9.1} {:>9.1} {:>7.2} {:>9.1} {:>9.1}",
+            "{:>8} {:>9.0} {:>9.1} {:>9.1} {:>7.2} {:>9.1} {:>9.2} {:>9.1} {:>9.1} {:>7.2} {:>9.1} {:>9.1}",
             size_mb,
             dump_mb,
             pg_dump.seconds,
             agent_backup.seconds,
             pg_dump.seconds / agent_backup.seconds,
             agent_backup.peak_rss_mib,
+            agent_backup.cpu_seconds,
             pg_restore.seconds,
             agent_restore.seconds,
             pg_restore.seconds / agent_restore.seconds,
@@ -128,7 +135,8 @@ async fn bench() {
         let _ = std::fs::remove_file(&dump_file);
     }
     println!(
-        "ratio = PostgreSQL tool time / agent time (1.0 = no overhead); MB/s = database MB per agent backup second"
+        "ratio = PostgreSQL tool time / agent time (1.0 = no overhead); cpu s = CPU seconds of the agent process \
+         during the backup (pg_dump excluded); MB/s = database MB per agent backup second"
     );
 
     drop_database(&admin, &database).await;
@@ -201,7 +209,9 @@ fn agent(
     backup_name: &str,
     extra: &[&str],
 ) -> Command {
-    let mut command = pg_command(login, env!("CARGO_BIN_EXE_pgkube"));
+    let binary = std::env::var("PGKUBE_BENCH_AGENT_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_pgkube").to_string());
+    let mut command = pg_command(login, &binary);
     command
         .args(["agent", subcommand, "--backup-name", backup_name])
         .args([
@@ -235,15 +245,18 @@ fn pg_command(login: &Login, program: &str) -> Command {
     command
 }
 
-/// Runs the command to its end; wall time and the peak RSS of the process itself.
+/// Runs the command to its end; wall time, and the peak RSS and CPU time of the process itself.
 fn measure(mut command: Command) -> Measured {
     let started = Instant::now();
     let mut child = command.spawn().expect("starting a measured command");
     let status_file = format!("/proc/{}/status", child.id());
+    let stat_file = format!("/proc/{}/stat", child.id());
     let mut peak_kib = 0u64;
+    let mut cpu_ticks = 0u64;
     let status = loop {
         // Read before reaping: once waited for, the process and its /proc entry are gone.
         peak_kib = peak_kib.max(vm_hwm_kib(&status_file));
+        cpu_ticks = cpu_ticks.max(own_cpu_ticks(&stat_file));
         if let Some(status) = child.try_wait().expect("waiting for a measured command") {
             break status;
         }
@@ -253,7 +266,28 @@ fn measure(mut command: Command) -> Measured {
     Measured {
         seconds: started.elapsed().as_secs_f64(),
         peak_rss_mib: peak_kib as f64 / 1024.0,
+        cpu_seconds: cpu_ticks as f64 / CLOCK_TICKS_PER_SECOND,
     }
+}
+
+/// `USER_HZ`: the unit of the CPU times in /proc, 100 on every Linux architecture we run on.
+const CLOCK_TICKS_PER_SECOND: f64 = 100.0;
+
+/// utime + stime of the process itself (fields 14 and 15 of /proc/<pid>/stat; children excluded).
+fn own_cpu_ticks(stat_file: &str) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(stat_file) else {
+        return 0;
+    };
+    // The command name (field 2) may hold spaces; the fields after it are plain numbers.
+    let Some((_, after_name)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // fields[0] is field 3 (state), so field N is fields[N - 3].
+    [11, 12]
+        .iter()
+        .filter_map(|&index| fields.get(index)?.parse::<u64>().ok())
+        .sum()
 }
 
 fn vm_hwm_kib(status_file: &str) -> u64 {

@@ -94,7 +94,7 @@ impl MultipartUpload {
         let mut uploads = JoinSet::new();
         let mut part_number = 0i32;
         loop {
-            let data = self.read_part(reader).await?;
+            let data = self.read_part(reader, &mut hasher).await?;
             let at_end = data.len() < self.part_size;
             // An empty stream still needs one (empty) part; otherwise skip the empty tail.
             if data.is_empty() && part_number > 0 {
@@ -107,7 +107,6 @@ impl MultipartUpload {
                     self.key
                 )));
             }
-            hasher.update(&data);
             size += data.len() as u64;
             while uploads.len() >= self.parts_in_flight {
                 parts.push(self.next_finished(&mut uploads).await?);
@@ -190,13 +189,17 @@ impl MultipartUpload {
         }
     }
 
-    /// Fills one part, or less at the end of the stream.
+    /// Fills one part, or less at the end of the stream, hashing each read as it arrives: the
+    /// bytes are hashed while still in cache, and the reader never stops draining the pipe for
+    /// a whole part's hash (the writer blocks as soon as the pipe's 64 KiB are full).
     async fn read_part<R: AsyncRead + Unpin>(
         &self,
         reader: &mut R,
+        hasher: &mut Sha256,
     ) -> Result<BytesMut, AgentError> {
         let mut data = BytesMut::with_capacity(self.part_size);
         while data.len() < self.part_size {
+            let start = data.len();
             // `read_buf` never reads past the capacity, so a part never grows beyond part_size.
             let read = reader
                 .read_buf(&mut data)
@@ -208,6 +211,7 @@ impl MultipartUpload {
             if read == 0 {
                 break;
             }
+            hasher.update(&data[start..]);
         }
         Ok(data)
     }
@@ -241,7 +245,7 @@ async fn upload_part(
 ) -> Result<CompletedPart, AgentError> {
     let length = data.len();
     // A `Bytes` body can be replayed, so the SDK's retries resend the part as is.
-    let uploaded = store
+    let request = store
         .client
         .upload_part()
         .bucket(&store.bucket)
@@ -249,10 +253,13 @@ async fn upload_part(
         .upload_id(&upload_id)
         .part_number(part_number)
         .content_length(i64::try_from(length).unwrap_or(i64::MAX))
-        .body(ByteStream::from(data))
-        .send()
-        .await
-        .map_err(|error| s3_error("UploadPart", &key, error))?;
+        .body(ByteStream::from(data));
+    let sent = if store.sign_payloads {
+        request.send().await
+    } else {
+        request.customize().disable_payload_signing().send().await
+    };
+    let uploaded = sent.map_err(|error| s3_error("UploadPart", &key, error))?;
     debug!(%key, part_number, length, "part uploaded");
     Ok(CompletedPart::builder()
         .part_number(part_number)

@@ -5,6 +5,12 @@
 //! Garage, Ceph RGW and older MinIO reject), path-style addressing is a switch, and a custom CA
 //! bundle can be trusted in addition to the system roots. Transient errors (throttling, 5xx,
 //! connection resets) are retried by the SDK's standard retry strategy with exponential backoff.
+//!
+//! Part uploads carry a SigV4 payload hash (a SHA-256 of every part, computed by the SDK and again
+//! by the store) only over plain HTTP, where it is the only strong check that the store received
+//! the bytes sent. Over HTTPS, TLS already authenticates every byte in transit, so parts are sent
+//! as `UNSIGNED-PAYLOAD` and neither side spends a SHA-256 pass on them. Either way the object's
+//! size is checked after the upload and its SHA-256 (computed by the agent) goes in the manifest.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -84,6 +90,8 @@ pub struct Store {
     pub client: Client,
     pub bucket: String,
     pub encryption: Encryption,
+    /// Whether part uploads sign their payload's SHA-256 (plain HTTP endpoints only).
+    pub sign_payloads: bool,
     backup_root: String,
 }
 
@@ -99,6 +107,7 @@ impl Store {
             client,
             bucket: args.bucket.clone(),
             encryption: encryption(args)?,
+            sign_payloads: !is_https(args.endpoint.as_deref()),
             backup_root: backup_root(&args.prefix, backup_name),
         })
     }
@@ -211,6 +220,15 @@ async fn build_client(args: &S3Args) -> Result<Client, AgentError> {
         config = config.endpoint_url(endpoint);
     }
     Ok(Client::from_conf(config.build()))
+}
+
+/// Whether requests go over TLS: AWS's own endpoint (no endpoint given) or an `https://` URL.
+fn is_https(endpoint: Option<&str>) -> bool {
+    endpoint.is_none_or(|url| {
+        url.trim_start()
+            .get(..8)
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"))
+    })
 }
 
 /// Static keys from files (mounted Secrets) or the standard AWS variables. `None` leaves the
@@ -349,6 +367,15 @@ mod tests {
         for bad in ["", ".", "..", "a/b", "a b", "x\n"] {
             assert!(validate_backup_name(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn payloads_are_signed_only_without_tls() {
+        assert!(is_https(None));
+        assert!(is_https(Some("https://s3.example.com")));
+        assert!(is_https(Some("HTTPS://S3.EXAMPLE.COM:9000")));
+        assert!(!is_https(Some("http://garage.storage:3900")));
+        assert!(!is_https(Some("httpsx")));
     }
 
     #[test]
