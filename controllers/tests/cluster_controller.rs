@@ -246,8 +246,10 @@ async fn deleting_the_cluster_removes_the_finalizer_and_children_are_collected()
     running.stop().await;
 }
 
+/// Refused changes are held back, the rest of the spec still applies and children are still
+/// repaired while the refusal stands.
 #[tokio::test]
-async fn storage_shrink_and_major_upgrade_are_refused_and_change_nothing() {
+async fn storage_shrink_and_major_upgrade_are_held_back_while_the_rest_is_reconciled() {
     let Some(running) = Running::start("cluster-refuse", RESYNC).await else {
         return;
     };
@@ -276,7 +278,7 @@ async fn storage_shrink_and_major_upgrade_are_refused_and_change_nothing() {
         .expect("StatefulSet");
     assert_eq!(
         after.metadata.generation, before.metadata.generation,
-        "StatefulSet untouched"
+        "the StatefulSet keeps its size and is not written"
     );
 
     patch_spec(
@@ -295,20 +297,72 @@ async fn storage_shrink_and_major_upgrade_are_refused_and_change_nothing() {
             .as_deref(),
         Some("16")
     );
-    let after = statefulsets
+    assert_eq!(image_of(&running, "steady-postgresql").await, "postgres:16");
+
+    // While the upgrade is refused, a deleted child comes back and a new replica count applies.
+    let services = running.api::<Service>();
+    let old_uid = services
+        .get("steady-postgresql")
+        .await
+        .expect("client Service")
+        .uid();
+    services
+        .delete("steady-postgresql", &DeleteParams::default())
+        .await
+        .expect("deleted");
+    patch_spec(&running, "steady", json!({"replicas": 2})).await;
+    wait_until("the client Service to come back", TIMEOUT, || async {
+        let service = services.get_opt("steady-postgresql").await?;
+        Ok(service.filter(|s| s.uid() != old_uid).map(|_| ()))
+    })
+    .await
+    .expect("Service recreated while the upgrade is refused");
+    let scaled = running.wait_running("steady", 2, TIMEOUT).await;
+    let progressing = condition(&scaled, "Progressing").expect("Progressing");
+    assert_eq!(
+        (progressing.status.as_str(), progressing.reason.as_str()),
+        ("False", "MajorUpgradeNotSupported"),
+        "the refusal stays while the rest is applied"
+    );
+    assert!(
+        progressing.message.contains("keeps running 16"),
+        "{}",
+        progressing.message
+    );
+    let ready = condition(&scaled, "Ready").expect("Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.message.as_str()),
+        ("True", "All 2 replicas are ready")
+    );
+    assert_eq!(
+        scaled
+            .status
+            .as_ref()
+            .and_then(|s| s.current_version.clone())
+            .as_deref(),
+        Some("16")
+    );
+    let sts = statefulsets
         .get("steady-postgresql")
         .await
         .expect("StatefulSet");
-    let image = after
+    assert_eq!(sts.spec.as_ref().and_then(|s| s.replicas), Some(2));
+    assert_eq!(image_of(&running, "steady-postgresql").await, "postgres:16");
+    running.stop().await;
+}
+
+/// The image of the StatefulSet's PostgreSQL container.
+async fn image_of(running: &Running, statefulset: &str) -> String {
+    running
+        .api::<StatefulSet>()
+        .get(statefulset)
+        .await
+        .expect("StatefulSet")
         .spec
         .and_then(|s| s.template.spec)
-        .map(|p| p.containers[0].image.clone());
-    assert_eq!(
-        image,
-        Some(Some("postgres:16".to_owned())),
-        "the old image stays"
-    );
-    running.stop().await;
+        .and_then(|p| p.containers.into_iter().next())
+        .and_then(|c| c.image)
+        .expect("container image")
 }
 
 async fn wait_for_progressing_reason(
@@ -515,4 +569,76 @@ async fn events_with_reason(
     )
     .await
     .expect("Event published")
+}
+
+/// A reconcile that keeps failing the same way publishes one ReconcileFailed Event, not one per
+/// retry; once the cause is gone the cluster runs.
+#[tokio::test]
+async fn a_repeated_failure_publishes_one_event() {
+    let Some(running) = Running::start("cluster-failing", RESYNC).await else {
+        return;
+    };
+    // A plain Service where the headless one goes: its allocated cluster IP cannot become
+    // `None`, so every apply of the headless Service fails.
+    let clash: Service = serde_json::from_value(json!({
+        "metadata": {"name": "clash-postgresql-headless"},
+        "spec": {"ports": [{"name": "postgresql", "port": 5432}]},
+    }))
+    .expect("Service");
+    let services = running.api::<Service>();
+    services
+        .create(&PostParams::default(), &clash)
+        .await
+        .expect("clashing Service created");
+    running.create_sample("clash", 1).await;
+
+    let headless_path = format!(
+        "/api/v1/namespaces/{}/services/clash-postgresql-headless",
+        running.namespace.name()
+    );
+    let attempts = || {
+        running
+            .counts
+            .write_log()
+            .iter()
+            .filter(|w| w.as_str() == format!("PATCH {headless_path}"))
+            .count()
+    };
+    wait_until("three failed applies", TIMEOUT, || async {
+        Ok((attempts() >= 3).then_some(()))
+    })
+    .await
+    .expect("the reconcile is retried");
+    // Give a (wrong) Event of the last failure time to be written.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let event_writes: Vec<_> = running
+        .counts
+        .write_log()
+        .into_iter()
+        .filter(|w| w.contains("/events"))
+        .collect();
+    assert_eq!(
+        event_writes.len(),
+        1,
+        "one Event for {} failed attempts: {event_writes:?}",
+        attempts()
+    );
+    let failed = events_with_reason(&running, "clash", "ReconcileFailed").await;
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(failed[0].series.is_none(), "no repeats: {:?}", failed[0]);
+    assert!(
+        failed[0]
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("clash-postgresql-headless")),
+        "{:?}",
+        failed[0].note
+    );
+
+    services
+        .delete("clash-postgresql-headless", &DeleteParams::default())
+        .await
+        .expect("clash removed");
+    running.wait_running("clash", 1, TIMEOUT).await;
+    running.stop().await;
 }
