@@ -4,14 +4,16 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{Running, condition};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt;
 use kube::{Api, ResourceExt};
 use pgkube_crds::{ClusterPhase, PostgreSQLCluster, PostgresVersion};
 use pgkube_testkit::wait_until;
@@ -641,4 +643,125 @@ async fn a_repeated_failure_publishes_one_event() {
         .expect("clash removed");
     running.wait_running("clash", 1, TIMEOUT).await;
     running.stop().await;
+}
+
+/// A new image for the same major version (here: the manager restarted with another image
+/// repository, as when moving to a mirror) rolls every pod onto it; the cluster shows
+/// Upgrading, then Running again, and is quiet afterwards.
+#[tokio::test]
+async fn a_new_image_repository_rolls_the_pods_and_the_cluster_runs_again() {
+    let resync = Duration::from_secs(2);
+    let Some(mut running) = Running::start("cluster-roll", resync).await else {
+        return;
+    };
+    running.create_sample("roll", 3).await;
+    running.wait_running("roll", 3, TIMEOUT).await;
+    let pods: Api<Pod> = running.api();
+    let old_pods: Vec<String> = pods
+        .list(&ListParams::default())
+        .await
+        .expect("pods")
+        .items
+        .iter()
+        .map(|pod| pod.uid().expect("uid"))
+        .collect();
+    assert_eq!(old_pods.len(), 3);
+    let phases = record_phases(&running, "roll");
+
+    const MIRROR: &str = "mirror.example/library/postgres";
+    running
+        .restart_with(|settings| settings.postgres_image_repository = MIRROR.to_owned())
+        .await;
+    let new_image = format!("{MIRROR}:16");
+    wait_until(
+        "the StatefulSet's template to use the mirror",
+        TIMEOUT,
+        || async { Ok((image_of(&running, "roll-postgresql").await == new_image).then_some(())) },
+    )
+    .await
+    .expect("template updated");
+    let statefulsets = running.api::<StatefulSet>();
+    wait_until("the roll to finish", TIMEOUT, || async {
+        let sts = statefulsets.get("roll-postgresql").await?;
+        let status = sts.status.clone().unwrap_or_default();
+        let rolled = status.observed_generation == sts.metadata.generation
+            && status.update_revision.is_some()
+            && status.update_revision == status.current_revision
+            && status.updated_replicas == Some(3)
+            && status.ready_replicas == Some(3);
+        Ok(rolled.then_some(()))
+    })
+    .await
+    .expect("StatefulSet rolled");
+    let cluster = running.wait_running("roll", 3, TIMEOUT).await;
+    let new_pods = pods.list(&ListParams::default()).await.expect("pods").items;
+    assert_eq!(new_pods.len(), 3);
+    for pod in &new_pods {
+        let image = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.image.as_deref());
+        assert_eq!(image, Some(new_image.as_str()), "{}", pod.name_any());
+        let uid = pod.uid().expect("uid");
+        assert!(
+            !old_pods.contains(&uid),
+            "{} was not replaced",
+            pod.name_any()
+        );
+    }
+    assert_eq!(
+        cluster
+            .status
+            .as_ref()
+            .and_then(|s| s.current_version.as_deref()),
+        Some("16")
+    );
+    let seen = phases.lock().expect("phases").clone();
+    eprintln!("phases during the roll: {seen:?}");
+    assert!(
+        seen.contains(&ClusterPhase::Upgrading),
+        "the roll shows as Upgrading: {seen:?}"
+    );
+    assert_eq!(seen.last(), Some(&ClusterPhase::Running), "{seen:?}");
+    assert!(
+        !seen.contains(&ClusterPhase::Degraded),
+        "a planned roll is not a degradation: {seen:?}"
+    );
+    let upgrading = events_with_reason(&running, "roll", "Upgrading").await;
+    assert_eq!(upgrading[0].type_.as_deref(), Some("Normal"));
+
+    // The new image is the desired state now: no more writes once settled.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let writes_before = running.counts.writes();
+    let log_before = running.counts.write_log().len();
+    tokio::time::sleep(resync * 4 + Duration::from_secs(1)).await;
+    assert_eq!(
+        running.counts.writes() - writes_before,
+        0,
+        "writes after the roll: {:?}",
+        &running.counts.write_log()[log_before..]
+    );
+    running.stop().await;
+}
+
+/// The distinct successive phases of cluster `name`, as a watch sees them from now on.
+fn record_phases(running: &Running, name: &str) -> Arc<Mutex<Vec<ClusterPhase>>> {
+    let phases = Arc::new(Mutex::new(Vec::new()));
+    let recorded = phases.clone();
+    let config = kube::runtime::watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let stream = kube::runtime::watcher(running.clusters(), config).applied_objects();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(Ok(cluster)) = stream.next().await {
+            let Some(phase) = cluster.status.and_then(|s| s.phase) else {
+                continue;
+            };
+            let mut phases = recorded.lock().expect("phases");
+            if phases.last() != Some(&phase) {
+                phases.push(phase);
+            }
+        }
+    });
+    phases
 }
