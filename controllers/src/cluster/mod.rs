@@ -5,6 +5,10 @@
 //! children (pure) -> `apply` what differs with server-side apply -> write the `status` when it
 //! changed, with an Event for each change. An unchanged, ready cluster makes no write at all.
 //!
+//! A change Kubernetes cannot make in place (shrinking volumes, a new major version) is held
+//! back: validation keeps the running value for it, the rest of the spec is applied as usual
+//! and the refusal shows in the Progressing condition. An invalid spec applies nothing.
+//!
 //! Errors go to [`error_policy`], which retries each object with its own exponential backoff;
 //! waiting for pods is a plain timed requeue. The finalizer [`CLEANUP_FINALIZER`] gives deletion
 //! a hook that does not depend on the spec being valid; children are removed by the garbage
@@ -358,26 +362,7 @@ async fn reconcile_cluster(
     let validated = info_span!("validate").in_scope(|| validate::validate(cluster, &live.facts()));
     let outcome = match validated {
         Ok(validation) => apply_validated(context, &namespace, validation, live).await?,
-        Err(invalid) => {
-            tracing::warn!(message = %invalid, "invalid spec; children left as they are");
-            // The StatefulSet keeps its replicas: judge readiness against those.
-            let replicas = live
-                .statefulset
-                .as_ref()
-                .and_then(|sts| sts.spec.as_ref()?.replicas)
-                .unwrap_or(cluster.spec.replicas);
-            Outcome {
-                statefulset: live.statefulset,
-                issue: Some(Issue {
-                    reason: "InvalidSpec".to_owned(),
-                    message: invalid.0,
-                    invalid_spec: true,
-                }),
-                held_back: false,
-                expansion_pending: false,
-                desired_replicas: replicas,
-            }
-        }
+        Err(invalid) => invalid_spec_outcome(cluster, live, invalid),
     };
     let observation = Observation {
         generation: cluster.metadata.generation,
@@ -413,6 +398,32 @@ struct Outcome {
     expansion_pending: bool,
     /// Replicas the StatefulSet should have.
     desired_replicas: i32,
+}
+
+/// An invalid spec applies nothing: the children stay as they are.
+fn invalid_spec_outcome(
+    cluster: &PostgreSQLCluster,
+    live: read::LiveChildren,
+    invalid: validate::InvalidSpec,
+) -> Outcome {
+    tracing::warn!(message = %invalid, "invalid spec; children left as they are");
+    // The StatefulSet keeps its replicas: judge readiness against those.
+    let replicas = live
+        .statefulset
+        .as_ref()
+        .and_then(|sts| sts.spec.as_ref()?.replicas)
+        .unwrap_or(cluster.spec.replicas);
+    Outcome {
+        statefulset: live.statefulset,
+        issue: Some(Issue {
+            reason: "InvalidSpec".to_owned(),
+            message: invalid.0,
+            invalid_spec: true,
+        }),
+        held_back: false,
+        expansion_pending: false,
+        desired_replicas: replicas,
+    }
 }
 
 /// Builds and applies the effective spec of a valid cluster; changes it holds back become the
