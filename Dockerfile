@@ -13,6 +13,7 @@ COPY crds crds
 COPY controllers controllers
 COPY tests/support tests/support
 COPY src src
+COPY benches benches
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin pgkube \

@@ -4,14 +4,16 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{Running, condition};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt;
 use kube::{Api, ResourceExt};
 use pgkube_crds::{ClusterPhase, PostgreSQLCluster, PostgresVersion};
 use pgkube_testkit::wait_until;
@@ -246,8 +248,10 @@ async fn deleting_the_cluster_removes_the_finalizer_and_children_are_collected()
     running.stop().await;
 }
 
+/// Refused changes are held back, the rest of the spec still applies and children are still
+/// repaired while the refusal stands.
 #[tokio::test]
-async fn storage_shrink_and_major_upgrade_are_refused_and_change_nothing() {
+async fn storage_shrink_and_major_upgrade_are_held_back_while_the_rest_is_reconciled() {
     let Some(running) = Running::start("cluster-refuse", RESYNC).await else {
         return;
     };
@@ -276,7 +280,7 @@ async fn storage_shrink_and_major_upgrade_are_refused_and_change_nothing() {
         .expect("StatefulSet");
     assert_eq!(
         after.metadata.generation, before.metadata.generation,
-        "StatefulSet untouched"
+        "the StatefulSet keeps its size and is not written"
     );
 
     patch_spec(
@@ -295,20 +299,72 @@ async fn storage_shrink_and_major_upgrade_are_refused_and_change_nothing() {
             .as_deref(),
         Some("16")
     );
-    let after = statefulsets
+    assert_eq!(image_of(&running, "steady-postgresql").await, "postgres:16");
+
+    // While the upgrade is refused, a deleted child comes back and a new replica count applies.
+    let services = running.api::<Service>();
+    let old_uid = services
+        .get("steady-postgresql")
+        .await
+        .expect("client Service")
+        .uid();
+    services
+        .delete("steady-postgresql", &DeleteParams::default())
+        .await
+        .expect("deleted");
+    patch_spec(&running, "steady", json!({"replicas": 2})).await;
+    wait_until("the client Service to come back", TIMEOUT, || async {
+        let service = services.get_opt("steady-postgresql").await?;
+        Ok(service.filter(|s| s.uid() != old_uid).map(|_| ()))
+    })
+    .await
+    .expect("Service recreated while the upgrade is refused");
+    let scaled = running.wait_running("steady", 2, TIMEOUT).await;
+    let progressing = condition(&scaled, "Progressing").expect("Progressing");
+    assert_eq!(
+        (progressing.status.as_str(), progressing.reason.as_str()),
+        ("False", "MajorUpgradeNotSupported"),
+        "the refusal stays while the rest is applied"
+    );
+    assert!(
+        progressing.message.contains("keeps running 16"),
+        "{}",
+        progressing.message
+    );
+    let ready = condition(&scaled, "Ready").expect("Ready");
+    assert_eq!(
+        (ready.status.as_str(), ready.message.as_str()),
+        ("True", "All 2 replicas are ready")
+    );
+    assert_eq!(
+        scaled
+            .status
+            .as_ref()
+            .and_then(|s| s.current_version.clone())
+            .as_deref(),
+        Some("16")
+    );
+    let sts = statefulsets
         .get("steady-postgresql")
         .await
         .expect("StatefulSet");
-    let image = after
+    assert_eq!(sts.spec.as_ref().and_then(|s| s.replicas), Some(2));
+    assert_eq!(image_of(&running, "steady-postgresql").await, "postgres:16");
+    running.stop().await;
+}
+
+/// The image of the StatefulSet's PostgreSQL container.
+async fn image_of(running: &Running, statefulset: &str) -> String {
+    running
+        .api::<StatefulSet>()
+        .get(statefulset)
+        .await
+        .expect("StatefulSet")
         .spec
         .and_then(|s| s.template.spec)
-        .map(|p| p.containers[0].image.clone());
-    assert_eq!(
-        image,
-        Some(Some("postgres:16".to_owned())),
-        "the old image stays"
-    );
-    running.stop().await;
+        .and_then(|p| p.containers.into_iter().next())
+        .and_then(|c| c.image)
+        .expect("container image")
 }
 
 async fn wait_for_progressing_reason(
@@ -515,4 +571,197 @@ async fn events_with_reason(
     )
     .await
     .expect("Event published")
+}
+
+/// A reconcile that keeps failing the same way publishes one ReconcileFailed Event, not one per
+/// retry; once the cause is gone the cluster runs.
+#[tokio::test]
+async fn a_repeated_failure_publishes_one_event() {
+    let Some(running) = Running::start("cluster-failing", RESYNC).await else {
+        return;
+    };
+    // A plain Service where the headless one goes: its allocated cluster IP cannot become
+    // `None`, so every apply of the headless Service fails.
+    let clash: Service = serde_json::from_value(json!({
+        "metadata": {"name": "clash-postgresql-headless"},
+        "spec": {"ports": [{"name": "postgresql", "port": 5432}]},
+    }))
+    .expect("Service");
+    let services = running.api::<Service>();
+    services
+        .create(&PostParams::default(), &clash)
+        .await
+        .expect("clashing Service created");
+    running.create_sample("clash", 1).await;
+
+    let headless_path = format!(
+        "/api/v1/namespaces/{}/services/clash-postgresql-headless",
+        running.namespace.name()
+    );
+    let attempts = || {
+        running
+            .counts
+            .write_log()
+            .iter()
+            .filter(|w| w.as_str() == format!("PATCH {headless_path}"))
+            .count()
+    };
+    wait_until("three failed applies", TIMEOUT, || async {
+        Ok((attempts() >= 3).then_some(()))
+    })
+    .await
+    .expect("the reconcile is retried");
+    // Give a (wrong) Event of the last failure time to be written.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let event_writes: Vec<_> = running
+        .counts
+        .write_log()
+        .into_iter()
+        .filter(|w| w.contains("/events"))
+        .collect();
+    assert_eq!(
+        event_writes.len(),
+        1,
+        "one Event for {} failed attempts: {event_writes:?}",
+        attempts()
+    );
+    let failed = events_with_reason(&running, "clash", "ReconcileFailed").await;
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(failed[0].series.is_none(), "no repeats: {:?}", failed[0]);
+    assert!(
+        failed[0]
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("clash-postgresql-headless")),
+        "{:?}",
+        failed[0].note
+    );
+
+    services
+        .delete("clash-postgresql-headless", &DeleteParams::default())
+        .await
+        .expect("clash removed");
+    running.wait_running("clash", 1, TIMEOUT).await;
+    running.stop().await;
+}
+
+/// A new image for the same major version (here: the manager restarted with another image
+/// repository, as when moving to a mirror) rolls every pod onto it; the cluster shows
+/// Upgrading, then Running again, and is quiet afterwards.
+#[tokio::test]
+async fn a_new_image_repository_rolls_the_pods_and_the_cluster_runs_again() {
+    let resync = Duration::from_secs(2);
+    let Some(mut running) = Running::start("cluster-roll", resync).await else {
+        return;
+    };
+    running.create_sample("roll", 3).await;
+    running.wait_running("roll", 3, TIMEOUT).await;
+    let pods: Api<Pod> = running.api();
+    let old_pods: Vec<String> = pods
+        .list(&ListParams::default())
+        .await
+        .expect("pods")
+        .items
+        .iter()
+        .map(|pod| pod.uid().expect("uid"))
+        .collect();
+    assert_eq!(old_pods.len(), 3);
+    let phases = record_phases(&running, "roll");
+
+    const MIRROR: &str = "mirror.example/library/postgres";
+    running
+        .restart_with(|settings| settings.postgres_image_repository = MIRROR.to_owned())
+        .await;
+    let new_image = format!("{MIRROR}:16");
+    wait_until(
+        "the StatefulSet's template to use the mirror",
+        TIMEOUT,
+        || async { Ok((image_of(&running, "roll-postgresql").await == new_image).then_some(())) },
+    )
+    .await
+    .expect("template updated");
+    let statefulsets = running.api::<StatefulSet>();
+    wait_until("the roll to finish", TIMEOUT, || async {
+        let sts = statefulsets.get("roll-postgresql").await?;
+        let status = sts.status.clone().unwrap_or_default();
+        let rolled = status.observed_generation == sts.metadata.generation
+            && status.update_revision.is_some()
+            && status.update_revision == status.current_revision
+            && status.updated_replicas == Some(3)
+            && status.ready_replicas == Some(3);
+        Ok(rolled.then_some(()))
+    })
+    .await
+    .expect("StatefulSet rolled");
+    let cluster = running.wait_running("roll", 3, TIMEOUT).await;
+    let new_pods = pods.list(&ListParams::default()).await.expect("pods").items;
+    assert_eq!(new_pods.len(), 3);
+    for pod in &new_pods {
+        let image = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.image.as_deref());
+        assert_eq!(image, Some(new_image.as_str()), "{}", pod.name_any());
+        let uid = pod.uid().expect("uid");
+        assert!(
+            !old_pods.contains(&uid),
+            "{} was not replaced",
+            pod.name_any()
+        );
+    }
+    assert_eq!(
+        cluster
+            .status
+            .as_ref()
+            .and_then(|s| s.current_version.as_deref()),
+        Some("16")
+    );
+    let seen = phases.lock().expect("phases").clone();
+    eprintln!("phases during the roll: {seen:?}");
+    assert!(
+        seen.contains(&ClusterPhase::Upgrading),
+        "the roll shows as Upgrading: {seen:?}"
+    );
+    assert_eq!(seen.last(), Some(&ClusterPhase::Running), "{seen:?}");
+    assert!(
+        !seen.contains(&ClusterPhase::Degraded),
+        "a planned roll is not a degradation: {seen:?}"
+    );
+    let upgrading = events_with_reason(&running, "roll", "Upgrading").await;
+    assert_eq!(upgrading[0].type_.as_deref(), Some("Normal"));
+
+    // The new image is the desired state now: no more writes once settled.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let writes_before = running.counts.writes();
+    let log_before = running.counts.write_log().len();
+    tokio::time::sleep(resync * 4 + Duration::from_secs(1)).await;
+    assert_eq!(
+        running.counts.writes() - writes_before,
+        0,
+        "writes after the roll: {:?}",
+        &running.counts.write_log()[log_before..]
+    );
+    running.stop().await;
+}
+
+/// The distinct successive phases of cluster `name`, as a watch sees them from now on.
+fn record_phases(running: &Running, name: &str) -> Arc<Mutex<Vec<ClusterPhase>>> {
+    let phases = Arc::new(Mutex::new(Vec::new()));
+    let recorded = phases.clone();
+    let config = kube::runtime::watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let stream = kube::runtime::watcher(running.clusters(), config).applied_objects();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(Ok(cluster)) = stream.next().await {
+            let Some(phase) = cluster.status.and_then(|s| s.phase) else {
+                continue;
+            };
+            let mut phases = recorded.lock().expect("phases");
+            if phases.last() != Some(&phase) {
+                phases.push(phase);
+            }
+        }
+    });
+    phases
 }

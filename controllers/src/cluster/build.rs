@@ -419,7 +419,9 @@ mod tests {
         cluster.metadata.namespace = Some("team-a".to_owned());
         cluster.metadata.uid = Some("0b5a5c2e-0000-4000-8000-000000000001".to_owned());
         cluster.spec.replicas = replicas;
-        validate(&cluster, &LiveFacts::default()).expect("sample is valid")
+        validate(&cluster, &LiveFacts::default())
+            .expect("sample is valid")
+            .effective
     }
 
     fn container(children: &DesiredChildren) -> &Container {
@@ -429,6 +431,37 @@ mod tests {
             .as_ref()
             .and_then(|s| s.template.spec.as_ref());
         &pod.expect("pod spec").containers[0]
+    }
+
+    #[test]
+    fn a_held_back_major_upgrade_builds_the_running_version_with_the_new_replicas() {
+        let mut cluster: PostgreSQLCluster = serde_yaml::from_str(SAMPLE).expect("sample parses");
+        cluster.metadata.namespace = Some("team-a".to_owned());
+        cluster.metadata.uid = Some("0b5a5c2e-0000-4000-8000-000000000001".to_owned());
+        cluster.spec.version = pgkube_crds::PostgresVersion::V17;
+        cluster.spec.replicas = 4;
+        let live = LiveFacts {
+            running_version: Some(pgkube_crds::PostgresVersion::V16),
+            claim_template_storage: Some("100Gi".to_owned()),
+            largest_volume_gib: Some(100),
+        };
+        let validation = validate(&cluster, &live).expect("valid");
+        assert_eq!(validation.refusals.len(), 1);
+        let children = build(&validation.effective, "mirror.example/postgres", "pw");
+        assert_eq!(
+            container(&children).image.as_deref(),
+            Some("mirror.example/postgres:16")
+        );
+        let sts = &children.statefulset;
+        assert_eq!(
+            sts.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(VERSION_ANNOTATION))
+                .map(String::as_str),
+            Some("16")
+        );
+        assert_eq!(sts.spec.as_ref().and_then(|s| s.replicas), Some(4));
     }
 
     #[test]

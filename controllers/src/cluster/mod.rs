@@ -5,6 +5,10 @@
 //! children (pure) -> `apply` what differs with server-side apply -> write the `status` when it
 //! changed, with an Event for each change. An unchanged, ready cluster makes no write at all.
 //!
+//! A change Kubernetes cannot make in place (shrinking volumes, a new major version) is held
+//! back: validation keeps the running value for it, the rest of the spec is applied as usual
+//! and the refusal shows in the Progressing condition. An invalid spec applies nothing.
+//!
 //! Errors go to [`error_policy`], which retries each object with its own exponential backoff;
 //! waiting for pods is a plain timed requeue. The finalizer [`CLEANUP_FINALIZER`] gives deletion
 //! a hook that does not depend on the spec being valid; children are removed by the garbage
@@ -86,8 +90,9 @@ pub enum Error {
 pub struct ClusterContext {
     pub base: Context,
     recorder: Recorder,
-    /// Consecutive failures per `namespace/name`, for the backoff; cleared on success.
-    failures: Mutex<HashMap<String, u32>>,
+    /// Consecutive failures per `namespace/name`, for the backoff and to publish an error
+    /// Event only when the error changes; cleared on success.
+    failures: Mutex<HashMap<String, Failures>>,
 }
 
 impl ClusterContext {
@@ -104,11 +109,31 @@ impl ClusterContext {
         }
     }
 
-    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+    fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, Failures>> {
         // A panic while holding the lock leaves the counts usable.
         self.failures
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The consecutive failures of one object.
+#[derive(Debug, Default)]
+struct Failures {
+    count: u32,
+    last_message: Option<String>,
+}
+
+impl Failures {
+    /// Counts a failure with `message`; true when the message differs from the previous
+    /// failure's, so that a retry failing the same way does not publish the same Event again.
+    fn record(&mut self, message: &str) -> bool {
+        self.count = self.count.saturating_add(1);
+        let is_new = self.last_message.as_deref() != Some(message);
+        if is_new {
+            self.last_message = Some(message.to_owned());
+        }
+        is_new
     }
 }
 
@@ -242,7 +267,7 @@ pub async fn reconcile(
 }
 
 /// Retries a failed reconcile after a delay that doubles with each consecutive failure of the
-/// same object, and reports the error as an Event.
+/// same object, and reports the error as an Event when it differs from the previous failure's.
 pub fn error_policy(
     cluster: Arc<PostgreSQLCluster>,
     error: &Error,
@@ -253,14 +278,22 @@ pub fn error_policy(
         cluster.namespace().unwrap_or_default(),
         cluster.name_any()
     );
-    let failures = {
-        let mut failures = context.failures();
-        let count = failures.entry(key).or_insert(0);
-        *count = count.saturating_add(1);
-        *count
-    };
-    let delay = backoff(failures);
     let note = error.to_string();
+    let (failures, is_new) = {
+        let mut failures = context.failures();
+        let entry = failures.entry(key).or_default();
+        let is_new = entry.record(&note);
+        (entry.count, is_new)
+    };
+    if is_new {
+        publish_error_event(&context, &cluster, note);
+    }
+    Action::requeue(backoff(failures))
+}
+
+/// Publishes a ReconcileFailed Warning about `cluster` in the background (the error policy is
+/// synchronous).
+fn publish_error_event(context: &ClusterContext, cluster: &PostgreSQLCluster, note: String) {
     let recorder = context.recorder.clone();
     let reference = cluster.object_ref(&());
     tokio::spawn(async move {
@@ -275,7 +308,6 @@ pub fn error_policy(
             tracing::warn!(%error, "cannot publish the error Event");
         }
     });
-    Action::requeue(delay)
 }
 
 /// `BACKOFF_BASE * 2^(failures - 1)`, at most `BACKOFF_MAX`.
@@ -328,62 +360,129 @@ async fn reconcile_cluster(
         .instrument(info_span!("read"))
         .await?;
     let validated = info_span!("validate").in_scope(|| validate::validate(cluster, &live.facts()));
-    let (statefulset, issue, expansion_pending, desired_replicas) = match validated {
-        Ok(valid) => {
-            let desired = info_span!("build").in_scope(|| {
-                build::build(
-                    &valid,
-                    &context.base.settings.postgres_image_repository,
-                    &generate_password(),
-                )
-            });
-            let apply_span = info_span!("apply", writes = field::Empty);
-            let applied = apply::apply(client, &namespace, desired, live, valid.storage_gib)
-                .instrument(apply_span.clone())
-                .await?;
-            apply_span.record("writes", applied.writes);
-            (
-                Some(applied.statefulset),
-                applied.issue,
-                applied.expansion_pending,
-                valid.replicas,
-            )
-        }
-        Err(refusal) => {
-            tracing::warn!(reason = refusal.reason(), message = %refusal.message(), "spec refused; children left as they are");
-            let issue = Issue {
-                reason: refusal.reason().to_owned(),
-                message: refusal.message(),
-                invalid_spec: refusal.is_invalid_spec(),
-            };
-            // The StatefulSet keeps its replicas: judge readiness against those.
-            let replicas = live
-                .statefulset
-                .as_ref()
-                .and_then(|sts| sts.spec.as_ref()?.replicas)
-                .unwrap_or(cluster.spec.replicas);
-            (live.statefulset, Some(issue), false, replicas)
-        }
+    let outcome = match validated {
+        Ok(validation) => apply_validated(context, &namespace, validation, live).await?,
+        Err(invalid) => invalid_spec_outcome(cluster, live, invalid),
     };
     let observation = Observation {
         generation: cluster.metadata.generation,
-        desired_replicas,
-        statefulset: statefulset.as_ref(),
-        issue: issue.as_ref(),
+        desired_replicas: outcome.desired_replicas,
+        statefulset: outcome.statefulset.as_ref(),
+        issue: outcome.issue.as_ref(),
         previous: cluster.status.as_ref(),
     };
     let new_status = write_status(cluster, context, observation)
         .instrument(info_span!("status"))
         .await?;
-    let settled =
-        new_status.phase == Some(ClusterPhase::Running) && issue.is_none() && !expansion_pending;
-    Ok(
-        if settled || issue.as_ref().is_some_and(|i| i.invalid_spec) {
-            Action::requeue(context.base.settings.resync_interval)
-        } else {
-            Action::requeue(WAIT_REQUEUE.min(context.base.settings.resync_interval))
-        },
+    // An invalid spec or a held-back change waits for the user to edit the spec, which the
+    // watch reports: no need to look again sooner than the resync.
+    let invalid_spec = outcome.issue.as_ref().is_some_and(|i| i.invalid_spec);
+    let caught_up = new_status.phase == Some(ClusterPhase::Running)
+        && !outcome.expansion_pending
+        && (outcome.issue.is_none() || outcome.held_back);
+    Ok(if invalid_spec || caught_up {
+        Action::requeue(context.base.settings.resync_interval)
+    } else {
+        Action::requeue(WAIT_REQUEUE.min(context.base.settings.resync_interval))
+    })
+}
+
+/// What a reconcile's apply step left for the status step.
+struct Outcome {
+    /// The StatefulSet as it is now, if it exists.
+    statefulset: Option<StatefulSet>,
+    /// Why the cluster does not (fully) follow its spec.
+    issue: Option<Issue>,
+    /// `issue` is a change held back (the cluster runs from its last accepted state).
+    held_back: bool,
+    expansion_pending: bool,
+    /// Replicas the StatefulSet should have.
+    desired_replicas: i32,
+}
+
+/// An invalid spec applies nothing: the children stay as they are.
+fn invalid_spec_outcome(
+    cluster: &PostgreSQLCluster,
+    live: read::LiveChildren,
+    invalid: validate::InvalidSpec,
+) -> Outcome {
+    tracing::warn!(message = %invalid, "invalid spec; children left as they are");
+    // The StatefulSet keeps its replicas: judge readiness against those.
+    let replicas = live
+        .statefulset
+        .as_ref()
+        .and_then(|sts| sts.spec.as_ref()?.replicas)
+        .unwrap_or(cluster.spec.replicas);
+    Outcome {
+        statefulset: live.statefulset,
+        issue: Some(Issue {
+            reason: "InvalidSpec".to_owned(),
+            message: invalid.0,
+            invalid_spec: true,
+        }),
+        held_back: false,
+        expansion_pending: false,
+        desired_replicas: replicas,
+    }
+}
+
+/// Builds and applies the effective spec of a valid cluster; changes it holds back become the
+/// issue reported in the status.
+async fn apply_validated(
+    context: &ClusterContext,
+    namespace: &str,
+    validation: validate::Validation,
+    live: read::LiveChildren,
+) -> Result<Outcome, Error> {
+    let validate::Validation {
+        effective,
+        refusals,
+    } = validation;
+    let refusal = refusal_issue(&refusals);
+    if let Some(refusal) = &refusal {
+        tracing::warn!(reason = %refusal.reason, message = %refusal.message, "change held back; applying the rest of the spec");
+    }
+    let desired = info_span!("build").in_scope(|| {
+        build::build(
+            &effective,
+            &context.base.settings.postgres_image_repository,
+            &generate_password(),
+        )
+    });
+    let apply_span = info_span!("apply", writes = field::Empty);
+    let applied = apply::apply(
+        &context.base.client,
+        namespace,
+        desired,
+        live,
+        effective.storage_gib,
     )
+    .instrument(apply_span.clone())
+    .await?;
+    apply_span.record("writes", applied.writes);
+    Ok(Outcome {
+        statefulset: Some(applied.statefulset),
+        held_back: refusal.is_some(),
+        // A refusal needs the user's attention first; a volume that cannot grow comes next.
+        issue: refusal.or(applied.issue),
+        expansion_pending: applied.expansion_pending,
+        desired_replicas: effective.replicas,
+    })
+}
+
+/// One issue for all refused changes: the first one's reason, every message.
+fn refusal_issue(refusals: &[validate::Refusal]) -> Option<Issue> {
+    let first = refusals.first()?;
+    let message = refusals
+        .iter()
+        .map(validate::Refusal::message)
+        .collect::<Vec<_>>()
+        .join("; ");
+    Some(Issue {
+        reason: first.reason().to_owned(),
+        message,
+        invalid_spec: false,
+    })
 }
 
 /// Computes the status, writes it if it changed and publishes an Event per change.
@@ -470,6 +569,18 @@ mod tests {
         assert_eq!(backoff(2), Duration::from_secs(4));
         assert_eq!(backoff(5), Duration::from_secs(32));
         assert_eq!(backoff(40), BACKOFF_MAX);
+    }
+
+    #[test]
+    fn a_failure_is_worth_an_event_only_when_its_message_changes() {
+        let mut failures = Failures::default();
+        assert!(failures.record("cannot read StatefulSet a: forbidden"));
+        assert!(!failures.record("cannot read StatefulSet a: forbidden"));
+        assert!(failures.record("cannot apply Service b: conflict"));
+        assert!(!failures.record("cannot apply Service b: conflict"));
+        // Going back to an earlier error is a change too.
+        assert!(failures.record("cannot read StatefulSet a: forbidden"));
+        assert_eq!(failures.count, 5, "every failure counts for the backoff");
     }
 
     #[test]

@@ -144,7 +144,9 @@ struct Rollout {
     ready: i32,
     /// Pods that exist.
     current: i32,
-    /// The StatefulSet controller has seen the latest spec and every pod runs its revision.
+    /// The StatefulSet controller has seen the latest spec.
+    seen: bool,
+    /// It has, and every pod runs the latest revision.
     settled: bool,
     /// Pods are being replaced by a new revision.
     updating: bool,
@@ -162,6 +164,7 @@ impl Rollout {
         Self {
             ready: status.ready_replicas.unwrap_or(0),
             current: status.replicas,
+            seen,
             settled: seen && !updating && updated,
             updating,
         }
@@ -191,6 +194,9 @@ fn phase(
         _ if rollout.current != desired => ClusterPhase::Scaling,
         // Scaling up adds pods one at a time: stay in Scaling until all are ready.
         Some(ClusterPhase::Scaling) => ClusterPhase::Scaling,
+        // The StatefulSet controller has not seen the spec just applied, and the replicas did
+        // not change: a new pod template, whose roll is about to start (not a degradation).
+        _ if !rollout.seen => ClusterPhase::Upgrading,
         Some(ClusterPhase::Upgrading) if !rollout.settled => ClusterPhase::Upgrading,
         _ => ClusterPhase::Degraded,
     }
@@ -399,6 +405,11 @@ mod tests {
             now(),
         );
         assert_eq!(upgrading.phase, Some(ClusterPhase::Upgrading));
+        // Just after a new template is applied, before the StatefulSet controller saw it.
+        let mut new_template = sts(3, 3, 3, ("r1", "r1"));
+        new_template.metadata.generation = Some(3);
+        let about_to_roll = compute(observe(3, Some(&new_template), Some(&running)), now());
+        assert_eq!(about_to_roll.phase, Some(ClusterPhase::Upgrading));
         let degraded = compute(
             observe(3, Some(&sts(3, 3, 2, ("r1", "r1"))), Some(&running)),
             now(),

@@ -1,9 +1,13 @@
 //! Validation (pure): what the API server's schema cannot check, because it needs the live
 //! state of the children or compares several fields.
 //!
-//! A spec that would need a change Kubernetes cannot make in place is refused as a whole:
-//! nothing is applied, the refusal becomes a condition and an Event, and the children stay as
-//! they are until the spec is set back.
+//! Two outcomes besides plain success:
+//! - a change Kubernetes cannot make in place (shrinking volumes, a new major version) is held
+//!   back: validation returns the *effective* spec, which keeps the running value of that field
+//!   and takes everything else from the spec, plus the [`Refusal`]s to report. The cluster keeps
+//!   being reconciled from it, so children deleted or edited meanwhile are still repaired and
+//!   other changes (replicas, resources) still apply.
+//! - a spec that cannot work at all is an [`InvalidSpec`]: nothing is applied.
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -23,7 +27,7 @@ pub struct LiveFacts {
     pub largest_volume_gib: Option<u64>,
 }
 
-/// A spec that can be applied as it stands.
+/// The spec to build the children from.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ValidatedCluster {
     pub name: String,
@@ -41,7 +45,16 @@ pub struct ValidatedCluster {
     pub resources: Option<ResourceRequirements>,
 }
 
-/// Why a spec is not applied.
+/// A valid spec: what to build now, and the changes held back from it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Validation {
+    /// The spec with every refused change replaced by the running value.
+    pub effective: ValidatedCluster,
+    /// Changes that are not made, in the order they were found.
+    pub refusals: Vec<Refusal>,
+}
+
+/// A change that is held back while the cluster keeps running as it is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refusal {
     /// The data volumes would have to shrink, which Kubernetes cannot do.
@@ -54,8 +67,6 @@ pub enum Refusal {
         running: PostgresVersion,
         requested: PostgresVersion,
     },
-    /// Something the schema lets through but that cannot work.
-    InvalidSpec(String),
 }
 
 impl Refusal {
@@ -67,7 +78,6 @@ impl Refusal {
                 "MajorUpgradeNotSupported"
             }
             Self::MajorVersionChange { .. } => "MajorDowngradeNotSupported",
-            Self::InvalidSpec(_) => "InvalidSpec",
         }
     }
 
@@ -78,87 +88,90 @@ impl Refusal {
                 requested_gib,
                 current_gib,
             } => format!(
-                "storage cannot shrink from {current_gib}Gi to {requested_gib}Gi: volumes can only grow; set storage back to at least {current_gib}Gi"
+                "storage cannot shrink from {current_gib}Gi to {requested_gib}Gi: volumes can only grow, so the cluster keeps {current_gib}Gi; set storage back to at least {current_gib}Gi"
             ),
             Self::MajorVersionChange { running, requested } => format!(
                 "PostgreSQL {running} cannot be changed to {requested} in place (the data directory format differs); the cluster keeps running {running}: back up, create a new cluster with version {requested} and restore into it"
             ),
-            Self::InvalidSpec(why) => why.clone(),
         }
-    }
-
-    /// Whether the spec itself is broken (as opposed to a change that is refused while the
-    /// cluster keeps running as it is).
-    pub fn is_invalid_spec(&self) -> bool {
-        matches!(self, Self::InvalidSpec(_))
     }
 }
 
+/// A spec that cannot work at all; the message says which field and why.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidSpec(pub String);
+
 /// Checks `cluster` against the live state in `live`.
-pub fn validate(
-    cluster: &PostgreSQLCluster,
-    live: &LiveFacts,
-) -> Result<ValidatedCluster, Refusal> {
+pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validation, InvalidSpec> {
     let spec = &cluster.spec;
     let namespace = cluster
         .namespace()
-        .ok_or_else(|| Refusal::InvalidSpec("the cluster has no namespace".to_owned()))?;
+        .ok_or_else(|| InvalidSpec("the cluster has no namespace".to_owned()))?;
     let owner = cluster.controller_owner_ref(&()).ok_or_else(|| {
-        Refusal::InvalidSpec("the cluster has no uid yet; it cannot own children".to_owned())
+        InvalidSpec("the cluster has no uid yet; it cannot own children".to_owned())
     })?;
-    let storage_gib = spec
+    let requested_gib = spec
         .storage
         .strip_suffix("Gi")
         .and_then(|n| n.parse::<u64>().ok())
         .filter(|gib| *gib > 0)
         .ok_or_else(|| {
-            Refusal::InvalidSpec(format!(
+            InvalidSpec(format!(
                 "storage {:?} is not a positive whole number of Gi, for example 100Gi",
                 spec.storage
             ))
         })?;
-    if let Some(running) = live.running_version
-        && running != spec.version
-    {
-        return Err(Refusal::MajorVersionChange {
-            running,
-            requested: spec.version,
-        });
+    if let Some(resources) = &spec.resources {
+        check_requests_within_limits(resources)?;
     }
+    let mut refusals = Vec::new();
+    let version = match live.running_version {
+        Some(running) if running != spec.version => {
+            refusals.push(Refusal::MajorVersionChange {
+                running,
+                requested: spec.version,
+            });
+            running
+        }
+        _ => spec.version,
+    };
     let template_gib = live
         .claim_template_storage
         .as_deref()
         .and_then(quantity::gibibytes);
-    let current_gib = template_gib.max(live.largest_volume_gib);
-    if let Some(current_gib) = current_gib
-        && storage_gib < current_gib
-    {
-        return Err(Refusal::StorageShrink {
-            requested_gib: storage_gib,
-            current_gib,
-        });
-    }
-    if let Some(resources) = &spec.resources {
-        check_requests_within_limits(resources)?;
-    }
-    Ok(ValidatedCluster {
+    let storage_gib = match template_gib.max(live.largest_volume_gib) {
+        Some(current_gib) if requested_gib < current_gib => {
+            refusals.push(Refusal::StorageShrink {
+                requested_gib,
+                current_gib,
+            });
+            current_gib
+        }
+        _ => requested_gib,
+    };
+    let effective = ValidatedCluster {
         name: cluster.name_any(),
         namespace,
         owner,
         replicas: spec.replicas,
-        version: spec.version,
+        version,
         storage_gib,
         claim_template_storage: live
             .claim_template_storage
             .clone()
             .unwrap_or_else(|| spec.storage.clone()),
         resources: spec.resources.clone(),
+    };
+    Ok(Validation {
+        effective,
+        refusals,
     })
 }
 
 /// Requests above limits are rejected by the API server when the pod is created, long after
 /// the spec was accepted: catch them here with a message about the cluster's field.
-fn check_requests_within_limits(resources: &ResourceRequirements) -> Result<(), Refusal> {
+fn check_requests_within_limits(resources: &ResourceRequirements) -> Result<(), InvalidSpec> {
     let (Some(requests), Some(limits)) = (&resources.requests, &resources.limits) else {
         return Ok(());
     };
@@ -168,13 +181,13 @@ fn check_requests_within_limits(resources: &ResourceRequirements) -> Result<(), 
         };
         match (quantity::parse(&request.0), quantity::parse(&limit.0)) {
             (Some(r), Some(l)) if r > l => {
-                return Err(Refusal::InvalidSpec(format!(
+                return Err(InvalidSpec(format!(
                     "resources.requests.{resource} ({}) is above resources.limits.{resource} ({})",
                     request.0, limit.0
                 )));
             }
             (None, _) | (_, None) => {
-                return Err(Refusal::InvalidSpec(format!(
+                return Err(InvalidSpec(format!(
                     "resources.{resource}: {:?} or {:?} is not a quantity",
                     request.0, limit.0
                 )));
@@ -202,8 +215,11 @@ mod tests {
 
     #[test]
     fn a_new_cluster_is_valid_and_its_template_gets_the_requested_size() {
-        let valid = validate(&cluster(SAMPLE), &LiveFacts::default()).expect("valid");
+        let validation = validate(&cluster(SAMPLE), &LiveFacts::default()).expect("valid");
+        assert!(validation.refusals.is_empty());
+        let valid = validation.effective;
         assert_eq!(valid.replicas, 3);
+        assert_eq!(valid.version, PostgresVersion::V16);
         assert_eq!(valid.storage_gib, 100);
         assert_eq!(valid.claim_template_storage, "100Gi");
         assert_eq!(valid.namespace, "default");
@@ -219,23 +235,38 @@ mod tests {
             claim_template_storage: Some("100Gi".to_owned()),
             largest_volume_gib: Some(100),
         };
-        let valid = validate(&grown, &live).expect("valid");
-        assert_eq!(valid.storage_gib, 200);
-        assert_eq!(valid.claim_template_storage, "100Gi");
+        let validation = validate(&grown, &live).expect("valid");
+        assert!(validation.refusals.is_empty());
+        assert_eq!(validation.effective.storage_gib, 200);
+        assert_eq!(validation.effective.claim_template_storage, "100Gi");
     }
 
     #[test]
-    fn shrinking_storage_is_refused() {
+    fn shrinking_storage_is_held_back_at_the_current_size() {
         let mut shrunk = cluster(SAMPLE);
         shrunk.spec.storage = "50Gi".to_owned();
+        shrunk.spec.replicas = 5;
         let live = LiveFacts {
             claim_template_storage: Some("100Gi".to_owned()),
             ..LiveFacts::default()
         };
-        let refusal = validate(&shrunk, &live).expect_err("refused");
+        let validation = validate(&shrunk, &live).expect("valid");
+        assert_eq!(
+            validation.refusals,
+            vec![Refusal::StorageShrink {
+                requested_gib: 50,
+                current_gib: 100
+            }]
+        );
+        let refusal = &validation.refusals[0];
         assert_eq!(refusal.reason(), "StorageShrinkRefused");
         assert!(refusal.message().contains("100Gi"), "{}", refusal.message());
-        // Volumes already expanded beyond the template count too.
+        assert_eq!(validation.effective.storage_gib, 100);
+        assert_eq!(validation.effective.claim_template_storage, "100Gi");
+        // The rest of the spec still applies.
+        assert_eq!(validation.effective.replicas, 5);
+
+        // Volumes already expanded beyond the template count too, and are kept at their size.
         let mut below_volumes = cluster(SAMPLE);
         below_volumes.spec.storage = "150Gi".to_owned();
         let expanded = LiveFacts {
@@ -243,28 +274,64 @@ mod tests {
             largest_volume_gib: Some(200),
             ..LiveFacts::default()
         };
-        assert_eq!(
-            validate(&below_volumes, &expanded)
-                .expect_err("refused")
-                .reason(),
-            "StorageShrinkRefused"
-        );
+        let validation = validate(&below_volumes, &expanded).expect("valid");
+        assert_eq!(validation.refusals[0].reason(), "StorageShrinkRefused");
+        assert_eq!(validation.effective.storage_gib, 200);
     }
 
     #[test]
-    fn a_major_version_change_is_refused() {
+    fn a_major_version_change_is_held_back_at_the_running_version() {
         let mut upgraded = cluster(SAMPLE);
         upgraded.spec.version = PostgresVersion::V17;
+        upgraded.spec.replicas = 2;
         let live = LiveFacts {
             running_version: Some(PostgresVersion::V16),
             ..LiveFacts::default()
         };
-        let refusal = validate(&upgraded, &live).expect_err("refused");
+        let validation = validate(&upgraded, &live).expect("valid");
+        assert_eq!(validation.refusals.len(), 1, "{:?}", validation.refusals);
+        let refusal = &validation.refusals[0];
         assert_eq!(refusal.reason(), "MajorUpgradeNotSupported");
         assert!(
             refusal.message().contains("keeps running 16"),
             "{}",
             refusal.message()
+        );
+        assert_eq!(validation.effective.version, PostgresVersion::V16);
+        assert_eq!(validation.effective.replicas, 2);
+
+        let mut downgraded = cluster(SAMPLE);
+        downgraded.spec.version = PostgresVersion::V15;
+        let validation = validate(&downgraded, &live).expect("valid");
+        assert_eq!(
+            validation.refusals[0].reason(),
+            "MajorDowngradeNotSupported"
+        );
+        assert_eq!(validation.effective.version, PostgresVersion::V16);
+    }
+
+    #[test]
+    fn both_refusals_are_reported_together() {
+        let mut both = cluster(SAMPLE);
+        both.spec.version = PostgresVersion::V17;
+        both.spec.storage = "10Gi".to_owned();
+        let live = LiveFacts {
+            running_version: Some(PostgresVersion::V16),
+            claim_template_storage: Some("100Gi".to_owned()),
+            largest_volume_gib: Some(100),
+        };
+        let validation = validate(&both, &live).expect("valid");
+        let reasons: Vec<_> = validation.refusals.iter().map(Refusal::reason).collect();
+        assert_eq!(
+            reasons,
+            ["MajorUpgradeNotSupported", "StorageShrinkRefused"]
+        );
+        assert_eq!(
+            (
+                validation.effective.version,
+                validation.effective.storage_gib
+            ),
+            (PostgresVersion::V16, 100)
         );
     }
 
@@ -281,12 +348,11 @@ mod tests {
             "memory".to_owned(),
             k8s_openapi::apimachinery::pkg::api::resource::Quantity("64Mi".to_owned()),
         );
-        let refusal = validate(&greedy, &LiveFacts::default()).expect_err("refused");
-        assert!(refusal.is_invalid_spec());
+        let invalid = validate(&greedy, &LiveFacts::default()).expect_err("invalid");
         assert!(
-            refusal.message().contains("resources.requests.memory"),
+            invalid.0.contains("resources.requests.memory"),
             "{}",
-            refusal.message()
+            invalid.0
         );
     }
 }

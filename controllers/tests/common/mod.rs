@@ -111,8 +111,10 @@ pub struct Running {
     pub namespace: TestNamespace,
     /// Admin client for the test's own reads and writes (not counted).
     pub client: Client,
-    /// Requests of the controllers' client.
+    /// Requests of the controllers' client (of the current run, after a restart).
     pub counts: Arc<RequestCounts>,
+    env: TestEnv,
+    settings: Settings,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -125,16 +127,39 @@ impl Running {
         let client = env.kube_client().await;
         install_crds(&client).await;
         let namespace = TestNamespace::create(&client, prefix).await;
-        let (controller_client, counts) = counting_client(&env).await;
         let settings = Settings {
             watch_namespaces: vec![namespace.name().to_owned()],
             resync_interval,
             ..Settings::default()
         };
+        let mut running = Running {
+            namespace,
+            client,
+            counts: Arc::default(),
+            env,
+            settings,
+            stop: None,
+            task: None,
+        };
+        running.spawn_controllers().await;
+        Some(running)
+    }
+
+    /// Stops the controllers and starts them again with `change` applied to their settings, as
+    /// an operator upgrade or a new manager flag would; the namespace and its objects stay.
+    pub async fn restart_with(&mut self, change: impl FnOnce(&mut Settings)) {
+        self.stop_controllers().await;
+        change(&mut self.settings);
+        self.spawn_controllers().await;
+    }
+
+    /// Starts the controllers with a fresh counting client and waits until they are ready.
+    async fn spawn_controllers(&mut self) {
+        let (controller_client, counts) = counting_client(&self.env).await;
         let mut registry = prometheus_client::registry::Registry::default();
         let context = Context {
             client: controller_client,
-            settings: Arc::new(settings),
+            settings: Arc::new(self.settings.clone()),
             metrics: Arc::new(Metrics::register(&mut registry)),
         };
         let (stop, stopped) = oneshot::channel::<()>();
@@ -154,13 +179,19 @@ impl Running {
             .await
             .expect("controllers ready within 60s")
             .expect("on_ready called");
-        Some(Running {
-            namespace,
-            client,
-            counts,
-            stop: Some(stop),
-            task: Some(task),
-        })
+        self.counts = counts;
+        self.stop = Some(stop);
+        self.task = Some(task);
+    }
+
+    /// Asks the controllers to stop and waits (a bounded time) for them to finish.
+    async fn stop_controllers(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
+        }
     }
 
     pub fn clusters(&self) -> Api<PostgreSQLCluster> {
@@ -235,12 +266,7 @@ impl Running {
         if let Err(error) = gone {
             eprintln!("warning: {error:#}");
         }
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(task) = self.task.take() {
-            let _ = tokio::time::timeout(Duration::from_secs(30), task).await;
-        }
+        self.stop_controllers().await;
         self.namespace.cleanup().await;
     }
 }

@@ -1,0 +1,117 @@
+//! The manifests in `deploy/` are real: the API server accepts the namespace and RBAC objects,
+//! and a manager that authenticates as the `pgkube` ServiceAccount, with only the rights that
+//! `deploy/rbac.yaml` grants, wins its Lease and brings a cluster to Running without being
+//! refused anything.
+
+mod manager_common;
+
+use std::time::Duration;
+
+use kube::api::{Api, PostParams};
+use manager_common::{Manager, install_crds};
+use pgkube_crds::{ClusterPhase, PostgreSQLCluster};
+use pgkube_testkit::{TestEnv, TestNamespace, testbed, wait_until};
+
+const DEPLOY_NAMESPACE: &str = "pgkube-system";
+
+fn kubectl_ok(env: &TestEnv, args: &[&str]) -> String {
+    let output = env.kubectl().args(args).output().expect("kubectl runs");
+    assert!(
+        output.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("kubectl prints UTF-8")
+}
+
+/// A kubeconfig for the admin's cluster whose only credential is `token`.
+fn kubeconfig_with_token(env: &TestEnv, token: &str, path: &std::path::Path) {
+    let admin = kubectl_ok(env, &["config", "view", "--raw", "--minify", "--flatten"]);
+    let mut config: serde_yaml::Value = serde_yaml::from_str(&admin).expect("kubeconfig YAML");
+    let user = &mut config["users"][0]["user"];
+    *user = serde_yaml::from_str(&format!("token: {token}")).expect("token YAML");
+    std::fs::write(
+        path,
+        serde_yaml::to_string(&config).expect("kubeconfig serializes"),
+    )
+    .expect("kubeconfig written");
+}
+
+#[tokio::test]
+async fn the_manager_runs_with_only_the_rights_of_deploy_rbac() {
+    let Some(env) = testbed() else { return };
+    install_crds(&env);
+    let root = env!("CARGO_MANIFEST_DIR");
+    kubectl_ok(
+        &env,
+        &["apply", "-f", &format!("{root}/deploy/namespace.yaml")],
+    );
+    kubectl_ok(&env, &["apply", "-f", &format!("{root}/deploy/rbac.yaml")]);
+    let token = kubectl_ok(&env, &["create", "token", "pgkube", "-n", DEPLOY_NAMESPACE]);
+    let dir = std::env::temp_dir().join(format!("pgkube-rbac-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let kubeconfig = dir.join("kubeconfig");
+    kubeconfig_with_token(&env, token.trim(), &kubeconfig);
+
+    let client = env.kube_client().await;
+    let namespace = TestNamespace::create(&client, "deploy-rbac").await;
+    let lease_id = format!("pgkube-rbac-{}", std::process::id());
+    let mut manager = Manager::start_with_env(
+        &env,
+        "manager-rbac",
+        &[
+            "--watch-namespaces",
+            namespace.name(),
+            "--leader-elect",
+            "--leader-elect-namespace",
+            DEPLOY_NAMESPACE,
+            "--leader-elect-id",
+            &lease_id,
+        ],
+        &[("KUBECONFIG", kubeconfig.to_str().expect("UTF-8 path"))],
+    );
+
+    let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), namespace.name());
+    let cluster: PostgreSQLCluster = serde_json::from_value(serde_json::json!({
+        "apiVersion": "db.example.com/v1alpha1",
+        "kind": "PostgreSQLCluster",
+        "metadata": { "name": "rbac" },
+        "spec": { "replicas": 2, "version": "16", "storage": "1Gi" },
+    }))
+    .expect("a valid cluster");
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("cluster created");
+    let reached = wait_until(
+        "the cluster to be Running",
+        Duration::from_secs(90),
+        || async {
+            let phase = clusters.get("rbac").await?.status.and_then(|s| s.phase);
+            Ok((phase == Some(ClusterPhase::Running)).then_some(()))
+        },
+    )
+    .await;
+    let output = manager.output().join("\n");
+    reached.unwrap_or_else(|error| panic!("{error}\nmanager output:\n{output}"));
+    assert!(
+        !output.to_lowercase().contains("forbidden"),
+        "the manager was refused something:\n{output}"
+    );
+
+    manager.terminate();
+    assert_eq!(manager.exit_code(Duration::from_secs(30)).await, Some(0));
+    kubectl_ok(
+        &env,
+        &[
+            "delete",
+            "lease",
+            &lease_id,
+            "-n",
+            DEPLOY_NAMESPACE,
+            "--ignore-not-found",
+        ],
+    );
+    std::fs::remove_dir_all(&dir).ok();
+    namespace.cleanup().await;
+}
