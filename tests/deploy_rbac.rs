@@ -7,10 +7,10 @@ mod manager_common;
 
 use std::time::Duration;
 
-use kube::api::{Api, PostParams};
-use manager_common::{Manager, install_crds};
-use pgkube_crds::{ClusterPhase, PostgreSQLCluster};
-use pgkube_testkit::{TestEnv, TestNamespace, testbed, wait_until};
+use kube::api::Api;
+use manager_common::{Manager, create_cluster, install_crds, wait_until_running};
+use pgkube_crds::PostgreSQLCluster;
+use pgkube_testkit::{TestEnv, TestNamespace, testbed};
 
 const DEPLOY_NAMESPACE: &str = "pgkube-system";
 
@@ -72,26 +72,8 @@ async fn the_manager_runs_with_only_the_rights_of_deploy_rbac() {
     );
 
     let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), namespace.name());
-    let cluster: PostgreSQLCluster = serde_json::from_value(serde_json::json!({
-        "apiVersion": "db.example.com/v1alpha1",
-        "kind": "PostgreSQLCluster",
-        "metadata": { "name": "rbac" },
-        "spec": { "replicas": 2, "version": "16", "storage": "1Gi" },
-    }))
-    .expect("a valid cluster");
-    clusters
-        .create(&PostParams::default(), &cluster)
-        .await
-        .expect("cluster created");
-    let reached = wait_until(
-        "the cluster to be Running",
-        Duration::from_secs(90),
-        || async {
-            let phase = clusters.get("rbac").await?.status.and_then(|s| s.phase);
-            Ok((phase == Some(ClusterPhase::Running)).then_some(()))
-        },
-    )
-    .await;
+    create_cluster(&clusters, "rbac", 2).await;
+    let reached = wait_until_running(&clusters, "rbac").await;
     let output = manager.output().join("\n");
     reached.unwrap_or_else(|error| panic!("{error}\nmanager output:\n{output}"));
     assert!(

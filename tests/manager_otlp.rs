@@ -15,10 +15,10 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;
-use kube::api::{Api, PostParams};
-use manager_common::{Manager, install_crds};
-use pgkube_crds::{ClusterPhase, PostgreSQLCluster};
-use pgkube_testkit::{TestNamespace, testbed, wait_until};
+use kube::api::Api;
+use manager_common::{Manager, create_cluster, install_crds, wait_until_running};
+use pgkube_crds::PostgreSQLCluster;
+use pgkube_testkit::{TestNamespace, testbed};
 
 type Received = Arc<Mutex<Vec<Bytes>>>;
 
@@ -68,27 +68,10 @@ async fn reconcile_traces_are_exported_by_otlp_and_flushed_on_sigterm() {
     );
 
     let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), namespace.name());
-    let cluster: PostgreSQLCluster = serde_json::from_value(serde_json::json!({
-        "apiVersion": "db.example.com/v1alpha1",
-        "kind": "PostgreSQLCluster",
-        "metadata": { "name": "traced" },
-        "spec": { "replicas": 1, "version": "16", "storage": "1Gi" },
-    }))
-    .expect("a valid cluster");
-    clusters
-        .create(&PostParams::default(), &cluster)
+    create_cluster(&clusters, "traced", 1).await;
+    wait_until_running(&clusters, "traced")
         .await
-        .expect("cluster created");
-    wait_until(
-        "the cluster to be Running",
-        Duration::from_secs(90),
-        || async {
-            let phase = clusters.get("traced").await?.status.and_then(|s| s.phase);
-            Ok((phase == Some(ClusterPhase::Running)).then_some(()))
-        },
-    )
-    .await
-    .expect("cluster Running");
+        .expect("cluster Running");
 
     manager.terminate();
     let code = manager.exit_code(Duration::from_secs(30)).await;

@@ -6,8 +6,8 @@ mod manager_common;
 use std::process::Command;
 use std::time::Duration;
 
-use kube::api::{Api, PostParams};
-use manager_common::{Manager, http_get, install_crds};
+use kube::api::Api;
+use manager_common::{Manager, create_cluster, http_get, install_crds};
 use pgkube_crds::PostgreSQLCluster;
 use pgkube_testkit::{TestNamespace, testbed, wait_until};
 
@@ -50,7 +50,8 @@ async fn serves_probes_and_metrics_then_stops_on_sigterm() {
 
     // The reconcile metrics get their series with the first reconcile: give the manager a
     // cluster to reconcile and wait for both metrics to count it.
-    create_cluster(&client, namespace.name()).await;
+    let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), namespace.name());
+    create_cluster(&clusters, "metrics", 1).await;
     let body = wait_until(
         "both reconcile metrics to count the cluster's reconciles",
         Duration::from_secs(60),
@@ -80,21 +81,6 @@ async fn serves_probes_and_metrics_then_stops_on_sigterm() {
     let code = manager.exit_code(Duration::from_secs(20)).await;
     assert_eq!(code, Some(0), "output:\n{}", manager.output().join("\n"));
     namespace.cleanup().await;
-}
-
-async fn create_cluster(client: &kube::Client, namespace: &str) {
-    let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), namespace);
-    let cluster: PostgreSQLCluster = serde_json::from_value(serde_json::json!({
-        "apiVersion": "db.example.com/v1alpha1",
-        "kind": "PostgreSQLCluster",
-        "metadata": { "name": "metrics" },
-        "spec": { "replicas": 1, "version": "16", "storage": "1Gi" },
-    }))
-    .expect("a valid cluster");
-    clusters
-        .create(&PostParams::default(), &cluster)
-        .await
-        .expect("cluster created");
 }
 
 #[test]

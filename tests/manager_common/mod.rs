@@ -9,6 +9,8 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use kube::api::{Api, PostParams};
+use pgkube_crds::{ClusterPhase, PostgreSQLCluster};
 use pgkube_testkit::{TestEnv, wait_until};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -31,6 +33,41 @@ pub fn install_crds(env: &TestEnv) {
         "installing the CRDs failed: {}",
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// Creates a small PostgreSQLCluster `name` (PostgreSQL 16, 1Gi) for a manager to reconcile.
+pub async fn create_cluster(
+    clusters: &Api<PostgreSQLCluster>,
+    name: &str,
+    replicas: i32,
+) -> PostgreSQLCluster {
+    let cluster: PostgreSQLCluster = serde_json::from_value(serde_json::json!({
+        "apiVersion": "db.example.com/v1alpha1",
+        "kind": "PostgreSQLCluster",
+        "metadata": { "name": name },
+        "spec": { "replicas": replicas, "version": "16", "storage": "1Gi" },
+    }))
+    .expect("a valid cluster");
+    clusters
+        .create(&PostParams::default(), &cluster)
+        .await
+        .expect("cluster created")
+}
+
+/// Waits until the cluster `name` reports phase Running.
+pub async fn wait_until_running(
+    clusters: &Api<PostgreSQLCluster>,
+    name: &str,
+) -> anyhow::Result<()> {
+    wait_until(
+        &format!("cluster {name} to be Running"),
+        Duration::from_secs(90),
+        || async {
+            let phase = clusters.get(name).await?.status.and_then(|s| s.phase);
+            Ok((phase == Some(ClusterPhase::Running)).then_some(()))
+        },
+    )
+    .await
 }
 
 /// A running `pgkube run` process.
