@@ -69,15 +69,8 @@ impl LiveChildren {
                 .volume_claim_templates
                 .as_ref()?
                 .iter()
-                .find(|claim| claim.metadata.name.as_deref() == Some(DATA_VOLUME))?
-                .spec
-                .as_ref()?
-                .resources
-                .as_ref()?
-                .requests
-                .as_ref()?
-                .get("storage")
-                .map(|quantity| quantity.0.clone())
+                .find(|claim| claim.metadata.name.as_deref() == Some(DATA_VOLUME))
+                .and_then(claim_request)
         });
         let largest_volume_gib = self
             .data_claims
