@@ -12,7 +12,7 @@ use super::error::AgentError;
 use super::manifest::{
     DATABASE_FORMAT, DatabaseObject, GLOBALS_FORMAT, MANIFEST_VERSION, Manifest, StoredObject,
 };
-use super::multipart::MultipartUpload;
+use super::multipart::{MultipartUpload, PartBuffers};
 use super::postgres::{Postgres, conninfo_for};
 use super::report::Report;
 use super::storage::{Store, s3_error};
@@ -52,8 +52,9 @@ pub struct BackupArgs {
 struct Dumper {
     store: Store,
     postgres: Postgres,
-    part_size: usize,
     parts_in_flight: usize,
+    /// One pool for the whole backup: every object's parts go through the same buffers.
+    buffers: PartBuffers,
 }
 
 pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
@@ -73,12 +74,14 @@ pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
         "starting backup"
     );
 
-    let dumper = Dumper {
+    let part_size = usize::try_from(args.part_size_mib * MIB)
+        .map_err(|_| AgentError::Settings("--part-size-mib is too large".into()))?;
+    let parts_in_flight = usize::try_from(args.parts_in_flight).unwrap_or(1);
+    let mut dumper = Dumper {
         store: store.clone(),
         postgres,
-        part_size: usize::try_from(args.part_size_mib * MIB)
-            .map_err(|_| AgentError::Settings("--part-size-mib is too large".into()))?,
-        parts_in_flight: usize::try_from(args.parts_in_flight).unwrap_or(1),
+        parts_in_flight,
+        buffers: PartBuffers::new(part_size, parts_in_flight),
     };
     let globals = dumper.dump_globals().await?;
     let mut dumped = Vec::with_capacity(databases.len());
@@ -99,7 +102,12 @@ pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
         databases: dumped,
     };
     let manifest_sha256 = write_manifest(&store, &manifest_key, &manifest).await?;
-    info!(backup = %manifest.backup_name, size = manifest.total_size(), "backup completed");
+    info!(
+        backup = %manifest.backup_name,
+        size = manifest.total_size(),
+        part_buffers = dumper.buffers.allocated(),
+        "backup completed"
+    );
     Ok(Report {
         backup_name: Some(manifest.backup_name.clone()),
         manifest_key: Some(manifest_key),
@@ -121,7 +129,7 @@ pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
 }
 
 impl Dumper {
-    async fn dump_globals(&self) -> Result<StoredObject, AgentError> {
+    async fn dump_globals(&mut self) -> Result<StoredObject, AgentError> {
         let mut command = self.postgres.command("pg_dumpall");
         command
             .args(["--globals-only", "--no-password", "--dbname"])
@@ -132,7 +140,7 @@ impl Dumper {
             .await
     }
 
-    async fn dump_database(&self, database: &str) -> Result<DatabaseObject, AgentError> {
+    async fn dump_database(&mut self, database: &str) -> Result<DatabaseObject, AgentError> {
         let mut command = self.postgres.command("pg_dump");
         command
             .args(["--format=custom", "--no-password", "--dbname"])
@@ -153,22 +161,23 @@ impl Dumper {
     /// successfully (a dump killed mid-stream ends its output like a finished one); on any error
     /// the upload is aborted and the tool, if still running, is killed.
     async fn stream_to_object(
-        &self,
+        &mut self,
         program: &str,
         mut command: Command,
         key: &str,
         format: &str,
     ) -> Result<StoredObject, AgentError> {
-        let upload =
-            MultipartUpload::create(&self.store, key, self.part_size, self.parts_in_flight).await?;
+        let upload = MultipartUpload::create(&self.store, key, self.parts_in_flight).await?;
+        let postgres = &self.postgres;
+        let buffers = &mut self.buffers;
         let sent = async {
             command.stdout(std::process::Stdio::piped());
-            let mut tool = self.postgres.spawn(program, command)?;
+            let mut tool = postgres.spawn(program, command)?;
             let mut stdout = tool.child.stdout.take().ok_or_else(|| AgentError::Tool {
                 program: program.to_string(),
                 reason: "its stdout is not captured".into(),
             })?;
-            let sent = upload.send(&mut stdout).await?;
+            let sent = upload.send(&mut stdout, buffers).await?;
             tool.finish().await?;
             Ok(sent)
         }

@@ -2,8 +2,10 @@
 //!
 //! Memory stays bounded whatever the stream's length: one part is being filled from the reader
 //! while at most `parts_in_flight` earlier parts are being uploaded, so the agent holds at most
-//! `(parts_in_flight + 1) * part_size` bytes of data. The SHA-256 and the byte count are computed
-//! on the fly, in stream order.
+//! `(parts_in_flight + 1) * part_size` bytes of data. Those buffers come from a [`PartBuffers`]
+//! pool and are reused from part to part and object to object, so the part memory is allocated
+//! once per backup, not once per part. The SHA-256 and the byte count are computed on the fly, in
+//! stream order.
 //!
 //! The caller decides whether the upload is kept: [`MultipartUpload::send`] only uploads parts,
 //! [`MultipartUpload::complete`] makes the object visible and checks its stored size, and
@@ -13,7 +15,7 @@
 
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
-use bytes::BytesMut;
+use bytes::{BufMut, Bytes, BytesMut};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::task::JoinSet;
@@ -25,6 +27,66 @@ use super::storage::{Store, s3_error};
 /// S3's limits: every part but the last is at least 5 MiB, and an upload has at most 10,000.
 pub const MIN_PART_SIZE: usize = 5 * 1024 * 1024;
 const MAX_PARTS: i32 = 10_000;
+
+/// The part buffers of a backup, reused from one part (and one object) to the next.
+///
+/// Why a pool: a fresh part-sized buffer per part, filled on one worker thread and freed on
+/// another after its upload, left the allocator's per-thread arenas holding freed part-sized
+/// chunks, and the agent's peak RSS crept up with the number of parts. With a pool the same
+/// `parts_in_flight + 1` buffers carry every part.
+pub struct PartBuffers {
+    part_size: usize,
+    keep: usize,
+    free: Vec<BytesMut>,
+    allocated: usize,
+}
+
+impl PartBuffers {
+    /// A pool of `part_size` buffers (raised to S3's minimum), enough for `parts_in_flight`
+    /// uploads plus the part being filled.
+    pub fn new(part_size: usize, parts_in_flight: usize) -> Self {
+        let keep = parts_in_flight.max(1) + 1;
+        Self {
+            part_size: part_size.max(MIN_PART_SIZE),
+            keep,
+            free: Vec::with_capacity(keep),
+            allocated: 0,
+        }
+    }
+
+    pub fn part_size(&self) -> usize {
+        self.part_size
+    }
+
+    /// How many buffers were allocated so far: with every buffer returned, never more than
+    /// `parts_in_flight + 1`, however many parts went through.
+    pub fn allocated(&self) -> usize {
+        self.allocated
+    }
+
+    /// An empty buffer with room for one whole part.
+    fn take(&mut self) -> BytesMut {
+        self.free.pop().unwrap_or_else(|| {
+            self.allocated += 1;
+            BytesMut::with_capacity(self.part_size)
+        })
+    }
+
+    /// Takes an uploaded part back for reuse. The SDK has dropped its copies by the time the
+    /// upload returns, so the part is normally unique; if something still holds it, it is left
+    /// to be freed and a new buffer is allocated later.
+    fn recycle(&mut self, part: Bytes) {
+        if self.free.len() >= self.keep {
+            return;
+        }
+        if let Ok(mut buffer) = part.try_into_mut()
+            && buffer.capacity() >= self.part_size
+        {
+            buffer.clear();
+            self.free.push(buffer);
+        }
+    }
+}
 
 /// How the stream was cut up and what it contained.
 #[derive(Debug)]
@@ -40,7 +102,6 @@ pub struct MultipartUpload {
     store: Store,
     key: String,
     upload_id: String,
-    part_size: usize,
     parts_in_flight: usize,
 }
 
@@ -48,7 +109,6 @@ impl MultipartUpload {
     pub async fn create(
         store: &Store,
         key: &str,
-        part_size: usize,
         parts_in_flight: usize,
     ) -> Result<Self, AgentError> {
         let mut request = store
@@ -76,16 +136,16 @@ impl MultipartUpload {
             store: store.clone(),
             key: key.to_string(),
             upload_id: upload_id.to_string(),
-            part_size: part_size.max(MIN_PART_SIZE),
             parts_in_flight: parts_in_flight.max(1),
         })
     }
 
-    /// Uploads the whole stream as parts. On error the parts still in flight are cancelled; the
-    /// caller must then `abort`.
+    /// Uploads the whole stream as parts cut to the pool's part size. On error the parts still
+    /// in flight are cancelled; the caller must then `abort`.
     pub async fn send<R: AsyncRead + Unpin>(
         &self,
         reader: &mut R,
+        buffers: &mut PartBuffers,
     ) -> Result<SentStream, AgentError> {
         let mut hasher = Sha256::new();
         let mut size = 0u64;
@@ -94,8 +154,10 @@ impl MultipartUpload {
         let mut uploads = JoinSet::new();
         let mut part_number = 0i32;
         loop {
-            let data = self.read_part(reader, &mut hasher).await?;
-            let at_end = data.len() < self.part_size;
+            let data = self
+                .read_part(reader, &mut hasher, buffers.take(), buffers.part_size())
+                .await?;
+            let at_end = data.len() < buffers.part_size();
             // An empty stream still needs one (empty) part; otherwise skip the empty tail.
             if data.is_empty() && part_number > 0 {
                 break;
@@ -109,7 +171,7 @@ impl MultipartUpload {
             }
             size += data.len() as u64;
             while uploads.len() >= self.parts_in_flight {
-                parts.push(self.next_finished(&mut uploads).await?);
+                parts.push(self.next_finished(&mut uploads, buffers).await?);
             }
             uploads.spawn(upload_part(
                 self.store.clone(),
@@ -123,7 +185,7 @@ impl MultipartUpload {
             }
         }
         while !uploads.is_empty() {
-            parts.push(self.next_finished(&mut uploads).await?);
+            parts.push(self.next_finished(&mut uploads, buffers).await?);
         }
         parts.sort_by_key(|part| part.part_number());
         Ok(SentStream {
@@ -189,20 +251,21 @@ impl MultipartUpload {
         }
     }
 
-    /// Fills one part, or less at the end of the stream, hashing each read as it arrives: the
-    /// bytes are hashed while still in cache, and the reader never stops draining the pipe for
-    /// a whole part's hash (the writer blocks as soon as the pipe's 64 KiB are full).
+    /// Fills `data` with one part, or less at the end of the stream, hashing each read as it
+    /// arrives: the bytes are hashed while still in cache, and the reader never stops draining
+    /// the pipe for a whole part's hash (the writer blocks as soon as the pipe's 64 KiB are full).
     async fn read_part<R: AsyncRead + Unpin>(
         &self,
         reader: &mut R,
         hasher: &mut Sha256,
+        mut data: BytesMut,
+        part_size: usize,
     ) -> Result<BytesMut, AgentError> {
-        let mut data = BytesMut::with_capacity(self.part_size);
-        while data.len() < self.part_size {
+        // `read_buf` fills the spare capacity; limiting it keeps a part at exactly part_size.
+        while data.len() < part_size {
             let start = data.len();
-            // `read_buf` never reads past the capacity, so a part never grows beyond part_size.
             let read = reader
-                .read_buf(&mut data)
+                .read_buf(&mut (&mut data).limit(part_size))
                 .await
                 .map_err(|source| AgentError::Stream {
                     key: self.key.clone(),
@@ -216,12 +279,18 @@ impl MultipartUpload {
         Ok(data)
     }
 
+    /// Waits for the next upload to end and takes its buffer back.
     async fn next_finished(
         &self,
-        uploads: &mut JoinSet<Result<CompletedPart, AgentError>>,
+        uploads: &mut JoinSet<Result<(CompletedPart, Bytes), AgentError>>,
+        buffers: &mut PartBuffers,
     ) -> Result<CompletedPart, AgentError> {
         match uploads.join_next().await {
-            Some(Ok(result)) => result,
+            Some(Ok(Ok((part, data)))) => {
+                buffers.recycle(data);
+                Ok(part)
+            }
+            Some(Ok(Err(error))) => Err(error),
             Some(Err(join_error)) => Err(AgentError::S3 {
                 operation: "UploadPart",
                 key: self.key.clone(),
@@ -241,8 +310,8 @@ async fn upload_part(
     key: String,
     upload_id: String,
     part_number: i32,
-    data: bytes::Bytes,
-) -> Result<CompletedPart, AgentError> {
+    data: Bytes,
+) -> Result<(CompletedPart, Bytes), AgentError> {
     let length = data.len();
     // A `Bytes` body can be replayed, so the SDK's retries resend the part as is.
     let request = store
@@ -253,7 +322,7 @@ async fn upload_part(
         .upload_id(&upload_id)
         .part_number(part_number)
         .content_length(i64::try_from(length).unwrap_or(i64::MAX))
-        .body(ByteStream::from(data));
+        .body(ByteStream::from(data.clone()));
     let sent = if store.sign_payloads {
         request.send().await
     } else {
@@ -261,8 +330,105 @@ async fn upload_part(
     };
     let uploaded = sent.map_err(|error| s3_error("UploadPart", &key, error))?;
     debug!(%key, part_number, length, "part uploaded");
-    Ok(CompletedPart::builder()
+    let part = CompletedPart::builder()
         .part_number(part_number)
         .set_e_tag(uploaded.e_tag().map(str::to_string))
-        .build())
+        .build();
+    // The request, and with it the SDK's copy of the body, is gone: hand the buffer back.
+    Ok((part, data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: usize = 1024 * 1024;
+
+    #[test]
+    fn a_returned_part_is_reused_and_a_part_still_shared_is_not() {
+        let mut buffers = PartBuffers::new(MIN_PART_SIZE, 1);
+        let mut first = buffers.take();
+        first.put_slice(b"part one");
+        let address = first.as_ptr();
+        buffers.recycle(first.freeze());
+        let reused = buffers.take();
+        assert_eq!(reused.as_ptr(), address, "the same allocation comes back");
+        assert!(reused.is_empty());
+        assert_eq!(buffers.allocated(), 1);
+
+        let shared = reused.freeze();
+        let still_held = shared.clone();
+        buffers.recycle(shared);
+        let fresh = buffers.take();
+        assert_ne!(
+            fresh.as_ptr(),
+            still_held.as_ptr(),
+            "a shared part is never handed out"
+        );
+        assert_eq!(buffers.allocated(), 2);
+    }
+
+    #[test]
+    fn the_pool_keeps_no_more_than_it_can_use() {
+        let mut buffers = PartBuffers::new(MIN_PART_SIZE, 2);
+        let taken: Vec<Bytes> = (0..5).map(|_| buffers.take().freeze()).collect();
+        for part in taken {
+            buffers.recycle(part);
+        }
+        assert_eq!(
+            buffers.free.len(),
+            3,
+            "parts in flight plus the one being filled"
+        );
+    }
+
+    /// Against the test bed's S3 server: the SDK lets go of every part once its upload returns,
+    /// so a stream of many parts goes through `parts_in_flight + 1` buffers, and the object
+    /// stored is the stream.
+    #[tokio::test]
+    async fn a_stream_of_many_parts_reuses_the_same_few_buffers() {
+        let Some(env) = pgkube_testkit::testbed() else {
+            return;
+        };
+        let bucket = pgkube_testkit::TestBucket::create(&env, "multipart").await;
+        let store = Store::for_tests(bucket.client(), bucket.name(), "pool");
+        let stream: Vec<u8> = (0..(8 * MIN_PART_SIZE + MIB / 3))
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let key = store.database_key("pool");
+        let parts_in_flight = 2;
+        let mut buffers = PartBuffers::new(MIN_PART_SIZE, parts_in_flight);
+
+        let upload = MultipartUpload::create(&store, &key, parts_in_flight)
+            .await
+            .expect("create");
+        let sent = upload
+            .send(&mut stream.as_slice(), &mut buffers)
+            .await
+            .expect("send");
+        assert_eq!(sent.parts.len(), 9);
+        let (size, sha256) = upload.complete(sent).await.expect("complete");
+
+        assert_eq!(size, stream.len() as u64);
+        assert_eq!(sha256, hex::encode(Sha256::digest(&stream)));
+        assert_eq!(buffers.allocated(), parts_in_flight + 1);
+        let stored = bucket
+            .client()
+            .get_object()
+            .bucket(bucket.name())
+            .key(&key)
+            .send()
+            .await
+            .expect("get")
+            .body
+            .collect()
+            .await
+            .expect("body")
+            .into_bytes();
+        assert!(
+            stored == stream.as_slice(),
+            "the stored object is the stream"
+        );
+        bucket.cleanup().await;
+    }
 }

@@ -112,6 +112,18 @@ impl Store {
         })
     }
 
+    /// A store over a ready client, for tests that talk to the test bed's S3 server.
+    #[cfg(test)]
+    pub fn for_tests(client: Client, bucket: &str, backup_name: &str) -> Self {
+        Self {
+            client,
+            bucket: bucket.to_string(),
+            encryption: Encryption::default(),
+            sign_payloads: true,
+            backup_root: backup_root("", backup_name),
+        }
+    }
+
     pub fn manifest_key(&self) -> String {
         format!("{}/manifest.json", self.backup_root)
     }
