@@ -105,7 +105,10 @@ pub fn run(command: AgentCommand) -> anyhow::Result<()> {
         Err(error) => report::Report::failed(error),
     };
     report.publish(&termination_message_path);
-    outcome.map(|_| ()).map_err(anyhow::Error::from)
+    // The message alone: it already names its causes, and a chain would print them twice.
+    outcome
+        .map(|_| ())
+        .map_err(|error| anyhow::anyhow!(error.to_string()))
 }
 
 /// Logs go to stderr as text. `RUST_LOG` may raise our own verbosity, but the AWS SDK and HTTP

@@ -26,6 +26,8 @@ use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::types::ServerSideEncryption;
 use aws_smithy_http_client::tls::{self, TlsContext, TrustStore};
 use clap::Args;
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
 
 use super::error::AgentError;
 
@@ -283,6 +285,7 @@ fn https_client_trusting(
         path: ca_bundle.to_path_buf(),
         source,
     })?;
+    check_pem_certificates(ca_bundle, &pem)?;
     let context = TlsContext::builder()
         .with_trust_store(TrustStore::default().with_pem_certificate(pem))
         .build()
@@ -293,6 +296,28 @@ fn https_client_trusting(
         ))
         .tls_context(context)
         .build_https())
+}
+
+/// The TLS stack skips what it cannot parse, so a wrong file (a key, a DER file, an empty
+/// Secret key) would only show later as an untrusted certificate. Refuse it up front instead.
+fn check_pem_certificates(path: &Path, pem: &[u8]) -> Result<(), AgentError> {
+    let mut count = 0;
+    for certificate in CertificateDer::pem_slice_iter(pem) {
+        certificate.map_err(|error| {
+            AgentError::Settings(format!(
+                "--s3-ca-bundle {} is not valid PEM: {error}",
+                path.display()
+            ))
+        })?;
+        count += 1;
+    }
+    if count == 0 {
+        return Err(AgentError::Settings(format!(
+            "--s3-ca-bundle {} holds no PEM certificate",
+            path.display()
+        )));
+    }
+    Ok(())
 }
 
 fn encryption(args: &S3Args) -> Result<Encryption, AgentError> {
@@ -356,6 +381,25 @@ fn escape_key_segment(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ca_bundle_without_a_certificate_is_refused() {
+        let path = Path::new("ca.pem");
+        for content in [
+            "",
+            "not a certificate\n",
+            "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+        ] {
+            let error = check_pem_certificates(path, content.as_bytes()).expect_err(content);
+            assert_eq!(
+                error.to_string(),
+                "invalid settings: --s3-ca-bundle ca.pem holds no PEM certificate"
+            );
+        }
+        let broken = "-----BEGIN CERTIFICATE-----\n!!!\n-----END CERTIFICATE-----\n";
+        let error = check_pem_certificates(path, broken.as_bytes()).expect_err("broken");
+        assert!(error.to_string().contains("is not valid PEM"), "{error}");
+    }
 
     #[test]
     fn backup_root_ignores_stray_slashes_in_the_prefix() {
