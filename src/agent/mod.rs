@@ -39,6 +39,7 @@
 //! line has `"status":"Failed"` and a one-line `message`, and the process exits non-zero.
 
 mod backup;
+mod download;
 mod error;
 mod manifest;
 mod multipart;

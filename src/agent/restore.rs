@@ -23,6 +23,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tracing::{info, warn};
 
 use super::CommonArgs;
+use super::download::ObjectReader;
 use super::error::AgentError;
 use super::manifest::{DatabaseObject, Manifest, StoredObject};
 use super::postgres::{Postgres, conninfo_for};
@@ -174,27 +175,12 @@ async fn stream_object<W: AsyncWrite + Unpin>(
         key: object.key.clone(),
         reason,
     };
-    let response = store
-        .client
-        .get_object()
-        .bucket(&store.bucket)
-        .key(&object.key)
-        .send()
-        .await;
-    let mut body = match response {
-        Ok(response) => response.body,
-        Err(error) if error.as_service_error().is_some_and(|e| e.is_no_such_key()) => {
-            return Err(mismatch("missing from storage".into()));
-        }
-        Err(error) => return Err(s3_error("GetObject", &object.key, error)),
+    let Some(mut reader) = ObjectReader::open(store, &object.key).await? else {
+        return Err(mismatch("missing from storage".into()));
     };
     let mut hasher = Sha256::new();
     let mut size = 0u64;
-    while let Some(chunk) = body.try_next().await.map_err(|error| AgentError::S3 {
-        operation: "GetObject",
-        key: object.key.clone(),
-        reason: format!("reading the body: {error}"),
-    })? {
+    while let Some(chunk) = reader.next_chunk().await? {
         size += chunk.len() as u64;
         if size > object.size {
             return Err(mismatch(format!(

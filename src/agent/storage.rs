@@ -94,6 +94,8 @@ pub struct Store {
     pub encryption: Encryption,
     /// Whether part uploads sign their payload's SHA-256 (plain HTTP endpoints only).
     pub sign_payloads: bool,
+    /// Attempts per request (`--s3-max-attempts`); also how often a broken download resumes.
+    pub max_attempts: u32,
     backup_root: String,
 }
 
@@ -110,6 +112,7 @@ impl Store {
             bucket: args.bucket.clone(),
             encryption: encryption(args)?,
             sign_payloads: !is_https(args.endpoint.as_deref()),
+            max_attempts: args.max_attempts.max(1),
             backup_root: backup_root(&args.prefix, backup_name),
         })
     }
@@ -122,6 +125,7 @@ impl Store {
             bucket: bucket.to_string(),
             encryption: Encryption::default(),
             sign_payloads: true,
+            max_attempts: 3,
             backup_root: backup_root("", backup_name),
         }
     }
@@ -189,7 +193,7 @@ where
 }
 
 /// `outer: cause: root cause`, each error's Display once (no Debug dumps).
-fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut parts: Vec<String> = vec![error.to_string()];
     let mut source = error.source();
     while let Some(cause) = source {
