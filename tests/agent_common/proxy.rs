@@ -1,0 +1,292 @@
+//! A loopback TCP proxy in front of the test bed's S3 server, for what the server cannot do on
+//! its own: speak HTTPS with a certificate from a private CA, and break downloads half way.
+//!
+//! It records what clients sent (decrypted, up to [`RECORD_LIMIT`]), so a test can check what
+//! really went over the wire.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::ServerConfig;
+use tokio_rustls::rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+
+/// Client bytes beyond this are forwarded but not recorded.
+const RECORD_LIMIT: usize = 16 * 1024 * 1024;
+
+/// Breaks the response to every GET whose request line contains `path_contains`: the connection
+/// is closed after `after_bytes` of the response. Ranged GETs (resumes) are cut only with
+/// `ranged_too`.
+#[derive(Clone, Debug)]
+pub struct CutDownloads {
+    pub path_contains: String,
+    pub after_bytes: usize,
+    pub ranged_too: bool,
+}
+
+pub struct Proxy {
+    /// `http(s)://127.0.0.1:<port>`.
+    pub endpoint: String,
+    /// PEM file of the CA that signed the proxy's certificate (HTTPS proxies only).
+    pub ca_bundle: Option<PathBuf>,
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct Shared {
+    upstream: SocketAddr,
+    tls: Option<TlsAcceptor>,
+    cut: Option<CutDownloads>,
+    recorded: Mutex<Vec<u8>>,
+    cuts: AtomicUsize,
+}
+
+impl Proxy {
+    /// HTTPS in front of `upstream_endpoint`, with a certificate for 127.0.0.1 signed by a CA
+    /// made for this proxy; the CA's PEM is written to `work/ca.pem`.
+    pub async fn https(upstream_endpoint: &str, work: &Path) -> Proxy {
+        let (ca_pem, config) = certificates();
+        let ca_bundle = work.join("ca.pem");
+        std::fs::write(&ca_bundle, ca_pem).expect("writing the CA bundle");
+        let acceptor = TlsAcceptor::from(Arc::new(config));
+        Proxy::start(upstream_endpoint, Some(acceptor), None, Some(ca_bundle)).await
+    }
+
+    /// Plain HTTP in front of `upstream_endpoint`, breaking the downloads `cut` describes.
+    pub async fn cutting(upstream_endpoint: &str, cut: CutDownloads) -> Proxy {
+        Proxy::start(upstream_endpoint, None, Some(cut), None).await
+    }
+
+    async fn start(
+        upstream_endpoint: &str,
+        tls: Option<TlsAcceptor>,
+        cut: Option<CutDownloads>,
+        ca_bundle: Option<PathBuf>,
+    ) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("binding");
+        let port = listener.local_addr().expect("local address").port();
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let shared = Arc::new(Shared {
+            upstream: upstream_address(upstream_endpoint),
+            tls,
+            cut,
+            recorded: Mutex::new(Vec::new()),
+            cuts: AtomicUsize::new(0),
+        });
+        let task = tokio::spawn(serve(listener, shared.clone()));
+        Proxy {
+            endpoint: format!("{scheme}://127.0.0.1:{port}"),
+            ca_bundle,
+            shared,
+            task,
+        }
+    }
+
+    /// Everything clients sent so far, decrypted.
+    pub fn requests(&self) -> String {
+        let recorded = self.shared.recorded.lock().expect("recording lock");
+        String::from_utf8_lossy(&recorded).into_owned()
+    }
+
+    /// How many responses were broken off.
+    pub fn cuts(&self) -> usize {
+        self.shared.cuts.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The request line and headers of the first request whose line contains `needle`.
+pub fn request_head<'a>(requests: &'a str, needle: &str) -> Option<&'a str> {
+    let start = requests.find(needle)?;
+    let line_start = requests[..start].rfind("\r\n").map_or(0, |at| at + 2);
+    let end = requests[start..].find("\r\n\r\n")? + start;
+    Some(&requests[line_start..end])
+}
+
+/// `ip:port` of an `http://ip:port` endpoint.
+fn upstream_address(endpoint: &str) -> SocketAddr {
+    let authority = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    authority
+        .parse()
+        .unwrap_or_else(|e| panic!("S3 endpoint {endpoint} is not http://ip:port: {e}"))
+}
+
+/// A fresh CA (as PEM) and a server configuration with a certificate for 127.0.0.1 it signed.
+fn certificates() -> (String, ServerConfig) {
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "pgkube test CA");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().expect("CA key"))
+        .expect("CA certificate");
+    let server_key = KeyPair::generate().expect("server key");
+    let server_certificate = CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .expect("server params")
+        .signed_by(&server_key, &ca)
+        .expect("server certificate");
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(server_key.serialize_der()));
+    let config = ServerConfig::builder_with_provider(Arc::new(
+        tokio_rustls::rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("protocol versions")
+    .with_no_client_auth()
+    .with_single_cert(vec![server_certificate.der().clone()], key)
+    .expect("server config");
+    (ca.pem(), config)
+}
+
+async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    while let Ok((client, _)) = listener.accept().await {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let Ok(server) = TcpStream::connect(shared.upstream).await else {
+                return;
+            };
+            match &shared.tls {
+                // A client that rejects the certificate ends the handshake: nothing to forward.
+                Some(acceptor) => {
+                    if let Ok(tls) = acceptor.accept(client).await {
+                        forward(tls, server, &shared).await;
+                    }
+                }
+                None => forward(client, server, &shared).await,
+            }
+        });
+    }
+}
+
+/// Copies both ways until either side closes or a response is cut.
+async fn forward<C>(client: C, server: TcpStream, shared: &Shared)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut client_read, mut client_write) = tokio::io::split(client);
+    let (mut server_read, mut server_write) = server.into_split();
+    let cut_next_response = AtomicBool::new(false);
+    let upload = async {
+        let mut heads = RequestHeads::default();
+        let mut buffer = vec![0u8; 64 * 1024];
+        loop {
+            let read = match client_read.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(read) => read,
+            };
+            let data = &buffer[..read];
+            shared.record(data);
+            if let Some(cut) = &shared.cut {
+                for head in heads.push(data) {
+                    if is_cut(&head, cut) {
+                        cut_next_response.store(true, Ordering::SeqCst);
+                    }
+                }
+            }
+            if server_write.write_all(data).await.is_err() {
+                break;
+            }
+        }
+    };
+    let download = async {
+        let mut buffer = vec![0u8; 64 * 1024];
+        let mut forwarded_since_cut_request = 0usize;
+        loop {
+            let read = match server_read.read(&mut buffer).await {
+                Ok(0) | Err(_) => break,
+                Ok(read) => read,
+            };
+            let data = &buffer[..read];
+            if let Some(cut) = &shared.cut
+                && cut_next_response.load(Ordering::SeqCst)
+            {
+                let room = cut.after_bytes - forwarded_since_cut_request;
+                if data.len() >= room {
+                    let _ = client_write.write_all(&data[..room]).await;
+                    let _ = client_write.flush().await;
+                    shared.cuts.fetch_add(1, Ordering::SeqCst);
+                    // Returning drops both connections mid-response.
+                    return;
+                }
+                forwarded_since_cut_request += data.len();
+            }
+            if client_write.write_all(data).await.is_err() {
+                break;
+            }
+        }
+        let _ = client_write.shutdown().await;
+    };
+    tokio::select! {
+        () = upload => {}
+        () = download => {}
+    }
+}
+
+impl Shared {
+    fn record(&self, data: &[u8]) {
+        let mut recorded = self.recorded.lock().expect("recording lock");
+        let room = RECORD_LIMIT.saturating_sub(recorded.len());
+        recorded.extend_from_slice(&data[..data.len().min(room)]);
+    }
+}
+
+/// Splits a client's byte stream into request heads, skipping bodies by their Content-Length.
+#[derive(Default)]
+struct RequestHeads {
+    pending: Vec<u8>,
+    body_left: usize,
+}
+
+impl RequestHeads {
+    fn push(&mut self, data: &[u8]) -> Vec<String> {
+        let mut data = data;
+        let skipped = data.len().min(self.body_left);
+        self.body_left -= skipped;
+        data = &data[skipped..];
+        self.pending.extend_from_slice(data);
+        let mut heads = Vec::new();
+        while self.body_left == 0 {
+            let Some(end) = self.pending.windows(4).position(|w| w == b"\r\n\r\n") else {
+                break;
+            };
+            let head = String::from_utf8_lossy(&self.pending[..end]).into_owned();
+            self.pending.drain(..end + 4);
+            let body = content_length(&head);
+            let skipped = body.min(self.pending.len());
+            self.pending.drain(..skipped);
+            self.body_left = body - skipped;
+            heads.push(head);
+        }
+        heads
+    }
+}
+
+fn content_length(head: &str) -> usize {
+    head.lines()
+        .filter_map(|line| line.split_once(':'))
+        .find(|(name, _)| name.trim().eq_ignore_ascii_case("content-length"))
+        .and_then(|(_, value)| value.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn is_cut(head: &str, cut: &CutDownloads) -> bool {
+    let mut lines = head.lines();
+    let request_line = lines.next().unwrap_or_default();
+    let ranged = lines.any(|line| {
+        line.split_once(':')
+            .is_some_and(|(name, _)| name.trim().eq_ignore_ascii_case("range"))
+    });
+    request_line.starts_with("GET ")
+        && request_line.contains(&cut.path_contains)
+        && (cut.ranged_too || !ranged)
+}
