@@ -69,7 +69,7 @@ async fn a_dump_killed_mid_stream_leaves_no_manifest_and_no_upload() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wrong_credentials_and_a_missing_bucket_fail_without_revealing_secrets() {
+async fn wrong_credentials_region_or_bucket_fail_clearly_without_revealing_secrets() {
     let Some(env) = testbed() else { return };
     let bucket = TestBucket::create(&env, "agent-creds").await;
     let database = TestDatabase::create(&env, "agent_creds").await;
@@ -81,10 +81,27 @@ async fn wrong_credentials_and_a_missing_bucket_fail_without_revealing_secrets()
         .backup("b1", &["--database", database.name()])
         .await;
     outcome.assert_failed();
-    assert!(outcome.message().contains("S3"), "{}", outcome.message());
+    // The first request is a HEAD, whose refusal has no body: the status must still explain it.
+    assert!(
+        outcome.message().contains("HTTP 403") && outcome.message().contains("secret key"),
+        "{}",
+        outcome.message()
+    );
     outcome.assert_does_not_reveal(&wrong_secret.secret_key);
     outcome.assert_does_not_reveal(&env.s3_secret_key);
     outcome.assert_does_not_reveal(&wrong_secret.login.password);
+
+    let mut wrong_region = Agent::new(&env, bucket.name(), "creds", &work);
+    wrong_region.s3_region = format!("not-{}", env.s3_region);
+    let outcome = wrong_region
+        .backup("b1", &["--database", database.name()])
+        .await;
+    outcome.assert_failed();
+    assert!(
+        outcome.message().contains("HTTP 400") && outcome.message().contains("--s3-region"),
+        "{}",
+        outcome.message()
+    );
 
     let missing_bucket = Agent::new(&env, &format!("{}-missing", bucket.name()), "creds", &work);
     let outcome = missing_bucket

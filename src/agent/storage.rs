@@ -19,6 +19,7 @@ use aws_config::BehaviorVersion;
 use aws_config::retry::RetryConfig;
 use aws_config::timeout::TimeoutConfig;
 use aws_sdk_s3::Client;
+use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::config::{
     Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation,
 };
@@ -168,11 +169,15 @@ impl Store {
 }
 
 /// Reduces an SDK error to one line without credentials: the service's code and message when
-/// the store answered, otherwise the transport failure (connection refused, timeout, ...).
-pub fn s3_error<E, R>(operation: &'static str, key: &str, error: SdkError<E, R>) -> AgentError
+/// the store answered with them, the HTTP status and its usual cause when it did not (answers
+/// to HEAD have no body), otherwise the transport failure (connection refused, timeout, ...).
+pub fn s3_error<E>(
+    operation: &'static str,
+    key: &str,
+    error: SdkError<E, HttpResponse>,
+) -> AgentError
 where
     E: ProvideErrorMetadata + std::error::Error + 'static,
-    R: std::fmt::Debug + 'static,
 {
     let reason = match &error {
         SdkError::ServiceError(service) => {
@@ -180,7 +185,7 @@ where
             match (err.code(), err.message()) {
                 (Some(code), Some(message)) => format!("{code}: {message}"),
                 (Some(code), None) => code.to_string(),
-                _ => error_chain(&error),
+                _ => status_reason(service.raw().status().as_u16()),
             }
         }
         _ => error_chain(&error),
@@ -190,6 +195,19 @@ where
         key: key.to_string(),
         reason: one_line(&reason),
     }
+}
+
+/// What a bare HTTP status from an S3 store usually means.
+fn status_reason(status: u16) -> String {
+    let cause = match status {
+        301 | 307 => "the bucket is in another region or behind another endpoint",
+        400 => "bad request: check --s3-region and the endpoint",
+        401 | 403 => "access denied: check the access key, the secret key and the bucket's policy",
+        404 => "not found: check the bucket name",
+        500..=599 => "the store failed (retries exhausted)",
+        _ => "unexpected answer",
+    };
+    format!("HTTP {status}, no S3 error code ({cause})")
 }
 
 /// `outer: cause: root cause`, each error's Display once (no Debug dumps).
