@@ -4,12 +4,15 @@
 //! - HTTPS with a certificate from a private CA, as with an in-cluster MinIO or Ceph gateway:
 //!   `--s3-ca-bundle` must make the agent trust it, and without it the agent must refuse the
 //!   endpoint. The proxy sees the decrypted requests: over TLS, parts go as `UNSIGNED-PAYLOAD`.
+//! - Server-side encryption: the test bed's store accepts and ignores the SSE headers, so what
+//!   can be checked here is that every write that creates an object carries them and no part
+//!   upload does (AWS refuses SSE headers on UploadPart).
 //! - Downloads that break half way: a restore must resume them from where they broke, in the
 //!   verification pass and while `pg_restore` is reading, and still restore the exact data.
 
 mod agent_common;
 
-use agent_common::proxy::{CutDownloads, Proxy, request_head};
+use agent_common::proxy::{CutDownloads, Proxy, request_head, request_heads};
 use agent_common::{Agent, fingerprint, work_dir};
 use pgkube_testkit::tokio_postgres::Client;
 use pgkube_testkit::{TestBucket, TestDatabase, testbed};
@@ -107,6 +110,58 @@ async fn without_the_ca_bundle_the_agent_refuses_the_endpoint_and_stores_nothing
         .await
         .expect("listing the bucket");
     assert_eq!(stored.key_count(), Some(0));
+
+    database.cleanup().await;
+    bucket.cleanup().await;
+    let _ = std::fs::remove_dir_all(work);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_side_encryption_is_requested_on_every_object_created() {
+    let Some(env) = testbed() else { return };
+    let bucket = TestBucket::create(&env, "agent-sse").await;
+    let database = TestDatabase::create(&env, "agent_sse").await;
+    let work = work_dir("sse");
+    let proxy = Proxy::recording(&env.s3_endpoint).await;
+    let mut agent = Agent::new(&env, bucket.name(), "sse", &work);
+    agent.s3_endpoint = proxy.endpoint.clone();
+    fill_notes(&database.connect().await, 1_000).await;
+
+    let backup = agent
+        .backup(
+            "sse-1",
+            &[
+                "--database",
+                database.name(),
+                "--s3-sse",
+                "aws:kms",
+                "--s3-sse-kms-key-id",
+                "backup-key-1",
+            ],
+        )
+        .await;
+    backup.assert_completed();
+    let requests = proxy.requests();
+    let creating: Vec<&str> = request_heads(&requests, "?uploads")
+        .chain(request_heads(&requests, "/manifest.json?x-id=PutObject"))
+        .collect();
+    assert_eq!(creating.len(), 3, "globals, the database and the manifest");
+    for head in creating {
+        assert!(
+            head.contains("\r\nx-amz-server-side-encryption: aws:kms\r\n")
+                && head
+                    .contains("\r\nx-amz-server-side-encryption-aws-kms-key-id: backup-key-1\r\n"),
+            "{head}"
+        );
+    }
+    let parts: Vec<&str> = request_heads(&requests, "x-id=UploadPart").collect();
+    assert_eq!(parts.len(), 2);
+    assert!(
+        parts
+            .iter()
+            .all(|head| !head.contains("x-amz-server-side-encryption")),
+        "{parts:?}"
+    );
 
     database.cleanup().await;
     bucket.cleanup().await;

@@ -58,6 +58,11 @@ impl Proxy {
         Proxy::start(upstream_endpoint, Some(acceptor), None, Some(ca_bundle)).await
     }
 
+    /// Plain HTTP in front of `upstream_endpoint`, only recording.
+    pub async fn recording(upstream_endpoint: &str) -> Proxy {
+        Proxy::start(upstream_endpoint, None, None, None).await
+    }
+
     /// Plain HTTP in front of `upstream_endpoint`, breaking the downloads `cut` describes.
     pub async fn cutting(upstream_endpoint: &str, cut: CutDownloads) -> Proxy {
         Proxy::start(upstream_endpoint, None, Some(cut), None).await
@@ -107,11 +112,24 @@ impl Drop for Proxy {
 }
 
 /// The request line and headers of the first request whose line contains `needle`.
-pub fn request_head<'a>(requests: &'a str, needle: &str) -> Option<&'a str> {
-    let start = requests.find(needle)?;
-    let line_start = requests[..start].rfind("\r\n").map_or(0, |at| at + 2);
-    let end = requests[start..].find("\r\n\r\n")? + start;
-    Some(&requests[line_start..end])
+pub fn request_head<'a>(requests: &'a str, needle: &'a str) -> Option<&'a str> {
+    request_heads(requests, needle).next()
+}
+
+/// The request line and headers of every request whose line contains `needle`.
+pub fn request_heads<'a>(requests: &'a str, needle: &'a str) -> impl Iterator<Item = &'a str> {
+    requests
+        .match_indices(needle)
+        .filter_map(move |(start, _)| {
+            let line_start = requests[..start].rfind("\r\n").map_or(0, |at| at + 2);
+            let end = requests[start..].find("\r\n\r\n")? + start;
+            let head = &requests[line_start..end];
+            // Only a match in a request line counts, not one in a header or a body.
+            head.lines()
+                .next()
+                .is_some_and(|line| line.contains(needle) && line.ends_with("HTTP/1.1"))
+                .then_some(head)
+        })
 }
 
 /// `ip:port` of an `http://ip:port` endpoint.
