@@ -168,6 +168,76 @@ async fn backup_then_restore_reproduces_databases_roles_and_large_objects() {
     let _ = std::fs::remove_dir_all(work);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dump_compression_level_reaches_pg_dump_and_still_restores() {
+    let Some(env) = testbed() else { return };
+    let bucket = TestBucket::create(&env, "agent-zlevel").await;
+    let database = TestDatabase::create(&env, "agent_zlevel").await;
+    let work = work_dir("compression");
+    let agent = Agent::new(&env, bucket.name(), "", &work);
+    let client = database.connect().await;
+    client
+        .batch_execute(
+            "CREATE TABLE lines (id int PRIMARY KEY, body text);
+             INSERT INTO lines SELECT g, repeat('compressible ', 20) FROM generate_series(1, 20000) g;",
+        )
+        .await
+        .expect("filling the database");
+    let before = fingerprint(&client).await;
+    drop(client);
+
+    let mut sizes = Vec::new();
+    for level in ["0", "9"] {
+        let name = format!("level-{level}");
+        let backup = agent
+            .backup(
+                &name,
+                &["--database", database.name(), "--dump-compression", level],
+            )
+            .await;
+        backup.assert_completed();
+        sizes.push(backup.report["size"].as_u64().expect("size"));
+    }
+    assert!(
+        sizes[0] > 10 * sizes[1],
+        "level 0 stores the text as is, level 9 compresses it: {sizes:?}"
+    );
+    let restore = agent
+        .restore(
+            "level-0",
+            &[
+                "--database",
+                database.name(),
+                "--drop-existing",
+                "--skip-globals",
+            ],
+        )
+        .await;
+    restore.assert_completed();
+    assert_eq!(fingerprint(&database.connect().await).await, before);
+
+    // Out of range is refused before anything runs.
+    let refused = std::process::Command::new(env!("CARGO_BIN_EXE_pgkube"))
+        .args(["agent", "backup", "--backup-name", "x", "--cluster", "c"])
+        .args([
+            "--namespace",
+            "n",
+            "--s3-bucket",
+            "b",
+            "--dump-compression",
+            "10",
+        ])
+        .output()
+        .expect("running pgkube");
+    assert!(!refused.status.success());
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("--dump-compression"), "{stderr}");
+
+    database.cleanup().await;
+    bucket.cleanup().await;
+    let _ = std::fs::remove_dir_all(work);
+}
+
 async fn fill_big(client: &Client) {
     let rows = std::env::var("PGKUBE_AGENT_TEST_BIG_ROWS")
         .ok()
