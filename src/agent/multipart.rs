@@ -30,10 +30,10 @@ const MAX_PARTS: i32 = 10_000;
 
 /// The part buffers of a backup, reused from one part (and one object) to the next.
 ///
-/// Why a pool: a fresh part-sized buffer per part, filled on one worker thread and freed on
-/// another after its upload, left the allocator's per-thread arenas holding freed part-sized
-/// chunks, and the agent's peak RSS crept up with the number of parts. With a pool the same
-/// `parts_in_flight + 1` buffers carry every part.
+/// Why a pool: a fresh part-sized buffer per part is filled on one worker thread and freed on
+/// another after its upload, which leaves it to the allocator (glibc keeps per-thread arenas)
+/// whether peak memory stays flat over thousands of parts. With a pool the same
+/// `parts_in_flight + 1` buffers carry every part, so the part memory is fixed by construction.
 pub struct PartBuffers {
     part_size: usize,
     keep: usize,
@@ -160,6 +160,7 @@ impl MultipartUpload {
             let at_end = data.len() < buffers.part_size();
             // An empty stream still needs one (empty) part; otherwise skip the empty tail.
             if data.is_empty() && part_number > 0 {
+                buffers.recycle(data.freeze());
                 break;
             }
             part_number += 1;
@@ -383,52 +384,60 @@ mod tests {
     }
 
     /// Against the test bed's S3 server: the SDK lets go of every part once its upload returns,
-    /// so a stream of many parts goes through `parts_in_flight + 1` buffers, and the object
-    /// stored is the stream.
+    /// so streams of many parts, one after the other, go through the same
+    /// `parts_in_flight + 1` buffers, and each object stored is its stream. The last two streams
+    /// are exact multiples of the part size, so they end with an empty read, whose buffer must
+    /// go back to the pool too.
     #[tokio::test]
-    async fn a_stream_of_many_parts_reuses_the_same_few_buffers() {
+    async fn streams_of_many_parts_reuse_the_same_few_buffers() {
         let Some(env) = pgkube_testkit::testbed() else {
             return;
         };
         let bucket = pgkube_testkit::TestBucket::create(&env, "multipart").await;
         let store = Store::for_tests(bucket.client(), bucket.name(), "pool");
-        let stream: Vec<u8> = (0..(8 * MIN_PART_SIZE + MIB / 3))
-            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-            .collect();
-        let key = store.database_key("pool");
         let parts_in_flight = 2;
         let mut buffers = PartBuffers::new(MIN_PART_SIZE, parts_in_flight);
 
-        let upload = MultipartUpload::create(&store, &key, parts_in_flight)
-            .await
-            .expect("create");
-        let sent = upload
-            .send(&mut stream.as_slice(), &mut buffers)
-            .await
-            .expect("send");
-        assert_eq!(sent.parts.len(), 9);
-        let (size, sha256) = upload.complete(sent).await.expect("complete");
+        for (name, length, parts) in [
+            ("tail", 8 * MIN_PART_SIZE + MIB / 3, 9),
+            ("exact", 4 * MIN_PART_SIZE, 4),
+            ("exact-again", 4 * MIN_PART_SIZE, 4),
+        ] {
+            let stream: Vec<u8> = (0..length)
+                .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+                .collect();
+            let key = store.database_key(name);
+            let upload = MultipartUpload::create(&store, &key, parts_in_flight)
+                .await
+                .expect("create");
+            let sent = upload
+                .send(&mut stream.as_slice(), &mut buffers)
+                .await
+                .expect("send");
+            assert_eq!(sent.parts.len(), parts, "{name}");
+            let (size, sha256) = upload.complete(sent).await.expect("complete");
 
-        assert_eq!(size, stream.len() as u64);
-        assert_eq!(sha256, hex::encode(Sha256::digest(&stream)));
-        assert_eq!(buffers.allocated(), parts_in_flight + 1);
-        let stored = bucket
-            .client()
-            .get_object()
-            .bucket(bucket.name())
-            .key(&key)
-            .send()
-            .await
-            .expect("get")
-            .body
-            .collect()
-            .await
-            .expect("body")
-            .into_bytes();
-        assert!(
-            stored == stream.as_slice(),
-            "the stored object is the stream"
-        );
+            assert_eq!(size, stream.len() as u64, "{name}");
+            assert_eq!(sha256, hex::encode(Sha256::digest(&stream)), "{name}");
+            assert_eq!(buffers.allocated(), parts_in_flight + 1, "{name}");
+            let stored = bucket
+                .client()
+                .get_object()
+                .bucket(bucket.name())
+                .key(&key)
+                .send()
+                .await
+                .expect("get")
+                .body
+                .collect()
+                .await
+                .expect("body")
+                .into_bytes();
+            assert!(
+                stored == stream.as_slice(),
+                "{name}: the stored object is the stream"
+            );
+        }
         bucket.cleanup().await;
     }
 }
