@@ -6,7 +6,8 @@
 //! `pg_restore` and checks it once more while it streams; a mismatch there (the object changed
 //! between the passes) fails the restore too, but that database may then be partly restored,
 //! which the message says. Reading twice costs a second download, which is cheap next to
-//! `pg_restore` itself, and it is what lets a corrupted backup change nothing.
+//! `pg_restore` itself, and it is what lets a corrupted backup change nothing. In both passes a
+//! download that breaks half way resumes from where it broke ([`super::download`]).
 //!
 //! Globals are small: they are downloaded into memory (up to [`GLOBALS_LIMIT`]), verified, and
 //! fed to `psql` without the statements that would reset the connecting role, so restoring
