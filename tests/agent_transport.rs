@@ -171,94 +171,38 @@ async fn server_side_encryption_is_requested_on_every_object_created() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_resumes_downloads_that_break_half_way() {
     let Some(env) = testbed() else { return };
-    let bucket = TestBucket::create(&env, "agent-resume").await;
-    let database = TestDatabase::create(&env, "agent_resume").await;
-    let work = work_dir("resume");
-    let agent = Agent::new(&env, bucket.name(), "resume", &work);
-    let before = fill_notes(&database.connect().await, 100_000).await;
-    agent
-        .backup("resume-1", &["--database", database.name()])
-        .await
-        .assert_completed();
-
-    // Every whole GET of the dump breaks after 300 kB: the verification pass and the restore
-    // pass both have to resume with ranged GETs.
-    let proxy = Proxy::cutting(
-        &env.s3_endpoint,
-        CutDownloads {
-            path_contains: format!("/databases/{}.dump", database.name()),
-            after_bytes: 300_000,
-            ranged_too: false,
-        },
-    )
-    .await;
-    let mut through_proxy = Agent::new(&env, bucket.name(), "resume", &work);
-    through_proxy.s3_endpoint = proxy.endpoint.clone();
-    let restore = through_proxy
-        .restore(
-            "resume-1",
-            &[
-                "--database",
-                database.name(),
-                "--drop-existing",
-                "--skip-globals",
-            ],
-        )
+    // Only whole GETs are cut: the verification pass and the restore pass both break once and
+    // have to resume with a ranged GET.
+    let case = CutDownloadCase::prepare(&env, "resume", false).await;
+    let restore = case
+        .agent
+        .restore("backup-1", &case.restore_args(&[]))
         .await;
     restore.assert_completed();
-    assert_eq!(proxy.cuts(), 2, "both passes were cut once");
+    assert_eq!(case.proxy.cuts(), 2, "both passes were cut once");
     assert_eq!(
         restore.stderr.matches("resuming from there").count(),
         2,
         "each cut was resumed: {}",
         restore.stderr
     );
-    let ranged = proxy.requests().matches("\r\nrange: bytes=").count();
+    let ranged = case.proxy.requests().matches("\r\nrange: bytes=").count();
     assert_eq!(ranged, 2, "one ranged GET per cut");
-    assert_eq!(fingerprint(&database.connect().await).await, before);
-
-    database.cleanup().await;
-    bucket.cleanup().await;
-    let _ = std::fs::remove_dir_all(work);
+    assert_eq!(
+        fingerprint(&case.database.connect().await).await,
+        case.before
+    );
+    case.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_download_that_keeps_breaking_fails_the_restore_before_any_change() {
     let Some(env) = testbed() else { return };
-    let bucket = TestBucket::create(&env, "agent-resume-fail").await;
-    let database = TestDatabase::create(&env, "agent_resume_fail").await;
-    let work = work_dir("resume-fail");
-    let agent = Agent::new(&env, bucket.name(), "", &work);
-    let before = fill_notes(&database.connect().await, 100_000).await;
-    agent
-        .backup("resume-2", &["--database", database.name()])
-        .await
-        .assert_completed();
-
-    // Ranged GETs are cut too (any GET of the dump), so no resume can finish the object.
-    let proxy = Proxy::cutting(
-        &env.s3_endpoint,
-        CutDownloads {
-            path_contains: format!("/databases/{}.dump", database.name()),
-            after_bytes: 300_000,
-            ranged_too: true,
-        },
-    )
-    .await;
-    let mut through_proxy = Agent::new(&env, bucket.name(), "", &work);
-    through_proxy.s3_endpoint = proxy.endpoint.clone();
-    let restore = through_proxy
-        .restore(
-            "resume-2",
-            &[
-                "--database",
-                database.name(),
-                "--drop-existing",
-                "--skip-globals",
-                "--s3-max-attempts",
-                "3",
-            ],
-        )
+    // Ranged GETs are cut too, so no resume can finish the object.
+    let case = CutDownloadCase::prepare(&env, "resume-fail", true).await;
+    let restore = case
+        .agent
+        .restore("backup-1", &case.restore_args(&["--s3-max-attempts", "3"]))
         .await;
     restore.assert_failed();
     let message = restore.message();
@@ -267,11 +211,73 @@ async fn a_download_that_keeps_breaking_fails_the_restore_before_any_change() {
         "{message}"
     );
     // The verification pass failed: the existing database was not dropped.
-    assert_eq!(fingerprint(&database.connect().await).await, before);
+    assert_eq!(
+        fingerprint(&case.database.connect().await).await,
+        case.before
+    );
+    case.cleanup().await;
+}
 
-    database.cleanup().await;
-    bucket.cleanup().await;
-    let _ = std::fs::remove_dir_all(work);
+/// A database of 100,000 rows backed up as `backup-1`, and an agent that reads the backup
+/// through a proxy breaking every GET of its dump after 300 kB.
+struct CutDownloadCase {
+    bucket: TestBucket,
+    database: TestDatabase,
+    work: std::path::PathBuf,
+    before: Vec<(String, i64, String)>,
+    proxy: Proxy,
+    agent: Agent,
+}
+
+impl CutDownloadCase {
+    async fn prepare(env: &pgkube_testkit::TestEnv, name: &str, ranged_too: bool) -> Self {
+        let bucket = TestBucket::create(env, &format!("agent-{name}")).await;
+        let database =
+            TestDatabase::create(env, &format!("agent_{}", name.replace('-', "_"))).await;
+        let work = work_dir(name);
+        let before = fill_notes(&database.connect().await, 100_000).await;
+        let mut agent = Agent::new(env, bucket.name(), name, &work);
+        agent
+            .backup("backup-1", &["--database", database.name()])
+            .await
+            .assert_completed();
+        let proxy = Proxy::cutting(
+            &env.s3_endpoint,
+            CutDownloads {
+                path_contains: format!("/databases/{}.dump", database.name()),
+                after_bytes: 300_000,
+                ranged_too,
+            },
+        )
+        .await;
+        agent.s3_endpoint = proxy.endpoint.clone();
+        CutDownloadCase {
+            bucket,
+            database,
+            work,
+            before,
+            proxy,
+            agent,
+        }
+    }
+
+    /// Replace the existing database, no globals, plus `extra`.
+    fn restore_args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
+        let mut args = vec![
+            "--database",
+            self.database.name(),
+            "--drop-existing",
+            "--skip-globals",
+        ];
+        args.extend_from_slice(extra);
+        args
+    }
+
+    async fn cleanup(self) {
+        self.database.cleanup().await;
+        self.bucket.cleanup().await;
+        let _ = std::fs::remove_dir_all(self.work);
+    }
 }
 
 /// A table of `rows` rows (md5 text, which compresses poorly); returns the database fingerprint.
