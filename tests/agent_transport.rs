@@ -7,13 +7,17 @@
 //! - Server-side encryption: the test bed's store accepts and ignores the SSE headers, so what
 //!   can be checked here is that every write that creates an object carries them and no part
 //!   upload does (AWS refuses SSE headers on UploadPart).
+//! - A part upload that breaks half way: the backup must send the part again and complete, or,
+//!   with retries turned off, fail without a manifest and without an open multipart upload.
 //! - Downloads that break half way: a restore must resume them from where they broke, in the
 //!   verification pass and while `pg_restore` is reading, and still restore the exact data.
 
 mod agent_common;
 
-use agent_common::proxy::{CutDownloads, Proxy, request_head, request_heads};
-use agent_common::{Agent, fingerprint, work_dir};
+use agent_common::proxy::{Cut, Proxy};
+use agent_common::{
+    Agent, fingerprint, get_object, object_digest, object_exists, open_multipart_uploads, work_dir,
+};
 use pgkube_testkit::tokio_postgres::Client;
 use pgkube_testkit::{TestBucket, TestDatabase, testbed};
 
@@ -42,12 +46,13 @@ async fn over_https_the_agent_trusts_the_ca_bundle_and_round_trips() {
         )
         .await;
     backup.assert_completed();
-    let requests = proxy.requests();
     let part_line = format!(
         "/databases/{}.dump?x-id=UploadPart&partNumber=1&",
         database.name()
     );
-    let part_headers = request_head(&requests, &part_line)
+    let part_heads = proxy.request_heads(&part_line);
+    let part_headers = part_heads
+        .first()
         .expect("the dump went through the proxy as a multipart upload");
     assert!(
         part_headers.contains("\r\nx-amz-content-sha256: UNSIGNED-PAYLOAD\r\n"),
@@ -99,7 +104,7 @@ async fn without_the_ca_bundle_the_agent_refuses_the_endpoint_and_stores_nothing
     );
     backup.assert_does_not_reveal(&agent.secret_key);
     assert!(
-        proxy.requests().is_empty(),
+        proxy.request_heads("").is_empty(),
         "no request got through an untrusted TLS session"
     );
     let stored = bucket
@@ -141,10 +146,8 @@ async fn server_side_encryption_is_requested_on_every_object_created() {
         )
         .await;
     backup.assert_completed();
-    let requests = proxy.requests();
-    let creating: Vec<&str> = request_heads(&requests, "?uploads")
-        .chain(request_heads(&requests, "/manifest.json?x-id=PutObject"))
-        .collect();
+    let mut creating = proxy.request_heads("?uploads");
+    creating.extend(proxy.request_heads("/manifest.json?x-id=PutObject"));
     assert_eq!(creating.len(), 3, "globals, the database and the manifest");
     for head in creating {
         assert!(
@@ -154,13 +157,101 @@ async fn server_side_encryption_is_requested_on_every_object_created() {
             "{head}"
         );
     }
-    let parts: Vec<&str> = request_heads(&requests, "x-id=UploadPart").collect();
+    let parts = proxy.request_heads("x-id=UploadPart");
     assert_eq!(parts.len(), 2);
     assert!(
         parts
             .iter()
             .all(|head| !head.contains("x-amz-server-side-encryption")),
         "{parts:?}"
+    );
+
+    database.cleanup().await;
+    bucket.cleanup().await;
+    let _ = std::fs::remove_dir_all(work);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_upload_that_breaks_half_way_is_sent_again() {
+    let Some(env) = testbed() else { return };
+    let bucket = TestBucket::create(&env, "agent-part-retry").await;
+    let database = TestDatabase::create(&env, "agent_part_retry").await;
+    let work = work_dir("part-retry");
+    // About 9 MB of dump: two 5 MiB parts.
+    fill_notes(&database.connect().await, 400_000).await;
+    let second_part = "x-id=UploadPart&partNumber=2&";
+    let proxy = Proxy::cutting(
+        &env.s3_endpoint,
+        Cut {
+            method: "PUT",
+            path_contains: second_part.to_string(),
+            after_bytes: 1_000_000,
+            ranged_too: false,
+            times: 2,
+        },
+    )
+    .await;
+    let mut agent = Agent::new(&env, bucket.name(), "retry", &work);
+    agent.s3_endpoint = proxy.endpoint.clone();
+    let s3 = bucket.client();
+
+    // Without retries the broken part fails the backup, which cleans up after itself.
+    let no_retry = agent
+        .backup(
+            "retry-0",
+            &[
+                "--database",
+                database.name(),
+                "--part-size-mib",
+                "5",
+                "--s3-max-attempts",
+                "1",
+            ],
+        )
+        .await;
+    no_retry.assert_failed();
+    assert!(
+        no_retry.message().contains("UploadPart"),
+        "{}",
+        no_retry.message()
+    );
+    assert!(!object_exists(&s3, bucket.name(), &agent.key("retry-0", "manifest.json")).await);
+    assert!(
+        open_multipart_uploads(&s3, bucket.name(), "retry/")
+            .await
+            .is_empty()
+    );
+
+    // With them (the default), the part is sent again and the backup completes.
+    let backup = agent
+        .backup(
+            "retry-1",
+            &["--database", database.name(), "--part-size-mib", "5"],
+        )
+        .await;
+    backup.assert_completed();
+    assert_eq!(proxy.cuts(), 2);
+    assert_eq!(
+        proxy.request_heads(second_part).len(),
+        3,
+        "once for the failed backup, twice for the retried part"
+    );
+
+    // What is stored is what the manifest says, and no upload is left open.
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &get_object(&s3, bucket.name(), &agent.key("retry-1", "manifest.json")).await,
+    )
+    .expect("manifest is JSON");
+    let dump = &manifest["databases"][0];
+    let (size, sha256) =
+        object_digest(&s3, bucket.name(), dump["key"].as_str().expect("key")).await;
+    assert!(size > 5 * 1024 * 1024, "two parts: {size} bytes");
+    assert_eq!(Some(size), dump["size"].as_u64());
+    assert_eq!(Some(sha256.as_str()), dump["sha256"].as_str());
+    assert!(
+        open_multipart_uploads(&s3, bucket.name(), "retry/")
+            .await
+            .is_empty()
     );
 
     database.cleanup().await;
@@ -186,7 +277,12 @@ async fn a_restore_resumes_downloads_that_break_half_way() {
         "each cut was resumed: {}",
         restore.stderr
     );
-    let ranged = case.proxy.requests().matches("\r\nrange: bytes=").count();
+    let ranged = case
+        .proxy
+        .request_heads("GET ")
+        .iter()
+        .filter(|head| head.contains("\r\nrange: bytes="))
+        .count();
     assert_eq!(ranged, 2, "one ranged GET per cut");
     assert_eq!(
         fingerprint(&case.database.connect().await).await,
@@ -243,10 +339,12 @@ impl CutDownloadCase {
             .assert_completed();
         let proxy = Proxy::cutting(
             &env.s3_endpoint,
-            CutDownloads {
+            Cut {
+                method: "GET",
                 path_contains: format!("/databases/{}.dump", database.name()),
                 after_bytes: 300_000,
                 ranged_too,
+                times: usize::MAX,
             },
         )
         .await;

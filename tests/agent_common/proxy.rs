@@ -1,8 +1,8 @@
 //! A loopback TCP proxy in front of the test bed's S3 server, for what the server cannot do on
-//! its own: speak HTTPS with a certificate from a private CA, and break downloads half way.
+//! its own: speak HTTPS with a certificate from a private CA, and break transfers half way.
 //!
-//! It records what clients sent (decrypted, up to [`RECORD_LIMIT`]), so a test can check what
-//! really went over the wire.
+//! It records the head (request line and headers) of every request clients sent, decrypted, so
+//! a test can check what really went over the wire.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -17,17 +17,19 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 
-/// Client bytes beyond this are forwarded but not recorded.
-const RECORD_LIMIT: usize = 16 * 1024 * 1024;
-
-/// Breaks the response to every GET whose request line contains `path_contains`: the connection
-/// is closed after `after_bytes` of the response. Ranged GETs (resumes) are cut only with
-/// `ranged_too`.
+/// Which exchanges the proxy breaks, and where: the connection is closed half way through the
+/// response of a GET, or half way through the request of any other method.
 #[derive(Clone, Debug)]
-pub struct CutDownloads {
+pub struct Cut {
+    /// Requests whose line starts with this method and contains `path_contains` are cut.
+    pub method: &'static str,
     pub path_contains: String,
+    /// Bytes of the response (GET) or of the request (other methods) that still go through.
     pub after_bytes: usize,
+    /// Whether ranged requests (resumes) are cut as well.
     pub ranged_too: bool,
+    /// Cuts in all, after which everything goes through.
+    pub times: usize,
 }
 
 pub struct Proxy {
@@ -42,8 +44,8 @@ pub struct Proxy {
 struct Shared {
     upstream: SocketAddr,
     tls: Option<TlsAcceptor>,
-    cut: Option<CutDownloads>,
-    recorded: Mutex<Vec<u8>>,
+    cut: Option<Cut>,
+    heads: Mutex<Vec<String>>,
     cuts: AtomicUsize,
 }
 
@@ -63,15 +65,15 @@ impl Proxy {
         Proxy::start(upstream_endpoint, None, None, None).await
     }
 
-    /// Plain HTTP in front of `upstream_endpoint`, breaking the downloads `cut` describes.
-    pub async fn cutting(upstream_endpoint: &str, cut: CutDownloads) -> Proxy {
+    /// Plain HTTP in front of `upstream_endpoint`, breaking the exchanges `cut` describes.
+    pub async fn cutting(upstream_endpoint: &str, cut: Cut) -> Proxy {
         Proxy::start(upstream_endpoint, None, Some(cut), None).await
     }
 
     async fn start(
         upstream_endpoint: &str,
         tls: Option<TlsAcceptor>,
-        cut: Option<CutDownloads>,
+        cut: Option<Cut>,
         ca_bundle: Option<PathBuf>,
     ) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("binding");
@@ -81,7 +83,7 @@ impl Proxy {
             upstream: upstream_address(upstream_endpoint),
             tls,
             cut,
-            recorded: Mutex::new(Vec::new()),
+            heads: Mutex::new(Vec::new()),
             cuts: AtomicUsize::new(0),
         });
         let task = tokio::spawn(serve(listener, shared.clone()));
@@ -93,13 +95,22 @@ impl Proxy {
         }
     }
 
-    /// Everything clients sent so far, decrypted.
-    pub fn requests(&self) -> String {
-        let recorded = self.shared.recorded.lock().expect("recording lock");
-        String::from_utf8_lossy(&recorded).into_owned()
+    /// The heads of all requests so far whose request line contains `needle`, in the order they
+    /// were sent (`""` for all of them).
+    pub fn request_heads(&self, needle: &str) -> Vec<String> {
+        let heads = self.shared.heads.lock().expect("heads lock");
+        heads
+            .iter()
+            .filter(|head| {
+                head.lines()
+                    .next()
+                    .is_some_and(|line| line.contains(needle))
+            })
+            .cloned()
+            .collect()
     }
 
-    /// How many responses were broken off.
+    /// How many exchanges were broken off.
     pub fn cuts(&self) -> usize {
         self.shared.cuts.load(Ordering::SeqCst)
     }
@@ -109,27 +120,6 @@ impl Drop for Proxy {
     fn drop(&mut self) {
         self.task.abort();
     }
-}
-
-/// The request line and headers of the first request whose line contains `needle`.
-pub fn request_head<'a>(requests: &'a str, needle: &'a str) -> Option<&'a str> {
-    request_heads(requests, needle).next()
-}
-
-/// The request line and headers of every request whose line contains `needle`.
-pub fn request_heads<'a>(requests: &'a str, needle: &'a str) -> impl Iterator<Item = &'a str> {
-    requests
-        .match_indices(needle)
-        .filter_map(move |(start, _)| {
-            let line_start = requests[..start].rfind("\r\n").map_or(0, |at| at + 2);
-            let end = requests[start..].find("\r\n\r\n")? + start;
-            let head = &requests[line_start..end];
-            // Only a match in a request line counts, not one in a header or a body.
-            head.lines()
-                .next()
-                .is_some_and(|line| line.contains(needle) && line.ends_with("HTTP/1.1"))
-                .then_some(head)
-        })
 }
 
 /// `ip:port` of an `http://ip:port` endpoint.
@@ -186,7 +176,7 @@ async fn serve(listener: TcpListener, shared: Arc<Shared>) {
     }
 }
 
-/// Copies both ways until either side closes or a response is cut.
+/// Copies both ways until either side closes or an exchange is cut.
 async fn forward<C>(client: C, server: TcpStream, shared: &Shared)
 where
     C: AsyncRead + AsyncWrite + Unpin,
@@ -196,6 +186,8 @@ where
     let cut_next_response = AtomicBool::new(false);
     let upload = async {
         let mut heads = RequestHeads::default();
+        // Request bytes still to forward before the connection is cut.
+        let mut request_left: Option<usize> = None;
         let mut buffer = vec![0u8; 64 * 1024];
         loop {
             let read = match client_read.read(&mut buffer).await {
@@ -203,13 +195,27 @@ where
                 Ok(read) => read,
             };
             let data = &buffer[..read];
-            shared.record(data);
-            if let Some(cut) = &shared.cut {
-                for head in heads.push(data) {
-                    if is_cut(&head, cut) {
+            for head in heads.push(data) {
+                if let Some(cut) = &shared.cut
+                    && is_cut(&head, cut)
+                    && shared.take_cut(cut.times)
+                {
+                    if cut.method == "GET" {
                         cut_next_response.store(true, Ordering::SeqCst);
+                    } else {
+                        // Counted from the read that holds the head: close enough for a test.
+                        request_left = Some(cut.after_bytes);
                     }
                 }
+                shared.heads.lock().expect("heads lock").push(head);
+            }
+            if let Some(left) = request_left {
+                if data.len() >= left {
+                    let _ = server_write.write_all(&data[..left]).await;
+                    // Returning drops both connections mid-request.
+                    return;
+                }
+                request_left = Some(left - data.len());
             }
             if server_write.write_all(data).await.is_err() {
                 break;
@@ -232,7 +238,6 @@ where
                 if data.len() >= room {
                     let _ = client_write.write_all(&data[..room]).await;
                     let _ = client_write.flush().await;
-                    shared.cuts.fetch_add(1, Ordering::SeqCst);
                     // Returning drops both connections mid-response.
                     return;
                 }
@@ -251,10 +256,13 @@ where
 }
 
 impl Shared {
-    fn record(&self, data: &[u8]) {
-        let mut recorded = self.recorded.lock().expect("recording lock");
-        let room = RECORD_LIMIT.saturating_sub(recorded.len());
-        recorded.extend_from_slice(&data[..data.len().min(room)]);
+    /// Counts one more cut, unless `times` were made already.
+    fn take_cut(&self, times: usize) -> bool {
+        self.cuts
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |made| {
+                (made < times).then_some(made + 1)
+            })
+            .is_ok()
     }
 }
 
@@ -297,14 +305,14 @@ fn content_length(head: &str) -> usize {
         .unwrap_or(0)
 }
 
-fn is_cut(head: &str, cut: &CutDownloads) -> bool {
+fn is_cut(head: &str, cut: &Cut) -> bool {
     let mut lines = head.lines();
     let request_line = lines.next().unwrap_or_default();
     let ranged = lines.any(|line| {
         line.split_once(':')
             .is_some_and(|(name, _)| name.trim().eq_ignore_ascii_case("range"))
     });
-    request_line.starts_with("GET ")
+    request_line.starts_with(&format!("{} ", cut.method))
         && request_line.contains(&cut.path_contains)
         && (cut.ranged_too || !ranged)
 }
