@@ -8,17 +8,16 @@ mod agent_common;
 use std::os::unix::fs::PermissionsExt;
 
 use agent_common::{
-    Agent, connect, database_exists, fingerprint, get_object, object_exists,
-    open_multipart_uploads, put_object, work_dir,
+    Agent, Scratch, connect, database_exists, fingerprint, get_object, object_exists,
+    open_multipart_uploads, put_object,
 };
-use pgkube_testkit::{TestBucket, TestDatabase, testbed};
+use pgkube_testkit::testbed;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dump_killed_mid_stream_leaves_no_manifest_and_no_upload() {
     let Some(env) = testbed() else { return };
-    let bucket = TestBucket::create(&env, "agent-kill").await;
-    let database = TestDatabase::create(&env, "agent_kill").await;
-    let work = work_dir("killed");
+    let scratch = Scratch::create(&env, "killed").await;
+    let (bucket, database, work) = (&scratch.bucket, &scratch.database, &scratch.work);
     // A pg_dump that writes 12 MB (more than two 5 MiB parts, so parts really get uploaded)
     // and is then killed, as the OOM killer or a node drain would.
     let fake_bin = work.join("bin");
@@ -30,7 +29,7 @@ async fn a_dump_killed_mid_stream_leaves_no_manifest_and_no_upload() {
     )
     .expect("fake pg_dump");
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let mut agent = Agent::new(&env, bucket.name(), "killed", &work);
+    let mut agent = Agent::new(&env, bucket.name(), "killed", work);
     agent.path_first = Some(fake_bin);
 
     let outcome = agent
@@ -63,19 +62,16 @@ async fn a_dump_killed_mid_stream_leaves_no_manifest_and_no_upload() {
         Vec::<String>::new()
     );
 
-    database.cleanup().await;
-    bucket.cleanup().await;
-    let _ = std::fs::remove_dir_all(work);
+    scratch.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_credentials_region_or_bucket_fail_clearly_without_revealing_secrets() {
     let Some(env) = testbed() else { return };
-    let bucket = TestBucket::create(&env, "agent-creds").await;
-    let database = TestDatabase::create(&env, "agent_creds").await;
-    let work = work_dir("credentials");
+    let scratch = Scratch::create(&env, "credentials").await;
+    let (bucket, database, work) = (&scratch.bucket, &scratch.database, &scratch.work);
 
-    let mut wrong_secret = Agent::new(&env, bucket.name(), "creds", &work);
+    let mut wrong_secret = Agent::new(&env, bucket.name(), "creds", work);
     wrong_secret.secret_key = "not-the-secret-key-0123456789".into();
     let outcome = wrong_secret
         .backup("b1", &["--database", database.name()])
@@ -91,7 +87,7 @@ async fn wrong_credentials_region_or_bucket_fail_clearly_without_revealing_secre
     outcome.assert_does_not_reveal(&env.s3_secret_key);
     outcome.assert_does_not_reveal(&wrong_secret.login.password);
 
-    let mut wrong_region = Agent::new(&env, bucket.name(), "creds", &work);
+    let mut wrong_region = Agent::new(&env, bucket.name(), "creds", work);
     wrong_region.s3_region = format!("not-{}", env.s3_region);
     let outcome = wrong_region
         .backup("b1", &["--database", database.name()])
@@ -103,7 +99,7 @@ async fn wrong_credentials_region_or_bucket_fail_clearly_without_revealing_secre
         outcome.message()
     );
 
-    let missing_bucket = Agent::new(&env, &format!("{}-missing", bucket.name()), "creds", &work);
+    let missing_bucket = Agent::new(&env, &format!("{}-missing", bucket.name()), "creds", work);
     let outcome = missing_bucket
         .backup("b1", &["--database", database.name()])
         .await;
@@ -115,7 +111,7 @@ async fn wrong_credentials_region_or_bucket_fail_clearly_without_revealing_secre
     );
     outcome.assert_does_not_reveal(&env.s3_secret_key);
 
-    let mut wrong_password = Agent::new(&env, bucket.name(), "creds", &work);
+    let mut wrong_password = Agent::new(&env, bucket.name(), "creds", work);
     wrong_password.login.password = "wrong-pg-password-42".into();
     let outcome = wrong_password
         .backup("b1", &["--database", database.name()])
@@ -136,18 +132,15 @@ async fn wrong_credentials_region_or_bucket_fail_clearly_without_revealing_secre
             .is_empty()
     );
 
-    database.cleanup().await;
-    bucket.cleanup().await;
-    let _ = std::fs::remove_dir_all(work);
+    scratch.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restore_refuses_missing_corrupted_and_truncated_objects_before_changing_anything() {
     let Some(env) = testbed() else { return };
-    let bucket = TestBucket::create(&env, "agent-corrupt").await;
-    let database = TestDatabase::create(&env, "agent_corrupt").await;
-    let work = work_dir("corrupt");
-    let agent = Agent::new(&env, bucket.name(), "corrupt", &work);
+    let scratch = Scratch::create(&env, "corrupt").await;
+    let (bucket, database, work) = (&scratch.bucket, &scratch.database, &scratch.work);
+    let agent = Agent::new(&env, bucket.name(), "corrupt", work);
     database
         .connect()
         .await
@@ -221,7 +214,5 @@ async fn restore_refuses_missing_corrupted_and_truncated_objects_before_changing
     agent.restore("b1", &[]).await.assert_completed();
     assert_eq!(fingerprint(&database.connect().await).await, before);
 
-    database.cleanup().await;
-    bucket.cleanup().await;
-    let _ = std::fs::remove_dir_all(work);
+    scratch.cleanup().await;
 }

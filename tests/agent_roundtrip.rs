@@ -8,7 +8,8 @@
 mod agent_common;
 
 use agent_common::{
-    Agent, connect, database_exists, fingerprint, object_digest, open_multipart_uploads, work_dir,
+    Agent, Scratch, connect, database_exists, fingerprint, object_digest, open_multipart_uploads,
+    work_dir,
 };
 use pgkube_testkit::tokio_postgres::Client;
 use pgkube_testkit::{TestBucket, TestDatabase, testbed};
@@ -171,10 +172,9 @@ async fn backup_then_restore_reproduces_databases_roles_and_large_objects() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dump_compression_level_reaches_pg_dump_and_still_restores() {
     let Some(env) = testbed() else { return };
-    let bucket = TestBucket::create(&env, "agent-zlevel").await;
-    let database = TestDatabase::create(&env, "agent_zlevel").await;
-    let work = work_dir("compression");
-    let agent = Agent::new(&env, bucket.name(), "", &work);
+    let scratch = Scratch::create(&env, "compression").await;
+    let (bucket, database, work) = (&scratch.bucket, &scratch.database, &scratch.work);
+    let agent = Agent::new(&env, bucket.name(), "", work);
     let client = database.connect().await;
     client
         .batch_execute(
@@ -233,9 +233,7 @@ async fn the_dump_compression_level_reaches_pg_dump_and_still_restores() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("--dump-compression"), "{stderr}");
 
-    database.cleanup().await;
-    bucket.cleanup().await;
-    let _ = std::fs::remove_dir_all(work);
+    scratch.cleanup().await;
 }
 
 async fn fill_big(client: &Client) {

@@ -16,19 +16,18 @@ mod agent_common;
 
 use agent_common::proxy::{Cut, Proxy};
 use agent_common::{
-    Agent, fingerprint, get_object, object_digest, object_exists, open_multipart_uploads, work_dir,
+    Agent, Scratch, fingerprint, get_object, object_digest, object_exists, open_multipart_uploads,
 };
+use pgkube_testkit::testbed;
 use pgkube_testkit::tokio_postgres::Client;
-use pgkube_testkit::{TestBucket, TestDatabase, testbed};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_https_the_agent_trusts_the_ca_bundle_and_round_trips() {
     let Some(env) = testbed() else { return };
-    let bucket = TestBucket::create(&env, "agent-tls").await;
-    let database = TestDatabase::create(&env, "agent_tls").await;
-    let work = work_dir("tls");
-    let proxy = Proxy::https(&env.s3_endpoint, &work).await;
-    let mut agent = Agent::new(&env, bucket.name(), "tls", &work);
+    let scratch = Scratch::create(&env, "tls").await;
+    let (bucket, database, work) = (&scratch.bucket, &scratch.database, &scratch.work);
+    let proxy = Proxy::https(&env.s3_endpoint, work).await;
+    let mut agent = Agent::new(&env, bucket.name(), "tls", work);
     agent.s3_endpoint = proxy.endpoint.clone();
     let ca_bundle = proxy
         .ca_bundle
@@ -75,19 +74,16 @@ async fn over_https_the_agent_trusts_the_ca_bundle_and_round_trips() {
     restore.assert_completed();
     assert_eq!(fingerprint(&database.connect().await).await, before);
 
-    database.cleanup().await;
-    bucket.cleanup().await;
-    let _ = std::fs::remove_dir_all(work);
+    scratch.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_ca_bundle_the_agent_refuses_the_endpoint_and_stores_nothing() {
     let Some(env) = testbed() else { return };
-    let bucket = TestBucket::create(&env, "agent-tls-untrusted").await;
-    let database = TestDatabase::create(&env, "agent_tls_untrusted").await;
-    let work = work_dir("tls-untrusted");
-    let proxy = Proxy::https(&env.s3_endpoint, &work).await;
-    let mut agent = Agent::new(&env, bucket.name(), "", &work);
+    let scratch = Scratch::create(&env, "tls-untrusted").await;
+    let (bucket, database, work) = (&scratch.bucket, &scratch.database, &scratch.work);
+    let proxy = Proxy::https(&env.s3_endpoint, work).await;
+    let mut agent = Agent::new(&env, bucket.name(), "", work);
     agent.s3_endpoint = proxy.endpoint.clone();
 
     let backup = agent
@@ -116,19 +112,16 @@ async fn without_the_ca_bundle_the_agent_refuses_the_endpoint_and_stores_nothing
         .expect("listing the bucket");
     assert_eq!(stored.key_count(), Some(0));
 
-    database.cleanup().await;
-    bucket.cleanup().await;
-    let _ = std::fs::remove_dir_all(work);
+    scratch.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_side_encryption_is_requested_on_every_object_created() {
     let Some(env) = testbed() else { return };
-    let bucket = TestBucket::create(&env, "agent-sse").await;
-    let database = TestDatabase::create(&env, "agent_sse").await;
-    let work = work_dir("sse");
+    let scratch = Scratch::create(&env, "sse").await;
+    let (bucket, database, work) = (&scratch.bucket, &scratch.database, &scratch.work);
     let proxy = Proxy::recording(&env.s3_endpoint).await;
-    let mut agent = Agent::new(&env, bucket.name(), "sse", &work);
+    let mut agent = Agent::new(&env, bucket.name(), "sse", work);
     agent.s3_endpoint = proxy.endpoint.clone();
     fill_notes(&database.connect().await, 1_000).await;
 
@@ -166,17 +159,14 @@ async fn server_side_encryption_is_requested_on_every_object_created() {
         "{parts:?}"
     );
 
-    database.cleanup().await;
-    bucket.cleanup().await;
-    let _ = std::fs::remove_dir_all(work);
+    scratch.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_part_upload_that_breaks_half_way_is_sent_again() {
     let Some(env) = testbed() else { return };
-    let bucket = TestBucket::create(&env, "agent-part-retry").await;
-    let database = TestDatabase::create(&env, "agent_part_retry").await;
-    let work = work_dir("part-retry");
+    let scratch = Scratch::create(&env, "part-retry").await;
+    let (bucket, database, work) = (&scratch.bucket, &scratch.database, &scratch.work);
     // About 9 MB of dump: two 5 MiB parts.
     fill_notes(&database.connect().await, 400_000).await;
     let second_part = "x-id=UploadPart&partNumber=2&";
@@ -191,7 +181,7 @@ async fn a_part_upload_that_breaks_half_way_is_sent_again() {
         },
     )
     .await;
-    let mut agent = Agent::new(&env, bucket.name(), "retry", &work);
+    let mut agent = Agent::new(&env, bucket.name(), "retry", work);
     agent.s3_endpoint = proxy.endpoint.clone();
     let s3 = bucket.client();
 
@@ -254,9 +244,7 @@ async fn a_part_upload_that_breaks_half_way_is_sent_again() {
             .is_empty()
     );
 
-    database.cleanup().await;
-    bucket.cleanup().await;
-    let _ = std::fs::remove_dir_all(work);
+    scratch.cleanup().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -285,7 +273,7 @@ async fn a_restore_resumes_downloads_that_break_half_way() {
         .count();
     assert_eq!(ranged, 2, "one ranged GET per cut");
     assert_eq!(
-        fingerprint(&case.database.connect().await).await,
+        fingerprint(&case.scratch.database.connect().await).await,
         case.before
     );
     case.cleanup().await;
@@ -308,7 +296,7 @@ async fn a_download_that_keeps_breaking_fails_the_restore_before_any_change() {
     );
     // The verification pass failed: the existing database was not dropped.
     assert_eq!(
-        fingerprint(&case.database.connect().await).await,
+        fingerprint(&case.scratch.database.connect().await).await,
         case.before
     );
     case.cleanup().await;
@@ -317,9 +305,7 @@ async fn a_download_that_keeps_breaking_fails_the_restore_before_any_change() {
 /// A database of 100,000 rows backed up as `backup-1`, and an agent that reads the backup
 /// through a proxy breaking every GET of its dump after 300 kB.
 struct CutDownloadCase {
-    bucket: TestBucket,
-    database: TestDatabase,
-    work: std::path::PathBuf,
+    scratch: Scratch,
     before: Vec<(String, i64, String)>,
     proxy: Proxy,
     agent: Agent,
@@ -327,12 +313,10 @@ struct CutDownloadCase {
 
 impl CutDownloadCase {
     async fn prepare(env: &pgkube_testkit::TestEnv, name: &str, ranged_too: bool) -> Self {
-        let bucket = TestBucket::create(env, &format!("agent-{name}")).await;
-        let database =
-            TestDatabase::create(env, &format!("agent_{}", name.replace('-', "_"))).await;
-        let work = work_dir(name);
+        let scratch = Scratch::create(env, name).await;
+        let (bucket, database) = (&scratch.bucket, &scratch.database);
         let before = fill_notes(&database.connect().await, 100_000).await;
-        let mut agent = Agent::new(env, bucket.name(), name, &work);
+        let mut agent = Agent::new(env, bucket.name(), name, &scratch.work);
         agent
             .backup("backup-1", &["--database", database.name()])
             .await
@@ -350,9 +334,7 @@ impl CutDownloadCase {
         .await;
         agent.s3_endpoint = proxy.endpoint.clone();
         CutDownloadCase {
-            bucket,
-            database,
-            work,
+            scratch,
             before,
             proxy,
             agent,
@@ -363,7 +345,7 @@ impl CutDownloadCase {
     fn restore_args<'a>(&'a self, extra: &[&'a str]) -> Vec<&'a str> {
         let mut args = vec![
             "--database",
-            self.database.name(),
+            self.scratch.database.name(),
             "--drop-existing",
             "--skip-globals",
         ];
@@ -372,9 +354,7 @@ impl CutDownloadCase {
     }
 
     async fn cleanup(self) {
-        self.database.cleanup().await;
-        self.bucket.cleanup().await;
-        let _ = std::fs::remove_dir_all(self.work);
+        self.scratch.cleanup().await;
     }
 }
 

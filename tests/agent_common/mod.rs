@@ -8,9 +8,9 @@ pub mod proxy;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use pgkube_testkit::TestEnv;
 use pgkube_testkit::aws_sdk_s3::Client as S3Client;
 use pgkube_testkit::tokio_postgres::{Client, NoTls};
+use pgkube_testkit::{TestBucket, TestDatabase, TestEnv};
 use sha2::{Digest, Sha256};
 
 /// PostgreSQL connection parts of the test bed's superuser URL.
@@ -349,4 +349,29 @@ pub fn work_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("pgkube-agent-test-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("creating the work dir");
     dir
+}
+
+/// What one agent test works in: a bucket, a database and a work directory of its own, all
+/// removed by [`Scratch::cleanup`] (the bucket and database also on drop, if a test fails).
+pub struct Scratch {
+    pub bucket: TestBucket,
+    pub database: TestDatabase,
+    pub work: PathBuf,
+}
+
+impl Scratch {
+    /// Bucket `agent-<name>-…`, database `agent_<name>_…`, work dir `…-<name>-<pid>`.
+    pub async fn create(env: &TestEnv, name: &str) -> Scratch {
+        Scratch {
+            bucket: TestBucket::create(env, &format!("agent-{name}")).await,
+            database: TestDatabase::create(env, &format!("agent_{}", name.replace('-', "_"))).await,
+            work: work_dir(name),
+        }
+    }
+
+    pub async fn cleanup(self) {
+        self.database.cleanup().await;
+        self.bucket.cleanup().await;
+        let _ = std::fs::remove_dir_all(self.work);
+    }
 }
