@@ -28,7 +28,7 @@ S3_BUCKET="pgkube-test"
 S3_REGION="garage"
 
 # Every component `up` starts, in start order; `down` stops them in reverse.
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler provisioner kwok postgres garage)
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler provisioner kwok node postgres garage)
 
 log() { printf '[testbed %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 
@@ -64,15 +64,28 @@ KUBE_LDFLAGS+=" -X k8s.io/client-go/pkg/version.gitVersion=$KUBERNETES_VERSION"
 KUBE_LDFLAGS+=" -X k8s.io/client-go/pkg/version.gitMajor=1"
 KUBE_LDFLAGS+=" -X k8s.io/client-go/pkg/version.gitMinor=34"
 
-# Cache key of the Go-built binaries: the pinned module files, our Go sources, the link flags and
-# the Go version, so a change to any of them builds into a new directory instead of reusing a
-# stale binary.
+# Cache key of the upstream Go binaries (etcd, Kubernetes, kwok): the pinned module files, the
+# link flags and the Go version, so a change to any of them builds into a new directory instead
+# of reusing a stale binary. Our own Go programs have their own key (below), so changing them
+# never rebuilds Kubernetes.
 kube_cache_key() {
     local hash
     hash="$(cd "$TESTBED_DIR/kube" && {
         go version
         echo "$KUBE_LDFLAGS"
-        cat go.mod go.sum kwok/go.mod kwok/go.sum provisioner/*.go
+        cat go.mod go.sum kwok/go.mod kwok/go.sum
     } | sha256sum | cut -c1-12)"
     echo "k8s-$KUBERNETES_VERSION-$hash"
+}
+
+# Cache key of the test bed's own programs: the storage provisioner, the node agent and its
+# bind shim (sources, module files, Go and C compiler versions).
+own_cache_key() {
+    local hash
+    hash="$(cd "$TESTBED_DIR" && {
+        go version
+        cc --version | head -n1
+        cat kube/go.mod kube/go.sum kube/provisioner/*.go node/go.mod node/go.sum node/*.go node/bindshim/*.c
+    } | sha256sum | cut -c1-12)"
+    echo "own-$hash"
 }

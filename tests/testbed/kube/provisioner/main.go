@@ -6,7 +6,8 @@
 //     class (the controller-manager's binder then completes the binding);
 //   - it grows a bound claim's volume when the claim asks for more, and reports the new size in
 //     the claim's status.capacity, as an external resizer would;
-//   - it deletes the volumes it made once their claims are gone (reclaim policy Delete).
+//   - it deletes the volumes it made once their claims are gone (reclaim policy Delete), and
+//     their directories under --volumes-root, where pods on the real node keep their data.
 //
 // It polls instead of watching: the test bed is tiny and a poll loop is easy to follow.
 package main
@@ -18,6 +19,7 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -38,9 +40,14 @@ const (
 	provisionedByAnnotation = "pv.kubernetes.io/provisioned-by"
 )
 
+// volumesRoot holds the volumes' directories: one test bed's own, so that deleting a volume
+// removes its data and never another test bed's.
+var volumesRoot = "/var/lib/pgkube-testbed"
+
 func main() {
 	kubeconfig := flag.String("kubeconfig", "", "path to the admin kubeconfig")
 	interval := flag.Duration("interval", 500*time.Millisecond, "how often to look at claims")
+	flag.StringVar(&volumesRoot, "volumes-root", volumesRoot, "directory that holds one directory per volume")
 	flag.Parse()
 
 	client, err := newClient(*kubeconfig)
@@ -158,10 +165,10 @@ func provisionVolume(ctx context.Context, client *kubernetes.Clientset, claim *c
 				Name:       claim.Name,
 				UID:        claim.UID,
 			},
-			// Never mounted: kwok simulates the pods, nothing touches this path.
+			// Pods on kwok nodes never touch it; pods on the test bed's real node mount it.
 			PersistentVolumeSource: corev1.PersistentVolumeSource{
 				HostPath: &corev1.HostPathVolumeSource{
-					Path: "/var/lib/pgkube-testbed/" + volumeName(claim),
+					Path: filepath.Join(volumesRoot, volumeName(claim)),
 					Type: &hostPathType,
 				},
 			},
@@ -228,6 +235,21 @@ func deleteReleasedVolumes(ctx context.Context, client *kubernetes.Clientset) er
 			continue
 		}
 		log.Printf("deleted released volume %s", volume.Name)
+		removeVolumeData(volume)
 	}
 	return nil
+}
+
+// removeVolumeData deletes a deleted volume's directory, if it is one of ours.
+func removeVolumeData(volume corev1.PersistentVolume) {
+	if volume.Spec.HostPath == nil {
+		return
+	}
+	path := filepath.Clean(volume.Spec.HostPath.Path)
+	if filepath.Dir(path) != filepath.Clean(volumesRoot) || filepath.Base(path) != volume.Name {
+		return
+	}
+	if err := os.RemoveAll(path); err != nil {
+		log.Printf("remove the data of %s: %v", volume.Name, err)
+	}
 }

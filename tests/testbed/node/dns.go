@@ -1,0 +1,152 @@
+package main
+
+// Name resolution without a DNS server: every pod's /etc/hosts (a file of its own, bind-mounted
+// in its mount namespace) lists
+//   - localhost and the pod's own names, at the pod's address;
+//   - every Service, as `svc.ns.svc` and `svc.ns.svc.cluster.local` (and `svc`, `svc.ns` in
+//     the pod's own namespace), at the addresses of the ready pods on this node that its
+//     selector matches (not-ready ones too when it publishes them);
+//   - pods of a headless Service as `hostname.subdomain.ns.svc[.cluster.local]`.
+// Names resolve to pod addresses, not to a ClusterIP: there is no kube-proxy, so a Service
+// works when its port equals its target port. The files are rewritten in place (the mount
+// follows the inode) whenever pods or Services change.
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+)
+
+const clusterDomain = "cluster.local"
+
+func (p *provider) markDNSDirty() {
+	select {
+	case p.dnsDirty <- struct{}{}:
+	default:
+	}
+}
+
+// dnsLoop rewrites every pod's hosts file after changes, at most every 100 ms.
+func (p *provider) dnsLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.dnsDirty:
+		}
+		time.Sleep(100 * time.Millisecond)
+		p.mu.Lock()
+		runtimes := make([]*podRuntime, 0, len(p.pods))
+		for _, runtime := range p.pods {
+			runtimes = append(runtimes, runtime)
+		}
+		p.mu.Unlock()
+		for _, runtime := range runtimes {
+			if err := p.writeHosts(runtime); err != nil && !os.IsNotExist(err) {
+				log.Printf("pod %s: hosts file: %v", runtime, err)
+			}
+		}
+	}
+}
+
+// hostsEntry is one pod's address and readiness as name resolution sees it.
+type hostsEntry struct {
+	ip        string
+	ready     bool
+	labels    labels.Set
+	namespace string
+	hostname  string
+	subdomain string
+}
+
+func (p *provider) hostsEntries() ([]hostsEntry, []*corev1.Service) {
+	p.mu.Lock()
+	runtimes := make([]*podRuntime, 0, len(p.pods))
+	for _, runtime := range p.pods {
+		runtimes = append(runtimes, runtime)
+	}
+	services := p.services
+	p.mu.Unlock()
+	var entries []hostsEntry
+	for _, runtime := range runtimes {
+		pod := runtime.snapshot()
+		if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		ready := false
+		for _, c := range pod.Status.Conditions {
+			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+				ready = true
+			}
+		}
+		entries = append(entries, hostsEntry{
+			ip: runtime.ip, ready: ready, labels: pod.Labels, namespace: pod.Namespace,
+			hostname: runtime.hostname(), subdomain: pod.Spec.Subdomain,
+		})
+	}
+	sort.Slice(entries, func(i, j int) bool { return entries[i].ip < entries[j].ip })
+	return entries, services
+}
+
+// writeHosts writes one pod's hosts file.
+func (p *provider) writeHosts(runtime *podRuntime) error {
+	entries, services := p.hostsEntries()
+	pod := runtime.snapshot()
+	var b strings.Builder
+	b.WriteString("# Written by the test bed node agent for this pod.\n")
+	own := []string{"localhost", runtime.hostname()}
+	if pod.Spec.Subdomain != "" {
+		own = append(own, headlessNames(runtime.hostname(), pod.Spec.Subdomain, pod.Namespace)...)
+	}
+	fmt.Fprintf(&b, "%s\t%s\n", runtime.ip, strings.Join(own, " "))
+	for _, svc := range services {
+		if svc.Spec.Selector == nil {
+			continue
+		}
+		selector := labels.SelectorFromSet(svc.Spec.Selector)
+		names := []string{
+			fmt.Sprintf("%s.%s.svc", svc.Name, svc.Namespace),
+			fmt.Sprintf("%s.%s.svc.%s", svc.Name, svc.Namespace, clusterDomain),
+		}
+		if svc.Namespace == pod.Namespace {
+			names = append(names, svc.Name, svc.Name+"."+svc.Namespace)
+		}
+		for _, entry := range entries {
+			if entry.namespace != svc.Namespace || !selector.Matches(entry.labels) {
+				continue
+			}
+			if entry.ready || svc.Spec.PublishNotReadyAddresses {
+				fmt.Fprintf(&b, "%s\t%s\n", entry.ip, strings.Join(names, " "))
+			}
+			if entry.subdomain == svc.Name && entry.ip != runtime.ip {
+				fmt.Fprintf(&b, "%s\t%s\n", entry.ip, strings.Join(headlessNames(entry.hostname, svc.Name, svc.Namespace), " "))
+			}
+		}
+	}
+	path := filepath.Join(runtime.dir, "etc", "hosts")
+	// In place, not by rename: the containers' bind mounts hold on to this inode.
+	file, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := file.WriteString(b.String()); err != nil {
+		file.Close()
+		return err
+	}
+	return file.Close()
+}
+
+func headlessNames(hostname, subdomain, namespace string) []string {
+	return []string{
+		fmt.Sprintf("%s.%s.%s.svc", hostname, subdomain, namespace),
+		fmt.Sprintf("%s.%s.%s.svc.%s", hostname, subdomain, namespace, clusterDomain),
+	}
+}

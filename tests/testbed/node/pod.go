@@ -1,0 +1,307 @@
+package main
+
+// One pod's life on this node: its sandbox (directories, volumes, hosts file), init containers
+// in order, then every container under its restart policy, and the status a kubelet would
+// report at each step.
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+type podRuntime struct {
+	p   *provider
+	ip  string
+	dir string
+
+	mu          sync.Mutex
+	pod         *corev1.Pod
+	init        []*containerRuntime
+	main        []*containerRuntime
+	initialized bool
+	sandboxUp   bool
+	finished    bool // every container is done for good (or the pod failed)
+	terminating bool
+	grace       time.Duration
+	stopping    chan struct{} // closed when termination starts
+	done        chan struct{} // closed when no process of the pod is left
+}
+
+func newPodRuntime(p *provider, pod *corev1.Pod, ip string) *podRuntime {
+	r := &podRuntime{
+		p:        p,
+		ip:       ip,
+		dir:      filepath.Join(p.cfg.runtimeDir, "pods", string(pod.UID)),
+		pod:      pod,
+		stopping: make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	for _, c := range pod.Spec.InitContainers {
+		r.init = append(r.init, newContainerRuntime(r, c, true))
+	}
+	for _, c := range pod.Spec.Containers {
+		r.main = append(r.main, newContainerRuntime(r, c, false))
+	}
+	now := metav1.Now()
+	status := &pod.Status
+	status.Phase = corev1.PodPending
+	status.HostIP, status.HostIPs = "127.0.0.1", []corev1.HostIP{{IP: "127.0.0.1"}}
+	status.PodIP, status.PodIPs = ip, []corev1.PodIP{{IP: ip}}
+	status.StartTime = &now
+	return r
+}
+
+func (r *podRuntime) uid() types.UID {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.pod.UID
+}
+
+// snapshot is the pod with its current status, safe to hand out.
+func (r *podRuntime) snapshot() *corev1.Pod {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.snapshotLocked()
+}
+
+func (r *podRuntime) snapshotLocked() *corev1.Pod {
+	pod := r.pod.DeepCopy()
+	status := &pod.Status
+	status.InitContainerStatuses = nil
+	for _, c := range r.init {
+		status.InitContainerStatuses = append(status.InitContainerStatuses, c.statusLocked())
+	}
+	status.ContainerStatuses = nil
+	allReady := len(r.main) > 0
+	for _, c := range r.main {
+		s := c.statusLocked()
+		allReady = allReady && s.Ready
+		status.ContainerStatuses = append(status.ContainerStatuses, s)
+	}
+	status.Phase = r.phaseLocked()
+	ready := allReady && status.Phase == corev1.PodRunning
+	setCondition(status, corev1.PodReadyToStartContainers, r.sandboxUp)
+	setCondition(status, corev1.PodInitialized, r.initialized)
+	setCondition(status, corev1.ContainersReady, ready)
+	setCondition(status, corev1.PodReady, ready)
+	return pod
+}
+
+// phaseLocked follows the kubelet: Pending until a container has started, Running while any
+// runs or will restart, then Succeeded when every container exited 0, else Failed.
+func (r *podRuntime) phaseLocked() corev1.PodPhase {
+	if r.finished {
+		if !r.initialized {
+			return corev1.PodFailed
+		}
+		for _, c := range r.main {
+			if c.last == nil || c.last.ExitCode != 0 {
+				return corev1.PodFailed
+			}
+		}
+		return corev1.PodSucceeded
+	}
+	if !r.initialized {
+		return corev1.PodPending
+	}
+	for _, c := range r.main {
+		if c.everStarted {
+			return corev1.PodRunning
+		}
+	}
+	return corev1.PodPending
+}
+
+func setCondition(status *corev1.PodStatus, kind corev1.PodConditionType, value bool) {
+	want := corev1.ConditionFalse
+	if value {
+		want = corev1.ConditionTrue
+	}
+	for i := range status.Conditions {
+		if status.Conditions[i].Type == kind {
+			if status.Conditions[i].Status != want {
+				status.Conditions[i].Status = want
+				status.Conditions[i].LastTransitionTime = metav1.Now()
+			}
+			return
+		}
+	}
+	status.Conditions = append(status.Conditions, corev1.PodCondition{
+		Type: kind, Status: want, LastTransitionTime: metav1.Now(),
+	})
+}
+
+// changed publishes the current status to virtual-kubelet (and so to the API server).
+func (r *podRuntime) changed() {
+	r.p.publish(r.snapshot())
+}
+
+func (r *podRuntime) updateSpec(pod *corev1.Pod) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if pod.UID != r.pod.UID {
+		return
+	}
+	r.pod.Labels = pod.Labels
+	r.pod.Annotations = pod.Annotations
+}
+
+func (r *podRuntime) isStopping() bool {
+	select {
+	case <-r.stopping:
+		return true
+	default:
+		return false
+	}
+}
+
+// terminate starts a graceful stop: SIGTERM to every running container, SIGKILL after the
+// grace period. Called again, it can only shorten the grace period.
+func (r *podRuntime) terminate(grace time.Duration) {
+	r.mu.Lock()
+	if r.terminating {
+		r.mu.Unlock()
+		return
+	}
+	r.terminating = true
+	r.grace = grace
+	containers := append(append([]*containerRuntime{}, r.init...), r.main...)
+	alreadyDone := r.finished
+	close(r.stopping)
+	r.mu.Unlock()
+	for _, c := range containers {
+		c.stop(grace, "the pod is being deleted")
+	}
+	if alreadyDone {
+		// run() has ended; the pod only waited for its deletion.
+		go r.cleanUp(true)
+	}
+}
+
+// run is the pod's whole life.
+func (r *podRuntime) run() {
+	pod := r.snapshot()
+	r.changed()
+	if err := r.prepareSandbox(); err != nil {
+		if !r.isStopping() {
+			log.Printf("pod %s/%s: %v", pod.Namespace, pod.Name, err)
+		}
+		r.finish()
+		return
+	}
+	r.mu.Lock()
+	r.sandboxUp = true
+	r.mu.Unlock()
+	r.changed()
+
+	if !r.runInitContainers() {
+		r.finish()
+		return
+	}
+	r.mu.Lock()
+	r.initialized = true
+	r.mu.Unlock()
+	r.changed()
+
+	var wg sync.WaitGroup
+	for _, c := range r.main {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.supervise(restartPolicyFor(pod, c))
+		}()
+	}
+	wg.Wait()
+	r.finish()
+}
+
+// runInitContainers runs them one after the other; false when the pod cannot go on.
+func (r *podRuntime) runInitContainers() bool {
+	pod := r.snapshot()
+	for _, c := range r.init {
+		if c.spec.RestartPolicy != nil && *c.spec.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+			c.fail("Unsupported", "sidecar init containers (restartPolicy: Always) are not supported by the test bed node")
+			return false
+		}
+		policy := pod.Spec.RestartPolicy
+		if policy == corev1.RestartPolicyAlways {
+			policy = corev1.RestartPolicyOnFailure
+		}
+		if !c.supervise(policy) {
+			return false
+		}
+	}
+	return !r.isStopping()
+}
+
+// finish records that no container will run again, then waits for the pod's deletion (or
+// cleans up now if it is already being deleted).
+func (r *podRuntime) finish() {
+	r.mu.Lock()
+	r.finished = true
+	terminating := r.terminating
+	r.mu.Unlock()
+	r.changed()
+	if terminating {
+		r.cleanUp(true)
+	}
+}
+
+var cleanUpOnce sync.Map
+
+// cleanUp removes the pod's runtime files and forgets it; deleteFromAPI finishes a deletion.
+func (r *podRuntime) cleanUp(deleteFromAPI bool) {
+	if _, loaded := cleanUpOnce.LoadOrStore(r, true); loaded {
+		return
+	}
+	// The last status (terminated containers, final phase) goes out before the object goes.
+	r.changed()
+	time.Sleep(200 * time.Millisecond)
+	if err := os.RemoveAll(r.dir); err != nil {
+		log.Printf("removing %s: %v", r.dir, err)
+	}
+	close(r.done)
+	r.p.forget(r, deleteFromAPI)
+}
+
+func restartPolicyFor(pod *corev1.Pod, c *containerRuntime) corev1.RestartPolicy {
+	if c.spec.RestartPolicy != nil {
+		return corev1.RestartPolicy(*c.spec.RestartPolicy)
+	}
+	if pod.Spec.RestartPolicy == "" {
+		return corev1.RestartPolicyAlways
+	}
+	return pod.Spec.RestartPolicy
+}
+
+// waitOrStop sleeps for d, or less if the pod starts stopping; false when it did.
+func (r *podRuntime) waitOrStop(d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-r.stopping:
+		return false
+	}
+}
+
+func (r *podRuntime) event(eventType, reason, format string, args ...any) {
+	r.p.event(r.snapshot(), eventType, reason, format, args...)
+}
+
+func (r *podRuntime) String() string {
+	pod := r.snapshot()
+	return fmt.Sprintf("%s/%s", pod.Namespace, pod.Name)
+}
+
+func (r *podRuntime) context() context.Context { return r.p.ctx }

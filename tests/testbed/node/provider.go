@@ -1,0 +1,263 @@
+package main
+
+// The virtual-kubelet provider: the set of pods this node runs, their addresses, and the
+// callbacks through which virtual-kubelet learns their status.
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/virtual-kubelet/virtual-kubelet/errdefs"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	corev1informers "k8s.io/client-go/informers/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+)
+
+type provider struct {
+	cfg      config
+	client   kubernetes.Interface
+	recorder record.EventRecorder
+	images   imageResolver
+	shimPath string
+	ctx      context.Context
+
+	mu       sync.Mutex
+	pods     map[string]*podRuntime // by namespace/name
+	usedIPs  map[string]bool
+	nextIP   int
+	notify   func(*corev1.Pod)
+	services []*corev1.Service
+	dnsDirty chan struct{}
+}
+
+func newProvider(ctx context.Context, cfg config, client kubernetes.Interface) (*provider, error) {
+	shim := filepath.Join(cfg.runtimeDir, "bindshim.so")
+	if _, err := os.Stat(shim); err != nil {
+		return nil, fmt.Errorf("the bind shim %s is missing (tests/testbed/up builds it): %w", shim, err)
+	}
+	p := &provider{
+		cfg:      cfg,
+		client:   client,
+		images:   imageResolver{cfg: cfg},
+		shimPath: shim,
+		ctx:      ctx,
+		pods:     map[string]*podRuntime{},
+		usedIPs:  map[string]bool{},
+		nextIP:   2,
+		notify:   func(*corev1.Pod) {},
+		dnsDirty: make(chan struct{}, 1),
+	}
+	go p.dnsLoop(ctx)
+	return p, nil
+}
+
+func podKey(namespace, name string) string { return namespace + "/" + name }
+
+// allocateIP hands out the next free address of the pod network (first two octets from
+// --pod-network), skipping .0 and .255 in the last octet.
+func (p *provider) allocateIP() (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for tries := 0; tries < 65536; tries++ {
+		n := p.nextIP
+		p.nextIP = (p.nextIP + 1) % 65536
+		if n%256 == 0 || n%256 == 255 {
+			continue
+		}
+		ip := fmt.Sprintf("%s.%d.%d", p.cfg.podNetwork, n/256, n%256)
+		if !p.usedIPs[ip] {
+			p.usedIPs[ip] = true
+			return ip, nil
+		}
+	}
+	return "", fmt.Errorf("pod network %s.0.0/16 is full", p.cfg.podNetwork)
+}
+
+func (p *provider) releaseIP(ip string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.usedIPs, ip)
+}
+
+// CreatePod starts running a pod: it returns at once, the pod's goroutine does the work.
+func (p *provider) CreatePod(_ context.Context, pod *corev1.Pod) error {
+	key := podKey(pod.Namespace, pod.Name)
+	p.mu.Lock()
+	if existing, ok := p.pods[key]; ok && existing.uid() == pod.UID {
+		p.mu.Unlock()
+		return nil
+	}
+	p.mu.Unlock()
+	ip, err := p.allocateIP()
+	if err != nil {
+		return err
+	}
+	runtime := newPodRuntime(p, pod.DeepCopy(), ip)
+	p.mu.Lock()
+	p.pods[key] = runtime
+	p.mu.Unlock()
+	go runtime.run()
+	return nil
+}
+
+// UpdatePod takes metadata changes (labels feed name resolution); container changes are not
+// applied to running processes.
+func (p *provider) UpdatePod(_ context.Context, pod *corev1.Pod) error {
+	if runtime := p.lookup(pod.Namespace, pod.Name); runtime != nil {
+		runtime.updateSpec(pod)
+		p.markDNSDirty()
+	}
+	return nil
+}
+
+// DeletePod starts the graceful termination of a pod's processes and returns; the pod reports
+// its terminated containers and then removes itself from the API, as a kubelet does.
+func (p *provider) DeletePod(_ context.Context, pod *corev1.Pod) error {
+	runtime := p.lookup(pod.Namespace, pod.Name)
+	if runtime == nil || runtime.uid() != pod.UID {
+		return errdefs.NotFound("pod not running here")
+	}
+	runtime.terminate(gracePeriod(pod))
+	return nil
+}
+
+func (p *provider) GetPod(_ context.Context, namespace, name string) (*corev1.Pod, error) {
+	if runtime := p.lookup(namespace, name); runtime != nil {
+		return runtime.snapshot(), nil
+	}
+	return nil, errdefs.NotFound("pod not running here")
+}
+
+func (p *provider) GetPodStatus(ctx context.Context, namespace, name string) (*corev1.PodStatus, error) {
+	pod, err := p.GetPod(ctx, namespace, name)
+	if err != nil {
+		return nil, err
+	}
+	return &pod.Status, nil
+}
+
+func (p *provider) GetPods(context.Context) ([]*corev1.Pod, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pods := make([]*corev1.Pod, 0, len(p.pods))
+	for _, runtime := range p.pods {
+		pods = append(pods, runtime.snapshot())
+	}
+	return pods, nil
+}
+
+func (p *provider) NotifyPods(_ context.Context, notify func(*corev1.Pod)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.notify = notify
+}
+
+func (p *provider) publish(pod *corev1.Pod) {
+	p.mu.Lock()
+	notify := p.notify
+	p.mu.Unlock()
+	notify(pod)
+	p.markDNSDirty()
+}
+
+func (p *provider) lookup(namespace, name string) *podRuntime {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pods[podKey(namespace, name)]
+}
+
+// forget removes a pod whose processes are all gone, then deletes it from the API server when
+// it was being deleted there (the kubelet's last step of a graceful deletion).
+func (p *provider) forget(runtime *podRuntime, deleteFromAPI bool) {
+	pod := runtime.snapshot()
+	p.mu.Lock()
+	if p.pods[podKey(pod.Namespace, pod.Name)] == runtime {
+		delete(p.pods, podKey(pod.Namespace, pod.Name))
+	}
+	p.mu.Unlock()
+	p.releaseIP(runtime.ip)
+	p.markDNSDirty()
+	if !deleteFromAPI {
+		return
+	}
+	uid := pod.UID
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := p.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
+		GracePeriodSeconds: new(int64),
+		Preconditions:      &metav1.Preconditions{UID: &uid},
+	})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		log.Printf("pod %s/%s: removing it from the API server: %v", pod.Namespace, pod.Name, err)
+	}
+}
+
+// stopAll kills every pod's processes when the agent stops: nothing outlives the node.
+func (p *provider) stopAll() {
+	p.mu.Lock()
+	runtimes := make([]*podRuntime, 0, len(p.pods))
+	for _, runtime := range p.pods {
+		runtimes = append(runtimes, runtime)
+	}
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, runtime := range runtimes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.terminate(5 * time.Second)
+			<-runtime.done
+		}()
+	}
+	wg.Wait()
+}
+
+func (p *provider) watchServices(informer corev1informers.ServiceInformer) {
+	lister := informer.Lister()
+	refresh := func(any) {
+		services, err := lister.List(everything())
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		p.services = services
+		p.mu.Unlock()
+		p.markDNSDirty()
+	}
+	_, _ = informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    refresh,
+		UpdateFunc: func(_, obj any) { refresh(obj) },
+		DeleteFunc: refresh,
+	})
+}
+
+// event records a pod Event the way a kubelet does.
+func (p *provider) event(pod *corev1.Pod, eventType, reason, format string, args ...any) {
+	if p.recorder == nil {
+		return
+	}
+	ref := &corev1.ObjectReference{
+		Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: types.UID(pod.UID),
+	}
+	p.recorder.Eventf(ref, eventType, reason, format, args...)
+}
+
+func gracePeriod(pod *corev1.Pod) time.Duration {
+	if pod.DeletionGracePeriodSeconds != nil {
+		return time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
+	}
+	if pod.Spec.TerminationGracePeriodSeconds != nil {
+		return time.Duration(*pod.Spec.TerminationGracePeriodSeconds) * time.Second
+	}
+	return 30 * time.Second
+}
