@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod metrics;
 pub mod names;
 mod quantity;
+pub mod scheduling;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -745,6 +745,105 @@ async fn a_new_image_repository_rolls_the_pods_and_the_cluster_runs_again() {
     running.stop().await;
 }
 
+/// Scheduling fields go verbatim into the pod template and roll the pods; the API server keeps
+/// them as written, so the cluster is quiet afterwards; removing them removes them.
+#[tokio::test]
+async fn scheduling_fields_reach_the_pods_and_are_quiet_once_applied() {
+    let resync = Duration::from_secs(2);
+    let Some(running) = Running::start("cluster-sched", resync).await else {
+        return;
+    };
+    running.create_sample("sched", 1).await;
+    running.wait_running("sched", 1, TIMEOUT).await;
+    let pods: Api<Pod> = running.api();
+    let old_pod = pods.get("sched-postgresql-0").await.expect("pod").uid();
+
+    // Every node of the test bed is linux; the toleration and the preference change nothing
+    // about where the pod can go.
+    let scheduling = json!({
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [
+            {"key": "example.com/dedicated", "operator": "Equal", "value": "db", "effect": "NoSchedule"},
+            {"key": "example.com/flaky", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30}
+        ],
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 50,
+            "podAffinityTerm": {
+                "topologyKey": "kubernetes.io/hostname",
+                "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "sched"}}
+            }
+        }]}}
+    });
+    patch_spec(&running, "sched", scheduling.clone()).await;
+    let pod_spec_of = |pod: &Pod| serde_json::to_value(pod.spec.clone()).expect("json");
+    let new_pod = wait_until("the pod to be replaced", TIMEOUT, || async {
+        let pod = pods.get_opt("sched-postgresql-0").await?;
+        Ok(pod.filter(|pod| pod.uid() != old_pod))
+    })
+    .await
+    .expect("pod rolled");
+    let sts = running
+        .api::<StatefulSet>()
+        .get("sched-postgresql")
+        .await
+        .expect("StatefulSet");
+    let template = serde_json::to_value(sts.spec.map(|s| s.template.spec)).expect("json");
+    let pod_spec = pod_spec_of(&new_pod);
+    for field in ["nodeSelector", "tolerations", "affinity"] {
+        assert_eq!(template[field], scheduling[field], "template {field}");
+    }
+    assert_eq!(pod_spec["nodeSelector"], scheduling["nodeSelector"]);
+    assert_eq!(pod_spec["affinity"], scheduling["affinity"]);
+    // The API server adds its default not-ready/unreachable tolerations to pods.
+    let pod_tolerations = pod_spec["tolerations"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for toleration in scheduling["tolerations"].as_array().expect("tolerations") {
+        assert!(
+            pod_tolerations.contains(toleration),
+            "{toleration} missing from {pod_tolerations:?}"
+        );
+    }
+    running.wait_running("sched", 1, TIMEOUT).await;
+
+    // Applied as written: no drift to correct, so no writes while idle.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let writes_before = running.counts.writes();
+    let log_before = running.counts.write_log().len();
+    tokio::time::sleep(resync * 4 + Duration::from_secs(1)).await;
+    assert_eq!(
+        running.counts.writes() - writes_before,
+        0,
+        "writes once the scheduling fields were applied: {:?}",
+        &running.counts.write_log()[log_before..]
+    );
+
+    patch_spec(
+        &running,
+        "sched",
+        json!({"nodeSelector": null, "tolerations": null, "affinity": null}),
+    )
+    .await;
+    let statefulsets = running.api::<StatefulSet>();
+    wait_until(
+        "the scheduling fields to leave the template",
+        TIMEOUT,
+        || async {
+            let sts = statefulsets.get("sched-postgresql").await?;
+            let template = serde_json::to_value(sts.spec.map(|s| s.template.spec))?;
+            let gone = ["nodeSelector", "tolerations", "affinity"]
+                .iter()
+                .all(|field| template.get(field).is_none());
+            Ok(gone.then_some(()))
+        },
+    )
+    .await
+    .expect("fields removed");
+    running.wait_running("sched", 1, TIMEOUT).await;
+    running.stop().await;
+}
+
 /// The distinct successive phases of cluster `name`, as a watch sees them from now on.
 fn record_phases(running: &Running, name: &str) -> Arc<Mutex<Vec<ClusterPhase>>> {
     let phases = Arc::new(Mutex::new(Vec::new()));

@@ -1,6 +1,8 @@
 //! `PostgreSQLCluster`: the desired PostgreSQL instance set and its observed state.
 
-use k8s_openapi::api::core::v1::ResourceRequirements;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -45,6 +47,19 @@ pub struct PostgreSQLClusterSpec {
     /// Scheduled backups to S3-compatible storage, with retention.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupConfig>,
+    /// Labels a node must have to run this cluster's pods, as the pod spec's `nodeSelector`:
+    /// applied to the instance pods and to the cluster's backup and restore Job pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Taints this cluster's pods tolerate, as the pod spec's `tolerations`: applied to the
+    /// instance pods and to the cluster's backup and restore Job pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Node affinity and pod (anti-)affinity of this cluster's pods, as the pod spec's
+    /// `affinity` (for example to spread instances over zones): applied to the instance pods and
+    /// to the cluster's backup and restore Job pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
 }
 
 fn default_replicas() -> i32 {

@@ -186,34 +186,37 @@ fn pod_template(
     names: &ChildNames,
     image_repository: &str,
 ) -> PodTemplateSpec {
+    let mut pod = PodSpec {
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(POSTGRES_UID),
+            run_as_group: Some(POSTGRES_UID),
+            fs_group: Some(POSTGRES_UID),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_owned(),
+                ..SeccompProfile::default()
+            }),
+            ..PodSecurityContext::default()
+        }),
+        containers: vec![postgres_container(cluster, names, image_repository)],
+        volumes: Some(vec![Volume {
+            name: "config".to_owned(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: names.config_map.clone(),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        }]),
+        ..PodSpec::default()
+    };
+    // Part of the template: a change rolls the pods like any other template change.
+    cluster.scheduling.apply_to(&mut pod);
     PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(labels(names)),
             ..ObjectMeta::default()
         }),
-        spec: Some(PodSpec {
-            security_context: Some(PodSecurityContext {
-                run_as_non_root: Some(true),
-                run_as_user: Some(POSTGRES_UID),
-                run_as_group: Some(POSTGRES_UID),
-                fs_group: Some(POSTGRES_UID),
-                seccomp_profile: Some(SeccompProfile {
-                    type_: "RuntimeDefault".to_owned(),
-                    ..SeccompProfile::default()
-                }),
-                ..PodSecurityContext::default()
-            }),
-            containers: vec![postgres_container(cluster, names, image_repository)],
-            volumes: Some(vec![Volume {
-                name: "config".to_owned(),
-                config_map: Some(ConfigMapVolumeSource {
-                    name: names.config_map.clone(),
-                    ..ConfigMapVolumeSource::default()
-                }),
-                ..Volume::default()
-            }]),
-            ..PodSpec::default()
-        }),
+        spec: Some(pod),
     }
 }
 
@@ -611,6 +614,80 @@ mod tests {
                 .pod_disruption_budget
                 .is_none()
         );
+    }
+
+    /// The sample with scheduling fields, applied by the admission test.
+    const SCHEDULING_SAMPLE: &str =
+        include_str!("../../../deploy/samples/postgresqlcluster-scheduling.yaml");
+
+    fn pod_spec(children: &DesiredChildren) -> PodSpec {
+        children
+            .statefulset
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.clone())
+            .expect("pod spec")
+    }
+
+    #[test]
+    fn scheduling_fields_are_copied_verbatim_into_the_pod_template() {
+        let mut cluster: PostgreSQLCluster =
+            serde_yaml::from_str(SCHEDULING_SAMPLE).expect("sample parses");
+        cluster.metadata.namespace = Some("team-a".to_owned());
+        cluster.metadata.uid = Some("0b5a5c2e-0000-4000-8000-000000000001".to_owned());
+        let spec = cluster.spec.clone();
+        assert!(
+            !spec.node_selector.is_empty() && !spec.tolerations.is_empty(),
+            "the sample sets every scheduling field"
+        );
+        let valid = validate(&cluster, &LiveFacts::default()).expect("valid");
+        let pod = pod_spec(&build(&valid.effective, "postgres", "secret"));
+        assert_eq!(pod.node_selector, Some(spec.node_selector));
+        assert_eq!(pod.tolerations, Some(spec.tolerations));
+        assert_eq!(pod.affinity, spec.affinity);
+        assert!(pod.affinity.is_some(), "the sample sets an affinity");
+    }
+
+    #[test]
+    fn without_scheduling_fields_the_template_has_none() {
+        let pod = pod_spec(&build(&validated("my-cluster", 3), "postgres", "secret"));
+        assert_eq!(
+            (pod.node_selector, pod.tolerations, pod.affinity),
+            (None, None, None)
+        );
+        let json = serde_json::to_value(
+            build(&validated("my-cluster", 3), "postgres", "secret").statefulset,
+        )
+        .expect("json");
+        let template = &json["spec"]["template"]["spec"];
+        for field in ["nodeSelector", "tolerations", "affinity"] {
+            assert!(template.get(field).is_none(), "{field} in {template}");
+        }
+    }
+
+    #[test]
+    fn a_scheduling_change_is_drift_and_an_unchanged_one_is_not() {
+        use crate::cluster::drift::{is_up_to_date, stamped};
+        let stamped_statefulset = |node_selector: &[(&str, &str)]| {
+            let mut cluster = validated("my-cluster", 3);
+            cluster.scheduling.node_selector = node_selector
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            let sts = build(&cluster, "postgres", "secret").statefulset;
+            stamped(serde_json::to_value(sts).expect("json"))
+        };
+        let live = stamped_statefulset(&[("disk", "ssd")]);
+        assert!(is_up_to_date(
+            &stamped_statefulset(&[("disk", "ssd")]),
+            &live
+        ));
+        assert!(!is_up_to_date(
+            &stamped_statefulset(&[("disk", "nvme")]),
+            &live
+        ));
+        // Removing the field is a change too, although the live object still "contains" it.
+        assert!(!is_up_to_date(&stamped_statefulset(&[]), &live));
     }
 
     #[test]

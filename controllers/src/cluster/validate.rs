@@ -15,6 +15,7 @@ use kube::{Resource, ResourceExt};
 use pgkube_crds::{PostgreSQLCluster, PostgresVersion};
 
 use crate::quantity;
+use crate::scheduling::Scheduling;
 
 /// What the live children say that validation needs.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -43,6 +44,8 @@ pub struct ValidatedCluster {
     /// one by one instead).
     pub claim_template_storage: String,
     pub resources: Option<ResourceRequirements>,
+    /// Where the instance pods may run (the spec's nodeSelector, tolerations and affinity).
+    pub scheduling: Scheduling,
 }
 
 /// A valid spec: what to build now, and the changes held back from it.
@@ -162,6 +165,7 @@ pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validat
             .clone()
             .unwrap_or_else(|| spec.storage.clone()),
         resources: spec.resources.clone(),
+        scheduling: Scheduling::of(spec),
     };
     Ok(Validation {
         effective,
