@@ -37,6 +37,10 @@ pub const USERNAME_KEY: &str = "username";
 pub const PASSWORD_KEY: &str = "password";
 /// Superuser of the official image.
 const SUPERUSER: &str = "postgres";
+/// Seconds between two runs of each probe.
+const PROBE_PERIOD_SECONDS: i32 = 10;
+/// Misses the startup probe allows: 60 x 10 s = 10 minutes for a crash recovery to finish.
+const STARTUP_PROBE_FAILURES: i32 = 60;
 
 /// Names of a cluster's children, all within Kubernetes limits.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -262,8 +266,11 @@ fn postgres_container(
             value("PGDATA", &format!("{DATA_MOUNT}/pgdata")),
         ]),
         resources: cluster.resources.clone(),
-        readiness_probe: Some(pg_isready_probe(5, 10, 3)),
-        liveness_probe: Some(pg_isready_probe(30, 10, 6)),
+        // Until the startup probe passes, neither readiness nor liveness runs: a crash recovery
+        // (WAL replay) gets up to 10 minutes, and liveness needs no long initial delay.
+        startup_probe: Some(pg_isready_probe(STARTUP_PROBE_FAILURES)),
+        readiness_probe: Some(pg_isready_probe(3)),
+        liveness_probe: Some(pg_isready_probe(6)),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             run_as_non_root: Some(true),
@@ -294,13 +301,19 @@ fn postgres_container(
     }
 }
 
-fn pg_isready_probe(initial_delay: i32, period: i32, failure_threshold: i32) -> Probe {
+/// `pg_isready` every [`PROBE_PERIOD_SECONDS`], failing after `failure_threshold` misses in a
+/// row.
+///
+/// Without `--host`, `pg_isready` reaches the server through its local Unix socket (libpq's
+/// default directory, `/var/run/postgresql` in the official image, where the server puts its
+/// socket; `PGHOST` overrides it). The check thus does not depend on `listen_addresses` or on
+/// the pod's network.
+fn pg_isready_probe(failure_threshold: i32) -> Probe {
     Probe {
         exec: Some(ExecAction {
             command: Some(
                 [
                     "pg_isready",
-                    "--host=127.0.0.1",
                     &format!("--port={POSTGRES_PORT}"),
                     &format!("--username={SUPERUSER}"),
                 ]
@@ -308,8 +321,7 @@ fn pg_isready_probe(initial_delay: i32, period: i32, failure_threshold: i32) -> 
                 .to_vec(),
             ),
         }),
-        initial_delay_seconds: Some(initial_delay),
-        period_seconds: Some(period),
+        period_seconds: Some(PROBE_PERIOD_SECONDS),
         timeout_seconds: Some(5),
         failure_threshold: Some(failure_threshold),
         ..Probe::default()
@@ -533,14 +545,24 @@ mod tests {
             postgres.ports.as_ref().expect("ports")[0].container_port,
             5432
         );
-        let probe_command = |probe: &Option<Probe>| {
-            probe
-                .as_ref()
-                .and_then(|p| p.exec.as_ref()?.command.clone())
-                .expect("exec probe")
-        };
-        assert_eq!(probe_command(&postgres.readiness_probe)[0], "pg_isready");
-        assert_eq!(probe_command(&postgres.liveness_probe)[0], "pg_isready");
+        // Every probe checks the local socket; the startup probe allows a 10-minute crash
+        // recovery, so the others need no initial delay.
+        let socket_check = ["pg_isready", "--port=5432", "--username=postgres"].map(str::to_owned);
+        let probes = [
+            ("startup", &postgres.startup_probe),
+            ("readiness", &postgres.readiness_probe),
+            ("liveness", &postgres.liveness_probe),
+        ];
+        for (which, probe) in probes {
+            let probe = probe.as_ref().unwrap_or_else(|| panic!("{which} probe"));
+            let command = probe.exec.as_ref().and_then(|e| e.command.as_deref());
+            assert_eq!(command, Some(&socket_check[..]), "{which}");
+            assert_eq!(probe.period_seconds, Some(10), "{which}");
+            assert_eq!(probe.initial_delay_seconds, None, "{which}");
+        }
+        let startup = postgres.startup_probe.as_ref().expect("startup probe");
+        let allowed = startup.period_seconds.unwrap_or(10) * startup.failure_threshold.unwrap_or(3);
+        assert!(allowed >= 600, "crash recovery gets {allowed} s");
         let resources = postgres
             .resources
             .as_ref()
