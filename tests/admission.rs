@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 
-use pgkube_testkit::{TestEnv, TestNamespace, testbed};
+use pgkube_testkit::{TestEnv, TestNamespace, install_crds, testbed};
 
 fn repo_path(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
@@ -43,31 +43,6 @@ fn apply(env: &TestEnv, namespace: &str, manifest: &str) -> Output {
     )
 }
 
-fn install_crds(env: &TestEnv) {
-    let crds = std::fs::read_to_string(repo_path("crds/crds.yaml")).expect("crds/crds.yaml");
-    let output = kubectl_with_stdin(
-        env,
-        &["apply", "--server-side", "--force-conflicts", "-f", "-"],
-        &crds,
-    );
-    assert!(
-        output.status.success(),
-        "CRDs install: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let status = env
-        .kubectl()
-        .args(["wait", "--for=condition=Established", "--timeout=60s"])
-        .args([
-            "crd/postgresqlclusters.db.example.com",
-            "crd/postgresqlbackups.db.example.com",
-        ])
-        .arg("crd/postgresqlrestores.db.example.com")
-        .status()
-        .expect("kubectl wait runs");
-    assert!(status.success(), "CRDs become Established");
-}
-
 fn yaml_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
@@ -82,8 +57,9 @@ fn yaml_files(dir: &Path) -> Vec<PathBuf> {
 #[tokio::test]
 async fn every_sample_is_accepted() {
     let Some(env) = testbed() else { return };
-    install_crds(&env);
-    let namespace = TestNamespace::create(&env.kube_client().await, "samples").await;
+    let client = env.kube_client().await;
+    install_crds(&client).await;
+    let namespace = TestNamespace::create(&client, "samples").await;
     for sample in yaml_files(&repo_path("deploy/samples")) {
         let manifest = std::fs::read_to_string(&sample).expect("sample readable");
         let output = apply(&env, namespace.name(), &manifest);
@@ -127,8 +103,9 @@ fn load_invalid_case(file: PathBuf, unique_name: &str) -> InvalidCase {
 #[tokio::test]
 async fn every_invalid_manifest_is_rejected_naming_the_field() {
     let Some(env) = testbed() else { return };
-    install_crds(&env);
-    let namespace = TestNamespace::create(&env.kube_client().await, "invalid").await;
+    let client = env.kube_client().await;
+    install_crds(&client).await;
+    let namespace = TestNamespace::create(&client, "invalid").await;
     let files = yaml_files(&repo_path("tests/admission/invalid"));
     for (index, file) in files.into_iter().enumerate() {
         let case = load_invalid_case(file, &format!("bad-{index}"));

@@ -8,9 +8,9 @@ mod manager_common;
 use std::time::Duration;
 
 use kube::api::Api;
-use manager_common::{Manager, create_cluster, install_crds, wait_until_running};
+use manager_common::{Manager, create_cluster, wait_until_running};
 use pgkube_crds::PostgreSQLCluster;
-use pgkube_testkit::{TestEnv, TestNamespace, testbed};
+use pgkube_testkit::{TestEnv, TestNamespace, install_crds, testbed};
 
 const DEPLOY_NAMESPACE: &str = "pgkube-system";
 
@@ -24,23 +24,11 @@ fn kubectl_ok(env: &TestEnv, args: &[&str]) -> String {
     String::from_utf8(output.stdout).expect("kubectl prints UTF-8")
 }
 
-/// A kubeconfig for the admin's cluster whose only credential is `token`.
-fn kubeconfig_with_token(env: &TestEnv, token: &str, path: &std::path::Path) {
-    let admin = kubectl_ok(env, &["config", "view", "--raw", "--minify", "--flatten"]);
-    let mut config: serde_yaml::Value = serde_yaml::from_str(&admin).expect("kubeconfig YAML");
-    let user = &mut config["users"][0]["user"];
-    *user = serde_yaml::from_str(&format!("token: {token}")).expect("token YAML");
-    std::fs::write(
-        path,
-        serde_yaml::to_string(&config).expect("kubeconfig serializes"),
-    )
-    .expect("kubeconfig written");
-}
-
 #[tokio::test]
 async fn the_manager_runs_with_only_the_rights_of_deploy_rbac() {
     let Some(env) = testbed() else { return };
-    install_crds(&env);
+    let client = env.kube_client().await;
+    install_crds(&client).await;
     let root = env!("CARGO_MANIFEST_DIR");
     kubectl_ok(
         &env,
@@ -51,9 +39,9 @@ async fn the_manager_runs_with_only_the_rights_of_deploy_rbac() {
     let dir = std::env::temp_dir().join(format!("pgkube-rbac-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let kubeconfig = dir.join("kubeconfig");
-    kubeconfig_with_token(&env, token.trim(), &kubeconfig);
+    std::fs::write(&kubeconfig, env.kubeconfig_with_token(token.trim()))
+        .expect("kubeconfig written");
 
-    let client = env.kube_client().await;
     let namespace = TestNamespace::create(&client, "deploy-rbac").await;
     let lease_id = format!("pgkube-rbac-{}", std::process::id());
     let mut manager = Manager::start_with_env(

@@ -8,8 +8,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use manager_common::{Manager, http_get, install_crds};
-use pgkube_testkit::{TestNamespace, testbed, wait_until};
+use manager_common::{Manager, http_get};
+use pgkube_testkit::{TestNamespace, install_crds, testbed, wait_until};
 
 /// Short timings so the test runs in seconds: a dead leader's Lease expires 5 s after its last
 /// renewal, followers look every 500 ms.
@@ -74,8 +74,8 @@ async fn leader_status(manager: &Manager) -> anyhow::Result<Option<u8>> {
 #[tokio::test]
 async fn one_leader_takes_over_after_kill_and_hands_over_on_sigterm() {
     let Some(env) = testbed() else { return };
-    install_crds(&env);
     let client = env.kube_client().await;
+    install_crds(&client).await;
     let namespace = TestNamespace::create(&client, "manager-lease").await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), namespace.name());
 

@@ -16,9 +16,9 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;
 use kube::api::Api;
-use manager_common::{Manager, create_cluster, install_crds, wait_until_running};
+use manager_common::{Manager, create_cluster, wait_until_running};
 use pgkube_crds::PostgreSQLCluster;
-use pgkube_testkit::{TestNamespace, testbed};
+use pgkube_testkit::{TestNamespace, install_crds, testbed};
 
 type Received = Arc<Mutex<Vec<Bytes>>>;
 
@@ -52,9 +52,9 @@ fn received_contains(received: &Received, needle: &str) -> bool {
 #[tokio::test]
 async fn reconcile_traces_are_exported_by_otlp_and_flushed_on_sigterm() {
     let Some(env) = testbed() else { return };
-    install_crds(&env);
-    let (collector, received) = start_collector().await;
     let client = env.kube_client().await;
+    install_crds(&client).await;
+    let (collector, received) = start_collector().await;
     let namespace = TestNamespace::create(&client, "manager-otlp").await;
     let endpoint = format!("http://{collector}");
     let mut manager = Manager::start_with_env(

@@ -7,15 +7,15 @@ use std::process::Command;
 use std::time::Duration;
 
 use kube::api::Api;
-use manager_common::{Manager, create_cluster, http_get, install_crds};
+use manager_common::{Manager, create_cluster, http_get};
 use pgkube_crds::PostgreSQLCluster;
-use pgkube_testkit::{TestNamespace, testbed, wait_until};
+use pgkube_testkit::{TestNamespace, install_crds, testbed, wait_until};
 
 #[tokio::test]
 async fn serves_probes_and_metrics_then_stops_on_sigterm() {
     let Some(env) = testbed() else { return };
-    install_crds(&env);
     let client = env.kube_client().await;
+    install_crds(&client).await;
     let namespace = TestNamespace::create(&client, "manager-endpoints").await;
     let mut manager = Manager::start(
         &env,

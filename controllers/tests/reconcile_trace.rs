@@ -47,7 +47,7 @@ async fn each_reconcile_is_one_trace_with_a_span_per_step_and_the_trace_id_in_lo
         return;
     };
     let client = env.kube_client().await;
-    common::install_crds(&client).await;
+    pgkube_testkit::install_crds(&client).await;
     let namespace = TestNamespace::create(&client, "cluster-trace").await;
 
     let exporter = InMemorySpanExporter::default();

@@ -4,7 +4,6 @@
 #![allow(dead_code)] // each test file uses a different part
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,23 +17,6 @@ use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Installs (or updates) the pgkube CRDs with server-side apply; idempotent and shared by
-/// every test that needs them.
-pub fn install_crds(env: &TestEnv) {
-    let crds = Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/crds.yaml");
-    let output = env
-        .kubectl()
-        .args(["apply", "--server-side", "--force-conflicts", "-f"])
-        .arg(&crds)
-        .output()
-        .expect("running kubectl");
-    assert!(
-        output.status.success(),
-        "installing the CRDs failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
 
 /// Creates a small PostgreSQLCluster `name` (PostgreSQL 16, 1Gi) for a manager to reconcile.
 pub async fn create_cluster(

@@ -1,5 +1,5 @@
-//! Shared by the cluster controller's integration tests: CRD installation, a kube client that
-//! counts its write requests, and the controllers running in-process for one test namespace.
+//! Shared by the cluster controller's integration tests: a kube client that counts its write
+//! requests, and the controllers running in-process for one test namespace.
 
 #![allow(dead_code)] // Each test binary uses a different part.
 
@@ -7,12 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use kube::api::{Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, ResourceExt};
+use kube::api::PostParams;
+use kube::{Api, Client};
 use pgkube_controllers::{Context, Metrics, Settings};
 use pgkube_crds::{ClusterPhase, PostgreSQLCluster};
-use pgkube_testkit::{TestEnv, TestNamespace, wait_until};
+use pgkube_testkit::{TestEnv, TestNamespace, install_crds, wait_until};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -48,10 +47,7 @@ impl RequestCounts {
 /// A client for the test bed that counts every request it sends: POST, PUT, PATCH and DELETE
 /// as writes, the rest (GET, including watches) as reads.
 pub async fn counting_client(env: &TestEnv) -> (Client, Arc<RequestCounts>) {
-    let kubeconfig = Kubeconfig::read_from(&env.kubeconfig).expect("test bed kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .expect("test bed kubeconfig is valid");
+    let config = env.kube_config().await;
     let counts = Arc::new(RequestCounts::default());
     let counter = counts.clone();
     let layer =
@@ -75,35 +71,6 @@ pub async fn counting_client(env: &TestEnv) -> (Client, Arc<RequestCounts>) {
         .with_layer(&layer)
         .build();
     (client, counts)
-}
-
-/// Installs the CRDs with server-side apply (idempotent) and waits until they are served.
-pub async fn install_crds(client: &Client) {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in pgkube_crds::crds() {
-        crds.patch(
-            &crd.name_any(),
-            &PatchParams::apply("pgkube-tests").force(),
-            &Patch::Apply(&crd),
-        )
-        .await
-        .expect("CRD applies");
-    }
-    let clusters: Api<PostgreSQLCluster> = Api::all(client.clone());
-    wait_until(
-        "the PostgreSQLCluster CRD to be served",
-        Duration::from_secs(30),
-        || async {
-            Ok(clusters
-                .list_metadata(&Default::default())
-                .await
-                .ok()
-                .map(|_| ()))
-        },
-    )
-    .await
-    .expect("CRD served");
 }
 
 /// The controllers running in-process, watching one test namespace.

@@ -69,20 +69,38 @@ impl TestEnv {
         }))
     }
 
-    /// A client for the test bed's API server, logged in as cluster admin.
-    pub async fn kube_client(&self) -> kube::Client {
+    /// The client configuration of the test bed's API server, logged in as cluster admin: the
+    /// one source of every test client. Add layers with
+    /// `kube::client::ClientBuilder::try_from(config)` when a test needs them.
+    pub async fn kube_config(&self) -> kube::Config {
         let kubeconfig = Kubeconfig::read_from(&self.kubeconfig)
             .unwrap_or_else(|e| panic!("reading {}: {e}", self.kubeconfig.display()));
-        let config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .expect("test bed kubeconfig is valid");
-        kube::Client::try_from(config).expect("building a kube client for the test bed")
+        kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("test bed kubeconfig is valid")
+    }
+
+    /// A client for the test bed's API server, logged in as cluster admin.
+    pub async fn kube_client(&self) -> kube::Client {
+        kube::Client::try_from(self.kube_config().await)
+            .expect("building a kube client for the test bed")
     }
 
     /// A client for the test bed's API server that authenticates with a bearer token only (for
     /// example a ServiceAccount token), trusting the test bed's CA.
     pub async fn kube_client_with_token(&self, token: &str) -> kube::Client {
+        let kubeconfig = Kubeconfig::from_yaml(&self.kubeconfig_with_token(token))
+            .expect("token kubeconfig parses");
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .expect("token kubeconfig is valid");
+        kube::Client::try_from(config).expect("building a token kube client")
+    }
+
+    /// A kubeconfig (YAML) for the test bed's API server whose only credential is `token`, for
+    /// [`TestEnv::kube_client_with_token`] or for a process started with it as `KUBECONFIG`.
+    pub fn kubeconfig_with_token(&self, token: &str) -> String {
         let admin = Kubeconfig::read_from(&self.kubeconfig)
             .unwrap_or_else(|e| panic!("reading {}: {e}", self.kubeconfig.display()));
         let cluster = admin
@@ -94,18 +112,12 @@ impl TestEnv {
         let ca = cluster
             .certificate_authority_data
             .expect("test bed kubeconfig embeds its CA");
-        let yaml = format!(
+        format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: testbed\n  cluster:\n    \
              server: {server}\n    certificate-authority-data: {ca}\nusers:\n- name: token\n  \
              user:\n    token: {token}\ncontexts:\n- name: token\n  context: {{cluster: testbed, \
              user: token}}\ncurrent-context: token\n"
-        );
-        let kubeconfig = Kubeconfig::from_yaml(&yaml).expect("token kubeconfig parses");
-        let config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .expect("token kubeconfig is valid");
-        kube::Client::try_from(config).expect("building a token kube client")
+        )
     }
 
     /// `kubectl` of the test bed's Kubernetes release, pointed at its API server.

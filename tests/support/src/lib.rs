@@ -19,8 +19,13 @@
 //!
 //! Every test gets its own namespace, database and bucket, so tests run in parallel. Each of
 //! them is removed by `cleanup()`, or on drop (best effort) when a test panics first.
+//!
+//! Kubernetes clients come from [`TestEnv`] only ([`TestEnv::kube_client`],
+//! [`TestEnv::kube_client_with_token`], [`TestEnv::kube_config`] to add layers), and every test
+//! that needs pgkube's CRDs installs them with [`install_crds`].
 
 mod bucket;
+mod crds;
 mod database;
 mod env;
 mod names;
@@ -28,6 +33,7 @@ mod namespace;
 mod wait;
 
 pub use bucket::TestBucket;
+pub use crds::{CRD_FIELD_MANAGER, install_crds};
 pub use database::TestDatabase;
 pub use env::{SKIP_ENV_VAR, TestEnv, testbed};
 pub use namespace::TestNamespace;
