@@ -1,10 +1,12 @@
 //! pgkube controllers.
 //!
-//! The manager (`pgkube run`) builds a [`Context`] and calls [`run`], which drives every
-//! controller until the shutdown future resolves. Each controller lives in its own module and
-//! reports through the shared [`Metrics`].
+//! The manager (`pgkube run`) checks that the CRDs are installed ([`ensure_crds_installed`]),
+//! builds a [`Context`] and calls [`run`], which drives every controller until the shutdown
+//! future resolves. Each controller lives in its own module and reports through the shared
+//! [`Metrics`].
 
 pub mod cluster;
+pub mod crd_check;
 pub mod metrics;
 pub mod names;
 mod quantity;
@@ -14,11 +16,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::Api;
-use kube::api::ListParams;
-use pgkube_crds::PostgreSQLCluster;
 use tokio::sync::watch;
 
+pub use crd_check::{CrdCheckError, ensure_crds_installed};
 pub use metrics::Metrics;
 
 /// Settings of the controllers that come from the manager's command line.
@@ -58,17 +58,6 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
 }
 
-/// Errors that stop the controllers as a whole (not those of a single reconcile).
-#[derive(Debug, thiserror::Error)]
-pub enum RunError {
-    #[error(
-        "the CustomResourceDefinition {crd} is not installed: install it with `pgkube crd | kubectl apply --server-side -f -`"
-    )]
-    MissingCrd { crd: String },
-    #[error("Kubernetes API error: {0}")]
-    Kube(#[from] kube::Error),
-}
-
 /// Tells controllers to stop; cheap to clone, one per controller.
 #[derive(Clone, Debug)]
 pub struct ShutdownSignal(watch::Receiver<bool>);
@@ -97,12 +86,14 @@ impl ShutdownSignal {
 
 /// Runs every controller until `shutdown` resolves; in-flight reconciles finish first.
 /// `on_ready` is called once all watch caches have synced (the manager's `/readyz`).
+///
+/// The CRDs must be installed: check with [`ensure_crds_installed`] first, or the controllers
+/// retry their watches until they are.
 pub async fn run(
     context: Context,
     on_ready: impl FnOnce() + Send + 'static,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), RunError> {
-    ensure_crds_installed(&context).await?;
+) {
     let shutdown = ShutdownSignal::from_future(shutdown);
     let clusters = cluster::ClusterControllers::new(&context);
     let stores = clusters.stores();
@@ -116,25 +107,4 @@ pub async fn run(
         on_ready();
     };
     futures::future::join(ready, clusters.run(shutdown)).await;
-    Ok(())
-}
-
-/// Fails with a useful message when the CRDs are missing, instead of controllers that retry
-/// their watches forever. Lists in a watched namespace: the manager may lack cluster-wide rights.
-async fn ensure_crds_installed(context: &Context) -> Result<(), RunError> {
-    let client = context.client.clone();
-    let clusters = match context.settings.watch_namespaces.first() {
-        Some(namespace) => Api::<PostgreSQLCluster>::namespaced(client, namespace),
-        None => Api::<PostgreSQLCluster>::all(client),
-    };
-    match clusters
-        .list_metadata(&ListParams::default().limit(1))
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.is_not_found() => Err(RunError::MissingCrd {
-            crd: "postgresqlclusters.db.example.com".to_owned(),
-        }),
-        Err(error) => Err(error.into()),
-    }
 }

@@ -8,7 +8,6 @@
 //! so the pod restarts as a follower.
 
 mod args;
-mod crd_check;
 mod endpoints;
 mod kube_client;
 mod leader;
@@ -50,7 +49,9 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
     let lease_timings = args.lease_timings()?;
     let burst = NonZeroU32::new(args.kube_api_burst).unwrap_or(NonZeroU32::MIN);
     let client = kube_client::connect(args.kube_api_qps, burst).await?;
-    crd_check::ensure_installed(&client, &crd_check::pgkube_crd_names()).await?;
+    let settings = args.settings();
+    // Before leader election, so that a follower fails as fast as a leader would.
+    pgkube_controllers::ensure_crds_installed(&client, &settings.watch_namespaces).await?;
 
     let mut registry = Registry::default();
     let metrics = Arc::new(pgkube_controllers::Metrics::register(&mut registry));
@@ -80,7 +81,7 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
 
     let context = pgkube_controllers::Context {
         client,
-        settings: Arc::new(args.settings()),
+        settings: Arc::new(settings),
         metrics,
     };
     let outcome = match election {
@@ -170,7 +171,7 @@ async fn release(leadership: Leadership) {
     }
 }
 
-type ControllersTask = JoinHandle<Result<(), pgkube_controllers::RunError>>;
+type ControllersTask = JoinHandle<()>;
 
 fn spawn_controllers(
     context: pgkube_controllers::Context,
@@ -205,13 +206,8 @@ async fn finish_in_flight(
     }
 }
 
-fn controllers_outcome(
-    stopped: Result<Result<(), pgkube_controllers::RunError>, tokio::task::JoinError>,
-) -> anyhow::Result<()> {
-    match stopped {
-        Ok(result) => result.context("controllers stopped"),
-        Err(join_error) => Err(anyhow::anyhow!("controllers task failed: {join_error}")),
-    }
+fn controllers_outcome(stopped: Result<(), tokio::task::JoinError>) -> anyhow::Result<()> {
+    stopped.map_err(|join_error| anyhow::anyhow!("controllers task failed: {join_error}"))
 }
 
 /// Cancels `shutdown` on SIGTERM or SIGINT.

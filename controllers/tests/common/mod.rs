@@ -138,9 +138,7 @@ impl Running {
             let shutdown = async move {
                 let _ = stopped.await;
             };
-            pgkube_controllers::run(context, on_ready, shutdown)
-                .await
-                .expect("controllers run");
+            pgkube_controllers::run(context, on_ready, shutdown).await;
         });
         tokio::time::timeout(Duration::from_secs(60), ready_rx)
             .await
