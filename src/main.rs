@@ -4,12 +4,12 @@
 //! - `pgkube crd`: prints the CRD YAML of every pgkube kind.
 //! - `pgkube agent backup|restore`: the data path that runs inside backup and restore Jobs.
 
-mod agent;
 mod manager;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use pgkube::agent;
 
 #[derive(Parser)]
 #[command(name = "pgkube", version, about = "Kubernetes operator for PostgreSQL")]

@@ -42,11 +42,11 @@ mod backup;
 mod download;
 mod error;
 mod manifest;
-mod multipart;
+pub mod multipart;
 mod postgres;
 mod report;
 mod restore;
-mod storage;
+pub mod storage;
 
 use std::path::PathBuf;
 

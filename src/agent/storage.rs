@@ -118,9 +118,9 @@ impl Store {
         })
     }
 
-    /// A store over a ready client, for tests that talk to the test bed's S3 server.
-    #[cfg(test)]
-    pub fn for_tests(client: Client, bucket: &str, backup_name: &str) -> Self {
+    /// A store over a ready client (for tests that bring their own, such as the test bed's):
+    /// no server-side encryption, signed payloads, 3 attempts per request.
+    pub fn with_client(client: Client, bucket: &str, backup_name: &str) -> Self {
         Self {
             client,
             bucket: bucket.to_string(),

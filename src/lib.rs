@@ -1,0 +1,6 @@
+//! The pgkube library: the backup and restore agent's data path ([`agent`]), which the `pgkube`
+//! binary runs as `pgkube agent ...`. It is a library so that integration tests can drive its
+//! parts (the multipart upload and its buffer pool, for one) against the test bed's real S3
+//! server; the manager (`pgkube run`) lives in the binary.
+
+pub mod agent;
