@@ -8,9 +8,9 @@ mod manager_common;
 use std::time::Duration;
 
 use kube::api::Api;
-use manager_common::{Manager, create_cluster, wait_until_running};
+use manager_common::{Manager, RUNNING_TIMEOUT, create_cluster};
 use pgkube_crds::PostgreSQLCluster;
-use pgkube_testkit::{TestEnv, TestNamespace, install_crds, testbed};
+use pgkube_testkit::{TestEnv, TestNamespace, install_crds, testbed, wait_for_cluster_running};
 
 const DEPLOY_NAMESPACE: &str = "pgkube-system";
 
@@ -61,7 +61,8 @@ async fn the_manager_runs_with_only_the_rights_of_deploy_rbac() {
 
     let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), namespace.name());
     create_cluster(&clusters, "rbac", 2).await;
-    let reached = wait_until_running(&clusters, "rbac").await;
+    let reached =
+        wait_for_cluster_running(&client, namespace.name(), "rbac", RUNNING_TIMEOUT).await;
     let output = manager.output().join("\n");
     reached.unwrap_or_else(|error| panic!("{error}\nmanager output:\n{output}"));
     assert!(

@@ -16,9 +16,9 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;
 use kube::api::Api;
-use manager_common::{Manager, create_cluster, wait_until_running};
+use manager_common::{Manager, RUNNING_TIMEOUT, create_cluster};
 use pgkube_crds::PostgreSQLCluster;
-use pgkube_testkit::{TestNamespace, install_crds, testbed};
+use pgkube_testkit::{TestNamespace, install_crds, testbed, wait_for_cluster_running};
 
 type Received = Arc<Mutex<Vec<Bytes>>>;
 
@@ -69,7 +69,7 @@ async fn reconcile_traces_are_exported_by_otlp_and_flushed_on_sigterm() {
 
     let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), namespace.name());
     create_cluster(&clusters, "traced", 1).await;
-    wait_until_running(&clusters, "traced")
+    wait_for_cluster_running(&client, namespace.name(), "traced", RUNNING_TIMEOUT)
         .await
         .expect("cluster Running");
 

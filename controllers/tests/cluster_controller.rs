@@ -844,6 +844,24 @@ async fn scheduling_fields_reach_the_pods_and_are_quiet_once_applied() {
     running.stop().await;
 }
 
+/// pgkube-testkit names a cluster's children and credentials keys as the controllers do (its
+/// end-to-end helpers find a cluster's Service and Secret by these names).
+#[test]
+fn the_testkit_agrees_with_the_controllers_on_child_names_and_keys() {
+    use pgkube_controllers::cluster::build::{ChildNames, PASSWORD_KEY, USERNAME_KEY};
+    let longest = "a".repeat(pgkube_testkit::MAX_CLUSTER_NAME);
+    for name in ["db", "my-cluster-2", longest.as_str()] {
+        let names = ChildNames::for_cluster(name);
+        assert_eq!(
+            pgkube_testkit::client_service_name(name),
+            names.client_service
+        );
+        assert_eq!(pgkube_testkit::credentials_secret_name(name), names.secret);
+    }
+    assert_eq!(pgkube_testkit::USERNAME_KEY, USERNAME_KEY);
+    assert_eq!(pgkube_testkit::PASSWORD_KEY, PASSWORD_KEY);
+}
+
 /// The distinct successive phases of cluster `name`, as a watch sees them from now on.
 fn record_phases(running: &Running, name: &str) -> Arc<Mutex<Vec<ClusterPhase>>> {
     let phases = Arc::new(Mutex::new(Vec::new()));

@@ -8,9 +8,8 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, PostParams};
-use pgkube_crds::{ClusterPhase, PostgreSQLCluster};
+use kube::api::{Api, PostParams};
+use pgkube_crds::PostgreSQLCluster;
 use pgkube_testkit::{TestEnv, wait_until};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -37,68 +36,9 @@ pub async fn create_cluster(
         .expect("cluster created")
 }
 
-/// Waits until the cluster `name` reports phase Running. On timeout the error also shows the
-/// cluster's status and its pods' conditions, to tell a manager fault from a test-bed one.
-pub async fn wait_until_running(
-    clusters: &Api<PostgreSQLCluster>,
-    name: &str,
-) -> anyhow::Result<()> {
-    let waited = wait_until(
-        &format!("cluster {name} to be Running"),
-        Duration::from_secs(90),
-        || async {
-            let phase = clusters.get(name).await?.status.and_then(|s| s.phase);
-            Ok((phase == Some(ClusterPhase::Running)).then_some(()))
-        },
-    )
-    .await;
-    match waited {
-        Ok(()) => Ok(()),
-        Err(error) => Err(error.context(describe_cluster(clusters, name).await)),
-    }
-}
-
-/// The cluster's status and, for each of its namespace's pods, its phase and conditions.
-async fn describe_cluster(clusters: &Api<PostgreSQLCluster>, name: &str) -> String {
-    let cluster = match clusters.get(name).await {
-        Ok(cluster) => cluster,
-        Err(error) => return format!("cluster {name} unreadable: {error}"),
-    };
-    let status = serde_json::to_string(&cluster.status).unwrap_or_default();
-    let namespace = cluster.metadata.namespace.unwrap_or_default();
-    let pods: Api<Pod> = Api::namespaced(clusters.clone().into_client(), &namespace);
-    let pods = match pods.list(&ListParams::default()).await {
-        Ok(list) => list
-            .items
-            .iter()
-            .map(|pod| {
-                let status = pod.status.clone().unwrap_or_default();
-                let conditions: Vec<String> = status
-                    .conditions
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|c| {
-                        format!(
-                            "{}={} {}",
-                            c.type_,
-                            c.status,
-                            c.message.clone().unwrap_or_default()
-                        )
-                    })
-                    .collect();
-                format!(
-                    "{} {:?} [{}]",
-                    pod.metadata.name.clone().unwrap_or_default(),
-                    status.phase,
-                    conditions.join("; ")
-                )
-            })
-            .collect::<Vec<_>>()
-            .join(" | "),
-        Err(error) => format!("pods unreadable: {error}"),
-    };
-    format!("cluster status {status}; pods: {pods}")
-}
+/// How long a manager may take to bring a small cluster to Running on the kwok nodes; wait
+/// with `pgkube_testkit::wait_for_cluster_running`, which explains a timeout.
+pub const RUNNING_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// A running `pgkube run` process.
 pub struct Manager {

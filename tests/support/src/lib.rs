@@ -1,10 +1,10 @@
 //! Test support for pgkube's integration tests.
 //!
 //! Integration tests run against the local test bed that `tests/testbed/up` starts: a real
-//! Kubernetes control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok nodes and
-//! a storage provisioner), a PostgreSQL server and a Garage S3 server, all on 127.0.0.1. `up`
-//! writes what a test needs to reach them into `target/testbed/env`; this crate reads it and
-//! hands out clients and throwaway resources:
+//! Kubernetes control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok nodes,
+//! a real node whose pods run as local processes, and a storage provisioner), a PostgreSQL
+//! server and a Garage S3 server, all on loopback. `up` writes what a test needs to reach them
+//! into `target/testbed/env`; this crate reads it and hands out clients and throwaway resources:
 //!
 //! ```no_run
 //! # async fn example() -> anyhow::Result<()> {
@@ -20,23 +20,68 @@
 //! Every test gets its own namespace, database and bucket, so tests run in parallel. Each of
 //! them is removed by `cleanup()`, or on drop (best effort) when a test panics first.
 //!
-//! Kubernetes clients come from [`TestEnv`] only ([`TestEnv::kube_client`],
-//! [`TestEnv::kube_client_with_token`], [`TestEnv::kube_config`] to add layers), and every test
-//! that needs pgkube's CRDs installs them with [`install_crds`].
+//! # What it offers
+//!
+//! - [`testbed`]: the [`TestEnv`], or a skip when `PGKUBE_SKIP_TESTBED_TESTS=1` and the test bed
+//!   is not running. Kubernetes clients come from it only: [`TestEnv::kube_client`] (admin),
+//!   [`TestEnv::kube_client_with_token`] (a bearer token, such as a ServiceAccount's),
+//!   [`TestEnv::kube_config`] (to add layers), [`TestEnv::kubeconfig_with_token`] (for a process);
+//!   [`TestEnv::kubectl`] and [`TestEnv::s3_client`] too.
+//! - [`install_crds`]: installs pgkube's CRDs by server-side apply and waits until they are
+//!   Established and served. Every test that needs the CRDs calls it; it is idempotent.
+//! - [`TestNamespace`], [`TestDatabase`], [`TestBucket`]: fresh, uniquely named resources.
+//! - [`wait_until`]: polling with a timeout and a message naming what was awaited.
+//! - End-to-end clusters on the test bed's real node [`LOCAL_NODE`]:
+//!   - [`local_node_scheduling`]: the `nodeSelector` `pgkube.io/testbed-node: local` and the
+//!     toleration of the taint `pgkube.io/testbed-node=local:NoSchedule` that put a pod there
+//!     (apply it to any pod spec or cluster spec);
+//!   - [`TestCluster::builder`]: a `PostgreSQLCluster` (PostgreSQL 15, 1 replica, 1Gi, on the
+//!     real node unless changed); `.start(&namespace)` creates it and waits until it is Running
+//!     (180 s by default; the error shows the cluster's status and its pods' containers);
+//!   - [`TestCluster::sql`]: a `tokio_postgres` connection to the cluster's client Service, as
+//!     the superuser from its credentials Secret;
+//!   - [`service_addresses`]: a Service's ready pods' `IP:port`, resolved as the node agent's DNS
+//!     does (pods matching the selector), since EndpointSlices cannot hold loopback addresses;
+//!   - [`wait_for_cluster_running`] and [`describe_cluster`] for clusters made otherwise.
+//!
+//! ```no_run
+//! # async fn example() -> anyhow::Result<()> {
+//! use pgkube_testkit::{TestCluster, TestNamespace, install_crds, testbed};
+//! let Some(env) = testbed() else { return Ok(()) };
+//! let client = env.kube_client().await;
+//! install_crds(&client).await;
+//! let namespace = TestNamespace::create(&client, "e2e").await;
+//! // ... start a manager watching namespace.name() ...
+//! let cluster = TestCluster::builder("db").start(&namespace).await?;
+//! let row = cluster.sql().await?.query_one("SELECT 1", &[]).await?;
+//! assert_eq!(row.get::<_, i32>(0), 1);
+//! namespace.cleanup().await;
+//! # Ok(())
+//! # }
+//! ```
 
 mod bucket;
+mod cluster;
 mod crds;
 mod database;
 mod env;
 mod names;
 mod namespace;
+mod service;
 mod wait;
 
 pub use bucket::TestBucket;
+pub use cluster::{
+    CLUSTER_RUNNING_TIMEOUT, LOCAL_NODE, LOCAL_NODE_LABEL, LOCAL_NODE_LABEL_VALUE,
+    MAX_CLUSTER_NAME, NodeScheduling, PASSWORD_KEY, TestCluster, TestClusterBuilder, USERNAME_KEY,
+    client_service_name, credentials_secret_name, describe_cluster, local_node_scheduling,
+    wait_for_cluster_running,
+};
 pub use crds::{CRD_FIELD_MANAGER, install_crds};
 pub use database::TestDatabase;
 pub use env::{SKIP_ENV_VAR, TestEnv, testbed};
 pub use namespace::TestNamespace;
+pub use service::{pod_addresses, service_addresses};
 pub use wait::wait_until;
 
 /// Re-exported so tests name S3 and PostgreSQL types without their own dependency on them.

@@ -42,6 +42,11 @@ impl TestNamespace {
         &self.name
     }
 
+    /// The admin client the namespace was created with.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     /// Starts deleting the namespace (the namespace controller removes its contents).
     pub async fn cleanup(mut self) {
         self.cleaned_up = true;

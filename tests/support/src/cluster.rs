@@ -1,0 +1,593 @@
+//! PostgreSQL clusters on the test bed's real node, for end-to-end tests.
+//!
+//! The test bed has one real node, [`LOCAL_NODE`], whose pods run as local processes, each with
+//! its own loopback address as `status.podIP`, reachable from the test process. The node is
+//! labelled and tainted so that only pods that ask for it land there:
+//! [`local_node_scheduling`] gives the `nodeSelector` and toleration that do. [`TestCluster`]
+//! creates a `PostgreSQLCluster` there, waits until it runs, and connects to it with SQL.
+//!
+//! Names: pgkube names a cluster's children after it (`controllers/src/names.rs`); a name that
+//! is a DNS label of at most [`MAX_CLUSTER_NAME`] characters is used verbatim, which is what
+//! [`client_service_name`] and [`credentials_secret_name`] assume (the controllers' tests check
+//! that they agree).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodSpec, Secret, Toleration};
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client};
+use pgkube_crds::{ClusterPhase, PostgreSQLCluster, PostgreSQLClusterSpec, PostgresVersion};
+use tokio_postgres::NoTls;
+
+use crate::service::service_addresses;
+use crate::{TestNamespace, wait_until};
+
+/// The test bed's real node: its pods run as local processes.
+pub const LOCAL_NODE: &str = "testbed-local";
+/// Label (and taint key) of the real node.
+pub const LOCAL_NODE_LABEL: &str = "pgkube.io/testbed-node";
+/// Value of [`LOCAL_NODE_LABEL`] (and of the taint) on the real node.
+pub const LOCAL_NODE_LABEL_VALUE: &str = "local";
+/// How long a new cluster may take to reach Running by default.
+pub const CLUSTER_RUNNING_TIMEOUT: Duration = Duration::from_secs(180);
+/// Longest cluster name whose children pgkube names verbatim (`<name>-postgresql` is a
+/// StatefulSet name, at most 52 characters).
+pub const MAX_CLUSTER_NAME: usize = 41;
+/// Keys of the credentials Secret.
+pub const USERNAME_KEY: &str = "username";
+pub const PASSWORD_KEY: &str = "password";
+
+/// A `nodeSelector` and tolerations that put a pod on a node.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeScheduling {
+    pub node_selector: BTreeMap<String, String>,
+    pub tolerations: Vec<Toleration>,
+}
+
+impl NodeScheduling {
+    /// Adds these to a pod spec (keeping what it already has).
+    pub fn apply_to_pod(&self, pod: &mut PodSpec) {
+        pod.node_selector
+            .get_or_insert_with(BTreeMap::new)
+            .extend(self.node_selector.clone());
+        pod.tolerations
+            .get_or_insert_with(Vec::new)
+            .extend(self.tolerations.iter().cloned());
+    }
+
+    /// Adds these to a cluster's scheduling fields (keeping what it already has).
+    pub fn apply_to_cluster(&self, spec: &mut PostgreSQLClusterSpec) {
+        spec.node_selector.extend(self.node_selector.clone());
+        spec.tolerations.extend(self.tolerations.iter().cloned());
+    }
+}
+
+/// What puts a pod on the real node [`LOCAL_NODE`]: the `nodeSelector`
+/// `pgkube.io/testbed-node: local` and the toleration of its taint
+/// `pgkube.io/testbed-node=local:NoSchedule`.
+pub fn local_node_scheduling() -> NodeScheduling {
+    NodeScheduling {
+        node_selector: BTreeMap::from([(
+            LOCAL_NODE_LABEL.to_owned(),
+            LOCAL_NODE_LABEL_VALUE.to_owned(),
+        )]),
+        tolerations: vec![Toleration {
+            key: Some(LOCAL_NODE_LABEL.to_owned()),
+            operator: Some("Equal".to_owned()),
+            value: Some(LOCAL_NODE_LABEL_VALUE.to_owned()),
+            effect: Some("NoSchedule".to_owned()),
+            ..Toleration::default()
+        }],
+    }
+}
+
+/// Name of the Service clients connect to (for a name of at most [`MAX_CLUSTER_NAME`]).
+pub fn client_service_name(cluster: &str) -> String {
+    format!("{cluster}-postgresql")
+}
+
+/// Name of the Secret holding the superuser's `username` and `password`.
+pub fn credentials_secret_name(cluster: &str) -> String {
+    format!("{cluster}-postgresql-credentials")
+}
+
+/// Builds a [`TestCluster`]: PostgreSQL 15, 1 replica, 1Gi, on the real node, unless changed.
+#[derive(Clone, Debug)]
+pub struct TestClusterBuilder {
+    cluster: PostgreSQLCluster,
+    timeout: Duration,
+}
+
+impl TestClusterBuilder {
+    pub fn replicas(mut self, replicas: i32) -> Self {
+        self.cluster.spec.replicas = replicas;
+        self
+    }
+
+    pub fn version(mut self, version: PostgresVersion) -> Self {
+        self.cluster.spec.version = version;
+        self
+    }
+
+    pub fn storage(mut self, storage: &str) -> Self {
+        self.cluster.spec.storage = storage.to_owned();
+        self
+    }
+
+    /// Any other change to the spec.
+    pub fn spec(mut self, change: impl FnOnce(&mut PostgreSQLClusterSpec)) -> Self {
+        change(&mut self.cluster.spec);
+        self
+    }
+
+    /// How long [`TestClusterBuilder::start`] waits for Running ([`CLUSTER_RUNNING_TIMEOUT`]).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The object that would be created.
+    pub fn cluster(&self) -> &PostgreSQLCluster {
+        &self.cluster
+    }
+
+    /// Creates the cluster in `namespace`, without waiting.
+    pub async fn create(self, namespace: &TestNamespace) -> anyhow::Result<TestCluster> {
+        let client = namespace.client().clone();
+        let name = self.cluster.metadata.name.clone().unwrap_or_default();
+        Api::<PostgreSQLCluster>::namespaced(client.clone(), namespace.name())
+            .create(&PostParams::default(), &self.cluster)
+            .await
+            .with_context(|| format!("creating PostgreSQLCluster {name}"))?;
+        Ok(TestCluster {
+            client,
+            namespace: namespace.name().to_owned(),
+            name,
+        })
+    }
+
+    /// Creates the cluster in `namespace` and waits until it is Running; the error tells the
+    /// cluster's status and its namespace's pods.
+    pub async fn start(self, namespace: &TestNamespace) -> anyhow::Result<TestCluster> {
+        let timeout = self.timeout;
+        let cluster = self.create(namespace).await?;
+        cluster.wait_running(timeout).await?;
+        Ok(cluster)
+    }
+}
+
+/// A `PostgreSQLCluster` made by a test. A manager (or the controllers in-process) must run to
+/// bring it up; the namespace's cleanup removes it.
+#[derive(Clone)]
+pub struct TestCluster {
+    client: Client,
+    namespace: String,
+    name: String,
+}
+
+impl TestCluster {
+    /// A cluster called `name` (a DNS label of at most [`MAX_CLUSTER_NAME`] characters):
+    /// PostgreSQL 15, 1 replica, 1Gi of storage, scheduled on the real node [`LOCAL_NODE`].
+    pub fn builder(name: &str) -> TestClusterBuilder {
+        assert!(
+            name.len() <= MAX_CLUSTER_NAME && is_dns_label(name),
+            "test cluster name {name:?} must be a DNS label of at most {MAX_CLUSTER_NAME} characters"
+        );
+        let mut spec = PostgreSQLClusterSpec {
+            replicas: 1,
+            version: PostgresVersion::V15,
+            storage: "1Gi".to_owned(),
+            resources: None,
+            backup: None,
+            node_selector: BTreeMap::new(),
+            tolerations: Vec::new(),
+            affinity: None,
+        };
+        local_node_scheduling().apply_to_cluster(&mut spec);
+        TestClusterBuilder {
+            cluster: PostgreSQLCluster::new(name, spec),
+            timeout: CLUSTER_RUNNING_TIMEOUT,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// The clusters of the test's namespace.
+    pub fn api(&self) -> Api<PostgreSQLCluster> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// The cluster as the API server has it now.
+    pub async fn get(&self) -> anyhow::Result<PostgreSQLCluster> {
+        self.api()
+            .get(&self.name)
+            .await
+            .with_context(|| format!("reading PostgreSQLCluster {}", self.name))
+    }
+
+    /// Waits until the cluster is Running for its current generation.
+    pub async fn wait_running(&self, timeout: Duration) -> anyhow::Result<PostgreSQLCluster> {
+        wait_for_cluster_running(&self.client, &self.namespace, &self.name, timeout).await
+    }
+
+    /// The addresses of the ready instances behind the cluster's client Service.
+    pub async fn addresses(&self) -> anyhow::Result<Vec<SocketAddr>> {
+        service_addresses(
+            &self.client,
+            &self.namespace,
+            &client_service_name(&self.name),
+        )
+        .await
+    }
+
+    /// The superuser's name and password, from the cluster's credentials Secret.
+    pub async fn credentials(&self) -> anyhow::Result<(String, String)> {
+        let name = credentials_secret_name(&self.name);
+        let secret = Api::<Secret>::namespaced(self.client.clone(), &self.namespace)
+            .get(&name)
+            .await
+            .with_context(|| format!("reading Secret {name}"))?;
+        let value = |key: &str| -> anyhow::Result<String> {
+            let bytes = secret
+                .data
+                .as_ref()
+                .and_then(|data| data.get(key))
+                .with_context(|| format!("Secret {name} has no {key}"))?;
+            String::from_utf8(bytes.0.clone()).with_context(|| format!("{key} in {name}"))
+        };
+        Ok((value(USERNAME_KEY)?, value(PASSWORD_KEY)?))
+    }
+
+    /// A SQL connection, as the superuser, to database `postgres` of a ready instance behind
+    /// the cluster's client Service (the first address that accepts it).
+    pub async fn sql(&self) -> anyhow::Result<tokio_postgres::Client> {
+        let (user, password) = self.credentials().await?;
+        let service = client_service_name(&self.name);
+        let addresses = self.addresses().await?;
+        anyhow::ensure!(
+            !addresses.is_empty(),
+            "Service {service} has no ready pod to connect to"
+        );
+        let mut failures = Vec::new();
+        for address in addresses {
+            let mut config = tokio_postgres::Config::new();
+            config
+                .host(address.ip().to_string())
+                .port(address.port())
+                .user(&user)
+                .password(&password)
+                .dbname("postgres")
+                .connect_timeout(Duration::from_secs(10));
+            match config.connect(NoTls).await {
+                Ok((client, connection)) => {
+                    tokio::spawn(async move {
+                        if let Err(error) = connection.await {
+                            eprintln!("connection to {address} ended: {error}");
+                        }
+                    });
+                    return Ok(client);
+                }
+                Err(error) => failures.push(format!("{address}: {error}")),
+            }
+        }
+        anyhow::bail!(
+            "no instance behind Service {service} accepted a connection: {}",
+            failures.join("; ")
+        )
+    }
+}
+
+/// Waits until cluster `name` in `namespace` reports phase Running for its current generation.
+/// On timeout the error also shows the cluster's status and its namespace's pods (phase,
+/// conditions, container states), to tell a manager fault from a test bed one.
+pub async fn wait_for_cluster_running(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    timeout: Duration,
+) -> anyhow::Result<PostgreSQLCluster> {
+    let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), namespace);
+    let waited = wait_until(
+        &format!("cluster {namespace}/{name} to be Running"),
+        timeout,
+        || async {
+            let cluster = clusters.get(name).await?;
+            let status = cluster.status.as_ref();
+            let running = status.and_then(|s| s.phase) == Some(ClusterPhase::Running)
+                && status.and_then(|s| s.observed_generation) == cluster.metadata.generation;
+            Ok(running.then_some(cluster))
+        },
+    )
+    .await;
+    match waited {
+        Ok(cluster) => Ok(cluster),
+        Err(error) => Err(anyhow::anyhow!(
+            "{error:#}\n{}",
+            describe_cluster(client, namespace, name).await
+        )),
+    }
+}
+
+/// The cluster's status and its namespace's pods, in one paragraph for a failure message.
+pub async fn describe_cluster(client: &Client, namespace: &str, name: &str) -> String {
+    let cluster = Api::<PostgreSQLCluster>::namespaced(client.clone(), namespace)
+        .get(name)
+        .await
+        .map_err(|error| error.to_string());
+    let pods = Api::<Pod>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default())
+        .await
+        .map(|list| list.items)
+        .map_err(|error| error.to_string());
+    describe(name, cluster, pods)
+}
+
+fn describe(
+    name: &str,
+    cluster: Result<PostgreSQLCluster, String>,
+    pods: Result<Vec<Pod>, String>,
+) -> String {
+    let cluster = match cluster {
+        Ok(cluster) => format!(
+            "cluster {name} status {}",
+            serde_json::to_string(&cluster.status).unwrap_or_default()
+        ),
+        Err(error) => format!("cluster {name} unreadable: {error}"),
+    };
+    let pods = match pods {
+        Ok(pods) if pods.is_empty() => "none".to_owned(),
+        Ok(pods) => pods
+            .iter()
+            .map(describe_pod)
+            .collect::<Vec<_>>()
+            .join(" | "),
+        Err(error) => format!("unreadable: {error}"),
+    };
+    format!("{cluster}; pods: {pods}")
+}
+
+/// `name phase node ip [conditions] containers: ...`.
+fn describe_pod(pod: &Pod) -> String {
+    let name = pod.metadata.name.as_deref().unwrap_or("?");
+    let node = pod
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.node_name.as_deref())
+        .unwrap_or("unscheduled");
+    let status = pod.status.clone().unwrap_or_default();
+    let conditions: Vec<String> = status
+        .conditions
+        .iter()
+        .flatten()
+        .map(|c| {
+            let message = c.message.as_deref().unwrap_or_default();
+            format!("{}={} {message}", c.type_, c.status)
+                .trim_end()
+                .to_owned()
+        })
+        .collect();
+    let containers: Vec<String> = status
+        .init_container_statuses
+        .iter()
+        .flatten()
+        .chain(status.container_statuses.iter().flatten())
+        .map(describe_container)
+        .collect();
+    format!(
+        "{name} {} on {node} ip {} [{}] containers: {}",
+        status.phase.as_deref().unwrap_or("?"),
+        status.pod_ip.as_deref().unwrap_or("-"),
+        conditions.join("; "),
+        if containers.is_empty() {
+            "none".to_owned()
+        } else {
+            containers.join(", ")
+        }
+    )
+}
+
+/// `name ready=B restarts=N <state>[, last: <state>]`.
+fn describe_container(container: &ContainerStatus) -> String {
+    let state = |state: &k8s_openapi::api::core::v1::ContainerState| {
+        if let Some(waiting) = &state.waiting {
+            format!(
+                "waiting {} {}",
+                waiting.reason.as_deref().unwrap_or_default(),
+                waiting.message.as_deref().unwrap_or_default()
+            )
+        } else if let Some(terminated) = &state.terminated {
+            format!(
+                "terminated exit {} {} {}",
+                terminated.exit_code,
+                terminated.reason.as_deref().unwrap_or_default(),
+                terminated.message.as_deref().unwrap_or_default()
+            )
+        } else if state.running.is_some() {
+            "running".to_owned()
+        } else {
+            "unknown".to_owned()
+        }
+        .trim_end()
+        .to_owned()
+    };
+    let mut text = format!(
+        "{} ready={} restarts={} {}",
+        container.name,
+        container.ready,
+        container.restart_count,
+        container.state.as_ref().map(state).unwrap_or_default()
+    );
+    if let Some(last) = container
+        .last_state
+        .as_ref()
+        .filter(|last| last.terminated.is_some())
+    {
+        text.push_str(&format!(" (last: {})", state(last)));
+    }
+    text
+}
+
+/// A DNS-1035 label: lowercase letters, digits and `-`, starting with a letter, not ending
+/// with `-`.
+fn is_dns_label(name: &str) -> bool {
+    name.starts_with(|c: char| c.is_ascii_lowercase())
+        && !name.ends_with('-')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateTerminated, ContainerStateWaiting, PodCondition, PodStatus,
+    };
+    use kube::api::ObjectMeta;
+
+    #[test]
+    fn the_local_node_scheduling_is_its_label_and_taint() {
+        let scheduling = local_node_scheduling();
+        assert_eq!(
+            scheduling.node_selector,
+            BTreeMap::from([("pgkube.io/testbed-node".to_owned(), "local".to_owned())])
+        );
+        let toleration = &scheduling.tolerations[..];
+        assert_eq!(toleration.len(), 1);
+        assert_eq!(
+            (
+                toleration[0].key.as_deref(),
+                toleration[0].operator.as_deref(),
+                toleration[0].value.as_deref(),
+                toleration[0].effect.as_deref()
+            ),
+            (
+                Some("pgkube.io/testbed-node"),
+                Some("Equal"),
+                Some("local"),
+                Some("NoSchedule")
+            )
+        );
+    }
+
+    #[test]
+    fn local_node_scheduling_adds_to_a_pod_without_losing_its_own() {
+        let mut pod = PodSpec {
+            node_selector: Some(BTreeMap::from([("disk".to_owned(), "ssd".to_owned())])),
+            ..PodSpec::default()
+        };
+        local_node_scheduling().apply_to_pod(&mut pod);
+        let selector = pod.node_selector.expect("node selector");
+        assert_eq!(selector.len(), 2);
+        assert_eq!(selector["pgkube.io/testbed-node"], "local");
+        assert_eq!(pod.tolerations.map(|t| t.len()), Some(1));
+    }
+
+    #[test]
+    fn the_default_test_cluster_is_small_and_on_the_local_node() {
+        let builder = TestCluster::builder("db");
+        let json = serde_json::to_value(builder.cluster()).expect("json");
+        assert_eq!(json["apiVersion"], "db.example.com/v1alpha1");
+        assert_eq!(json["kind"], "PostgreSQLCluster");
+        assert_eq!(json["metadata"]["name"], "db");
+        assert_eq!(
+            json["spec"],
+            serde_json::json!({
+                "replicas": 1,
+                "version": "15",
+                "storage": "1Gi",
+                "nodeSelector": {"pgkube.io/testbed-node": "local"},
+                "tolerations": [{
+                    "key": "pgkube.io/testbed-node",
+                    "operator": "Equal",
+                    "value": "local",
+                    "effect": "NoSchedule"
+                }],
+            })
+        );
+        let bigger = TestCluster::builder("db")
+            .replicas(3)
+            .version(PostgresVersion::V16)
+            .storage("2Gi")
+            .spec(|spec| spec.resources = None);
+        let spec = &bigger.cluster().spec;
+        assert_eq!(
+            (spec.replicas, spec.version, spec.storage.as_str()),
+            (3, PostgresVersion::V16, "2Gi")
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "must be a DNS label")]
+    fn a_name_pgkube_would_shorten_is_refused() {
+        TestCluster::builder(&"a".repeat(MAX_CLUSTER_NAME + 1));
+    }
+
+    #[test]
+    fn names_of_the_children_tests_use() {
+        assert_eq!(client_service_name("db"), "db-postgresql");
+        assert_eq!(credentials_secret_name("db"), "db-postgresql-credentials");
+        assert!(is_dns_label("db-1") && !is_dns_label("1db") && !is_dns_label("db-"));
+        assert!(!is_dns_label("my.db") && !is_dns_label("DB"));
+    }
+
+    #[test]
+    fn a_failure_description_shows_status_conditions_and_container_states() {
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some("db-postgresql-0".to_owned()),
+                ..ObjectMeta::default()
+            },
+            status: Some(PodStatus {
+                phase: Some("Pending".to_owned()),
+                conditions: Some(vec![PodCondition {
+                    type_: "PodScheduled".to_owned(),
+                    status: "False".to_owned(),
+                    message: Some("0/3 nodes are available".to_owned()),
+                    ..PodCondition::default()
+                }]),
+                container_statuses: Some(vec![ContainerStatus {
+                    name: "postgresql".to_owned(),
+                    restart_count: 2,
+                    state: Some(ContainerState {
+                        waiting: Some(ContainerStateWaiting {
+                            reason: Some("CrashLoopBackOff".to_owned()),
+                            message: None,
+                        }),
+                        ..ContainerState::default()
+                    }),
+                    last_state: Some(ContainerState {
+                        terminated: Some(ContainerStateTerminated {
+                            exit_code: 1,
+                            reason: Some("Error".to_owned()),
+                            ..ContainerStateTerminated::default()
+                        }),
+                        ..ContainerState::default()
+                    }),
+                    ..ContainerStatus::default()
+                }]),
+                ..PodStatus::default()
+            }),
+            ..Pod::default()
+        };
+        let cluster = TestCluster::builder("db").cluster().clone();
+        let text = describe("db", Ok(cluster), Ok(vec![pod]));
+        assert_eq!(
+            text,
+            "cluster db status null; pods: db-postgresql-0 Pending on unscheduled ip - \
+             [PodScheduled=False 0/3 nodes are available] containers: postgresql ready=false \
+             restarts=2 waiting CrashLoopBackOff (last: terminated exit 1 Error)"
+        );
+        let unreadable = describe("db", Err("gone".to_owned()), Ok(Vec::new()));
+        assert_eq!(unreadable, "cluster db unreadable: gone; pods: none");
+    }
+}
