@@ -224,3 +224,12 @@ func TestAProgramThatDoesNotExistIsAStartError(t *testing.T) {
 		t.Errorf("start error = %v", err)
 	}
 }
+
+func TestImageUsersReplaceHostUsersWithTheSameNameOrID(t *testing.T) {
+	host := []string{"root:x:0:0::/root:/bin/bash", "postgres:x:101:104::/var/lib/postgresql:/bin/bash", "other:x:999:999::/:/bin/sh"}
+	got := addEntries(host, []string{"postgres:x:999:999:PostgreSQL:/var/lib/postgresql:/bin/bash"})
+	want := []string{"root:x:0:0::/root:/bin/bash", "postgres:x:999:999:PostgreSQL:/var/lib/postgresql:/bin/bash"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("passwd %v, want %v", got, want)
+	}
+}

@@ -38,6 +38,9 @@ type provider struct {
 	notify   func(*corev1.Pod)
 	services []*corev1.Service
 	dnsDirty chan struct{}
+	// shuttingDown: the agent is stopping; pods' processes stop but the pods stay in the API,
+	// as when a kubelet stops.
+	shuttingDown bool
 }
 
 func newProvider(ctx context.Context, cfg config, client kubernetes.Interface) (*provider, error) {
@@ -187,7 +190,10 @@ func (p *provider) forget(runtime *podRuntime, deleteFromAPI bool) {
 	p.mu.Unlock()
 	p.releaseIP(runtime.ip)
 	p.markDNSDirty()
-	if !deleteFromAPI {
+	p.mu.Lock()
+	shuttingDown := p.shuttingDown
+	p.mu.Unlock()
+	if !deleteFromAPI || shuttingDown {
 		return
 	}
 	uid := pod.UID
@@ -205,6 +211,7 @@ func (p *provider) forget(runtime *podRuntime, deleteFromAPI bool) {
 // stopAll kills every pod's processes when the agent stops: nothing outlives the node.
 func (p *provider) stopAll() {
 	p.mu.Lock()
+	p.shuttingDown = true
 	runtimes := make([]*podRuntime, 0, len(p.pods))
 	for _, runtime := range p.pods {
 		runtimes = append(runtimes, runtime)

@@ -81,20 +81,19 @@ func (r *podRuntime) writeIdentityFiles() error {
 	return os.WriteFile(filepath.Join(r.dir, "etc/group"), []byte(strings.Join(groupLines, "\n")+"\n"), 0o644)
 }
 
-// addEntries appends passwd or group lines whose name and numeric id are both new.
+// addEntries adds the image's passwd or group lines; they replace the host's lines with the
+// same name or numeric id (the image's postgres user is 999, the host's may be another).
 func addEntries(lines, extra []string) []string {
-	taken := map[string]bool{}
-	for _, line := range lines {
-		fields := strings.Split(line, ":")
-		if len(fields) > 2 {
-			taken["name:"+fields[0]], taken["id:"+fields[2]] = true, true
-		}
-	}
 	for _, line := range extra {
 		fields := strings.Split(line, ":")
-		if len(fields) > 2 && !taken["name:"+fields[0]] && !taken["id:"+fields[2]] && !slices.Contains(lines, line) {
-			lines = append(lines, line)
+		if len(fields) < 3 {
+			continue
 		}
+		lines = slices.DeleteFunc(lines, func(existing string) bool {
+			other := strings.Split(existing, ":")
+			return len(other) > 2 && (other[0] == fields[0] || other[2] == fields[2])
+		})
+		lines = append(lines, line)
 	}
 	return lines
 }

@@ -44,6 +44,12 @@ if [[ ! -s "$PGDATA/PG_VERSION" ]]; then
     # shellcheck disable=SC2086 # POSTGRES_INITDB_ARGS is a list of options, split on purpose
     initdb --username="$user" --pwfile="$pwfile" "${waldir[@]}" ${POSTGRES_INITDB_ARGS:-}
     rm -f "$pwfile"
+    # initdb trusts 127.0.0.1, which in a container is the pod itself. On the test bed, pods
+    # share the host's loopback and 127.0.0.1 is the host (and the test process): the pod's own
+    # address takes its place, so only the pod itself is trusted, as in a real pod.
+    if [[ -n "${PGKUBE_TESTBED_POD_IP:-}" ]]; then
+        sed -i "s|127\.0\.0\.1/32|$PGKUBE_TESTBED_POD_IP/32|" "$PGDATA/pg_hba.conf"
+    fi
     printf '\nhost all all all %s\n' "$auth" >>"$PGDATA/pg_hba.conf"
     printf "\nlisten_addresses = '*'\n" >>"$PGDATA/postgresql.conf"
     db="${POSTGRES_DB:-$user}"
