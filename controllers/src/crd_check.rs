@@ -81,12 +81,14 @@ pub async fn ensure_installed(
             };
             match api.list_metadata(&ListParams::default().limit(1)).await {
                 Ok(_) => {}
-                Err(kube::Error::Api(status)) if status.is_not_found() => {
+                // By code: for a group it does not serve at all, the API server answers with a
+                // plain-text "404 page not found", not a Status with reason NotFound.
+                Err(kube::Error::Api(status)) if status.code == 404 => {
                     missing.push(crd_name(kind));
                     // Not served anywhere: no need to look in the other namespaces.
                     break;
                 }
-                Err(kube::Error::Api(status)) if status.is_forbidden() => {
+                Err(kube::Error::Api(status)) if status.code == 403 => {
                     return Err(CrdCheckError::Forbidden {
                         resource: crd_name(kind),
                         scope: scope_text(*scope),
