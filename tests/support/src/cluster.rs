@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodSpec, Secret, Toleration};
-use kube::api::{ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use pgkube_crds::{ClusterPhase, PostgreSQLCluster, PostgreSQLClusterSpec, PostgresVersion};
 use tokio_postgres::NoTls;
@@ -217,6 +217,26 @@ impl TestCluster {
     /// Waits until the cluster is Running for its current generation.
     pub async fn wait_running(&self, timeout: Duration) -> anyhow::Result<PostgreSQLCluster> {
         wait_for_cluster_running(&self.client, &self.namespace, &self.name, timeout).await
+    }
+
+    /// Deletes the cluster and waits until it is gone. Call it while the manager still runs:
+    /// the manager removes the cluster's finalizer, without which neither the cluster nor its
+    /// namespace can go.
+    pub async fn delete(&self, timeout: Duration) -> anyhow::Result<()> {
+        let clusters = self.api();
+        match clusters.delete(&self.name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
+            Err(error) => {
+                return Err(error).with_context(|| format!("deleting cluster {}", self.name));
+            }
+        }
+        wait_until(
+            &format!("cluster {} to be deleted", self.name),
+            timeout,
+            || async { Ok(clusters.get_opt(&self.name).await?.is_none().then_some(())) },
+        )
+        .await
     }
 
     /// The addresses of the ready instances behind the cluster's client Service.

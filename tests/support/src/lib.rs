@@ -39,7 +39,8 @@
 //!     real node unless changed); `.start(&namespace)` creates it and waits until it is Running
 //!     (180 s by default; the error shows the cluster's status and its pods' containers);
 //!   - [`TestCluster::sql`]: a `tokio_postgres` connection to the cluster's client Service, as
-//!     the superuser from its credentials Secret;
+//!     the superuser from its credentials Secret; [`TestCluster::delete`] deletes the cluster
+//!     while the manager still runs (its finalizer would otherwise hold the namespace);
 //!   - [`service_addresses`]: a Service's ready pods' `IP:port`, resolved as the node agent's DNS
 //!     does (pods matching the selector), since EndpointSlices cannot hold loopback addresses;
 //!   - [`wait_for_cluster_running`] and [`describe_cluster`] for clusters made otherwise.
@@ -55,6 +56,8 @@
 //! let cluster = TestCluster::builder("db").start(&namespace).await?;
 //! let row = cluster.sql().await?.query_one("SELECT 1", &[]).await?;
 //! assert_eq!(row.get::<_, i32>(0), 1);
+//! cluster.delete(std::time::Duration::from_secs(60)).await?;
+//! // ... stop the manager ...
 //! namespace.cleanup().await;
 //! # Ok(())
 //! # }
