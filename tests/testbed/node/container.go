@@ -190,12 +190,9 @@ func (c *containerRuntime) ranFor() time.Duration {
 	return c.last.FinishedAt.Sub(c.last.StartedAt.Time)
 }
 
-// terminated records an exit: the previous termination becomes the last state.
+// terminated records an exit. It becomes the last state when the container starts again.
 func (c *containerRuntime) terminated(state *corev1.ContainerStateTerminated) {
 	c.pod.mu.Lock()
-	if c.last != nil {
-		c.lastState = corev1.ContainerState{Terminated: c.last}
-	}
 	state.ContainerID = c.containerID
 	c.last = state
 	c.state = corev1.ContainerState{Terminated: state}
@@ -260,6 +257,9 @@ func (c *containerRuntime) start() (*process, error) {
 	proc.logPath = logFile.Name()
 	proc.policy = c.spec.TerminationMessagePolicy
 	c.pod.mu.Lock()
+	if c.last != nil {
+		c.lastState = corev1.ContainerState{Terminated: c.last}
+	}
 	c.proc = proc
 	c.everStarted = true
 	c.state = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(proc.startedAt)}}

@@ -13,6 +13,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 const (
@@ -58,30 +60,48 @@ func containerInit() {
 
 // setUpMounts makes the container's view: a private copy of the mount tree, its own /proc,
 // then the bind mounts, shallowest first so that nested mount points land inside the mounts
-// above them instead of on the host.
+// above them instead of on the host. Every source is opened first: a mount over /tmp would
+// otherwise hide a source that lives under /tmp.
 func setUpMounts(mounts []mountSpec) error {
+	sources := make([]*os.File, len(mounts))
+	for i, m := range mounts {
+		fd, err := unix.Open(m.Source, unix.O_PATH|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("mounting %s at %s: %w", m.Source, m.Target, err)
+		}
+		sources[i] = os.NewFile(uintptr(fd), m.Source)
+	}
+	defer func() {
+		for _, f := range sources {
+			f.Close()
+		}
+	}()
 	if err := syscall.Mount("", "/", "", syscall.MS_REC|syscall.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("making the mount tree private: %w", err)
 	}
 	if err := syscall.Mount("proc", "/proc", "proc", syscall.MS_NOSUID|syscall.MS_NODEV|syscall.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mounting /proc: %w", err)
 	}
-	sort.SliceStable(mounts, func(i, j int) bool {
-		return strings.Count(filepath.Clean(mounts[i].Target), "/") < strings.Count(filepath.Clean(mounts[j].Target), "/")
-	})
-	for _, m := range mounts {
-		if err := bindMount(m); err != nil {
+	order := make([]int, len(mounts))
+	for i := range order {
+		order[i] = i
+	}
+	depth := func(i int) int { return strings.Count(filepath.Clean(mounts[i].Target), "/") }
+	sort.SliceStable(order, func(a, b int) bool { return depth(order[a]) < depth(order[b]) })
+	for _, i := range order {
+		source := fmt.Sprintf("/proc/self/fd/%d", sources[i].Fd())
+		if err := bindMount(source, mounts[i]); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func bindMount(m mountSpec) error {
+func bindMount(source string, m mountSpec) error {
 	if err := ensureMountPoint(m.Target, m.File); err != nil {
 		return fmt.Errorf("creating the mount point %s: %w", m.Target, err)
 	}
-	if err := syscall.Mount(m.Source, m.Target, "", syscall.MS_BIND|syscall.MS_REC, ""); err != nil {
+	if err := syscall.Mount(source, m.Target, "", syscall.MS_BIND|syscall.MS_REC, ""); err != nil {
 		return fmt.Errorf("mounting %s at %s: %w", m.Source, m.Target, err)
 	}
 	if m.ReadOnly {

@@ -192,12 +192,19 @@ func TestAContainerProcessGetsItsMountsUserHostnameAndExitCode(t *testing.T) {
 	defer log.Close()
 	target := filepath.Join(dir, "mounted")
 	script := `hostname; id -u; id -g; echo "$GREETING"; cat ` + target + `; echo "pid $$"; echo gone >/dev/termination-log; exit 3`
+	privateTmp := filepath.Join(dir, "tmp")
+	if err := os.Mkdir(privateTmp, 0o1777); err != nil {
+		t.Fatal(err)
+	}
 	proc, err := startProcess(containerSpec{
 		Argv: []string{"sh", "-c", script}, Env: []string{"PATH=" + standardPath, "GREETING=hello"},
 		WorkDir: "/", Hostname: "pod-a", UID: 999, GID: 999,
+		// The pod's own /tmp hides the host's, where this test's sources are: they must be
+		// opened before it is mounted.
 		Mounts: []mountSpec{
 			{Source: volume, Target: target, File: true, ReadOnly: true},
 			{Source: termination, Target: "/dev/termination-log", File: true},
+			{Source: privateTmp, Target: "/tmp"},
 		},
 	}, log, false)
 	if err != nil {
