@@ -1,0 +1,106 @@
+//! End to end on the test bed's real node `testbed-local`: the cluster controller's
+//! StatefulSet pod really runs PostgreSQL 15 there, the pod becomes Ready because its real
+//! `pg_isready` probe passes, the generated password really logs in, and the data volume keeps
+//! the rows when the pod is deleted and the StatefulSet makes it again.
+
+mod common;
+
+use std::time::Duration;
+
+use common::Running;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::DeleteParams;
+use pgkube_testkit::tokio_postgres::{self, NoTls};
+use pgkube_testkit::{LOCAL_NODE, TestCluster, wait_until};
+
+const RESYNC: Duration = Duration::from_secs(30);
+const POD_BACK_TIMEOUT: Duration = Duration::from_secs(180);
+
+#[tokio::test]
+async fn a_version_15_cluster_on_the_real_node_serves_sql_and_keeps_its_rows_across_a_pod_restart()
+{
+    let Some(running) = Running::start("real-node", RESYNC).await else {
+        return;
+    };
+    let cluster = TestCluster::builder("pg")
+        .start(&running.namespace)
+        .await
+        .expect("the cluster becomes Running on the real node");
+
+    let pods = running.api::<Pod>();
+    let pod = pods.get("pg-postgresql-0").await.expect("the instance pod");
+    assert_eq!(
+        pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some(LOCAL_NODE)
+    );
+
+    let sql = cluster
+        .sql()
+        .await
+        .expect("login with the Secret's password");
+    sql.batch_execute(
+        "CREATE TABLE notes (id int PRIMARY KEY, body text NOT NULL);
+         INSERT INTO notes VALUES (1, 'survives a restart');",
+    )
+    .await
+    .expect("a table and a row");
+    let version: String = sql
+        .query_one("SHOW server_version_num", &[])
+        .await
+        .expect("server version")
+        .get(0);
+    assert!(version.starts_with("15"), "server_version_num {version}");
+    drop(sql);
+
+    // The password is checked: the same user with another password is refused.
+    let (user, _) = cluster.credentials().await.expect("credentials");
+    let address = cluster.addresses().await.expect("addresses")[0];
+    let refused = tokio_postgres::Config::new()
+        .host(address.ip().to_string())
+        .port(address.port())
+        .user(&user)
+        .password("not-the-password")
+        .dbname("postgres")
+        .connect(NoTls)
+        .await
+        .err()
+        .expect("a wrong password is refused");
+    assert_eq!(
+        refused.code(),
+        Some(&tokio_postgres::error::SqlState::INVALID_PASSWORD),
+        "{refused:?}"
+    );
+
+    let old_uid = pod.uid().expect("pod uid");
+    pods.delete("pg-postgresql-0", &DeleteParams::default())
+        .await
+        .expect("pod deleted");
+    wait_until("a new pg-postgresql-0, Ready", POD_BACK_TIMEOUT, || async {
+        let Some(pod) = pods.get_opt("pg-postgresql-0").await? else {
+            return Ok(None);
+        };
+        let ready = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        Ok((pod.uid() != Some(old_uid.clone()) && ready).then_some(()))
+    })
+    .await
+    .expect("the StatefulSet makes the pod again");
+    cluster
+        .wait_running(POD_BACK_TIMEOUT)
+        .await
+        .expect("the cluster is Running again");
+
+    let sql = cluster.sql().await.expect("login after the restart");
+    let body: String = sql
+        .query_one("SELECT body FROM notes WHERE id = 1", &[])
+        .await
+        .expect("the row")
+        .get(0);
+    assert_eq!(body, "survives a restart");
+    drop(sql);
+    running.stop().await;
+}

@@ -1,0 +1,552 @@
+//! The test bed's real node, `testbed-local`: pods bound to it run as local processes, and the
+//! API server, the scheduler and kube-controller-manager see them as a kubelet reports them.
+//! These tests run small shell pods (the `busybox` image maps to the host's shell and tools).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ContainerStatus, PersistentVolumeClaim, Pod, PodSpec, Service};
+use kube::api::{DeleteParams, LogParams, PostParams};
+use kube::{Api, Client};
+use pgkube_testkit::{TestNamespace, local_node_scheduling, testbed, wait_until};
+use serde_json::json;
+
+const POD_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A pod on the real node whose one container runs `script` with the host's shell;
+/// `container` and `pod` are merged into the container and the pod.
+fn shell_pod(
+    name: &str,
+    script: &str,
+    container: serde_json::Value,
+    pod: serde_json::Value,
+) -> Pod {
+    let mut main =
+        json!({ "name": "main", "image": "busybox:1.36", "command": ["sh", "-c", script] });
+    merge_values(&mut main, container);
+    let mut pod_json = json!({
+        "metadata": { "name": name, "labels": { "app": name } },
+        "spec": { "containers": [main] },
+    });
+    merge_values(&mut pod_json, pod);
+    let mut pod: Pod = serde_json::from_value(pod_json).expect("pod JSON");
+    let spec = pod.spec.get_or_insert_with(PodSpec::default);
+    local_node_scheduling().apply_to_pod(spec);
+    pod
+}
+
+/// Merges `patch` into `target`: objects merge key by key, anything else replaces.
+fn merge_values(target: &mut serde_json::Value, patch: serde_json::Value) {
+    match (target, patch) {
+        (serde_json::Value::Object(target), serde_json::Value::Object(patch)) => {
+            for (key, value) in patch {
+                merge_values(target.entry(key).or_insert(serde_json::Value::Null), value);
+            }
+        }
+        (target, patch) => *target = patch,
+    }
+}
+
+async fn create_pod(pods: &Api<Pod>, pod: &Pod) -> Pod {
+    pods.create(&PostParams::default(), pod)
+        .await
+        .unwrap_or_else(|e| panic!("creating pod: {e}"))
+}
+
+/// Waits until the pod satisfies `done`, showing its status if it never does.
+async fn wait_pod(pods: &Api<Pod>, name: &str, what: &str, done: impl Fn(&Pod) -> bool) -> Pod {
+    let result = wait_until(&format!("pod {name} {what}"), POD_TIMEOUT, || async {
+        let pod = pods.get(name).await?;
+        Ok(done(&pod).then_some(pod))
+    })
+    .await;
+    match result {
+        Ok(pod) => pod,
+        Err(error) => {
+            let status = pods.get(name).await.ok().and_then(|p| p.status);
+            panic!("{error:#}\nlast status: {status:#?}")
+        }
+    }
+}
+
+fn phase(pod: &Pod) -> &str {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn container(pod: &Pod) -> ContainerStatus {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|c| c.first().cloned())
+        .expect("a container status")
+}
+
+fn pod_ip(pod: &Pod) -> String {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.pod_ip.clone())
+        .expect("a pod IP")
+}
+
+async fn logs(pods: &Api<Pod>, name: &str) -> String {
+    pods.logs(name, &LogParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("logs of {name}: {e}"))
+}
+
+async fn setup(prefix: &str) -> Option<(Client, TestNamespace)> {
+    let env = testbed()?;
+    let client = env.kube_client().await;
+    let namespace = TestNamespace::create(&client, prefix).await;
+    Some((client, namespace))
+}
+
+#[tokio::test]
+async fn a_failing_pod_ends_failed_with_its_exit_code_and_termination_message() {
+    let Some((client, namespace)) = setup("node-exit").await else {
+        return;
+    };
+    let pods: Api<Pod> = Api::namespaced(client, namespace.name());
+    let never = json!({ "spec": { "restartPolicy": "Never" } });
+    let message = shell_pod(
+        "message",
+        "echo 'to the log'; echo 'the reason it stopped' > /dev/termination-log; exit 3",
+        json!({}),
+        never.clone(),
+    );
+    let fallback = shell_pod(
+        "fallback",
+        "echo 'first line'; echo 'last words'; exit 2",
+        json!({ "terminationMessagePolicy": "FallbackToLogsOnError" }),
+        never,
+    );
+    create_pod(&pods, &message).await;
+    create_pod(&pods, &fallback).await;
+
+    let failed = wait_pod(&pods, "message", "Failed", |p| phase(p) == "Failed").await;
+    let terminated = container(&failed)
+        .state
+        .and_then(|s| s.terminated)
+        .expect("terminated");
+    assert_eq!(terminated.exit_code, 3);
+    assert_eq!(terminated.reason.as_deref(), Some("Error"));
+    assert_eq!(
+        terminated.message.as_deref(),
+        Some("the reason it stopped\n")
+    );
+    // `kubectl logs` goes through the API server to the node's kubelet API.
+    assert_eq!(logs(&pods, "message").await, "to the log\n");
+
+    let failed = wait_pod(&pods, "fallback", "Failed", |p| phase(p) == "Failed").await;
+    let terminated = container(&failed)
+        .state
+        .and_then(|s| s.terminated)
+        .expect("terminated");
+    assert_eq!(terminated.exit_code, 2);
+    assert_eq!(
+        terminated.message.as_deref(),
+        Some("first line\nlast words")
+    );
+    namespace.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_job_runs_to_completion() {
+    let Some((client, namespace)) = setup("node-job").await else {
+        return;
+    };
+    // The pod sees its own name as hostname, its namespace through the downward API, and its
+    // Secret as a file with the requested mode.
+    let template = shell_pod(
+        "unused",
+        r#"test "$(hostname)" = "$POD_NAME" && test "$(cat /secret/token)" = s3cr3t &&
+           test "$(stat -c %a /secret/token)" = 400 && echo "done in $POD_NAMESPACE""#,
+        json!({
+            "env": [
+                { "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
+                { "name": "POD_NAMESPACE", "valueFrom": { "fieldRef": { "fieldPath": "metadata.namespace" } } },
+            ],
+            "volumeMounts": [{ "name": "secret", "mountPath": "/secret", "readOnly": true }],
+        }),
+        json!({ "spec": {
+            "restartPolicy": "Never",
+            "volumes": [{ "name": "secret", "secret": { "secretName": "job-secret", "defaultMode": 0o400 } }],
+        } }),
+    );
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), namespace.name());
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": { "name": "job-secret" }, "stringData": { "token": "s3cr3t" },
+            }))
+            .expect("secret JSON"),
+        )
+        .await
+        .expect("secret created");
+    let job: Job = serde_json::from_value(json!({
+        "metadata": { "name": "once" },
+        "spec": {
+            "backoffLimit": 0,
+            "template": { "spec": serde_json::to_value(template.spec).expect("pod spec") },
+        },
+    }))
+    .expect("job JSON");
+    let jobs: Api<Job> = Api::namespaced(client.clone(), namespace.name());
+    jobs.create(&PostParams::default(), &job)
+        .await
+        .expect("job created");
+    let complete = wait_until("job once Complete", POD_TIMEOUT, || async {
+        let job = jobs.get("once").await?;
+        let status = job.status.clone().unwrap_or_default();
+        if status.failed.unwrap_or(0) > 0 {
+            anyhow::bail!("the job's pod failed: {status:?}");
+        }
+        let complete = status
+            .conditions
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Complete" && c.status == "True");
+        Ok(complete.then_some(job))
+    })
+    .await
+    .expect("the job completes");
+    assert_eq!(complete.status.and_then(|s| s.succeeded), Some(1));
+    let pods: Api<Pod> = Api::namespaced(client, namespace.name());
+    let job_pods = pods
+        .list(&kube::api::ListParams::default().labels("job-name=once"))
+        .await
+        .expect("job pods");
+    let pod = job_pods.items.first().expect("one job pod");
+    let name = pod.metadata.name.clone().expect("pod name");
+    assert_eq!(
+        logs(&pods, &name).await,
+        format!("done in {}\n", namespace.name())
+    );
+    namespace.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_service_name_resolves_from_inside_another_pod() {
+    let Some((client, namespace)) = setup("node-dns").await else {
+        return;
+    };
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace.name());
+    // The server listens on 0.0.0.0:8080; on this node that is its own address, so it does not
+    // collide with anything else listening on 8080.
+    let server = shell_pod(
+        "web",
+        "mkdir -p /tmp/site && echo hello-from-web > /tmp/site/index.html && cd /tmp/site && exec python3 -m http.server 8080",
+        json!({
+            "ports": [{ "name": "http", "containerPort": 8080 }],
+            "readinessProbe": { "tcpSocket": { "port": "http" }, "periodSeconds": 1 },
+            "livenessProbe": { "httpGet": { "path": "/", "port": 8080 }, "periodSeconds": 2 },
+        }),
+        json!({}),
+    );
+    create_pod(&pods, &server).await;
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace.name());
+    services
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": "web" },
+            "spec": { "selector": { "app": "web" }, "ports": [{ "port": 8080, "targetPort": "http" }] },
+        })).expect("service JSON"))
+        .await
+        .expect("service created");
+    let server = wait_pod(&pods, "web", "Ready", is_ready).await;
+    let server_ip = pod_ip(&server);
+
+    let fetch = format!(
+        "getent hosts web.{ns}.svc && getent hosts web.{ns}.svc.cluster.local && \
+         python3 -c \"import urllib.request; print(urllib.request.urlopen('http://web.{ns}.svc:8080/').read().decode().strip())\"",
+        ns = namespace.name()
+    );
+    let client_pod = shell_pod(
+        "client",
+        &fetch,
+        json!({}),
+        json!({ "spec": { "restartPolicy": "Never" } }),
+    );
+    create_pod(&pods, &client_pod).await;
+    let client_pod = wait_pod(&pods, "client", "finished", |p| {
+        matches!(phase(p), "Succeeded" | "Failed")
+    })
+    .await;
+    let output = logs(&pods, "client").await;
+    assert_eq!(phase(&client_pod), "Succeeded", "client output: {output}");
+    let lines: Vec<&str> = output.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!("{server_ip} ")),
+        "web.NS.svc resolved as {lines:?}, the server is {server_ip}"
+    );
+    assert!(
+        lines[1].starts_with(&format!("{server_ip} ")),
+        "the cluster.local name: {lines:?}"
+    );
+    assert_eq!(lines[2], "hello-from-web");
+    // The test process reaches the pod's address directly too.
+    let body = reqwest_free_get(&server_ip, 8080).await;
+    assert!(
+        body.contains("hello-from-web"),
+        "GET http://{server_ip}:8080/ gave {body}"
+    );
+    namespace.cleanup().await;
+}
+
+/// A plain HTTP/1.0 GET over a TCP stream (the test needs no HTTP client crate for one request).
+async fn reqwest_free_get(ip: &str, port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect((ip, port))
+        .await
+        .expect("connect to the pod");
+    stream
+        .write_all(b"GET / HTTP/1.0\r\n\r\n")
+        .await
+        .expect("request");
+    let mut body = String::new();
+    stream.read_to_string(&mut body).await.expect("response");
+    body
+}
+
+/// PIDs of the processes that belong to the pod with this address (the node agent gives every
+/// process of a pod the variable PGKUBE_TESTBED_POD_IP).
+fn processes_of_pod(ip: &str) -> Vec<u32> {
+    let needle = format!("PGKUBE_TESTBED_POD_IP={ip}");
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if environ
+            .split(|b| *b == 0)
+            .any(|var| var == needle.as_bytes())
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+#[tokio::test]
+async fn deleting_a_pod_stops_its_processes_within_the_grace_period() {
+    let Some((client, namespace)) = setup("node-delete").await else {
+        return;
+    };
+    let pods: Api<Pod> = Api::namespaced(client, namespace.name());
+    let out = tempfile_dir();
+    // PID 1 ignores SIGTERM: only the SIGKILL at the end of the grace period stops it.
+    let stubborn = shell_pod(
+        "stubborn",
+        "trap '' TERM; sleep 3600 & wait; sleep 3600",
+        json!({}),
+        json!({ "spec": { "terminationGracePeriodSeconds": 3 } }),
+    );
+    // This one stops on SIGTERM and says so in a file the test can read afterwards.
+    let polite = shell_pod(
+        "polite",
+        "trap 'echo got-TERM > /out/polite; exit 0' TERM; sleep 3600 & wait",
+        json!({ "volumeMounts": [{ "name": "out", "mountPath": "/out" }] }),
+        json!({ "spec": {
+            "terminationGracePeriodSeconds": 30,
+            "volumes": [{ "name": "out", "hostPath": { "path": out.to_str().expect("utf-8 path") } }],
+        } }),
+    );
+    create_pod(&pods, &stubborn).await;
+    create_pod(&pods, &polite).await;
+    for name in ["stubborn", "polite"] {
+        let pod = wait_pod(&pods, name, "Running", |p| phase(p) == "Running").await;
+        let ip = pod_ip(&pod);
+        // sh and sleep: the pod's processes are there before the deletion.
+        wait_until(&format!("two processes of {name}"), POD_TIMEOUT, || async {
+            Ok((processes_of_pod(&ip).len() >= 2).then_some(()))
+        })
+        .await
+        .expect("the pod's processes run");
+        let started = Instant::now();
+        pods.delete(name, &DeleteParams::default())
+            .await
+            .expect("pod deleted");
+        wait_until(
+            &format!("{name}'s processes gone"),
+            Duration::from_secs(40),
+            || async { Ok(processes_of_pod(&ip).is_empty().then_some(())) },
+        )
+        .await
+        .expect("the processes stop");
+        let took = started.elapsed();
+        match name {
+            // Killed when its 3 s ran out, not before.
+            "stubborn" => assert!(
+                took >= Duration::from_millis(2500),
+                "stubborn stopped after {took:?}"
+            ),
+            // Stopped by SIGTERM, long before its 30 s.
+            _ => assert!(
+                took < Duration::from_secs(20),
+                "polite stopped after {took:?}"
+            ),
+        }
+        wait_until(
+            &format!("{name} removed from the API"),
+            Duration::from_secs(40),
+            || async { Ok(pods.get_opt(name).await?.is_none().then_some(())) },
+        )
+        .await
+        .expect("the pod object goes once its processes are gone");
+    }
+    assert_eq!(
+        std::fs::read_to_string(out.join("polite")).expect("polite's file"),
+        "got-TERM\n"
+    );
+    std::fs::remove_dir_all(&out).ok();
+    namespace.cleanup().await;
+}
+
+/// A directory for a hostPath volume that any user can write.
+fn tempfile_dir() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(pgkube_testkit_unique("pgkube-node-test"));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    set_mode(&dir, 0o777);
+    dir
+}
+
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+fn pgkube_testkit_unique(prefix: &str) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    format!("{prefix}-{}-{nanos}", std::process::id())
+}
+
+#[tokio::test]
+async fn a_restarted_container_and_a_new_pod_keep_the_volume_data() {
+    let Some((client, namespace)) = setup("node-volume").await else {
+        return;
+    };
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), namespace.name());
+    claims
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": "data" },
+            "spec": { "accessModes": ["ReadWriteOnce"], "resources": { "requests": { "storage": "1Gi" } } },
+        })).expect("claim JSON"))
+        .await
+        .expect("claim created");
+    let pods: Api<Pod> = Api::namespaced(client, namespace.name());
+    // The first run writes a line and fails; the restart finds the line, adds one and stays.
+    let script = "echo run >> /data/runs; if [ \"$(wc -l < /data/runs)\" -ge 2 ]; then exec sleep 3600; fi; exit 1";
+    let with_volume = |name: &str, script: &str, pod: serde_json::Value| {
+        let mut pod_json = json!({ "spec": {
+            "securityContext": { "runAsUser": 999, "runAsGroup": 999, "fsGroup": 999 },
+            "volumes": [{ "name": "data", "persistentVolumeClaim": { "claimName": "data" } }],
+        } });
+        merge_values(&mut pod_json, pod);
+        let mount = json!({ "volumeMounts": [{ "name": "data", "mountPath": "/data" }] });
+        shell_pod(name, script, mount, pod_json)
+    };
+    create_pod(&pods, &with_volume("writer", script, json!({}))).await;
+    let restarted = wait_pod(&pods, "writer", "running again after a restart", |p| {
+        let Some(status) = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first().cloned())
+        else {
+            return false;
+        };
+        status.restart_count == 1 && status.state.is_some_and(|s| s.running.is_some())
+    })
+    .await;
+    let last = container(&restarted)
+        .last_state
+        .and_then(|s| s.terminated)
+        .expect("the first run's end");
+    assert_eq!(last.exit_code, 1);
+    pods.delete("writer", &DeleteParams::default().grace_period(1))
+        .await
+        .expect("writer deleted");
+    wait_until("writer gone", POD_TIMEOUT, || async {
+        Ok(pods.get_opt("writer").await?.is_none().then_some(()))
+    })
+    .await
+    .expect("writer removed");
+
+    create_pod(
+        &pods,
+        &with_volume(
+            "reader",
+            "cat /data/runs; ls -ld /data | cut -d' ' -f1",
+            json!({ "spec": { "restartPolicy": "Never" } }),
+        ),
+    )
+    .await;
+    let reader = wait_pod(&pods, "reader", "finished", |p| {
+        matches!(phase(p), "Succeeded" | "Failed")
+    })
+    .await;
+    let output = logs(&pods, "reader").await;
+    assert_eq!(phase(&reader), "Succeeded", "reader output: {output}");
+    assert_eq!(
+        output, "run\nrun\ndrwxrwsr-x\n",
+        "the data and the fsGroup's setgid directory"
+    );
+    namespace.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_image_that_is_not_mapped_waits_with_a_clear_reason() {
+    let Some((client, namespace)) = setup("node-image").await else {
+        return;
+    };
+    let pods: Api<Pod> = Api::namespaced(client, namespace.name());
+    let pod = shell_pod(
+        "future",
+        "true",
+        json!({ "image": "postgres:99" }),
+        json!({}),
+    );
+    create_pod(&pods, &pod).await;
+    let waiting = wait_pod(&pods, "future", "waiting on its image", |p| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first().cloned())
+            .and_then(|c| c.state)
+            .and_then(|s| s.waiting)
+            .is_some_and(|w| w.reason.as_deref() == Some("ErrImagePull"))
+    })
+    .await;
+    let message = container(&waiting)
+        .state
+        .and_then(|s| s.waiting)
+        .and_then(|w| w.message)
+        .unwrap_or_default();
+    assert!(
+        message.contains("PostgreSQL 99, which is not installed"),
+        "{message}"
+    );
+    assert_eq!(phase(&waiting), "Pending");
+    let labels: BTreeMap<String, String> = waiting.metadata.labels.unwrap_or_default();
+    assert_eq!(labels.get("app").map(String::as_str), Some("future"));
+    namespace.cleanup().await;
+}
