@@ -3,4 +3,7 @@
 //! parts (the multipart upload and its buffer pool, for one) against the test bed's real S3
 //! server; the manager (`pgkube run`) lives in the binary.
 
+// The agent's docs describe its private parts too, as they did when it was only in the binary.
+#![allow(rustdoc::private_intra_doc_links)]
+
 pub mod agent;
