@@ -550,3 +550,116 @@ async fn an_image_that_is_not_mapped_waits_with_a_clear_reason() {
     assert_eq!(labels.get("app").map(String::as_str), Some("future"));
     namespace.cleanup().await;
 }
+
+#[tokio::test]
+async fn init_containers_run_in_order_and_pgkube_s_image_runs_the_checkout_s_binary() {
+    let Some((client, namespace)) = setup("node-init").await else {
+        return;
+    };
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), namespace.name());
+    config_maps
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": { "name": "settings" },
+                "data": { "greeting": "hello", "COLOR": "blue" },
+            }))
+            .expect("configmap JSON"),
+        )
+        .await
+        .expect("configmap created");
+    let pods: Api<Pod> = Api::namespaced(client, namespace.name());
+    let work = json!([{ "name": "work", "mountPath": "/work" }]);
+    let pod = shell_pod(
+        "ordered",
+        "cat /work/order; echo \"$GREETING $COLOR\"",
+        json!({
+            "volumeMounts": work,
+            "env": [{ "name": "GREETING", "valueFrom": { "configMapKeyRef": { "name": "settings", "key": "greeting" } } }],
+            "envFrom": [{ "configMapRef": { "name": "settings" } }],
+        }),
+        json!({ "spec": {
+            "restartPolicy": "Never",
+            "volumes": [{ "name": "work", "emptyDir": {} }],
+            "initContainers": [
+                { "name": "first", "image": "busybox:1.36", "command": ["sh", "-c", "echo first > /work/order"],
+                  "volumeMounts": work },
+                // pgkube's image: its entrypoint is the binary built from this checkout, and it
+                // runs as the image's user, 65532.
+                { "name": "second", "image": "ghcr.io/pgkube/pgkube:latest", "args": ["--version"],
+                  "volumeMounts": work },
+                { "name": "third", "image": "busybox:1.36",
+                  "command": ["sh", "-c", "echo third >> /work/order"], "volumeMounts": work },
+            ],
+        } }),
+    );
+    create_pod(&pods, &pod).await;
+    let done = wait_pod(&pods, "ordered", "finished", |p| {
+        matches!(phase(p), "Succeeded" | "Failed")
+    })
+    .await;
+    assert_eq!(phase(&done), "Succeeded", "{:#?}", done.status);
+    assert_eq!(logs(&pods, "ordered").await, "first\nthird\nhello blue\n");
+    let version = pods
+        .logs(
+            "ordered",
+            &LogParams {
+                container: Some("second".to_owned()),
+                ..LogParams::default()
+            },
+        )
+        .await
+        .expect("logs of the pgkube init container");
+    assert_eq!(
+        version.trim(),
+        format!("pgkube {}", env!("CARGO_PKG_VERSION"))
+    );
+    namespace.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_failing_liveness_probe_restarts_the_container() {
+    let Some((client, namespace)) = setup("node-liveness").await else {
+        return;
+    };
+    let pods: Api<Pod> = Api::namespaced(client, namespace.name());
+    // Healthy for its first run only: the marker lives in the container's volume, so the second
+    // run finds it and stays healthy.
+    let script = "if [ -e /state/restarted ]; then touch /tmp/healthy; else touch /state/restarted; fi; exec sleep 3600";
+    let pod = shell_pod(
+        "sickly",
+        script,
+        json!({
+            "volumeMounts": [{ "name": "state", "mountPath": "/state" }],
+            "livenessProbe": {
+                "exec": { "command": ["test", "-e", "/tmp/healthy"] },
+                "periodSeconds": 1, "failureThreshold": 2,
+            },
+        }),
+        json!({ "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "volumes": [{ "name": "state", "emptyDir": {} }],
+        } }),
+    );
+    create_pod(&pods, &pod).await;
+    let restarted = wait_pod(&pods, "sickly", "restarted once and running", |p| {
+        let Some(status) = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .and_then(|c| c.first().cloned())
+        else {
+            return false;
+        };
+        status.restart_count == 1 && status.state.is_some_and(|s| s.running.is_some())
+    })
+    .await;
+    let last = container(&restarted)
+        .last_state
+        .and_then(|s| s.terminated)
+        .expect("the killed run");
+    // `sleep` as PID 1 does not handle SIGTERM: the kill comes at the end of the grace period.
+    assert_eq!(last.exit_code, 137, "{last:?}");
+    namespace.cleanup().await;
+}
