@@ -130,6 +130,11 @@ func (c *containerRuntime) supervise(policy corev1.RestartPolicy) bool {
 		default:
 			c.pod.event(corev1.EventTypeNormal, "Started", "Started container %s", c.spec.Name)
 			go c.probe(proc)
+			if c.pod.isStopping() {
+				// The pod's deletion came while the process was starting, before it was there
+				// to be signalled.
+				proc.stop(c.pod.stopGrace())
+			}
 			c.terminated(proc.wait())
 		}
 		if c.pod.isStopping() || !shouldRestart(policy, c.succeeded()) {

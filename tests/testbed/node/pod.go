@@ -31,6 +31,7 @@ type podRuntime struct {
 	sandboxUp   bool
 	finished    bool // every container is done for good (or the pod failed)
 	terminating bool
+	cleanedUp   bool
 	grace       time.Duration
 	stopping    chan struct{} // closed when termination starts
 	done        chan struct{} // closed when no process of the pod is left
@@ -187,6 +188,13 @@ func (r *podRuntime) terminate(grace time.Duration) {
 	}
 }
 
+// stopGrace is the grace period of the termination under way.
+func (r *podRuntime) stopGrace() time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.grace
+}
+
 // run is the pod's whole life.
 func (r *podRuntime) run() {
 	pod := r.snapshot()
@@ -256,11 +264,14 @@ func (r *podRuntime) finish() {
 	}
 }
 
-var cleanUpOnce sync.Map
-
 // cleanUp removes the pod's runtime files and forgets it; deleteFromAPI finishes a deletion.
+// Only the first call does anything.
 func (r *podRuntime) cleanUp(deleteFromAPI bool) {
-	if _, loaded := cleanUpOnce.LoadOrStore(r, true); loaded {
+	r.mu.Lock()
+	already := r.cleanedUp
+	r.cleanedUp = true
+	r.mu.Unlock()
+	if already {
 		return
 	}
 	// The last status (terminated containers, final phase) goes out before the object goes.
