@@ -167,16 +167,18 @@ async fn a_job_runs_to_completion() {
     let Some((client, namespace)) = setup("node-job").await else {
         return;
     };
-    // The pod sees its own name as hostname, its namespace through the downward API, and its
-    // Secret as a file with the requested mode.
+    // The pod sees its own name as hostname, its namespace and address through the downward
+    // API, its Secret as a file with the requested mode, in its working directory.
     let template = shell_pod(
         "unused",
-        r#"test "$(hostname)" = "$POD_NAME" && test "$(cat /secret/token)" = s3cr3t &&
-           test "$(stat -c %a /secret/token)" = 400 && echo "done in $POD_NAMESPACE""#,
+        r#"test "$(hostname)" = "$POD_NAME" && test "$(cat token)" = s3cr3t &&
+           test "$(stat -c %a token)" = 400 && echo "done in $POD_NAMESPACE at $POD_IP""#,
         json!({
+            "workingDir": "/secret",
             "env": [
                 { "name": "POD_NAME", "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
                 { "name": "POD_NAMESPACE", "valueFrom": { "fieldRef": { "fieldPath": "metadata.namespace" } } },
+                { "name": "POD_IP", "valueFrom": { "fieldRef": { "fieldPath": "status.podIP" } } },
             ],
             "volumeMounts": [{ "name": "secret", "mountPath": "/secret", "readOnly": true }],
         }),
@@ -234,7 +236,7 @@ async fn a_job_runs_to_completion() {
     let name = pod.metadata.name.clone().expect("pod name");
     assert_eq!(
         logs(&pods, &name).await,
-        format!("done in {}\n", namespace.name())
+        format!("done in {} at {}\n", namespace.name(), pod_ip(pod))
     );
     namespace.cleanup().await;
 }
