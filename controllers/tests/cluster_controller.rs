@@ -199,7 +199,8 @@ async fn deleted_and_edited_children_are_repaired() {
 }
 
 #[tokio::test]
-async fn deleting_the_cluster_removes_the_finalizer_and_children_are_collected() {
+async fn deleting_the_cluster_removes_the_finalizer_and_children_are_collected_but_credentials_and_data_stay()
+ {
     let Some(running) = Running::start("cluster-delete", RESYNC).await else {
         return;
     };
@@ -235,16 +236,31 @@ async fn deleting_the_cluster_removes_the_finalizer_and_children_are_collected()
                 && config_maps
                     .get_opt("doomed-postgresql-config")
                     .await?
-                    .is_none()
-                && secrets
-                    .get_opt("doomed-postgresql-credentials")
-                    .await?
                     .is_none();
             Ok(gone.then_some(()))
         },
     )
     .await
     .expect("children collected");
+    // The credentials outlive the cluster, as its data volume does: a cluster made again under
+    // this name must find the password its data was made with.
+    assert!(
+        secrets
+            .get_opt("doomed-postgresql-credentials")
+            .await
+            .expect("read the Secret")
+            .is_some(),
+        "the credentials Secret is kept"
+    );
+    assert!(
+        running
+            .api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>()
+            .get_opt("data-doomed-postgresql-0")
+            .await
+            .expect("read the claim")
+            .is_some(),
+        "the data volume is kept"
+    );
     running.stop().await;
 }
 

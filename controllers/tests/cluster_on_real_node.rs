@@ -104,3 +104,45 @@ async fn a_version_15_cluster_on_the_real_node_serves_sql_and_keeps_its_rows_acr
     drop(sql);
     running.stop().await;
 }
+
+/// Deleting a cluster keeps its data volume and its credentials Secret; a cluster made again
+/// under the same name runs on that data, and the password in the Secret still logs in.
+#[tokio::test]
+async fn a_cluster_made_again_under_the_same_name_finds_its_data_and_its_password() {
+    let Some(running) = Running::start("real-node-again", RESYNC).await else {
+        return;
+    };
+    let first = TestCluster::builder("pg")
+        .start(&running.namespace)
+        .await
+        .expect("the first cluster becomes Running");
+    first
+        .sql()
+        .await
+        .expect("login to the first cluster")
+        .batch_execute("CREATE TABLE kept (v text); INSERT INTO kept VALUES ('from the first');")
+        .await
+        .expect("a row");
+    let (_, password) = first.credentials().await.expect("credentials");
+    first
+        .delete(POD_BACK_TIMEOUT)
+        .await
+        .expect("the first cluster is deleted");
+
+    let again = TestCluster::builder("pg")
+        .start(&running.namespace)
+        .await
+        .expect("the cluster made again becomes Running");
+    let (_, password_again) = again.credentials().await.expect("credentials");
+    assert_eq!(password_again, password, "the Secret was kept, not remade");
+    let value: String = again
+        .sql()
+        .await
+        .expect("the kept password logs in to the kept data")
+        .query_one("SELECT v FROM kept", &[])
+        .await
+        .expect("the row")
+        .get(0);
+    assert_eq!(value, "from the first");
+    running.stop().await;
+}

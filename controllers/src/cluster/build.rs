@@ -8,16 +8,18 @@ use k8s_openapi::api::apps::v1::{
     StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-    ExecAction, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector, SecurityContext, Service,
-    ServicePort, ServiceSpec, Volume, VolumeMount, VolumeResourceRequirements,
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, ExecAction, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector,
+    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::memory::MemorySettings;
 use super::validate::ValidatedCluster;
 use crate::names::{self, DNS_LABEL_MAX, DNS_SUBDOMAIN_MAX, NameKind, STATEFULSET_NAME_MAX};
 
@@ -32,6 +34,7 @@ const POSTGRES_UID: i64 = 999;
 const DATA_MOUNT: &str = "/var/lib/postgresql/data";
 const CONFIG_MOUNT: &str = "/etc/postgresql";
 const CONFIG_FILE: &str = "postgresql.conf";
+const SHM_VOLUME: &str = "shm";
 /// Keys of the credentials Secret.
 pub const USERNAME_KEY: &str = "username";
 pub const PASSWORD_KEY: &str = "password";
@@ -196,6 +199,9 @@ fn pod_template(
             run_as_user: Some(POSTGRES_UID),
             run_as_group: Some(POSTGRES_UID),
             fs_group: Some(POSTGRES_UID),
+            // Change the volume's group only when its root is not already right: a recursive
+            // walk of a large data directory on every start would delay every restart.
+            fs_group_change_policy: Some("OnRootMismatch".to_owned()),
             seccomp_profile: Some(SeccompProfile {
                 type_: "RuntimeDefault".to_owned(),
                 ..SeccompProfile::default()
@@ -203,14 +209,26 @@ fn pod_template(
             ..PodSecurityContext::default()
         }),
         containers: vec![postgres_container(cluster, names, image_repository)],
-        volumes: Some(vec![Volume {
-            name: "config".to_owned(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: names.config_map.clone(),
-                ..ConfigMapVolumeSource::default()
-            }),
-            ..Volume::default()
-        }]),
+        volumes: Some(vec![
+            Volume {
+                name: "config".to_owned(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: names.config_map.clone(),
+                    ..ConfigMapVolumeSource::default()
+                }),
+                ..Volume::default()
+            },
+            // PostgreSQL's parallel queries use POSIX shared memory; a container runtime's own
+            // /dev/shm is 64MB, too small for them.
+            Volume {
+                name: SHM_VOLUME.to_owned(),
+                empty_dir: Some(EmptyDirVolumeSource {
+                    medium: Some("Memory".to_owned()),
+                    ..EmptyDirVolumeSource::default()
+                }),
+                ..Volume::default()
+            },
+        ]),
         ..PodSpec::default()
     };
     // Part of the template: a change rolls the pods like any other template change.
@@ -296,6 +314,11 @@ fn postgres_container(
                 read_only: Some(true),
                 ..VolumeMount::default()
             },
+            VolumeMount {
+                name: SHM_VOLUME.to_owned(),
+                mount_path: "/dev/shm".to_owned(),
+                ..VolumeMount::default()
+            },
         ]),
         ..Container::default()
     }
@@ -373,12 +396,13 @@ fn service(cluster: &ValidatedCluster, names: &ChildNames, name: &str, headless:
 }
 
 fn config_map(cluster: &ValidatedCluster, names: &ChildNames) -> ConfigMap {
+    let memory = MemorySettings::for_resources(cluster.resources.as_ref()).config_lines();
     let config = format!(
         "# Managed by pgkube; edits are overwritten.\n\
          listen_addresses = '*'\n\
          port = {POSTGRES_PORT}\n\
          max_connections = 100\n\
-         shared_buffers = 128MB\n\
+         {memory}\
          password_encryption = scram-sha-256\n\
          log_destination = 'stderr'\n\
          logging_collector = off\n"
@@ -390,9 +414,14 @@ fn config_map(cluster: &ValidatedCluster, names: &ChildNames) -> ConfigMap {
     }
 }
 
+/// The credentials Secret has no owner: like the data volumes, which the StatefulSet keeps when
+/// the cluster is deleted, it outlives the cluster. A cluster made again under the same name
+/// finds both, and the password still matches the data. Deleting both starts afresh.
 fn credentials(cluster: &ValidatedCluster, names: &ChildNames, password: &str) -> Secret {
+    let mut metadata = metadata(cluster, names, &names.secret);
+    metadata.owner_references = None;
     Secret {
-        metadata: metadata(cluster, names, &names.secret),
+        metadata,
         type_: Some("kubernetes.io/basic-auth".to_owned()),
         string_data: Some(BTreeMap::from([
             (USERNAME_KEY.to_owned(), SUPERUSER.to_owned()),
@@ -487,7 +516,6 @@ mod tests {
             &children.headless_service.metadata,
             &children.client_service.metadata,
             &children.config_map.metadata,
-            &children.credentials.metadata,
             &children
                 .pod_disruption_budget
                 .as_ref()
@@ -505,7 +533,6 @@ mod tests {
                 "my-cluster-postgresql-headless",
                 "my-cluster-postgresql",
                 "my-cluster-postgresql-config",
-                "my-cluster-postgresql-credentials",
                 "my-cluster-postgresql",
             ]
         );
@@ -521,6 +548,70 @@ mod tests {
             );
             assert_eq!(meta.namespace.as_deref(), Some("team-a"));
         }
+    }
+
+    #[test]
+    fn pods_get_an_in_memory_dev_shm_and_change_volume_ownership_only_on_mismatch() {
+        let children = build(&validated("my-cluster", 1), "postgres", "secret");
+        let pod = children
+            .statefulset
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.clone())
+            .expect("pod spec");
+        let shm = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == SHM_VOLUME)
+            .expect("a shm volume");
+        assert_eq!(
+            shm.empty_dir.as_ref().and_then(|e| e.medium.as_deref()),
+            Some("Memory")
+        );
+        let mounts = container(&children)
+            .volume_mounts
+            .clone()
+            .unwrap_or_default();
+        assert!(
+            mounts
+                .iter()
+                .any(|m| m.name == SHM_VOLUME && m.mount_path == "/dev/shm")
+        );
+        assert_eq!(
+            pod.security_context
+                .and_then(|s| s.fs_group_change_policy)
+                .as_deref(),
+            Some("OnRootMismatch")
+        );
+    }
+
+    #[test]
+    fn the_config_sizes_memory_from_the_container_s_memory() {
+        let children = build(&validated("my-cluster", 1), "postgres", "secret");
+        let config = &children.config_map.data.as_ref().expect("data")[CONFIG_FILE];
+        // The sample's memory limit is 2Gi.
+        assert!(
+            config.contains("shared_buffers = 512MB\neffective_cache_size = 1536MB\n"),
+            "{config}"
+        );
+        assert_eq!(config.matches("shared_buffers").count(), 1, "{config}");
+    }
+
+    #[test]
+    fn the_credentials_have_labels_but_no_owner_so_they_outlive_the_cluster() {
+        let children = build(&validated("my-cluster", 1), "postgres", "secret");
+        let meta = &children.credentials.metadata;
+        assert_eq!(
+            meta.name.as_deref(),
+            Some("my-cluster-postgresql-credentials")
+        );
+        assert_eq!(meta.namespace.as_deref(), Some("team-a"));
+        assert_eq!(
+            meta.labels.as_ref().expect("labels")["app.kubernetes.io/instance"],
+            "my-cluster"
+        );
+        assert_eq!(meta.owner_references, None);
     }
 
     #[test]

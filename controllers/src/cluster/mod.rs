@@ -17,6 +17,7 @@
 mod apply;
 pub mod build;
 mod drift;
+mod memory;
 mod read;
 pub mod status;
 pub mod validate;
