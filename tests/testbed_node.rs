@@ -7,7 +7,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ContainerStatus, PersistentVolumeClaim, Pod, PodSpec, Service};
+use k8s_openapi::api::core::v1::{
+    ContainerStateTerminated, ContainerStatus, PersistentVolumeClaim, Pod, PodSpec, Service,
+};
 use kube::api::{DeleteParams, LogParams, PostParams};
 use kube::{Api, Client};
 use pgkube_testkit::{TestNamespace, local_node_scheduling, testbed, wait_until};
@@ -85,12 +87,30 @@ fn is_ready(pod: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-fn container(pod: &Pod) -> ContainerStatus {
+fn first_container(pod: &Pod) -> Option<ContainerStatus> {
     pod.status
         .as_ref()
         .and_then(|s| s.container_statuses.as_ref())
         .and_then(|c| c.first().cloned())
-        .expect("a container status")
+}
+
+fn container(pod: &Pod) -> ContainerStatus {
+    first_container(pod).expect("a container status")
+}
+
+/// Waits until the pod's container runs again after exactly one restart; returns how its first
+/// run ended.
+async fn wait_for_one_restart(pods: &Api<Pod>, name: &str) -> ContainerStateTerminated {
+    let restarted = wait_pod(pods, name, "running again after one restart", |p| {
+        first_container(p).is_some_and(|status| {
+            status.restart_count == 1 && status.state.is_some_and(|s| s.running.is_some())
+        })
+    })
+    .await;
+    container(&restarted)
+        .last_state
+        .and_then(|s| s.terminated)
+        .expect("the first run's end")
 }
 
 fn pod_ip(pod: &Pod) -> String {
@@ -467,22 +487,7 @@ async fn a_restarted_container_and_a_new_pod_keep_the_volume_data() {
         shell_pod(name, script, mount, pod_json)
     };
     create_pod(&pods, &with_volume("writer", script, json!({}))).await;
-    let restarted = wait_pod(&pods, "writer", "running again after a restart", |p| {
-        let Some(status) = p
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .and_then(|c| c.first().cloned())
-        else {
-            return false;
-        };
-        status.restart_count == 1 && status.state.is_some_and(|s| s.running.is_some())
-    })
-    .await;
-    let last = container(&restarted)
-        .last_state
-        .and_then(|s| s.terminated)
-        .expect("the first run's end");
+    let last = wait_for_one_restart(&pods, "writer").await;
     assert_eq!(last.exit_code, 1);
     pods.delete("writer", &DeleteParams::default().grace_period(1))
         .await
@@ -529,10 +534,7 @@ async fn an_image_that_is_not_mapped_waits_with_a_clear_reason() {
     );
     create_pod(&pods, &pod).await;
     let waiting = wait_pod(&pods, "future", "waiting on its image", |p| {
-        p.status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .and_then(|c| c.first().cloned())
+        first_container(p)
             .and_then(|c| c.state)
             .and_then(|s| s.waiting)
             .is_some_and(|w| w.reason.as_deref() == Some("ErrImagePull"))
@@ -645,22 +647,7 @@ async fn a_failing_liveness_probe_restarts_the_container() {
         } }),
     );
     create_pod(&pods, &pod).await;
-    let restarted = wait_pod(&pods, "sickly", "restarted once and running", |p| {
-        let Some(status) = p
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .and_then(|c| c.first().cloned())
-        else {
-            return false;
-        };
-        status.restart_count == 1 && status.state.is_some_and(|s| s.running.is_some())
-    })
-    .await;
-    let last = container(&restarted)
-        .last_state
-        .and_then(|s| s.terminated)
-        .expect("the killed run");
+    let last = wait_for_one_restart(&pods, "sickly").await;
     // `sleep` as PID 1 does not handle SIGTERM: the kill comes at the end of the grace period.
     assert_eq!(last.exit_code, 137, "{last:?}");
     namespace.cleanup().await;
