@@ -553,12 +553,7 @@ mod tests {
     #[test]
     fn pods_get_an_in_memory_dev_shm_and_change_volume_ownership_only_on_mismatch() {
         let children = build(&validated("my-cluster", 1), "postgres", "secret");
-        let pod = children
-            .statefulset
-            .spec
-            .as_ref()
-            .and_then(|s| s.template.spec.clone())
-            .expect("pod spec");
+        let pod = pod_spec(&children);
         let shm = pod
             .volumes
             .iter()
@@ -685,12 +680,7 @@ mod tests {
     #[test]
     fn pods_meet_the_restricted_pod_security_standard() {
         let children = build(&validated("my-cluster", 1), "postgres", "secret");
-        let pod = children
-            .statefulset
-            .spec
-            .as_ref()
-            .and_then(|s| s.template.spec.clone())
-            .expect("pod");
+        let pod = pod_spec(&children);
         let pod_security = pod.security_context.expect("pod security context");
         assert_eq!(pod_security.run_as_non_root, Some(true));
         assert_eq!(pod_security.run_as_user, Some(999));
