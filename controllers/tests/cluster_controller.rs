@@ -748,16 +748,9 @@ async fn a_new_image_repository_rolls_the_pods_and_the_cluster_runs_again() {
     assert_eq!(upgrading[0].type_.as_deref(), Some("Normal"));
 
     // The new image is the desired state now: no more writes once settled.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let writes_before = running.counts.writes();
-    let log_before = running.counts.write_log().len();
-    tokio::time::sleep(resync * 4 + Duration::from_secs(1)).await;
-    assert_eq!(
-        running.counts.writes() - writes_before,
-        0,
-        "writes after the roll: {:?}",
-        &running.counts.write_log()[log_before..]
-    );
+    running
+        .assert_no_writes_while_idle(resync, "after the roll")
+        .await;
     running.stop().await;
 }
 
@@ -824,16 +817,9 @@ async fn scheduling_fields_reach_the_pods_and_are_quiet_once_applied() {
     running.wait_running("sched", 1, TIMEOUT).await;
 
     // Applied as written: no drift to correct, so no writes while idle.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let writes_before = running.counts.writes();
-    let log_before = running.counts.write_log().len();
-    tokio::time::sleep(resync * 4 + Duration::from_secs(1)).await;
-    assert_eq!(
-        running.counts.writes() - writes_before,
-        0,
-        "writes once the scheduling fields were applied: {:?}",
-        &running.counts.write_log()[log_before..]
-    );
+    running
+        .assert_no_writes_while_idle(resync, "once the scheduling fields were applied")
+        .await;
 
     patch_spec(
         &running,

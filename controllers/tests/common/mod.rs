@@ -159,6 +159,21 @@ impl Running {
         }
     }
 
+    /// Lets things settle for 3 s, then asserts that the controllers write nothing through four
+    /// resync intervals; `when` names the moment in the failure message.
+    pub async fn assert_no_writes_while_idle(&self, resync: Duration, when: &str) {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let writes_before = self.counts.writes();
+        let log_before = self.counts.write_log().len();
+        tokio::time::sleep(resync * 4 + Duration::from_secs(1)).await;
+        assert_eq!(
+            self.counts.writes() - writes_before,
+            0,
+            "writes {when}: {:?}",
+            &self.counts.write_log()[log_before..]
+        );
+    }
+
     pub fn clusters(&self) -> Api<PostgreSQLCluster> {
         Api::namespaced(self.client.clone(), self.namespace.name())
     }
