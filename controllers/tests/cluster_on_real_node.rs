@@ -146,3 +146,51 @@ async fn a_cluster_made_again_under_the_same_name_finds_its_data_and_its_passwor
     assert_eq!(value, "from the first");
     running.stop().await;
 }
+
+/// `spec.postgresql.parameters` reach the server, and so does a change of them: the instances
+/// restart with the new configuration file.
+#[tokio::test]
+async fn a_parameter_and_its_change_reach_the_server() {
+    let Some(running) = Running::start("real-node-params", RESYNC).await else {
+        return;
+    };
+    let cluster = TestCluster::builder("pg")
+        .spec(|spec| {
+            spec.postgresql = Some(pgkube_crds::PostgreSQLSettings {
+                parameters: [("work_mem".to_owned(), "8MB".to_owned())].into(),
+            });
+        })
+        .start(&running.namespace)
+        .await
+        .expect("the cluster becomes Running");
+    let setting = |cluster: TestCluster| async move {
+        let row = cluster.sql().await?.query_one("SHOW work_mem", &[]).await?;
+        anyhow::Ok(row.get::<_, String>(0))
+    };
+    assert_eq!(
+        setting(cluster.clone()).await.expect("SHOW work_mem"),
+        "8MB"
+    );
+
+    cluster
+        .api()
+        .patch(
+            cluster.name(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({
+                "spec": { "postgresql": { "parameters": { "work_mem": "16MB" } } }
+            })),
+        )
+        .await
+        .expect("parameters changed");
+    wait_until("work_mem = 16MB on the server", POD_BACK_TIMEOUT, || {
+        let cluster = cluster.clone();
+        async move {
+            // While the instance restarts, a connection may fail: that is "not yet".
+            Ok(setting(cluster).await.ok().filter(|v| v == "16MB"))
+        }
+    })
+    .await
+    .expect("the change reaches the server");
+    running.stop().await;
+}

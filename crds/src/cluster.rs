@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
-use schemars::JsonSchema;
+use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 use crate::common::{S3Storage, conditions_schema};
@@ -60,6 +60,53 @@ pub struct PostgreSQLClusterSpec {
     /// to the cluster's backup and restore Job pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<Affinity>,
+    /// PostgreSQL server settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgresql: Option<PostgreSQLSettings>,
+}
+
+/// Parameters pgkube sets itself (where the server listens, where its files are, where it
+/// logs): `spec.postgresql.parameters` cannot set them. The CRD's admission rule lists the same
+/// names; a test keeps the two in step.
+pub const MANAGED_PARAMETERS: &[&str] = &[
+    "listen_addresses",
+    "port",
+    "data_directory",
+    "config_file",
+    "hba_file",
+    "ident_file",
+    "external_pid_file",
+    "unix_socket_directories",
+    "logging_collector",
+    "log_destination",
+];
+
+/// PostgreSQL server settings of a cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgreSQLSettings {
+    /// `postgresql.conf` parameters by name, for example `work_mem: 16MB`. They take precedence
+    /// over pgkube's own settings (`shared_buffers` included). A change restarts the instances
+    /// one at a time. Parameters pgkube manages itself are refused: listen_addresses, port,
+    /// data_directory, config_file, hba_file, ident_file, external_pid_file,
+    /// unix_socket_directories, logging_collector, log_destination.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "parameters_schema")]
+    #[x_kube(
+        validation = Rule::new("self.all(name, !(name in ['listen_addresses', 'port', 'data_directory', 'config_file', 'hba_file', 'ident_file', 'external_pid_file', 'unix_socket_directories', 'logging_collector', 'log_destination']))").message("sets a parameter that pgkube manages itself (listen_addresses, port, data_directory, config_file, hba_file, ident_file, external_pid_file, unix_socket_directories, logging_collector, log_destination)"),
+        validation = Rule::new("self.all(name, !self[name].contains('\\n'))").message("parameter values must be a single line")
+    )]
+    pub parameters: BTreeMap<String, String>,
+}
+
+/// At most 200 parameters of at most 1024 characters: bounds that keep the admission rules
+/// within the API server's CEL cost budget.
+fn parameters_schema(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "maxProperties": 200,
+        "additionalProperties": { "type": "string", "maxLength": 1024 },
+    })
 }
 
 fn default_replicas() -> i32 {
@@ -174,4 +221,35 @@ pub enum ClusterPhase {
     Upgrading,
     Degraded,
     Failed,
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::CustomResourceExt;
+
+    use super::*;
+
+    /// The admission rule that refuses managed parameters names each of them, and no other.
+    #[test]
+    fn the_admission_rule_refuses_exactly_the_managed_parameters() {
+        let crd = serde_json::to_value(PostgreSQLCluster::crd()).expect("CRD as JSON");
+        let rules = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["postgresql"]["properties"]["parameters"]["x-kubernetes-validations"];
+        let managed_rule = rules
+            .as_array()
+            .expect("validation rules")
+            .iter()
+            .filter_map(|r| r["rule"].as_str())
+            .find(|rule| rule.contains(" in ["))
+            .expect("the managed-parameters rule");
+        let listed: Vec<&str> = managed_rule
+            .split('[')
+            .nth(1)
+            .and_then(|list| list.split(']').next())
+            .expect("a list")
+            .split(',')
+            .map(|name| name.trim().trim_matches('\''))
+            .collect();
+        assert_eq!(listed, MANAGED_PARAMETERS);
+    }
 }

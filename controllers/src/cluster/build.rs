@@ -19,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::drift::desired_hash;
 use super::memory::MemorySettings;
 use super::validate::ValidatedCluster;
 use crate::names::{self, DNS_LABEL_MAX, DNS_SUBDOMAIN_MAX, NameKind, STATEFULSET_NAME_MAX};
@@ -27,6 +28,8 @@ use crate::names::{self, DNS_LABEL_MAX, DNS_SUBDOMAIN_MAX, NameKind, STATEFULSET
 pub const POSTGRES_PORT: i32 = 5432;
 /// Annotation on the StatefulSet naming the PostgreSQL major version it runs.
 pub const VERSION_ANNOTATION: &str = "db.example.com/postgres-version";
+/// Pod template annotation: the hash of the `postgresql.conf` the pods run with.
+pub const CONFIG_HASH_ANNOTATION: &str = "db.example.com/config-hash";
 /// Name of the data volume claim template; PVCs are `data-<statefulset>-N`.
 pub const DATA_VOLUME: &str = "data";
 /// uid and gid of `postgres` in the official image.
@@ -108,11 +111,12 @@ pub fn build(
     password: &str,
 ) -> DesiredChildren {
     let names = ChildNames::for_cluster(&cluster.name);
+    let config_map = config_map(cluster, &names);
     DesiredChildren {
-        statefulset: statefulset(cluster, &names, image_repository),
+        statefulset: statefulset(cluster, &names, image_repository, &config_hash(&config_map)),
         headless_service: service(cluster, &names, &names.headless_service, true),
         client_service: service(cluster, &names, &names.client_service, false),
-        config_map: config_map(cluster, &names),
+        config_map,
         credentials: credentials(cluster, &names, password),
         pod_disruption_budget: (cluster.replicas > 1)
             .then(|| pod_disruption_budget(cluster, &names)),
@@ -150,10 +154,22 @@ fn metadata(cluster: &ValidatedCluster, names: &ChildNames, name: &str) -> Objec
     }
 }
 
+/// The hash of the server's configuration, as the pod template carries it.
+fn config_hash(config_map: &ConfigMap) -> String {
+    let config = config_map
+        .data
+        .as_ref()
+        .and_then(|data| data.get(CONFIG_FILE))
+        .cloned()
+        .unwrap_or_default();
+    desired_hash(&serde_json::Value::String(config))
+}
+
 fn statefulset(
     cluster: &ValidatedCluster,
     names: &ChildNames,
     image_repository: &str,
+    config_hash: &str,
 ) -> StatefulSet {
     let mut meta = metadata(cluster, names, &names.statefulset);
     meta.annotations = Some(BTreeMap::from([(
@@ -180,7 +196,7 @@ fn statefulset(
                     when_scaled: Some("Retain".to_owned()),
                 },
             ),
-            template: pod_template(cluster, names, image_repository),
+            template: pod_template(cluster, names, image_repository, config_hash),
             volume_claim_templates: Some(vec![data_claim_template(cluster, names)]),
             ..StatefulSetSpec::default()
         }),
@@ -188,10 +204,14 @@ fn statefulset(
     }
 }
 
+/// The pods carry the hash of the configuration they were started with ([`CONFIG_HASH_ANNOTATION`]),
+/// so a configuration change is a template change: the StatefulSet restarts the instances one
+/// at a time, and each starts with the new file.
 fn pod_template(
     cluster: &ValidatedCluster,
     names: &ChildNames,
     image_repository: &str,
+    config_hash: &str,
 ) -> PodTemplateSpec {
     let mut pod = PodSpec {
         security_context: Some(PodSecurityContext {
@@ -236,6 +256,10 @@ fn pod_template(
     PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(labels(names)),
+            annotations: Some(BTreeMap::from([(
+                CONFIG_HASH_ANNOTATION.to_owned(),
+                config_hash.to_owned(),
+            )])),
             ..ObjectMeta::default()
         }),
         spec: Some(pod),
@@ -405,13 +429,28 @@ fn config_map(cluster: &ValidatedCluster, names: &ChildNames) -> ConfigMap {
          {memory}\
          password_encryption = scram-sha-256\n\
          log_destination = 'stderr'\n\
-         logging_collector = off\n"
+         logging_collector = off\n\
+         {parameters}",
+        parameters = user_parameters(&cluster.parameters),
     );
     ConfigMap {
         metadata: metadata(cluster, names, &names.config_map),
         data: Some(BTreeMap::from([(CONFIG_FILE.to_owned(), config)])),
         ..ConfigMap::default()
     }
+}
+
+/// The user's parameters, last, so that they take precedence over pgkube's defaults (the server
+/// takes the last setting of a name). Values are quoted, quotes doubled.
+fn user_parameters(parameters: &BTreeMap<String, String>) -> String {
+    if parameters.is_empty() {
+        return String::new();
+    }
+    let mut lines = String::from("# spec.postgresql.parameters\n");
+    for (name, value) in parameters {
+        lines.push_str(&format!("{name} = '{}'\n", value.replace('\'', "''")));
+    }
+    lines
 }
 
 /// The credentials Secret has no owner: like the data volumes, which the StatefulSet keeps when
@@ -591,6 +630,42 @@ mod tests {
             "{config}"
         );
         assert_eq!(config.matches("shared_buffers").count(), 1, "{config}");
+    }
+
+    #[test]
+    fn user_parameters_come_last_quoted_and_a_change_changes_the_pods_config_hash() {
+        let mut cluster = validated("my-cluster", 1);
+        let before = build(&cluster, "postgres", "secret");
+        cluster.parameters = BTreeMap::from([
+            ("work_mem".to_owned(), "16MB".to_owned()),
+            ("application_name".to_owned(), "it's".to_owned()),
+            ("shared_buffers".to_owned(), "1GB".to_owned()),
+        ]);
+        let after = build(&cluster, "postgres", "secret");
+        let config = &after.config_map.data.as_ref().expect("data")[CONFIG_FILE];
+        assert!(
+            config.ends_with(
+                "# spec.postgresql.parameters\n\
+                 application_name = 'it''s'\n\
+                 shared_buffers = '1GB'\n\
+                 work_mem = '16MB'\n"
+            ),
+            "{config}"
+        );
+        let hash = |children: &DesiredChildren| {
+            let template = &children.statefulset.spec.as_ref().expect("spec").template;
+            template
+                .metadata
+                .as_ref()
+                .and_then(|m| m.annotations.clone())
+                .expect("annotations")[CONFIG_HASH_ANNOTATION]
+                .clone()
+        };
+        assert_ne!(hash(&before), hash(&after));
+        assert_eq!(
+            hash(&after),
+            hash(&build(&cluster, "postgres", "other password"))
+        );
     }
 
     #[test]

@@ -9,10 +9,12 @@
 //!   other changes (replicas, resources) still apply.
 //! - a spec that cannot work at all is an [`InvalidSpec`]: nothing is applied.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
-use pgkube_crds::{PostgreSQLCluster, PostgresVersion};
+use pgkube_crds::{MANAGED_PARAMETERS, PostgreSQLCluster, PostgresVersion};
 
 use crate::quantity;
 use crate::scheduling::Scheduling;
@@ -46,6 +48,8 @@ pub struct ValidatedCluster {
     pub resources: Option<ResourceRequirements>,
     /// Where the instance pods may run (the spec's nodeSelector, tolerations and affinity).
     pub scheduling: Scheduling,
+    /// The user's `postgresql.conf` parameters (`spec.postgresql.parameters`).
+    pub parameters: BTreeMap<String, String>,
 }
 
 /// A valid spec: what to build now, and the changes held back from it.
@@ -128,6 +132,12 @@ pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validat
     if let Some(resources) = &spec.resources {
         check_requests_within_limits(resources)?;
     }
+    let parameters = spec
+        .postgresql
+        .as_ref()
+        .map(|p| p.parameters.clone())
+        .unwrap_or_default();
+    check_parameters(&parameters)?;
     let mut refusals = Vec::new();
     let version = match live.running_version {
         Some(running) if running != spec.version => {
@@ -166,11 +176,48 @@ pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validat
             .unwrap_or_else(|| spec.storage.clone()),
         resources: spec.resources.clone(),
         scheduling: Scheduling::of(spec),
+        parameters,
     };
     Ok(Validation {
         effective,
         refusals,
     })
+}
+
+fn is_parameter_name(name: &str) -> bool {
+    name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.')
+}
+
+/// The admission rules refuse managed parameters and multi-line values already; the controller checks again so that a spec that
+/// got past them (an older CRD) still gets a clear answer instead of a broken config file.
+fn check_parameters(parameters: &BTreeMap<String, String>) -> Result<(), InvalidSpec> {
+    let managed: Vec<&str> = parameters
+        .keys()
+        .map(String::as_str)
+        .filter(|name| MANAGED_PARAMETERS.contains(name))
+        .collect();
+    if !managed.is_empty() {
+        return Err(InvalidSpec(format!(
+            "spec.postgresql.parameters sets {}, which pgkube manages itself",
+            managed.join(", ")
+        )));
+    }
+    // Names are checked here only: a pattern rule on map keys exceeds the API server's CEL cost
+    // budget, since keys have no length bound.
+    if let Some(name) = parameters.keys().find(|name| !is_parameter_name(name)) {
+        return Err(InvalidSpec(format!(
+            "spec.postgresql.parameters: {name:?} is not a parameter name (lowercase letters, digits, '_' and '.', starting with a letter)"
+        )));
+    }
+    if let Some((name, _)) = parameters.iter().find(|(_, value)| value.contains('\n')) {
+        return Err(InvalidSpec(format!(
+            "spec.postgresql.parameters.{name} must be a single line"
+        )));
+    }
+    Ok(())
 }
 
 /// Requests above limits are rejected by the API server when the pod is created, long after
@@ -228,6 +275,40 @@ mod tests {
         assert_eq!(valid.claim_template_storage, "100Gi");
         assert_eq!(valid.namespace, "default");
         assert_eq!(valid.owner.controller, Some(true));
+    }
+
+    #[test]
+    fn parameters_pass_through_but_managed_ones_and_multi_line_values_are_invalid() {
+        let with = |name: &str, value: &str| {
+            let mut cluster = cluster(SAMPLE);
+            cluster.spec.postgresql = Some(pgkube_crds::PostgreSQLSettings {
+                parameters: BTreeMap::from([(name.to_owned(), value.to_owned())]),
+            });
+            validate(&cluster, &LiveFacts::default())
+        };
+        let valid = with("work_mem", "16MB").expect("valid").effective;
+        assert_eq!(valid.parameters["work_mem"], "16MB");
+        let managed = with("port", "5433").expect_err("port is managed");
+        assert!(
+            managed
+                .to_string()
+                .contains("sets port, which pgkube manages"),
+            "{managed}"
+        );
+        let malformed = with("Work Mem", "1MB").expect_err("not a name");
+        assert!(
+            malformed
+                .to_string()
+                .contains("\"Work Mem\" is not a parameter name"),
+            "{malformed}"
+        );
+        let two_lines = with("work_mem", "1MB\nport = 1").expect_err("two lines");
+        assert!(
+            two_lines
+                .to_string()
+                .contains("work_mem must be a single line"),
+            "{two_lines}"
+        );
     }
 
     #[test]

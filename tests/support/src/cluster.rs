@@ -185,6 +185,7 @@ impl TestCluster {
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),
             affinity: None,
+            postgresql: None,
         };
         local_node_scheduling().apply_to_cluster(&mut spec);
         TestClusterBuilder {
