@@ -652,3 +652,53 @@ async fn a_failing_liveness_probe_restarts_the_container() {
     assert_eq!(last.exit_code, 137, "{last:?}");
     namespace.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_pod_made_again_after_a_forced_deletion_starts_once_the_old_processes_are_gone() {
+    let Some((client, namespace)) = setup("node-force").await else {
+        return;
+    };
+    let pods: Api<Pod> = Api::namespaced(client, namespace.name());
+    // Ignores SIGTERM. A forced deletion (grace 0) still leaves it the kubelet's minimum grace
+    // period of 2 s before SIGKILL.
+    let twin = || {
+        shell_pod(
+            "twin",
+            "trap '' TERM; sleep 3600 & wait; sleep 3600",
+            json!({}),
+            json!({ "spec": { "terminationGracePeriodSeconds": 3 } }),
+        )
+    };
+    create_pod(&pods, &twin()).await;
+    let old = wait_pod(&pods, "twin", "Running", |p| phase(p) == "Running").await;
+    let old_ip = pod_ip(&old);
+    wait_until("the old pod's processes", POD_TIMEOUT, || async {
+        Ok((!processes_of_pod(&old_ip).is_empty()).then_some(()))
+    })
+    .await
+    .expect("the old pod runs");
+    pods.delete("twin", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("forced deletion");
+    let deleted = Instant::now();
+    // The object is gone at once; the agent still has to stop the processes. Give it the
+    // deletion first (a deletion and a new pod of the same name in the same instant reach it
+    // as one pod, see tests/testbed/README.md).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    create_pod(&pods, &twin()).await;
+    let new = wait_pod(&pods, "twin", "Running again", |p| {
+        p.metadata.uid != old.metadata.uid && phase(p) == "Running"
+    })
+    .await;
+    assert!(
+        processes_of_pod(&old_ip).is_empty(),
+        "the old pod's processes outlived its successor's start"
+    );
+    assert!(
+        deleted.elapsed() >= Duration::from_millis(1800),
+        "the new pod ran after {:?}, before the old one's 2 s were over",
+        deleted.elapsed()
+    );
+    assert_ne!(pod_ip(&new), old_ip);
+    namespace.cleanup().await;
+}

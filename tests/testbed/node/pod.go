@@ -35,6 +35,8 @@ type podRuntime struct {
 	grace       time.Duration
 	stopping    chan struct{} // closed when termination starts
 	done        chan struct{} // closed when no process of the pod is left
+	// predecessor is an older pod of the same name still stopping; this one waits for it.
+	predecessor *podRuntime
 }
 
 func newPodRuntime(p *provider, pod *corev1.Pod, ip string) *podRuntime {
@@ -141,8 +143,13 @@ func setCondition(status *corev1.PodStatus, kind corev1.PodConditionType, value 
 	})
 }
 
-// changed publishes the current status to virtual-kubelet (and so to the API server).
+// changed publishes the current status to virtual-kubelet (and so to the API server). A pod
+// that a newer pod of the same name has replaced keeps quiet: virtual-kubelet knows pods by
+// name, and its status would land on the new pod.
 func (r *podRuntime) changed() {
+	if !r.p.isCurrent(r) {
+		return
+	}
 	r.p.publish(r.snapshot())
 }
 
@@ -199,6 +206,14 @@ func (r *podRuntime) stopGrace() time.Duration {
 func (r *podRuntime) run() {
 	pod := r.snapshot()
 	r.changed()
+	if r.predecessor != nil {
+		select {
+		case <-r.predecessor.done:
+		case <-r.stopping:
+			r.finish()
+			return
+		}
+	}
 	if err := r.prepareSandbox(); err != nil {
 		if !r.isStopping() {
 			log.Printf("pod %s/%s: %v", pod.Namespace, pod.Name, err)

@@ -96,30 +96,41 @@ func (p *provider) releaseIP(ip string) {
 func (p *provider) CreatePod(_ context.Context, pod *corev1.Pod) error {
 	key := podKey(pod.Namespace, pod.Name)
 	p.mu.Lock()
-	if existing, ok := p.pods[key]; ok && existing.uid() == pod.UID {
-		p.mu.Unlock()
+	existing := p.pods[key]
+	p.mu.Unlock()
+	if existing != nil && existing.uid() == pod.UID {
 		return nil
 	}
-	p.mu.Unlock()
 	ip, err := p.allocateIP()
 	if err != nil {
 		return err
 	}
 	runtime := newPodRuntime(p, pod.DeepCopy(), ip)
+	// A pod of the same name that was removed from the API before its processes were gone (a
+	// forced deletion) stops first, and the new one starts only after it, so that two pods
+	// never share a volume. The new one takes the name first: from then on the old one's
+	// status no longer reaches the API (see podRuntime.changed).
+	runtime.predecessor = existing
 	p.mu.Lock()
 	p.pods[key] = runtime
 	p.mu.Unlock()
+	if existing != nil {
+		existing.terminate(gracePeriod(existing.snapshot()))
+	}
 	go runtime.run()
 	return nil
 }
 
 // UpdatePod takes metadata changes (labels feed name resolution); container changes are not
 // applied to running processes.
-func (p *provider) UpdatePod(_ context.Context, pod *corev1.Pod) error {
-	if runtime := p.lookup(pod.Namespace, pod.Name); runtime != nil {
-		runtime.updateSpec(pod)
-		p.markDNSDirty()
+func (p *provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
+	runtime := p.lookup(pod.Namespace, pod.Name)
+	if runtime == nil || runtime.uid() != pod.UID {
+		// Another pod under a known name: a new one.
+		return p.CreatePod(ctx, pod)
 	}
+	runtime.updateSpec(pod)
+	p.markDNSDirty()
 	return nil
 }
 
@@ -134,8 +145,10 @@ func (p *provider) DeletePod(_ context.Context, pod *corev1.Pod) error {
 	return nil
 }
 
+// GetPod gives the pod running under this name. A pod that is stopping counts as gone:
+// virtual-kubelet then creates a new pod of the same name instead of taking it for the old one.
 func (p *provider) GetPod(_ context.Context, namespace, name string) (*corev1.Pod, error) {
-	if runtime := p.lookup(namespace, name); runtime != nil {
+	if runtime := p.lookup(namespace, name); runtime != nil && !runtime.isStopping() {
 		return runtime.snapshot(), nil
 	}
 	return nil, errdefs.NotFound("pod not running here")
@@ -171,6 +184,14 @@ func (p *provider) publish(pod *corev1.Pod) {
 	p.mu.Unlock()
 	notify(pod)
 	p.markDNSDirty()
+}
+
+// isCurrent is whether runtime is the pod this node runs under its name.
+func (p *provider) isCurrent(runtime *podRuntime) bool {
+	pod := runtime.snapshot()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.pods[podKey(pod.Namespace, pod.Name)] == runtime
 }
 
 func (p *provider) lookup(namespace, name string) *podRuntime {
@@ -259,12 +280,17 @@ func (p *provider) event(pod *corev1.Pod, eventType, reason, format string, args
 	p.recorder.Eventf(ref, eventType, reason, format, args...)
 }
 
+// minimumGracePeriod: as the kubelet, even a forced deletion (grace 0) gives the processes
+// this long after SIGTERM.
+const minimumGracePeriod = 2 * time.Second
+
 func gracePeriod(pod *corev1.Pod) time.Duration {
-	if pod.DeletionGracePeriodSeconds != nil {
-		return time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
+	grace := 30 * time.Second
+	switch {
+	case pod.DeletionGracePeriodSeconds != nil:
+		grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
+	case pod.Spec.TerminationGracePeriodSeconds != nil:
+		grace = time.Duration(*pod.Spec.TerminationGracePeriodSeconds) * time.Second
 	}
-	if pod.Spec.TerminationGracePeriodSeconds != nil {
-		return time.Duration(*pod.Spec.TerminationGracePeriodSeconds) * time.Second
-	}
-	return 30 * time.Second
+	return max(grace, minimumGracePeriod)
 }
