@@ -79,20 +79,18 @@ func (c *containerRuntime) statusLocked() corev1.ContainerStatus {
 }
 
 func (c *containerRuntime) setWaiting(reason, message string) {
-	c.pod.mu.Lock()
-	c.state = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: message}}
-	c.ready, c.started = false, false
-	c.pod.mu.Unlock()
-	c.pod.changed()
+	c.pod.update(func() {
+		c.state = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reason, Message: message}}
+		c.ready, c.started = false, false
+	})
 }
 
 // fail ends a container that will never run, with a reason.
 func (c *containerRuntime) fail(reason, message string) {
-	c.pod.mu.Lock()
-	c.last = &corev1.ContainerStateTerminated{ExitCode: 1, Reason: reason, Message: message, FinishedAt: metav1.Now()}
-	c.state = corev1.ContainerState{Terminated: c.last}
-	c.pod.mu.Unlock()
-	c.pod.changed()
+	c.pod.update(func() {
+		c.last = &corev1.ContainerStateTerminated{ExitCode: 1, Reason: reason, Message: message, FinishedAt: metav1.Now()}
+		c.state = corev1.ContainerState{Terminated: c.last}
+	})
 }
 
 // supervise runs the container until its restart policy says it is done, or the pod stops.
@@ -197,13 +195,12 @@ func (c *containerRuntime) ranFor() time.Duration {
 
 // terminated records an exit. It becomes the last state when the container starts again.
 func (c *containerRuntime) terminated(state *corev1.ContainerStateTerminated) {
-	c.pod.mu.Lock()
-	state.ContainerID = c.containerID
-	c.last = state
-	c.state = corev1.ContainerState{Terminated: state}
-	c.ready, c.started, c.proc = false, false, nil
-	c.pod.mu.Unlock()
-	c.pod.changed()
+	c.pod.update(func() {
+		state.ContainerID = c.containerID
+		c.last = state
+		c.state = corev1.ContainerState{Terminated: state}
+		c.ready, c.started, c.proc = false, false, nil
+	})
 }
 
 // start creates the container's process. Errors are errImageNotMapped, errConfig, or a

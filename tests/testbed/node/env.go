@@ -9,13 +9,12 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"runtime"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 )
 
@@ -69,33 +68,22 @@ func resolveEnv(ctx context.Context, p *provider, pod *corev1.Pod, spec corev1.C
 }
 
 func envFromSource(ctx context.Context, p *provider, namespace string, from corev1.EnvFromSource) ([][2]string, error) {
-	var data map[string]string
+	var data map[string][]byte
+	var err error
 	switch {
 	case from.ConfigMapRef != nil:
-		configMap, err := p.client.CoreV1().ConfigMaps(namespace).Get(ctx, from.ConfigMapRef.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) && from.ConfigMapRef.Optional != nil && *from.ConfigMapRef.Optional {
-			return nil, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("configmap %q: %w", from.ConfigMapRef.Name, err)
-		}
-		data = configMap.Data
+		ref := from.ConfigMapRef
+		data, err = p.objectData(ctx, configMapKind, namespace, ref.Name, ref.Optional != nil && *ref.Optional)
 	case from.SecretRef != nil:
-		secret, err := p.client.CoreV1().Secrets(namespace).Get(ctx, from.SecretRef.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) && from.SecretRef.Optional != nil && *from.SecretRef.Optional {
-			return nil, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("secret %q: %w", from.SecretRef.Name, err)
-		}
-		data = map[string]string{}
-		for key, value := range secret.Data {
-			data[key] = string(value)
-		}
+		ref := from.SecretRef
+		data, err = p.objectData(ctx, secretKind, namespace, ref.Name, ref.Optional != nil && *ref.Optional)
+	}
+	if err != nil {
+		return nil, err
 	}
 	var values [][2]string
 	for key, value := range data {
-		values = append(values, [2]string{key, value})
+		values = append(values, [2]string{key, string(value)})
 	}
 	return values, nil
 }
@@ -105,40 +93,10 @@ func envValueFrom(ctx context.Context, p *provider, pod *corev1.Pod, spec corev1
 	switch {
 	case from.SecretKeyRef != nil:
 		ref := from.SecretKeyRef
-		optional := ref.Optional != nil && *ref.Optional
-		secret, err := p.client.CoreV1().Secrets(pod.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) && optional {
-			return "", false, nil
-		}
-		if err != nil {
-			return "", false, fmt.Errorf("secret %q not found: %w", ref.Name, err)
-		}
-		value, ok := secret.Data[ref.Key]
-		if !ok {
-			if optional {
-				return "", false, nil
-			}
-			return "", false, fmt.Errorf("couldn't find key %s in Secret %s/%s", ref.Key, pod.Namespace, ref.Name)
-		}
-		return string(value), true, nil
+		return p.keyValue(ctx, secretKind, pod.Namespace, ref.Name, ref.Key, ref.Optional != nil && *ref.Optional)
 	case from.ConfigMapKeyRef != nil:
 		ref := from.ConfigMapKeyRef
-		optional := ref.Optional != nil && *ref.Optional
-		configMap, err := p.client.CoreV1().ConfigMaps(pod.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) && optional {
-			return "", false, nil
-		}
-		if err != nil {
-			return "", false, fmt.Errorf("configmap %q not found: %w", ref.Name, err)
-		}
-		value, ok := configMap.Data[ref.Key]
-		if !ok {
-			if optional {
-				return "", false, nil
-			}
-			return "", false, fmt.Errorf("couldn't find key %s in ConfigMap %s/%s", ref.Key, pod.Namespace, ref.Name)
-		}
-		return value, true, nil
+		return p.keyValue(ctx, configMapKind, pod.Namespace, ref.Name, ref.Key, ref.Optional != nil && *ref.Optional)
 	case from.FieldRef != nil:
 		withIP := pod.DeepCopy()
 		withIP.Status.PodIP, withIP.Status.PodIPs = podIP, []corev1.PodIP{{IP: podIP}}
@@ -210,7 +168,7 @@ func resourceValue(p *provider, spec corev1.Container, ref *corev1.ResourceField
 	if !ok {
 		switch {
 		case strings.HasSuffix(ref.Resource, "cpu"):
-			quantity = *resource.NewQuantity(int64(numCPU()), resource.DecimalSI)
+			quantity = *resource.NewQuantity(int64(runtime.NumCPU()), resource.DecimalSI)
 		case strings.HasSuffix(ref.Resource, "memory"):
 			quantity = *resource.NewQuantity(totalMemoryBytes(), resource.BinarySI)
 		default:

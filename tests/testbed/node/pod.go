@@ -153,6 +153,14 @@ func (r *podRuntime) changed() {
 	r.p.publish(r.snapshot())
 }
 
+// update applies change under the pod's lock, then publishes the new status.
+func (r *podRuntime) update(change func()) {
+	r.mu.Lock()
+	change()
+	r.mu.Unlock()
+	r.changed()
+}
+
 func (r *podRuntime) updateSpec(pod *corev1.Pod) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -221,19 +229,13 @@ func (r *podRuntime) run() {
 		r.finish()
 		return
 	}
-	r.mu.Lock()
-	r.sandboxUp = true
-	r.mu.Unlock()
-	r.changed()
+	r.update(func() { r.sandboxUp = true })
 
 	if !r.runInitContainers() {
 		r.finish()
 		return
 	}
-	r.mu.Lock()
-	r.initialized = true
-	r.mu.Unlock()
-	r.changed()
+	r.update(func() { r.initialized = true })
 
 	var wg sync.WaitGroup
 	for _, c := range r.main {

@@ -63,7 +63,7 @@ func (c *containerRuntime) probeUntil(proc *process, probe *corev1.Probe, kind s
 				if probe.TerminationGracePeriodSeconds != nil {
 					grace = time.Duration(*probe.TerminationGracePeriodSeconds) * time.Second
 				}
-				c.pod.event(corev1.EventTypeNormal, "Killing", "Container %s failed %s probe, will be restarted", spec(c), kind)
+				c.pod.event(corev1.EventTypeNormal, "Killing", "Container %s failed %s probe, will be restarted", c.spec.Name, kind)
 				proc.stop(grace)
 				return false
 			}
@@ -74,8 +74,6 @@ func (c *containerRuntime) probeUntil(proc *process, probe *corev1.Probe, kind s
 	}
 	return false
 }
-
-func spec(c *containerRuntime) string { return c.spec.Name }
 
 // readiness updates the container's Ready flag with the thresholds.
 func (c *containerRuntime) readiness(proc *process, probe *corev1.Probe) {

@@ -183,6 +183,3 @@ func (p *process) stop(grace time.Duration) {
 		}()
 	})
 }
-
-// kill ends the process at once.
-func (p *process) kill() { _ = p.cmd.Process.Signal(syscall.SIGKILL) }

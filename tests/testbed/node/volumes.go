@@ -12,11 +12,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -162,39 +162,17 @@ func keyFiles(data map[string][]byte, items []corev1.KeyToPath, what string, opt
 	return files, nil
 }
 
-func (r *podRuntime) secretFiles(ctx context.Context, name string, items []corev1.KeyToPath, optional bool) ([]volumeFile, error) {
-	pod := r.snapshot()
-	secret, err := r.p.client.CoreV1().Secrets(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) && optional {
-		return nil, nil
-	}
+// objectFiles are the files of a Secret or ConfigMap volume (or projected source).
+func (r *podRuntime) objectFiles(ctx context.Context, kind objectKind, name string, items []corev1.KeyToPath, optional bool) ([]volumeFile, error) {
+	data, err := r.p.objectData(ctx, kind, r.snapshot().Namespace, name, optional)
 	if err != nil {
-		return nil, fmt.Errorf("secret %q: %w", name, err)
+		return nil, err
 	}
-	return keyFiles(secret.Data, items, fmt.Sprintf("secret %q", name), optional)
-}
-
-func (r *podRuntime) configMapFiles(ctx context.Context, name string, items []corev1.KeyToPath, optional bool) ([]volumeFile, error) {
-	pod := r.snapshot()
-	configMap, err := r.p.client.CoreV1().ConfigMaps(pod.Namespace).Get(ctx, name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) && optional {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("configmap %q: %w", name, err)
-	}
-	data := map[string][]byte{}
-	for key, value := range configMap.Data {
-		data[key] = []byte(value)
-	}
-	for key, value := range configMap.BinaryData {
-		data[key] = value
-	}
-	return keyFiles(data, items, fmt.Sprintf("configmap %q", name), optional)
+	return keyFiles(data, items, fmt.Sprintf("%s %q", kind, name), optional)
 }
 
 func (r *podRuntime) writeSecretVolume(ctx context.Context, dir string, source *corev1.SecretVolumeSource, fsGroup *int64) error {
-	files, err := r.secretFiles(ctx, source.SecretName, source.Items, source.Optional != nil && *source.Optional)
+	files, err := r.objectFiles(ctx, secretKind, source.SecretName, source.Items, source.Optional != nil && *source.Optional)
 	if err != nil {
 		return err
 	}
@@ -202,7 +180,7 @@ func (r *podRuntime) writeSecretVolume(ctx context.Context, dir string, source *
 }
 
 func (r *podRuntime) writeConfigMapVolume(ctx context.Context, dir string, source *corev1.ConfigMapVolumeSource, fsGroup *int64) error {
-	files, err := r.configMapFiles(ctx, source.Name, source.Items, source.Optional != nil && *source.Optional)
+	files, err := r.objectFiles(ctx, configMapKind, source.Name, source.Items, source.Optional != nil && *source.Optional)
 	if err != nil {
 		return err
 	}
@@ -219,9 +197,9 @@ func (r *podRuntime) writeProjectedVolume(ctx context.Context, dir string, sourc
 		var err error
 		switch {
 		case s.Secret != nil:
-			more, err = r.secretFiles(ctx, s.Secret.Name, s.Secret.Items, s.Secret.Optional != nil && *s.Secret.Optional)
+			more, err = r.objectFiles(ctx, secretKind, s.Secret.Name, s.Secret.Items, s.Secret.Optional != nil && *s.Secret.Optional)
 		case s.ConfigMap != nil:
-			more, err = r.configMapFiles(ctx, s.ConfigMap.Name, s.ConfigMap.Items, s.ConfigMap.Optional != nil && *s.ConfigMap.Optional)
+			more, err = r.objectFiles(ctx, configMapKind, s.ConfigMap.Name, s.ConfigMap.Items, s.ConfigMap.Optional != nil && *s.ConfigMap.Optional)
 		case s.DownwardAPI != nil:
 			more = downwardFiles(pod, s.DownwardAPI.Items)
 		case s.ServiceAccountToken != nil:
@@ -340,7 +318,7 @@ func rootMatches(path string, gid int) bool {
 	if err != nil {
 		return false
 	}
-	stat, ok := statOf(info)
+	stat, ok := info.Sys().(*syscall.Stat_t)
 	return ok && int(stat.Gid) == gid && info.Mode()&fs.ModeSetgid != 0 && info.Mode()&0o070 == 0o070
 }
 
