@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use manager_common::{Manager, http_get};
+use manager_common::Manager;
+use pgkube_testkit::http_get;
 use pgkube_testkit::{TestNamespace, install_crds, testbed, wait_until};
 
 /// Short timings so the test runs in seconds: a dead leader's Lease expires 5 s after its last

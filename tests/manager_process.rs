@@ -7,8 +7,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use kube::api::Api;
-use manager_common::{Manager, create_cluster, http_get};
+use manager_common::{Manager, create_cluster};
 use pgkube_crds::PostgreSQLCluster;
+use pgkube_testkit::http_get;
 use pgkube_testkit::{TestNamespace, install_crds, testbed, wait_until};
 
 #[tokio::test]

@@ -12,7 +12,9 @@ use k8s_openapi::api::core::v1::{
 };
 use kube::api::{DeleteParams, LogParams, PostParams};
 use kube::{Api, Client};
-use pgkube_testkit::{TestNamespace, local_node_scheduling, testbed, wait_until};
+use pgkube_testkit::{
+    TestNamespace, http_get, local_node_scheduling, testbed, unique_name, wait_until,
+};
 use serde_json::json;
 
 const POD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -320,27 +322,10 @@ async fn a_service_name_resolves_from_inside_another_pod() {
     );
     assert_eq!(lines[2], "hello-from-web");
     // The test process reaches the pod's address directly too.
-    let body = reqwest_free_get(&server_ip, 8080).await;
-    assert!(
-        body.contains("hello-from-web"),
-        "GET http://{server_ip}:8080/ gave {body}"
-    );
+    let address = format!("{server_ip}:8080").parse().expect("an address");
+    let (status, body) = http_get(address, "/").await.expect("GET the pod");
+    assert_eq!((status, body.trim()), (200, "hello-from-web"));
     namespace.cleanup().await;
-}
-
-/// A plain HTTP/1.0 GET over a TCP stream (the test needs no HTTP client crate for one request).
-async fn reqwest_free_get(ip: &str, port: u16) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect((ip, port))
-        .await
-        .expect("connect to the pod");
-    stream
-        .write_all(b"GET / HTTP/1.0\r\n\r\n")
-        .await
-        .expect("request");
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await.expect("response");
-    body
 }
 
 /// PIDs of the processes that belong to the pod with this address (the node agent gives every
@@ -442,7 +427,7 @@ async fn deleting_a_pod_stops_its_processes_within_the_grace_period() {
 
 /// A directory for a hostPath volume that any user can write.
 fn tempfile_dir() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(pgkube_testkit_unique("pgkube-node-test"));
+    let dir = std::env::temp_dir().join(unique_name("pgkube-node-test"));
     std::fs::create_dir_all(&dir).expect("temp dir");
     set_mode(&dir, 0o777);
     dir
@@ -451,14 +436,6 @@ fn tempfile_dir() -> std::path::PathBuf {
 fn set_mode(path: &Path, mode: u32) {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
-}
-
-fn pgkube_testkit_unique(prefix: &str) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or_default();
-    format!("{prefix}-{}-{nanos}", std::process::id())
 }
 
 #[tokio::test]

@@ -11,8 +11,7 @@ use std::time::Duration;
 use kube::api::{Api, PostParams};
 use pgkube_crds::PostgreSQLCluster;
 use pgkube_testkit::{TestEnv, wait_until};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 pub const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -173,23 +172,4 @@ async fn collect_lines<R: tokio::io::AsyncRead + Unpin>(
     while let Ok(Some(line)) = reader.next_line().await {
         lines.lock().expect("lock").push(line);
     }
-}
-
-/// `GET path` over HTTP/1.1; the status code and body.
-pub async fn http_get(address: SocketAddr, path: &str) -> anyhow::Result<(u16, String)> {
-    let mut stream = TcpStream::connect(address).await?;
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no status line in {response:?}"))?;
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, body)| body.to_owned())
-        .unwrap_or_default();
-    Ok((status, body))
 }

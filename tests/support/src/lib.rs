@@ -68,6 +68,7 @@ mod cluster;
 mod crds;
 mod database;
 mod env;
+mod http;
 mod names;
 mod namespace;
 mod service;
@@ -83,6 +84,8 @@ pub use cluster::{
 pub use crds::{CRD_FIELD_MANAGER, install_crds};
 pub use database::TestDatabase;
 pub use env::{SKIP_ENV_VAR, TestEnv, testbed};
+pub use http::http_get;
+pub use names::unique_name;
 pub use namespace::TestNamespace;
 pub use service::{pod_addresses, service_addresses};
 pub use wait::wait_until;

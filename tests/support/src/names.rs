@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 const MAX_NAME_LEN: usize = 63;
 
 /// `prefix-<random>`: lowercase, `[a-z0-9-]` only, at most 63 characters.
-pub(crate) fn unique_name(prefix: &str) -> String {
+pub fn unique_name(prefix: &str) -> String {
     let suffix = format!("{:012x}", random_u64() & 0xffff_ffff_ffff);
     let clean: String = prefix
         .to_ascii_lowercase()
