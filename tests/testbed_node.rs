@@ -8,12 +8,13 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
-    ContainerStateTerminated, ContainerStatus, PersistentVolumeClaim, Pod, PodSpec, Service,
+    ConfigMap, ContainerStateTerminated, ContainerStatus, PersistentVolumeClaim, Pod, PodSpec,
+    Secret, Service,
 };
-use kube::api::{DeleteParams, LogParams, PostParams};
+use kube::api::{DeleteParams, LogParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use pgkube_testkit::{
-    TestNamespace, http_get, local_node_scheduling, testbed, unique_name, wait_until,
+    TestEnv, TestNamespace, http_get, local_node_scheduling, testbed, unique_name, wait_until,
 };
 use serde_json::json;
 
@@ -190,11 +191,12 @@ async fn a_job_runs_to_completion() {
         return;
     };
     // The pod sees its own name as hostname, its namespace and address through the downward
-    // API, its Secret as a file with the requested mode, in its working directory.
+    // API, its Secret as a file with the requested mode (behind the kubelet's `..data` link),
+    // in its working directory.
     let template = shell_pod(
         "unused",
         r#"test "$(hostname)" = "$POD_NAME" && test "$(cat token)" = s3cr3t &&
-           test "$(stat -c %a token)" = 400 && echo "done in $POD_NAMESPACE at $POD_IP""#,
+           test "$(stat -L -c %a token)" = 400 && echo "done in $POD_NAMESPACE at $POD_IP""#,
         json!({
             "workingDir": "/secret",
             "env": [
@@ -677,5 +679,244 @@ async fn a_pod_made_again_after_a_forced_deletion_starts_once_the_old_processes_
         deleted.elapsed()
     );
     assert_ne!(pod_ip(&new), old_ip);
+    namespace.cleanup().await;
+}
+
+/// Runs `command` in the pod's (only) container with `kubectl exec`; its standard output.
+async fn exec(env: &TestEnv, namespace: &str, pod: &str, command: &[&str]) -> String {
+    let mut kubectl = env.kubectl();
+    kubectl
+        .args(["--namespace", namespace, "exec", pod, "--"])
+        .args(command);
+    let output = tokio::task::spawn_blocking(move || kubectl.output())
+        .await
+        .expect("kubectl's thread")
+        .expect("kubectl runs");
+    assert!(
+        output.status.success(),
+        "kubectl exec {pod} -- {command:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A merge patch of an object's `data`.
+async fn patch_data<K>(api: &Api<K>, name: &str, data: serde_json::Value)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "data": data })),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("patching {name}: {e}"));
+}
+
+#[tokio::test]
+async fn mounted_secrets_and_config_maps_follow_their_changes_without_a_restart() {
+    let Some(env) = testbed() else {
+        return;
+    };
+    let client = env.kube_client().await;
+    let namespace = TestNamespace::create(&client, "node-refresh").await;
+    let ns = namespace.name();
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), ns);
+    let config_maps: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": { "name": "credentials" }, "stringData": { "password": "first" },
+            }))
+            .expect("secret JSON"),
+        )
+        .await
+        .expect("secret created");
+    config_maps
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": { "name": "settings" },
+                "data": { "postgresql.conf": "work_mem = 4MB\n", "pg_hba.conf": "local all all trust\n" },
+            }))
+            .expect("configmap JSON"),
+        )
+        .await
+        .expect("configmap created");
+    let pods: Api<Pod> = Api::namespaced(client, ns);
+    // The same ConfigMap mounted whole and, with subPath, as one file: as with a kubelet, the
+    // subPath file keeps the content it had when the container started.
+    let pod = shell_pod(
+        "watcher",
+        "exec sleep 3600",
+        json!({ "volumeMounts": [
+            { "name": "credentials", "mountPath": "/credentials", "readOnly": true },
+            { "name": "settings", "mountPath": "/settings", "readOnly": true },
+            { "name": "settings", "mountPath": "/pinned.conf", "subPath": "postgresql.conf", "readOnly": true },
+        ] }),
+        json!({ "spec": { "volumes": [
+            { "name": "credentials", "secret": { "secretName": "credentials", "defaultMode": 0o400 } },
+            { "name": "settings", "configMap": { "name": "settings" } },
+        ] } }),
+    );
+    create_pod(&pods, &pod).await;
+    let running = wait_pod(&pods, "watcher", "Running", |p| phase(p) == "Running").await;
+    let started = container(&running).state.and_then(|s| s.running);
+    let read = || {
+        exec(
+            &env,
+            ns,
+            "watcher",
+            &[
+                "cat",
+                "/credentials/password",
+                "/settings/postgresql.conf",
+                "/pinned.conf",
+            ],
+        )
+    };
+    assert_eq!(read().await, "firstwork_mem = 4MB\nwork_mem = 4MB\n");
+    // The kubelet's layout: each key a link into ..data, which a change swaps atomically.
+    assert_eq!(
+        exec(
+            &env,
+            ns,
+            "watcher",
+            &[
+                "sh",
+                "-c",
+                "readlink /credentials/password; stat -L -c %a /credentials/password"
+            ],
+        )
+        .await,
+        "..data/password\n400\n"
+    );
+
+    patch_data(&secrets, "credentials", json!({ "password": "c2Vjb25k" })).await; // "second"
+    patch_data(
+        &config_maps,
+        "settings",
+        json!({ "postgresql.conf": "work_mem = 8MB\n" }),
+    )
+    .await;
+    let updated = wait_until(
+        "the watcher sees the new password and settings",
+        Duration::from_secs(20),
+        || async {
+            let seen = read().await;
+            Ok((seen == "secondwork_mem = 8MB\nwork_mem = 4MB\n").then_some(()))
+        },
+    )
+    .await;
+    if let Err(error) = updated {
+        panic!("{error:#}; it reads {:?}", read().await);
+    }
+    assert_eq!(
+        exec(&env, ns, "watcher", &["cat", "/settings/pg_hba.conf"]).await,
+        "local all all trust\n",
+        "an unchanged key"
+    );
+
+    // A deleted Secret leaves the volume as it was (the node looks again at once, and then
+    // every 2 s).
+    secrets
+        .delete("credentials", &DeleteParams::default())
+        .await
+        .expect("secret deleted");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        exec(&env, ns, "watcher", &["cat", "/credentials/password"]).await,
+        "second"
+    );
+    // All along, the same container: no restart.
+    let now = pods.get("watcher").await.expect("the watcher");
+    assert_eq!(container(&now).restart_count, 0);
+    assert_eq!(container(&now).state.and_then(|s| s.running), started);
+    namespace.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_label_set_on_a_running_pod_moves_a_service_name_to_it_and_away() {
+    let Some(env) = testbed() else {
+        return;
+    };
+    let client = env.kube_client().await;
+    let namespace = TestNamespace::create(&client, "node-relabel").await;
+    let ns = namespace.name();
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    // As the operator's `<cluster>-rw`: it selects the pod that is labelled primary.
+    services
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": "db-rw" },
+            "spec": { "selector": { "app": "db", "role": "primary" }, "ports": [{ "port": 5432 }] },
+        })).expect("service JSON"))
+        .await
+        .expect("service created");
+    let pods: Api<Pod> = Api::namespaced(client, ns);
+    create_pod(
+        &pods,
+        &shell_pod("db", "exec sleep 3600", json!({}), json!({})),
+    )
+    .await;
+    create_pod(
+        &pods,
+        &shell_pod("client", "exec sleep 3600", json!({}), json!({})),
+    )
+    .await;
+    let db = wait_pod(&pods, "db", "Ready", is_ready).await;
+    let db_ip = pod_ip(&db);
+    wait_pod(&pods, "client", "Ready", is_ready).await;
+    // What the client's /etc/hosts says of the Service's names (nothing: no error, no output).
+    let resolve = || {
+        exec(
+            &env,
+            ns,
+            "client",
+            &["sh", "-c", "getent hosts db-rw | cut -d' ' -f1; true"],
+        )
+    };
+    assert_eq!(resolve().await, "", "no pod is primary yet");
+
+    let label = |role: &'static str| {
+        let pods = pods.clone();
+        async move {
+            pods.patch(
+                "db",
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "metadata": { "labels": { "role": role } } })),
+            )
+            .await
+            .expect("pod labelled");
+        }
+    };
+    label("primary").await;
+    wait_until(
+        "db-rw resolves to the db pod in the client",
+        Duration::from_secs(20),
+        || async { Ok((resolve().await == format!("{db_ip}\n")).then_some(())) },
+    )
+    .await
+    .expect("the name follows the label");
+    // The label stays: the node's status updates do not write the pod's old labels back.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let labels = pods
+        .get("db")
+        .await
+        .expect("db")
+        .metadata
+        .labels
+        .unwrap_or_default();
+    assert_eq!(labels.get("role").map(String::as_str), Some("primary"));
+
+    label("replica").await;
+    wait_until(
+        "db-rw no longer resolves in the client",
+        Duration::from_secs(20),
+        || async { Ok(resolve().await.is_empty().then_some(())) },
+    )
+    .await
+    .expect("the name leaves with the label");
     namespace.cleanup().await;
 }

@@ -78,7 +78,10 @@ func (a *agent) run(ctx context.Context) error {
 	otherInformers := informers.NewSharedInformerFactory(a.client, time.Minute)
 	podInformer := podInformers.Core().V1().Pods()
 	serviceInformer := otherInformers.Core().V1().Services()
+	secretInformer := otherInformers.Core().V1().Secrets()
+	configMapInformer := otherInformers.Core().V1().ConfigMaps()
 	a.provider.watchServices(serviceInformer)
+	a.provider.watchObjects(secretInformer, configMapInformer)
 
 	broadcaster := record.NewBroadcaster()
 	broadcaster.StartRecordingToSink(&corev1client.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
@@ -87,12 +90,12 @@ func (a *agent) run(ctx context.Context) error {
 	a.provider.recorder = recorder
 
 	podController, err := node.NewPodController(node.PodControllerConfig{
-		PodClient:         a.client.CoreV1(),
+		PodClient:         statusOnlyPods{a.client.CoreV1()},
 		PodInformer:       podInformer,
 		EventRecorder:     recorder,
 		Provider:          a.provider,
-		SecretInformer:    otherInformers.Core().V1().Secrets(),
-		ConfigMapInformer: otherInformers.Core().V1().ConfigMaps(),
+		SecretInformer:    secretInformer,
+		ConfigMapInformer: configMapInformer,
 		ServiceInformer:   serviceInformer,
 		// The provider resolves env itself: status.podIP is only known once it assigns one.
 		SkipDownwardAPIResolution: true,

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"sort"
 	"strings"
 	"time"
 
@@ -140,10 +141,17 @@ func fieldValue(pod *corev1.Pod, path string) (string, error) {
 	return "", fmt.Errorf("unsupported fieldRef %q", path)
 }
 
+// formatMap is key="value" lines sorted by key, as the kubelet writes them (a stable order, so
+// that a downward API volume is rewritten only when a value changes).
 func formatMap(m map[string]string) string {
+	keys := make([]string, 0, len(m))
+	for key := range m {
+		keys = append(keys, key)
+	}
+	sort.Strings(keys)
 	lines := make([]string, 0, len(m))
-	for key, value := range m {
-		lines = append(lines, fmt.Sprintf("%s=%q", key, value))
+	for _, key := range keys {
+		lines = append(lines, fmt.Sprintf("%s=%q", key, m[key]))
 	}
 	return strings.Join(lines, "\n")
 }

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 )
 
 func main() {
@@ -46,6 +47,9 @@ type config struct {
 	imagesDir     string
 	postgresLibs  string
 	leaseDuration int
+	// volumeSyncPeriod: how often Secret, ConfigMap, downward API and projected volumes are
+	// compared with their sources (the kubelet's sync is about a minute; tests want seconds).
+	volumeSyncPeriod time.Duration
 }
 
 func parseFlags() config {
@@ -64,6 +68,8 @@ func parseFlags() config {
 	flag.StringVar(&c.imagesDir, "images-dir", "", "directory with the image entrypoints (postgres-entrypoint.sh)")
 	flag.StringVar(&c.postgresLibs, "postgres-root", "/usr/lib/postgresql", "where PostgreSQL majors are installed")
 	flag.IntVar(&c.leaseDuration, "lease-duration", 40, "node lease duration in seconds")
+	flag.DurationVar(&c.volumeSyncPeriod, "volume-sync-period", 2*time.Second,
+		"how often Secret, ConfigMap, downward API and projected volumes are refreshed from their sources (also at once on a change of a Secret or ConfigMap); 0 turns refreshes off")
 	flag.Parse()
 	return c
 }

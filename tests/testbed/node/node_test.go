@@ -240,3 +240,28 @@ func TestImageUsersReplaceHostUsersWithTheSameNameOrID(t *testing.T) {
 		t.Errorf("passwd %v, want %v", got, want)
 	}
 }
+
+func TestAConditionKeepsTheTimeOfItsLastTransition(t *testing.T) {
+	p := &provider{cfg: config{runtimeDir: t.TempDir()}, pods: map[string]*podRuntime{}}
+	r := newPodRuntime(p, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", UID: "u"}}, "127.77.0.2")
+	since := func(pod *corev1.Pod, kind corev1.PodConditionType) metav1.Time {
+		for _, c := range pod.Status.Conditions {
+			if c.Type == kind {
+				return c.LastTransitionTime
+			}
+		}
+		t.Fatalf("no %s condition", kind)
+		return metav1.Time{}
+	}
+	first := since(r.snapshot(), corev1.PodInitialized)
+	time.Sleep(10 * time.Millisecond)
+	if again := since(r.snapshot(), corev1.PodInitialized); !again.Equal(&first) {
+		t.Errorf("an unchanged condition moved from %v to %v", first, again)
+	}
+	r.mu.Lock()
+	r.initialized = true
+	r.mu.Unlock()
+	if changed := since(r.snapshot(), corev1.PodInitialized); !first.Before(&changed) {
+		t.Errorf("a changed condition kept its time %v", changed)
+	}
+}

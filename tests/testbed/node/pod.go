@@ -37,16 +37,20 @@ type podRuntime struct {
 	done        chan struct{} // closed when no process of the pod is left
 	// predecessor is an older pod of the same name still stopping; this one waits for it.
 	predecessor *podRuntime
+	// volumesDirty asks syncVolumes for a refresh now; volumeSync counts it while it runs.
+	volumesDirty chan struct{}
+	volumeSync   sync.WaitGroup
 }
 
 func newPodRuntime(p *provider, pod *corev1.Pod, ip string) *podRuntime {
 	r := &podRuntime{
-		p:        p,
-		ip:       ip,
-		dir:      filepath.Join(p.cfg.runtimeDir, "pods", string(pod.UID)),
-		pod:      pod,
-		stopping: make(chan struct{}),
-		done:     make(chan struct{}),
+		p:            p,
+		ip:           ip,
+		dir:          filepath.Join(p.cfg.runtimeDir, "pods", string(pod.UID)),
+		pod:          pod,
+		stopping:     make(chan struct{}),
+		done:         make(chan struct{}),
+		volumesDirty: make(chan struct{}, 1),
 	}
 	for _, c := range pod.Spec.InitContainers {
 		r.init = append(r.init, newContainerRuntime(r, c, true))
@@ -77,25 +81,27 @@ func (r *podRuntime) snapshot() *corev1.Pod {
 }
 
 func (r *podRuntime) snapshotLocked() *corev1.Pod {
-	pod := r.pod.DeepCopy()
-	status := &pod.Status
-	status.InitContainerStatuses = nil
+	var initStatuses, statuses []corev1.ContainerStatus
 	for _, c := range r.init {
-		status.InitContainerStatuses = append(status.InitContainerStatuses, c.statusLocked())
+		initStatuses = append(initStatuses, c.statusLocked())
 	}
-	status.ContainerStatuses = nil
 	allReady := len(r.main) > 0
 	for _, c := range r.main {
 		s := c.statusLocked()
 		allReady = allReady && s.Ready
-		status.ContainerStatuses = append(status.ContainerStatuses, s)
+		statuses = append(statuses, s)
 	}
-	status.Phase = r.phaseLocked()
-	ready := allReady && status.Phase == corev1.PodRunning
-	setCondition(status, corev1.PodReadyToStartContainers, r.sandboxUp)
-	setCondition(status, corev1.PodInitialized, r.initialized)
-	setCondition(status, corev1.ContainersReady, ready)
-	setCondition(status, corev1.PodReady, ready)
+	phase := r.phaseLocked()
+	ready := allReady && phase == corev1.PodRunning
+	// The conditions are kept on r.pod, so that a condition's lastTransitionTime stays the time
+	// of its last change instead of the time of the snapshot.
+	setCondition(&r.pod.Status, corev1.PodReadyToStartContainers, r.sandboxUp)
+	setCondition(&r.pod.Status, corev1.PodInitialized, r.initialized)
+	setCondition(&r.pod.Status, corev1.ContainersReady, ready)
+	setCondition(&r.pod.Status, corev1.PodReady, ready)
+	pod := r.pod.DeepCopy()
+	pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses = initStatuses, statuses
+	pod.Status.Phase = phase
 	return pod
 }
 
@@ -230,6 +236,8 @@ func (r *podRuntime) run() {
 		return
 	}
 	r.update(func() { r.sandboxUp = true })
+	r.volumeSync.Add(1)
+	go r.syncVolumes()
 
 	if !r.runInitContainers() {
 		r.finish()
@@ -294,6 +302,9 @@ func (r *podRuntime) cleanUp(deleteFromAPI bool) {
 	// The last status (terminated containers, final phase) goes out before the object goes.
 	r.changed()
 	time.Sleep(200 * time.Millisecond)
+	// The volume sync ends with the pod's stopping (which precedes every clean-up); a refresh
+	// under way finishes before the files go.
+	r.volumeSync.Wait()
 	if err := os.RemoveAll(r.dir); err != nil {
 		log.Printf("removing %s: %v", r.dir, err)
 	}

@@ -38,6 +38,7 @@ type provider struct {
 	notify   func(*corev1.Pod)
 	services []*corev1.Service
 	dnsDirty chan struct{}
+	objects  *objectCache // set before any pod starts
 	// shuttingDown: the agent is stopping; pods' processes stop but the pods stay in the API,
 	// as when a kubelet stops.
 	shuttingDown bool
@@ -121,8 +122,10 @@ func (p *provider) CreatePod(_ context.Context, pod *corev1.Pod) error {
 	return nil
 }
 
-// UpdatePod takes metadata changes (labels feed name resolution); container changes are not
-// applied to running processes.
+// UpdatePod takes metadata changes: labels feed name resolution, labels and annotations the
+// downward API volumes. virtual-kubelet calls it when a pod's labels, annotations, images,
+// active deadline or tolerations change. Container changes are not applied to running
+// processes.
 func (p *provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 	runtime := p.lookup(pod.Namespace, pod.Name)
 	if runtime == nil || runtime.uid() != pod.UID {
@@ -131,6 +134,7 @@ func (p *provider) UpdatePod(ctx context.Context, pod *corev1.Pod) error {
 	}
 	runtime.updateSpec(pod)
 	p.markDNSDirty()
+	runtime.kickVolumes()
 	return nil
 }
 

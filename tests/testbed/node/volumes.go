@@ -1,7 +1,8 @@
 package main
 
 // Volumes as directories: emptyDir, secret, configMap, downwardAPI and projected (with the
-// service account token) in the pod's runtime directory; persistentVolumeClaim as the
+// service account token) in the pod's runtime directory, the last four written and kept
+// following their sources as the kubelet does (atomicwriter.go); persistentVolumeClaim as the
 // directory of its bound PersistentVolume (the provisioner's hostPath), so data outlives the
 // pod (the provisioner removes it when the volume is deleted); hostPath as is. fsGroup owns
 // writable volumes as a kubelet makes it.
@@ -10,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"log"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -50,24 +52,19 @@ func (r *podRuntime) prepareVolumes() error {
 	pod := r.snapshot()
 	ctx, cancel := context.WithTimeout(r.context(), 30*time.Second)
 	defer cancel()
-	var fsGroup *int64
-	if pod.Spec.SecurityContext != nil {
-		fsGroup = pod.Spec.SecurityContext.FSGroup
-	}
+	fsGroup := podFSGroup(pod)
 	for _, v := range pod.Spec.Volumes {
 		dir := r.volumeDir(v.Name)
 		var err error
 		switch {
 		case v.EmptyDir != nil:
 			err = makeOwnedDir(dir, fsGroup)
-		case v.Secret != nil:
-			err = r.writeSecretVolume(ctx, dir, v.Secret, fsGroup)
-		case v.ConfigMap != nil:
-			err = r.writeConfigMapVolume(ctx, dir, v.ConfigMap, fsGroup)
-		case v.DownwardAPI != nil:
-			err = r.writeFiles(dir, downwardFiles(pod, v.DownwardAPI.Items), v.DownwardAPI.DefaultMode, fsGroup)
-		case v.Projected != nil:
-			err = r.writeProjectedVolume(ctx, dir, v.Projected, fsGroup)
+		case followsSources(v):
+			var payload map[string]payloadFile
+			payload, err = r.volumeContent(ctx, pod, v, r.p.objectData, false)
+			if err == nil {
+				_, err = writeAtomically(dir, payload, fsGroup)
+			}
 		case v.PersistentVolumeClaim != nil:
 			err = r.preparePersistentVolume(v.PersistentVolumeClaim.ClaimName, fsGroup, pod.Spec.SecurityContext)
 		case v.HostPath != nil:
@@ -97,41 +94,115 @@ func makeOwnedDir(dir string, fsGroup *int64) error {
 	return os.Chmod(dir, 0o777|fs.ModeSetgid)
 }
 
-// writeFiles replaces a volume directory's content with the given files. Files are owned by
-// root and, with an fsGroup, by that group, with the item's mode or the default one.
-func (r *podRuntime) writeFiles(dir string, files []volumeFile, defaultMode *int32, fsGroup *int64) error {
-	if err := os.RemoveAll(dir); err != nil {
-		return err
+func podFSGroup(pod *corev1.Pod) *int64 {
+	if pod.Spec.SecurityContext == nil {
+		return nil
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return err
-	}
-	for _, file := range files {
-		path := filepath.Join(dir, filepath.Clean("/"+file.path))
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			return err
-		}
-		mode := fs.FileMode(defaultVolumeFileMode)
-		if defaultMode != nil {
-			mode = fs.FileMode(*defaultMode)
-		}
-		if file.mode != nil {
-			mode = fs.FileMode(*file.mode)
-		}
-		if err := os.WriteFile(path, file.data, mode); err != nil {
-			return err
-		}
-		if err := os.Chmod(path, mode); err != nil {
-			return err
-		}
-		if fsGroup != nil {
-			if err := os.Chown(path, 0, int(*fsGroup)); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	return pod.Spec.SecurityContext.FSGroup
 }
+
+// followsSources: Secret, ConfigMap, downward API and projected volumes are written by the
+// atomic writer, and rewritten while the pod runs when their sources change.
+func followsSources(v corev1.Volume) bool {
+	return v.Secret != nil || v.ConfigMap != nil || v.DownwardAPI != nil || v.Projected != nil
+}
+
+// syncVolumes keeps the pod's Secret, ConfigMap, downward API and projected volumes following
+// their sources until the pod stops, as the kubelet's periodic sync does: every
+// --volume-sync-period, and at once when a Secret or ConfigMap of the pod's namespace or the
+// pod's metadata changes.
+func (r *podRuntime) syncVolumes() {
+	defer r.volumeSync.Done()
+	period := r.p.cfg.volumeSyncPeriod
+	if period <= 0 {
+		return
+	}
+	timer := time.NewTimer(period)
+	defer timer.Stop()
+	failures := map[string]string{}
+	for {
+		select {
+		case <-r.stopping:
+			return
+		case <-timer.C:
+		case <-r.volumesDirty:
+		}
+		r.refreshVolumes(failures)
+		// Since Go 1.23, Reset needs no draining: no stale tick is left in the channel.
+		timer.Reset(period)
+	}
+}
+
+// kickVolumes asks for a volume sync now.
+func (r *podRuntime) kickVolumes() {
+	select {
+	case r.volumesDirty <- struct{}{}:
+	default:
+	}
+}
+
+// refreshVolumes rewrites the volumes whose sources changed (read from the agent's informer
+// caches). A source that cannot be read, such as a deleted Secret or a missing key, leaves the
+// volume as it was, as with the kubelet; failures is the last error of each volume, so that
+// each is reported once.
+func (r *podRuntime) refreshVolumes(failures map[string]string) {
+	pod := r.snapshot()
+	ctx, cancel := context.WithTimeout(r.context(), 30*time.Second)
+	defer cancel()
+	for _, v := range pod.Spec.Volumes {
+		if !followsSources(v) {
+			continue
+		}
+		payload, err := r.volumeContent(ctx, pod, v, r.p.cachedObjectData, true)
+		written := false
+		if err == nil {
+			written, err = writeAtomically(r.volumeDir(v.Name), payload, podFSGroup(pod))
+		}
+		if err != nil {
+			if failures[v.Name] != err.Error() && !r.isStopping() {
+				failures[v.Name] = err.Error()
+				log.Printf("pod %s: volume %q keeps its content: %v", r, v.Name, err)
+				r.event(corev1.EventTypeWarning, "FailedMount", "MountVolume.SetUp failed for volume %q: %v", v.Name, err)
+			}
+			continue
+		}
+		delete(failures, v.Name)
+		if written {
+			log.Printf("pod %s: volume %q updated", r, v.Name)
+		}
+	}
+}
+
+// volumeContent is the content of a Secret, ConfigMap, downward API or projected volume, with
+// Secrets and ConfigMaps read by read. On a refresh, the service account token of a
+// projected volume is the one already written (it is not re-issued).
+func (r *podRuntime) volumeContent(ctx context.Context, pod *corev1.Pod, v corev1.Volume, read objectReader, refresh bool) (map[string]payloadFile, error) {
+	var files []volumeFile
+	var defaultMode *int32
+	var err error
+	switch {
+	case v.Secret != nil:
+		files, err = objectFiles(ctx, read, pod.Namespace, secretKind, v.Secret.SecretName, v.Secret.Items, isTrue(v.Secret.Optional))
+		defaultMode = v.Secret.DefaultMode
+	case v.ConfigMap != nil:
+		files, err = objectFiles(ctx, read, pod.Namespace, configMapKind, v.ConfigMap.Name, v.ConfigMap.Items, isTrue(v.ConfigMap.Optional))
+		defaultMode = v.ConfigMap.DefaultMode
+	case v.DownwardAPI != nil:
+		files = downwardFiles(pod, v.DownwardAPI.Items)
+		defaultMode = v.DownwardAPI.DefaultMode
+	case v.Projected != nil:
+		files, err = r.projectedFiles(ctx, pod, v, read, refresh)
+		defaultMode = v.Projected.DefaultMode
+	default:
+		err = fmt.Errorf("volume %q has no content to write", v.Name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return volumePayload(files, defaultMode)
+}
+
+func isTrue(b *bool) bool { return b != nil && *b }
 
 type volumeFile struct {
 	path string
@@ -162,57 +233,49 @@ func keyFiles(data map[string][]byte, items []corev1.KeyToPath, what string, opt
 	return files, nil
 }
 
-// objectFiles are the files of a Secret or ConfigMap volume (or projected source).
-func (r *podRuntime) objectFiles(ctx context.Context, kind objectKind, name string, items []corev1.KeyToPath, optional bool) ([]volumeFile, error) {
-	data, err := r.p.objectData(ctx, kind, r.snapshot().Namespace, name, optional)
+// objectFiles are the files of a Secret or ConfigMap volume (or projected source). A missing
+// optional object gives no files, as with the kubelet (which empties the volume when such an
+// object is deleted); a missing required one is an error.
+func objectFiles(ctx context.Context, read objectReader, namespace string, kind objectKind, name string, items []corev1.KeyToPath, optional bool) ([]volumeFile, error) {
+	data, err := read(ctx, kind, namespace, name, optional)
 	if err != nil {
 		return nil, err
 	}
 	return keyFiles(data, items, fmt.Sprintf("%s %q", kind, name), optional)
 }
 
-func (r *podRuntime) writeSecretVolume(ctx context.Context, dir string, source *corev1.SecretVolumeSource, fsGroup *int64) error {
-	files, err := r.objectFiles(ctx, secretKind, source.SecretName, source.Items, source.Optional != nil && *source.Optional)
-	if err != nil {
-		return err
-	}
-	return r.writeFiles(dir, files, source.DefaultMode, fsGroup)
-}
-
-func (r *podRuntime) writeConfigMapVolume(ctx context.Context, dir string, source *corev1.ConfigMapVolumeSource, fsGroup *int64) error {
-	files, err := r.objectFiles(ctx, configMapKind, source.Name, source.Items, source.Optional != nil && *source.Optional)
-	if err != nil {
-		return err
-	}
-	return r.writeFiles(dir, files, source.DefaultMode, fsGroup)
-}
-
-// writeProjectedVolume merges its sources; the service account token comes from a
-// TokenRequest bound to the pod (it is not refreshed).
-func (r *podRuntime) writeProjectedVolume(ctx context.Context, dir string, source *corev1.ProjectedVolumeSource, fsGroup *int64) error {
-	pod := r.snapshot()
+// projectedFiles merges a projected volume's sources; the service account token comes from a
+// TokenRequest bound to the pod, once.
+func (r *podRuntime) projectedFiles(ctx context.Context, pod *corev1.Pod, v corev1.Volume, read objectReader, refresh bool) ([]volumeFile, error) {
 	var files []volumeFile
-	for _, s := range source.Sources {
+	for _, s := range v.Projected.Sources {
 		var more []volumeFile
 		var err error
 		switch {
 		case s.Secret != nil:
-			more, err = r.objectFiles(ctx, secretKind, s.Secret.Name, s.Secret.Items, s.Secret.Optional != nil && *s.Secret.Optional)
+			more, err = objectFiles(ctx, read, pod.Namespace, secretKind, s.Secret.Name, s.Secret.Items, isTrue(s.Secret.Optional))
 		case s.ConfigMap != nil:
-			more, err = r.objectFiles(ctx, configMapKind, s.ConfigMap.Name, s.ConfigMap.Items, s.ConfigMap.Optional != nil && *s.ConfigMap.Optional)
+			more, err = objectFiles(ctx, read, pod.Namespace, configMapKind, s.ConfigMap.Name, s.ConfigMap.Items, isTrue(s.ConfigMap.Optional))
 		case s.DownwardAPI != nil:
 			more = downwardFiles(pod, s.DownwardAPI.Items)
 		case s.ServiceAccountToken != nil:
+			if refresh {
+				written := filepath.Join(r.volumeDir(v.Name), dataDirName, filepath.Clean("/"+s.ServiceAccountToken.Path))
+				if token, readErr := os.ReadFile(written); readErr == nil {
+					more = []volumeFile{{path: s.ServiceAccountToken.Path, data: token}}
+					break
+				}
+			}
 			more, err = r.serviceAccountToken(ctx, pod, s.ServiceAccountToken)
 		default:
 			err = fmt.Errorf("this projected source is not supported by the test bed node")
 		}
 		if err != nil {
-			return err
+			return nil, err
 		}
 		files = append(files, more...)
 	}
-	return r.writeFiles(dir, files, source.DefaultMode, fsGroup)
+	return files, nil
 }
 
 func (r *podRuntime) serviceAccountToken(ctx context.Context, pod *corev1.Pod, source *corev1.ServiceAccountTokenProjection) ([]volumeFile, error) {
