@@ -1,5 +1,6 @@
 //! The pgkube library: the backup and restore agent's data path ([`agent`]), which the `pgkube`
-//! binary runs as `pgkube agent ...`. It is a library so that integration tests can drive its
+//! binary runs as `pgkube agent ...`, and the instance manager ([`instance`]), PID 1 of every
+//! PostgreSQL container, run as `pgkube instance ...`. It is a library so that integration tests can drive its
 //! parts (the multipart upload and its buffer pool, for one) against the test bed's real S3
 //! server; the manager (`pgkube run`) lives in the binary.
 
@@ -7,3 +8,4 @@
 #![allow(rustdoc::private_intra_doc_links)]
 
 pub mod agent;
+pub mod instance;

@@ -114,7 +114,7 @@ pub fn run(command: AgentCommand) -> anyhow::Result<()> {
 
 /// Logs go to stderr as text. `RUST_LOG` may raise our own verbosity, but the AWS SDK and HTTP
 /// stack stay at `warn` whatever it says: their debug output can include signed requests.
-fn init_logging() {
+pub(crate) fn init_logging() {
     let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     for quiet in [
         "aws_config",

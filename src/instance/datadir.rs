@@ -1,0 +1,401 @@
+//! The data directory: what it holds, how it comes to be (initdb or a clone of the primary), and
+//! the configuration files the instance manager writes into it.
+//!
+//! Deciding what to do at start ([`plan`]) and composing the files ([`server_config`],
+//! [`pgpass`]) are pure; the rest runs the PostgreSQL tools.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use tokio::process::Command;
+
+use super::desired::{Credentials, Desired, Topology, slot_name};
+
+/// Present once a data directory is complete (initdb and pg_basebackup write it).
+const VERSION_FILE: &str = "PG_VERSION";
+/// Present in a standby's data directory: the server starts in recovery and follows the primary.
+const STANDBY_SIGNAL: &str = "standby.signal";
+const CONFIG_FILE: &str = "postgresql.conf";
+const HBA_FILE: &str = "pg_hba.conf";
+
+/// Errors of preparing the data directory.
+#[derive(Debug, thiserror::Error)]
+pub enum DataDirError {
+    #[error("{action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot run {program}: {source}")]
+    Spawn {
+        program: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{program} failed ({status}): {stderr}")]
+    Tool {
+        program: &'static str,
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
+}
+
+fn io_error(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> DataDirError {
+    let path = path.to_owned();
+    move |source| DataDirError::Io {
+        action,
+        path,
+        source,
+    }
+}
+
+/// What the data directory holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataState {
+    Empty,
+    /// A primary's data (no standby.signal).
+    Primary,
+    /// A standby's data.
+    Standby,
+}
+
+impl DataState {
+    pub fn of(pgdata: &Path) -> Self {
+        if !pgdata.join(VERSION_FILE).exists() {
+            DataState::Empty
+        } else if pgdata.join(STANDBY_SIGNAL).exists() {
+            DataState::Standby
+        } else {
+            DataState::Primary
+        }
+    }
+}
+
+/// How this instance starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartPlan {
+    /// The first instance of a new cluster: a new database.
+    Initdb,
+    /// A new replica: a copy of the primary, then streaming.
+    Clone,
+    /// Existing data, this instance is the primary.
+    RunPrimary,
+    /// Existing standby data, following the primary.
+    Follow,
+    /// Standby data, but the operator designated this instance the primary: it starts without
+    /// standby.signal, which promotes it.
+    Promote,
+    /// A primary's data, but another instance is the primary: it must never take writes behind
+    /// the primary's back, so it starts as a standby (fenced). Rejoining a diverged timeline is
+    /// the failover work's (pg_rewind).
+    Demote,
+}
+
+/// What to do with `state` when the operator says `primary` is the primary.
+pub fn plan(pod: &str, primary: &str, state: DataState) -> StartPlan {
+    let is_primary = pod == primary;
+    match (state, is_primary) {
+        (DataState::Empty, true) => StartPlan::Initdb,
+        (DataState::Empty, false) => StartPlan::Clone,
+        (DataState::Primary, true) => StartPlan::RunPrimary,
+        (DataState::Primary, false) => StartPlan::Demote,
+        (DataState::Standby, true) => StartPlan::Promote,
+        (DataState::Standby, false) => StartPlan::Follow,
+    }
+}
+
+/// Whether this instance serves as the primary or follows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Primary,
+    Replica,
+}
+
+impl StartPlan {
+    pub fn role(self) -> Role {
+        match self {
+            StartPlan::Initdb | StartPlan::RunPrimary | StartPlan::Promote => Role::Primary,
+            StartPlan::Clone | StartPlan::Follow | StartPlan::Demote => Role::Replica,
+        }
+    }
+}
+
+/// The `postgresql.conf` this instance runs with: the operator's settings, then this
+/// instance's own. A replica gets how to reach the primary and its slot; the password is in
+/// `pgpass_file`, never in the configuration.
+pub fn server_config(desired: &Desired, pod: &str, role: Role, pgpass_file: &Path) -> String {
+    let mut config = format!(
+        "# Written by pgkube's instance manager from the cluster's ConfigMap; edits are overwritten.\n\
+         {}\n\
+         # This instance\n\
+         cluster_name = '{}'\n",
+        desired.postgresql_conf.trim_end(),
+        quote(pod),
+    );
+    if role == Role::Replica {
+        config.push_str(&format!(
+            "primary_conninfo = '{}'\nprimary_slot_name = '{}'\n",
+            quote(&primary_conninfo(
+                &desired.topology,
+                &desired.replication,
+                pod,
+                pgpass_file
+            )),
+            slot_name(pod),
+        ));
+    }
+    config
+}
+
+/// libpq connection string to the primary, as the replica's WAL receiver uses it.
+fn primary_conninfo(
+    topology: &Topology,
+    replication: &Credentials,
+    pod: &str,
+    pgpass_file: &Path,
+) -> String {
+    let value = |text: &str| format!("'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"));
+    format!(
+        "host={} port={} user={} passfile={} application_name={} sslmode=prefer",
+        value(&topology.primary_host),
+        topology.port,
+        value(&replication.username),
+        value(&pgpass_file.to_string_lossy()),
+        value(pod),
+    )
+}
+
+/// A string inside a single-quoted `postgresql.conf` value.
+fn quote(text: &str) -> String {
+    text.replace('\'', "''")
+}
+
+/// A password file line that matches any host, port and database for `credentials`.
+pub fn pgpass(credentials: &Credentials) -> String {
+    let field = |text: &str| text.replace('\\', "\\\\").replace(':', "\\:");
+    format!(
+        "*:*:*:{}:{}\n",
+        field(&credentials.username),
+        field(&credentials.password)
+    )
+}
+
+/// Writes `content` to `path` with mode `mode`, replacing it whole (a reader sees the old file
+/// or the new one).
+pub fn write_file(path: &Path, content: &str, mode: u32) -> Result<(), DataDirError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let partial = path.with_extension("pgkube-partial");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&partial)
+        .map_err(io_error("cannot create", &partial))?;
+    file.write_all(content.as_bytes())
+        .map_err(io_error("cannot write", &partial))?;
+    std::fs::rename(&partial, path).map_err(io_error("cannot replace", path))
+}
+
+/// Writes the configuration files into the data directory; true when either changed.
+pub fn write_config(pgdata: &Path, config: &str, hba: &str) -> Result<bool, DataDirError> {
+    let mut changed = false;
+    for (name, content) in [(CONFIG_FILE, config), (HBA_FILE, hba)] {
+        let path = pgdata.join(name);
+        if std::fs::read_to_string(&path).ok().as_deref() != Some(content) {
+            write_file(&path, content, 0o600)?;
+            changed = true;
+        }
+    }
+    Ok(changed)
+}
+
+/// Makes the data directory a standby's (or a primary's, with `standby` false).
+pub fn set_standby(pgdata: &Path, standby: bool) -> Result<(), DataDirError> {
+    let signal = pgdata.join(STANDBY_SIGNAL);
+    if standby {
+        write_file(&signal, "", 0o600)
+    } else {
+        match std::fs::remove_file(&signal) {
+            Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                Err(io_error("cannot remove", &signal)(error))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A new database cluster, owned by `superuser` with the password from its Secret file.
+pub async fn initdb(pgdata: &Path, superuser: &Credentials) -> Result<(), DataDirError> {
+    let mut command = Command::new("initdb");
+    command
+        .arg(format!("--pgdata={}", pgdata.display()))
+        .arg(format!("--username={}", superuser.username))
+        .arg(format!("--pwfile={}", superuser.password_file.display()))
+        .args([
+            "--auth-local=peer",
+            "--auth-host=scram-sha-256",
+            "--encoding=UTF8",
+            // Detects corruption of pages by the storage, as every production cluster should.
+            "--data-checksums",
+        ]);
+    run_tool("initdb", command).await
+}
+
+/// A copy of the primary into `pgdata`, made in a side directory and moved in place only when
+/// complete, so that an interrupted clone never looks like data.
+pub async fn clone_primary(
+    pgdata: &Path,
+    topology: &Topology,
+    pod: &str,
+    pgpass_file: &Path,
+    replication: &Credentials,
+) -> Result<(), DataDirError> {
+    let partial = pgdata.with_extension("clone");
+    remove_dir(&partial)?;
+    let mut command = Command::new("pg_basebackup");
+    command
+        .arg(format!("--pgdata={}", partial.display()))
+        .arg(format!("--host={}", topology.primary_host))
+        .arg(format!("--port={}", topology.port))
+        .arg(format!("--username={}", replication.username))
+        .arg(format!("--slot={}", slot_name(pod)))
+        .args(["--wal-method=stream", "--checkpoint=fast", "--no-password"])
+        .env("PGPASSFILE", pgpass_file)
+        .env("PGAPPNAME", pod);
+    run_tool("pg_basebackup", command).await?;
+    std::fs::rename(&partial, pgdata).map_err(io_error("cannot move the clone to", pgdata))
+}
+
+/// Removes a directory and everything in it, if it exists.
+pub fn remove_dir(path: &Path) -> Result<(), DataDirError> {
+    match std::fs::remove_dir_all(path) {
+        Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+            Err(io_error("cannot remove", path)(error))
+        }
+        _ => Ok(()),
+    }
+}
+
+async fn run_tool(program: &'static str, mut command: Command) -> Result<(), DataDirError> {
+    tracing::info!(program, "running");
+    let output = command
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|source| DataDirError::Spawn { program, source })?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    Err(DataDirError::Tool {
+        program,
+        status: output.status,
+        stderr: stderr.trim().lines().last().unwrap_or_default().to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desired() -> Desired {
+        let credentials = |username: &str, password: &str| Credentials {
+            username: username.to_owned(),
+            password: password.to_owned(),
+            password_file: PathBuf::from("/etc/pgkube/x/password"),
+        };
+        Desired {
+            postgresql_conf: "port = 5432\nwork_mem = '8MB'\n".to_owned(),
+            pg_hba_conf: "local all all peer\n".to_owned(),
+            topology: Topology {
+                primary: "db-postgresql-0".to_owned(),
+                primary_host: "db-postgresql-0.db-postgresql-headless.ns.svc".to_owned(),
+                port: 5432,
+                replicas: 3,
+                statefulset: "db-postgresql".to_owned(),
+            },
+            superuser: credentials("postgres", "super"),
+            replication: credentials("streaming_replica", "pa:ss\\word"),
+        }
+    }
+
+    #[test]
+    fn every_data_state_has_one_plan_and_only_the_designated_primary_takes_writes() {
+        use DataState::*;
+        use StartPlan::*;
+        let cases = [
+            ("a-0", Empty, Initdb),
+            ("a-1", Empty, Clone),
+            ("a-0", Primary, RunPrimary),
+            ("a-1", Primary, Demote),
+            ("a-0", Standby, Promote),
+            ("a-1", Standby, Follow),
+        ];
+        for (pod, state, expected) in cases {
+            let plan = plan(pod, "a-0", state);
+            assert_eq!(plan, expected, "{pod} with {state:?}");
+            assert_eq!(plan.role() == Role::Primary, pod == "a-0");
+        }
+    }
+
+    #[test]
+    fn a_replica_config_names_the_primary_and_its_slot_but_no_password() {
+        let config = server_config(
+            &desired(),
+            "db-postgresql-2",
+            Role::Replica,
+            Path::new("/controller/pgpass"),
+        );
+        assert!(config.contains("work_mem = '8MB'\n"));
+        assert!(config.contains(
+            "primary_conninfo = 'host=''db-postgresql-0.db-postgresql-headless.ns.svc'' port=5432 \
+             user=''streaming_replica'' passfile=''/controller/pgpass'' \
+             application_name=''db-postgresql-2'' sslmode=prefer'\n"
+        ));
+        assert!(config.contains("primary_slot_name = 'pgkube_db_postgresql_2'\n"));
+        assert!(!config.contains("pa:ss"));
+    }
+
+    #[test]
+    fn a_primary_config_has_no_primary_conninfo() {
+        let config = server_config(
+            &desired(),
+            "db-postgresql-0",
+            Role::Primary,
+            Path::new("/p"),
+        );
+        assert!(config.contains("cluster_name = 'db-postgresql-0'\n"));
+        assert!(!config.contains("primary_conninfo"));
+    }
+
+    #[test]
+    fn pgpass_escapes_colons_and_backslashes() {
+        assert_eq!(
+            pgpass(&desired().replication),
+            "*:*:*:streaming_replica:pa\\:ss\\\\word\n"
+        );
+    }
+
+    #[test]
+    fn data_state_follows_the_files() {
+        let dir = std::env::temp_dir().join(format!("pgkube-datadir-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        assert_eq!(DataState::of(&dir), DataState::Empty);
+        std::fs::write(dir.join(VERSION_FILE), "15\n").expect("write");
+        assert_eq!(DataState::of(&dir), DataState::Primary);
+        set_standby(&dir, true).expect("standby");
+        assert_eq!(DataState::of(&dir), DataState::Standby);
+        set_standby(&dir, false).expect("primary");
+        set_standby(&dir, false).expect("twice is fine");
+        assert_eq!(DataState::of(&dir), DataState::Primary);
+        assert!(write_config(&dir, "a = 1\n", "local all all peer\n").expect("first"));
+        assert!(!write_config(&dir, "a = 1\n", "local all all peer\n").expect("same"));
+        remove_dir(&dir).expect("clean up");
+        remove_dir(&dir).expect("already gone");
+    }
+}

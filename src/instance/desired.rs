@@ -1,0 +1,245 @@
+//! What the operator decided for this instance, read from the files Kubernetes mounts: the
+//! cluster's ConfigMap (`postgresql.conf`, `pg_hba.conf`, `instance.json`) and the superuser and
+//! replication Secrets (`username`, `password`).
+//!
+//! Kubernetes refreshes these files in place when their sources change, so reading them again
+//! is how the instance manager learns of a new setting or a rotated password.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Files of the ConfigMap.
+pub const POSTGRESQL_CONF: &str = "postgresql.conf";
+pub const PG_HBA_CONF: &str = "pg_hba.conf";
+pub const INSTANCE_JSON: &str = "instance.json";
+/// Keys of a basic-auth Secret.
+const USERNAME: &str = "username";
+const PASSWORD: &str = "password";
+/// PostgreSQL limits identifiers (and so slot names) to 63 bytes.
+const NAME_MAX: usize = 63;
+const SLOT_PREFIX: &str = "pgkube_";
+
+/// A problem with the mounted files.
+#[derive(Debug, thiserror::Error)]
+pub enum DesiredError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not valid: {source}")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{path} is empty")]
+    Empty { path: PathBuf },
+    #[error("{path}: replicas is {replicas}; a cluster has at least one instance, the primary")]
+    NoInstances { path: PathBuf, replicas: u32 },
+}
+
+/// Where the mounted files are.
+#[derive(Clone, Debug)]
+pub struct Sources {
+    pub config_dir: PathBuf,
+    pub superuser_dir: PathBuf,
+    pub replication_dir: PathBuf,
+}
+
+/// Everything the operator decided, as read at one moment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Desired {
+    /// The server settings, without this instance's own (see `datadir::server_config`).
+    pub postgresql_conf: String,
+    pub pg_hba_conf: String,
+    pub topology: Topology,
+    pub superuser: Credentials,
+    pub replication: Credentials,
+}
+
+impl Desired {
+    pub fn load(sources: &Sources) -> Result<Self, DesiredError> {
+        let config = |name| read(&sources.config_dir.join(name));
+        let topology_path = sources.config_dir.join(INSTANCE_JSON);
+        Ok(Self {
+            postgresql_conf: config(POSTGRESQL_CONF)?,
+            pg_hba_conf: config(PG_HBA_CONF)?,
+            topology: Topology::parse(&read(&topology_path)?, &topology_path)?,
+            superuser: Credentials::load(&sources.superuser_dir)?,
+            replication: Credentials::load(&sources.replication_dir)?,
+        })
+    }
+}
+
+/// `instance.json`: which instance is the primary, and how many instances there are.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Topology {
+    /// Pod name of the primary.
+    pub primary: String,
+    /// Host name under which the primary's pod is reached (its stable DNS name).
+    pub primary_host: String,
+    pub port: u16,
+    /// Number of instances, the primary included.
+    pub replicas: u32,
+    /// Instances are the pods `<statefulset>-0` up to `<statefulset>-(replicas - 1)`.
+    pub statefulset: String,
+}
+
+impl Topology {
+    pub fn parse(text: &str, path: &Path) -> Result<Self, DesiredError> {
+        let topology: Self = serde_json::from_str(text).map_err(|source| DesiredError::Parse {
+            path: path.to_owned(),
+            source,
+        })?;
+        if topology.replicas == 0 {
+            return Err(DesiredError::NoInstances {
+                path: path.to_owned(),
+                replicas: topology.replicas,
+            });
+        }
+        Ok(topology)
+    }
+
+    /// The replication slots the primary keeps: one per instance other than itself.
+    pub fn replica_slots(&self) -> Vec<String> {
+        (0..self.replicas)
+            .map(|ordinal| format!("{}-{ordinal}", self.statefulset))
+            .filter(|pod| *pod != self.primary)
+            .map(|pod| slot_name(&pod))
+            .collect()
+    }
+}
+
+/// The replication slot of the instance `pod`: `pgkube_` and the pod name with `_` for `-`.
+/// A name too long for PostgreSQL keeps its end, where the ordinal is.
+pub fn slot_name(pod: &str) -> String {
+    let name = format!("{SLOT_PREFIX}{}", pod.replace(['-', '.'], "_"));
+    if name.len() <= NAME_MAX {
+        return name;
+    }
+    let tail = &name[name.len() - (NAME_MAX - SLOT_PREFIX.len())..];
+    format!("{SLOT_PREFIX}{tail}")
+}
+
+/// Whether a slot is one pgkube manages (others, made by users, are left alone).
+pub fn is_managed_slot(name: &str) -> bool {
+    name.starts_with(SLOT_PREFIX)
+}
+
+/// A user name and password from a basic-auth Secret. `Debug` never shows the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub username: String,
+    pub password: String,
+    /// The file the password was read from (initdb reads it directly).
+    pub password_file: PathBuf,
+}
+
+impl fmt::Debug for Credentials {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter
+            .debug_struct("Credentials")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+impl Credentials {
+    fn load(dir: &Path) -> Result<Self, DesiredError> {
+        let password_file = dir.join(PASSWORD);
+        let username = read_value(&dir.join(USERNAME))?;
+        let password = read_value(&password_file)?;
+        Ok(Self {
+            username,
+            password,
+            password_file,
+        })
+    }
+}
+
+fn read(path: &Path) -> Result<String, DesiredError> {
+    std::fs::read_to_string(path).map_err(|source| DesiredError::Read {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// A one-value file; a trailing newline (as `echo` writes) is not part of the value.
+fn read_value(path: &Path) -> Result<String, DesiredError> {
+    let value = read(path)?.trim_end_matches(['\n', '\r']).to_owned();
+    if value.is_empty() {
+        return Err(DesiredError::Empty {
+            path: path.to_owned(),
+        });
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn topology(json: &str) -> Result<Topology, DesiredError> {
+        Topology::parse(json, Path::new("instance.json"))
+    }
+
+    #[test]
+    fn the_primary_keeps_a_slot_for_every_other_instance() {
+        let topology = topology(
+            r#"{"primary":"db-postgresql-1","primaryHost":"db-postgresql-1.db-postgresql-headless.ns.svc",
+                "port":5432,"replicas":3,"statefulset":"db-postgresql"}"#,
+        )
+        .expect("valid");
+        assert_eq!(
+            topology.replica_slots(),
+            ["pgkube_db_postgresql_0", "pgkube_db_postgresql_2"]
+        );
+    }
+
+    #[test]
+    fn zero_instances_and_missing_fields_are_refused_with_the_file_named() {
+        let none = topology(
+            r#"{"primary":"a-0","primaryHost":"a","port":5432,"replicas":0,"statefulset":"a"}"#,
+        )
+        .expect_err("no instance");
+        assert!(none.to_string().contains("instance.json: replicas is 0"));
+        let missing = topology(r#"{"primary":"a-0"}"#).expect_err("fields missing");
+        assert!(
+            missing
+                .to_string()
+                .starts_with("instance.json is not valid")
+        );
+    }
+
+    #[test]
+    fn long_slot_names_keep_the_ordinal() {
+        let pod = format!("{}-12", "a".repeat(60));
+        let slot = slot_name(&pod);
+        assert_eq!(slot.len(), NAME_MAX);
+        assert!(slot.starts_with(SLOT_PREFIX) && slot.ends_with("_12"));
+        assert!(is_managed_slot(&slot));
+        assert!(!is_managed_slot("users_own_slot"));
+    }
+
+    #[test]
+    fn credentials_are_read_without_the_trailing_newline_and_never_printed() {
+        let dir = std::env::temp_dir().join(format!("pgkube-desired-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        std::fs::write(dir.join(USERNAME), "postgres\n").expect("write");
+        std::fs::write(dir.join(PASSWORD), "s3cret\n").expect("write");
+        let credentials = Credentials::load(&dir).expect("loads");
+        assert_eq!(credentials.username, "postgres");
+        assert_eq!(credentials.password, "s3cret");
+        assert!(!format!("{credentials:?}").contains("s3cret"));
+        std::fs::write(dir.join(PASSWORD), "\n").expect("write");
+        let empty = Credentials::load(&dir).expect_err("empty password");
+        assert!(empty.to_string().ends_with("password is empty"));
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+}

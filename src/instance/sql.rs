@@ -1,0 +1,228 @@
+//! What the instance manager asks of PostgreSQL: the local server through its Unix socket as
+//! the superuser (peer authentication: the manager runs as the server's own OS user), and the
+//! primary over TCP as the replication role.
+//!
+//! Passwords are sent as SCRAM verifiers computed here, so the clear text never reaches the
+//! server, its logs or `pg_stat_activity`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio_postgres::{Client, Config, NoTls};
+
+use super::desired::{Credentials, Topology, is_managed_slot};
+
+/// How long one connection attempt may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A connection that drives itself in a background task.
+async fn connect(config: &Config) -> Result<Client, tokio_postgres::Error> {
+    let (client, connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            tracing::debug!(%error, "connection closed");
+        }
+    });
+    Ok(client)
+}
+
+/// The local server, as `superuser`, through the socket in `socket_dir`.
+pub async fn connect_local(
+    socket_dir: &Path,
+    port: u16,
+    superuser: &str,
+) -> Result<Client, tokio_postgres::Error> {
+    let mut config = Config::new();
+    config
+        .host_path(socket_dir)
+        .port(port)
+        .user(superuser)
+        .dbname("postgres")
+        .application_name("pgkube-instance-manager")
+        .connect_timeout(CONNECT_TIMEOUT);
+    connect(&config).await
+}
+
+/// The primary, as the replication role.
+pub async fn connect_primary(
+    topology: &Topology,
+    replication: &Credentials,
+    application_name: &str,
+) -> Result<Client, tokio_postgres::Error> {
+    let mut config = Config::new();
+    config
+        .host(&topology.primary_host)
+        .port(topology.port)
+        .user(&replication.username)
+        .password(&replication.password)
+        .dbname("postgres")
+        .application_name(application_name)
+        .connect_timeout(CONNECT_TIMEOUT);
+    connect(&config).await
+}
+
+/// The server as the status endpoint shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerState {
+    pub in_recovery: bool,
+    pub timeline: Option<i64>,
+    /// Where the primary writes WAL; none on a replica.
+    pub current_lsn: Option<String>,
+    /// The last WAL a replica received and replayed; none on a primary.
+    pub received_lsn: Option<String>,
+    pub replayed_lsn: Option<String>,
+    /// A replica's WAL receiver is connected and streaming.
+    pub streaming: bool,
+    /// Settings changed in the files that take effect only after a restart.
+    pub pending_restart: Vec<String>,
+}
+
+/// Reads the server's role, timeline and WAL positions.
+pub async fn observe(client: &Client) -> Result<ServerState, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT pg_is_in_recovery(), \
+                    (SELECT timeline_id::int8 FROM pg_control_checkpoint()), \
+                    CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_lsn()::text END, \
+                    pg_last_wal_receive_lsn()::text, \
+                    pg_last_wal_replay_lsn()::text, \
+                    EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'), \
+                    ARRAY(SELECT name::text FROM pg_settings WHERE pending_restart ORDER BY name)",
+            &[],
+        )
+        .await?;
+    Ok(ServerState {
+        in_recovery: row.try_get(0)?,
+        timeline: row.try_get(1)?,
+        current_lsn: row.try_get(2)?,
+        received_lsn: row.try_get(3)?,
+        replayed_lsn: row.try_get(4)?,
+        streaming: row.try_get(5)?,
+        pending_restart: row.try_get(6)?,
+    })
+}
+
+/// Re-reads the configuration files.
+pub async fn reload(client: &Client) -> Result<(), tokio_postgres::Error> {
+    client.execute("SELECT pg_reload_conf()", &[]).await?;
+    Ok(())
+}
+
+/// On the primary: the superuser's password is the Secret's, and the replication role exists
+/// with its Secret's password.
+pub async fn apply_credentials(
+    client: &Client,
+    superuser: &Credentials,
+    replication: &Credentials,
+) -> Result<(), tokio_postgres::Error> {
+    let exists = client
+        .query_opt(
+            "SELECT 1 FROM pg_roles WHERE rolname = $1",
+            &[&replication.username],
+        )
+        .await?
+        .is_some();
+    if !exists {
+        client
+            .batch_execute(&format!(
+                "CREATE ROLE {} WITH LOGIN REPLICATION",
+                quote_ident(&replication.username)
+            ))
+            .await?;
+        tracing::info!(role = %replication.username, "replication role created");
+    }
+    for credentials in [superuser, replication] {
+        client
+            .batch_execute(&format!(
+                "ALTER ROLE {} WITH PASSWORD {}",
+                quote_ident(&credentials.username),
+                quote_literal(&scram_verifier(&credentials.password)),
+            ))
+            .await?;
+    }
+    Ok(())
+}
+
+/// On the primary: drops the slots pgkube made for instances that are no longer in the
+/// cluster. A slot still in use (its replica not yet stopped) is left for the next pass.
+pub async fn drop_removed_slots(
+    client: &Client,
+    wanted: &[String],
+) -> Result<Vec<String>, tokio_postgres::Error> {
+    let rows = client
+        .query(
+            "SELECT slot_name::text FROM pg_replication_slots WHERE slot_type = 'physical' AND NOT active",
+            &[],
+        )
+        .await?;
+    let mut dropped = Vec::new();
+    for row in rows {
+        let slot: String = row.try_get(0)?;
+        if is_managed_slot(&slot) && !wanted.contains(&slot) {
+            client
+                .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+                .await?;
+            tracing::info!(%slot, "replication slot of a removed instance dropped");
+            dropped.push(slot);
+        }
+    }
+    Ok(dropped)
+}
+
+/// On the primary, as the replication role: whether `slot` exists.
+pub async fn slot_exists(client: &Client, slot: &str) -> Result<bool, tokio_postgres::Error> {
+    Ok(client
+        .query_opt(
+            "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?
+        .is_some())
+}
+
+/// On the primary, as the replication role: makes `slot`, keeping WAL from now on.
+pub async fn create_slot(client: &Client, slot: &str) -> Result<(), tokio_postgres::Error> {
+    client
+        .execute(
+            "SELECT pg_create_physical_replication_slot($1, true)",
+            &[&slot],
+        )
+        .await?;
+    tracing::info!(%slot, "replication slot created");
+    Ok(())
+}
+
+fn scram_verifier(password: &str) -> String {
+    postgres_protocol::password::scram_sha_256(password.as_bytes())
+}
+
+/// An SQL identifier, quoted.
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// An SQL string literal (standard_conforming_strings is on since PostgreSQL 9.1).
+fn quote_literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_and_literals_are_quoted() {
+        assert_eq!(quote_ident("streaming_replica"), "\"streaming_replica\"");
+        assert_eq!(quote_ident("we\"ird"), "\"we\"\"ird\"");
+        assert_eq!(quote_literal("it's"), "'it''s'");
+    }
+
+    #[test]
+    fn passwords_become_scram_verifiers() {
+        let verifier = scram_verifier("s3cret");
+        assert!(verifier.starts_with("SCRAM-SHA-256$4096:"));
+        assert!(!verifier.contains("s3cret"));
+    }
+}
