@@ -1,8 +1,12 @@
-# pgkube image: the manager (`pgkube run`) and the backup/restore agent (`pgkube agent ...`),
-# which needs the PostgreSQL client tools (pg_dump, pg_restore, psql) of a recent major.
+# pgkube image: the manager (`pgkube run`), the backup/restore agent (`pgkube agent ...`), which
+# needs the PostgreSQL client tools (pg_dump, pg_restore, psql) of a recent major, and the
+# instance manager (`pgkube instance ...`), which an init container copies into PostgreSQL pods.
 
 # --- build ---------------------------------------------------------------------------------
-FROM rust:1.95-slim-trixie AS build
+# Built on Debian 12: the binary also runs in the PostgreSQL pods, whose official images
+# (postgres:13 to 17) are Debian 12 based, and a binary linked against Debian 13's newer glibc
+# would not start there. It runs on newer systems as well, like this image's Debian 13.
+FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
 # aws-lc-rs (the one rustls crypto provider) builds C code.
 RUN apt-get update \
