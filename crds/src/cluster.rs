@@ -25,6 +25,7 @@ use crate::common::{S3Storage, conditions_schema};
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".spec.replicas"}"#,
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
+    printcolumn = r#"{"name":"Primary","type":"string","jsonPath":".status.currentPrimary"}"#,
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.currentVersion","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -66,8 +67,8 @@ pub struct PostgreSQLClusterSpec {
 }
 
 /// Parameters pgkube sets itself (where the server listens, where its files are, where it
-/// logs): `spec.postgresql.parameters` cannot set them. The CRD's admission rule lists the same
-/// names; a test keeps the two in step.
+/// logs, what streaming replication needs): `spec.postgresql.parameters` cannot set them. The
+/// CRD's admission rule lists the same names; a test keeps the two in step.
 pub const MANAGED_PARAMETERS: &[&str] = &[
     "listen_addresses",
     "port",
@@ -79,6 +80,11 @@ pub const MANAGED_PARAMETERS: &[&str] = &[
     "unix_socket_directories",
     "logging_collector",
     "log_destination",
+    "wal_level",
+    "hot_standby",
+    "max_wal_senders",
+    "max_replication_slots",
+    "wal_log_hints",
 ];
 
 /// PostgreSQL server settings of a cluster.
@@ -86,14 +92,16 @@ pub const MANAGED_PARAMETERS: &[&str] = &[
 #[serde(rename_all = "camelCase")]
 pub struct PostgreSQLSettings {
     /// `postgresql.conf` parameters by name, for example `work_mem: 16MB`. They take precedence
-    /// over pgkube's own settings (`shared_buffers` included). A change restarts the instances
-    /// one at a time. Parameters pgkube manages itself are refused: listen_addresses, port,
-    /// data_directory, config_file, hba_file, ident_file, external_pid_file,
-    /// unix_socket_directories, logging_collector, log_destination.
+    /// over pgkube's own settings (`shared_buffers` included). A change reaches the running
+    /// instances without rolling the pods: each instance reloads its server, or restarts it when
+    /// the parameter needs a restart. Parameters pgkube manages itself are refused:
+    /// listen_addresses, port, data_directory, config_file, hba_file, ident_file,
+    /// external_pid_file, unix_socket_directories, logging_collector, log_destination,
+    /// wal_level, hot_standby, max_wal_senders, max_replication_slots, wal_log_hints.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "parameters_schema")]
     #[x_kube(
-        validation = Rule::new("self.all(name, !(name in ['listen_addresses', 'port', 'data_directory', 'config_file', 'hba_file', 'ident_file', 'external_pid_file', 'unix_socket_directories', 'logging_collector', 'log_destination']))").message("sets a parameter that pgkube manages itself (listen_addresses, port, data_directory, config_file, hba_file, ident_file, external_pid_file, unix_socket_directories, logging_collector, log_destination)"),
+        validation = Rule::new("self.all(name, !(name in ['listen_addresses', 'port', 'data_directory', 'config_file', 'hba_file', 'ident_file', 'external_pid_file', 'unix_socket_directories', 'logging_collector', 'log_destination', 'wal_level', 'hot_standby', 'max_wal_senders', 'max_replication_slots', 'wal_log_hints']))").message("sets a parameter that pgkube manages itself (listen_addresses, port, data_directory, config_file, hba_file, ident_file, external_pid_file, unix_socket_directories, logging_collector, log_destination, wal_level, hot_standby, max_wal_senders, max_replication_slots, wal_log_hints)"),
         validation = Rule::new("self.all(name, !self[name].contains('\\n'))").message("parameter values must be a single line")
     )]
     pub parameters: BTreeMap<String, String>,
@@ -193,10 +201,17 @@ pub struct PostgreSQLClusterStatus {
     /// PostgreSQL version the instances run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_version: Option<String>,
+    /// Pod name of the primary, set once its instance manager reported it as the primary. The
+    /// `<cluster>-rw` Service routes to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_primary: Option<String>,
+    /// Each instance as its instance manager last reported it, by pod name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub instances: Vec<InstanceStatus>,
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Standard conditions: Ready, Progressing, BackupComplete, Restoring.
+    /// Standard conditions: Ready, Progressing, ReplicasStreaming, BackupComplete, Restoring.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
@@ -209,6 +224,54 @@ pub struct PostgreSQLClusterStatus {
     /// Name of the newest Completed backup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_successful_backup: Option<String>,
+}
+
+/// One PostgreSQL instance (pod) of a cluster, as its instance manager reported it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceStatus {
+    /// Pod name.
+    pub name: String,
+    /// What the instance is: primary, replica, or unknown (starting, or its instance manager
+    /// did not answer).
+    pub role: InstanceRole,
+    /// The instance manager reports its server ready for connections.
+    pub ready: bool,
+    /// PostgreSQL timeline the instance is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeline: Option<i64>,
+    /// Replicas: bytes of WAL the primary has written that this replica has not replayed yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_bytes: Option<i64>,
+    /// Replicas: whether WAL is streaming from the primary.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streaming: Option<bool>,
+}
+
+/// Role of an instance.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum InstanceRole {
+    Primary,
+    Replica,
+    Unknown,
+}
+
+impl InstanceRole {
+    /// The role as the status spells it: `primary`, `replica` or `unknown`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Primary => "primary",
+            Self::Replica => "replica",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for InstanceRole {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// Phase of a cluster.
@@ -228,6 +291,19 @@ mod tests {
     use kube::CustomResourceExt;
 
     use super::*;
+
+    #[test]
+    fn instance_roles_are_spelled_as_in_the_status() {
+        for role in [
+            InstanceRole::Primary,
+            InstanceRole::Replica,
+            InstanceRole::Unknown,
+        ] {
+            let json = serde_json::to_value(role).expect("JSON");
+            assert_eq!(json.as_str(), Some(role.as_str()));
+            assert_eq!(role.to_string(), role.as_str());
+        }
+    }
 
     /// The admission rule that refuses managed parameters names each of them, and no other.
     #[test]
