@@ -31,11 +31,16 @@ pub struct Settings {
     /// Registry and repository of the PostgreSQL image, without tag (`postgres` by default; the
     /// tag is the cluster's version). Air-gapped users point this at their mirror.
     pub postgres_image_repository: String,
-    /// Image of pgkube itself, used by backup and restore Jobs (`pgkube agent`).
+    /// Image of pgkube itself: the instance manager's init container installs `pgkube` from
+    /// it, and backup and restore Jobs run it (`pgkube agent`).
     pub agent_image: String,
     /// How often a settled object is reconciled again although nothing changed (a safety net
     /// for missed watch events; it costs reads, never writes).
     pub resync_interval: Duration,
+    /// How the cluster controller asks each PostgreSQL pod's instance manager for its status:
+    /// HTTP to the pod's address by default. Tests substitute an answer for pods that never
+    /// run (simulated nodes).
+    pub instance_status: Arc<dyn cluster::instances::InstanceStatusSource>,
 }
 
 impl Default for Settings {
@@ -46,6 +51,7 @@ impl Default for Settings {
             postgres_image_repository: "postgres".to_owned(),
             agent_image: "ghcr.io/pgkube/pgkube:latest".to_owned(),
             resync_interval: Duration::from_secs(300),
+            instance_status: Arc::new(cluster::instances::HttpInstanceStatus::default()),
         }
     }
 }

@@ -1,13 +1,14 @@
 //! The PostgreSQLCluster controller against the test bed (kwok makes pods Ready; PVCs bind
-//! through the test bed's provisioner). Each test runs the controllers in-process on its own
-//! namespace.
+//! through the test bed's provisioner; the instance managers of those pods, which never run,
+//! are simulated by `common::SimulatedInstances`). Each test runs the controllers in-process on
+//! its own namespace.
 
 mod common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Running, condition};
+use common::{Running, SimulatedInstances, condition};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
@@ -15,7 +16,8 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, ResourceExt};
-use pgkube_crds::{ClusterPhase, PostgreSQLCluster, PostgresVersion};
+use pgkube_controllers::cluster::instances::ReportedRole;
+use pgkube_crds::{ClusterPhase, InstanceRole, PostgreSQLCluster, PostgresVersion};
 use pgkube_testkit::wait_until;
 use serde_json::json;
 
@@ -32,6 +34,24 @@ async fn patch_spec(running: &Running, name: &str, spec: serde_json::Value) {
         )
         .await
         .expect("spec patched");
+}
+
+/// Each pod of the test's namespace with its role label, by name.
+async fn roles(running: &Running) -> Vec<(String, Option<String>)> {
+    let pods: Api<Pod> = running.api();
+    let mut roles: Vec<_> = pods
+        .list(&ListParams::default())
+        .await
+        .expect("pods")
+        .items
+        .iter()
+        .map(|pod| {
+            let role = pod.labels().get("db.example.com/role").cloned();
+            (pod.name_any(), role)
+        })
+        .collect();
+    roles.sort();
+    roles
 }
 
 fn password(secret: &Secret) -> Vec<u8> {
@@ -93,11 +113,34 @@ async fn the_sample_runs_scales_up_and_down_and_keeps_its_password() {
         .get("my-cluster-postgresql-headless")
         .await
         .expect("headless Service");
-    running
-        .api::<Service>()
-        .get("my-cluster-postgresql")
-        .await
-        .expect("client Service");
+    for (service, role) in [
+        ("my-cluster-rw", Some("primary")),
+        ("my-cluster-ro", Some("replica")),
+        ("my-cluster-r", None),
+    ] {
+        let selector = running
+            .api::<Service>()
+            .get(service)
+            .await
+            .expect("client Service")
+            .spec
+            .and_then(|s| s.selector)
+            .expect("selector");
+        assert_eq!(
+            selector.get("db.example.com/role").map(String::as_str),
+            role,
+            "{service}"
+        );
+    }
+    assert!(
+        running
+            .api::<Service>()
+            .get_opt("my-cluster-postgresql")
+            .await
+            .expect("read")
+            .is_none(),
+        "no single client Service any more"
+    );
     running
         .api::<ConfigMap>()
         .get("my-cluster-postgresql-config")
@@ -116,6 +159,79 @@ async fn the_sample_runs_scales_up_and_down_and_keeps_its_password() {
             .expect("Secret"),
     );
     assert_eq!(first_password.len(), 32);
+    let replication = secrets
+        .get("my-cluster-postgresql-replication")
+        .await
+        .expect("replication Secret");
+    assert_eq!(
+        replication
+            .data
+            .as_ref()
+            .and_then(|d| d.get("username"))
+            .map(|b| b.0.as_slice()),
+        Some(&b"streaming_replica"[..])
+    );
+    let replication_password = password(&replication);
+    assert_eq!(replication_password.len(), 32);
+    assert_ne!(replication_password, first_password);
+    assert!(replication.metadata.owner_references.is_none());
+    assert_eq!(
+        status.current_primary.as_deref(),
+        Some("my-cluster-postgresql-0")
+    );
+    assert_eq!(
+        roles(&running).await,
+        [
+            (
+                "my-cluster-postgresql-0".to_owned(),
+                Some("primary".to_owned())
+            ),
+            (
+                "my-cluster-postgresql-1".to_owned(),
+                Some("replica".to_owned())
+            ),
+            (
+                "my-cluster-postgresql-2".to_owned(),
+                Some("replica".to_owned())
+            ),
+        ]
+    );
+    let instances: Vec<_> = status
+        .instances
+        .iter()
+        .map(|i| (i.name.as_str(), i.role, i.ready, i.lag_bytes, i.streaming))
+        .collect();
+    assert_eq!(
+        instances,
+        [
+            (
+                "my-cluster-postgresql-0",
+                InstanceRole::Primary,
+                true,
+                None,
+                None
+            ),
+            (
+                "my-cluster-postgresql-1",
+                InstanceRole::Replica,
+                true,
+                Some(0),
+                Some(true)
+            ),
+            (
+                "my-cluster-postgresql-2",
+                InstanceRole::Replica,
+                true,
+                Some(0),
+                Some(true)
+            ),
+        ]
+    );
+    let streaming = condition(&cluster, "ReplicasStreaming").expect("ReplicasStreaming");
+    assert_eq!(
+        (streaming.status.as_str(), streaming.message.as_str()),
+        ("True", "All 2 replicas are streaming")
+    );
 
     patch_spec(&running, "my-cluster", json!({"replicas": 5})).await;
     running.wait_running("my-cluster", 5, TIMEOUT).await;
@@ -147,6 +263,13 @@ async fn the_sample_runs_scales_up_and_down_and_keeps_its_password() {
         after, first_password,
         "the generated password must never change"
     );
+    let replication_after = password(
+        &secrets
+            .get("my-cluster-postgresql-replication")
+            .await
+            .expect("Secret"),
+    );
+    assert_eq!(replication_after, replication_password);
     running.stop().await;
 }
 
@@ -159,17 +282,13 @@ async fn deleted_and_edited_children_are_repaired() {
     running.wait_running("repair", 2, TIMEOUT).await;
 
     let services = running.api::<Service>();
-    let old_uid = services
-        .get("repair-postgresql")
-        .await
-        .expect("Service")
-        .uid();
+    let old_uid = services.get("repair-rw").await.expect("Service").uid();
     services
-        .delete("repair-postgresql", &DeleteParams::default())
+        .delete("repair-rw", &DeleteParams::default())
         .await
         .expect("deleted");
-    wait_until("the client Service to come back", TIMEOUT, || async {
-        let service = services.get_opt("repair-postgresql").await?;
+    wait_until("the -rw Service to come back", TIMEOUT, || async {
+        let service = services.get_opt("repair-rw").await?;
         Ok(service.filter(|s| s.uid() != old_uid).map(|_| ()))
     })
     .await
@@ -227,16 +346,19 @@ async fn deleting_the_cluster_removes_the_finalizer_and_children_are_collected_b
         "the garbage collector to remove the children",
         TIMEOUT,
         || async {
-            let gone = statefulsets.get_opt("doomed-postgresql").await?.is_none()
-                && services.get_opt("doomed-postgresql").await?.is_none()
-                && services
-                    .get_opt("doomed-postgresql-headless")
-                    .await?
-                    .is_none()
+            let mut gone = statefulsets.get_opt("doomed-postgresql").await?.is_none()
                 && config_maps
                     .get_opt("doomed-postgresql-config")
                     .await?
                     .is_none();
+            for service in [
+                "doomed-rw",
+                "doomed-ro",
+                "doomed-r",
+                "doomed-postgresql-headless",
+            ] {
+                gone = gone && services.get_opt(service).await?.is_none();
+            }
             Ok(gone.then_some(()))
         },
     )
@@ -244,14 +366,19 @@ async fn deleting_the_cluster_removes_the_finalizer_and_children_are_collected_b
     .expect("children collected");
     // The credentials outlive the cluster, as its data volume does: a cluster made again under
     // this name must find the password its data was made with.
-    assert!(
-        secrets
-            .get_opt("doomed-postgresql-credentials")
-            .await
-            .expect("read the Secret")
-            .is_some(),
-        "the credentials Secret is kept"
-    );
+    for kept in [
+        "doomed-postgresql-credentials",
+        "doomed-postgresql-replication",
+    ] {
+        assert!(
+            secrets
+                .get_opt(kept)
+                .await
+                .expect("read the Secret")
+                .is_some(),
+            "{kept} is kept"
+        );
+    }
     assert!(
         running
             .api::<k8s_openapi::api::core::v1::PersistentVolumeClaim>()
@@ -319,18 +446,14 @@ async fn storage_shrink_and_major_upgrade_are_held_back_while_the_rest_is_reconc
 
     // While the upgrade is refused, a deleted child comes back and a new replica count applies.
     let services = running.api::<Service>();
-    let old_uid = services
-        .get("steady-postgresql")
-        .await
-        .expect("client Service")
-        .uid();
+    let old_uid = services.get("steady-r").await.expect("-r Service").uid();
     services
-        .delete("steady-postgresql", &DeleteParams::default())
+        .delete("steady-r", &DeleteParams::default())
         .await
         .expect("deleted");
     patch_spec(&running, "steady", json!({"replicas": 2})).await;
-    wait_until("the client Service to come back", TIMEOUT, || async {
-        let service = services.get_opt("steady-postgresql").await?;
+    wait_until("the -r Service to come back", TIMEOUT, || async {
+        let service = services.get_opt("steady-r").await?;
         Ok(service.filter(|s| s.uid() != old_uid).map(|_| ()))
     })
     .await
@@ -561,6 +684,249 @@ async fn growing_storage_expands_the_data_volumes() {
         Some("100Gi"),
         "the template is immutable"
     );
+    running.stop().await;
+}
+
+/// Waits until cluster `name` has condition `type_` with `status` for its latest generation.
+async fn wait_for_condition(
+    running: &Running,
+    name: &str,
+    type_: &str,
+    status: &str,
+) -> PostgreSQLCluster {
+    let clusters = running.clusters();
+    wait_until(&format!("{type_}={status}"), TIMEOUT, || async {
+        let cluster = clusters.get(name).await?;
+        let found = condition(&cluster, type_).is_some_and(|c| c.status == status)
+            && cluster.status.as_ref().and_then(|s| s.observed_generation)
+                == cluster.metadata.generation;
+        Ok(found.then_some(cluster))
+    })
+    .await
+    .expect("condition reached")
+}
+
+/// Waits until cluster `name` reports `phase`.
+async fn wait_for_phase(running: &Running, name: &str, phase: ClusterPhase) -> PostgreSQLCluster {
+    let clusters = running.clusters();
+    wait_until(&format!("phase {phase:?}"), TIMEOUT, || async {
+        let cluster = clusters.get(name).await?;
+        let found = cluster.status.as_ref().and_then(|s| s.phase) == Some(phase);
+        Ok(found.then_some(cluster))
+    })
+    .await
+    .expect("phase reached")
+}
+
+/// The single client Service of earlier versions is deleted; a replica that stops streaming
+/// and a primary that stops answering show in the status, with Events, and the pods keep their
+/// role labels meanwhile.
+#[tokio::test]
+async fn the_old_client_service_goes_and_instance_troubles_show_in_the_status() {
+    let resync = Duration::from_secs(2);
+    let Some(running) = Running::start("cluster-roles", resync).await else {
+        return;
+    };
+    let created = running.create_sample("roles", 3).await;
+    running.wait_running("roles", 3, TIMEOUT).await;
+
+    // What an earlier version left: a client Service owned by the cluster.
+    let old: Service = serde_json::from_value(json!({
+        "metadata": {
+            "name": "roles-postgresql",
+            "labels": {"app.kubernetes.io/managed-by": "pgkube"},
+            "ownerReferences": [{
+                "apiVersion": "db.example.com/v1alpha1",
+                "kind": "PostgreSQLCluster",
+                "name": "roles",
+                "uid": created.uid().expect("uid"),
+                "controller": true,
+            }],
+        },
+        "spec": {"ports": [{"name": "postgresql", "port": 5432}]},
+    }))
+    .expect("Service");
+    let services = running.api::<Service>();
+    services
+        .create(&PostParams::default(), &old)
+        .await
+        .expect("old Service made");
+    wait_until("the old client Service to go", TIMEOUT, || async {
+        Ok(services
+            .get_opt("roles-postgresql")
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await
+    .expect("old Service deleted");
+
+    running.instances.answer("roles-postgresql-1", None);
+    let broken = wait_for_condition(&running, "roles", "ReplicasStreaming", "False").await;
+    let streaming = condition(&broken, "ReplicasStreaming").expect("condition");
+    assert_eq!(
+        (streaming.reason.as_str(), streaming.message.as_str()),
+        (
+            "ReplicasNotStreaming",
+            "roles-postgresql-1: instance manager unreachable"
+        )
+    );
+    let status = broken.status.clone().expect("status");
+    assert_eq!(status.phase, Some(ClusterPhase::Running));
+    assert_eq!(status.instances[1].role, InstanceRole::Unknown);
+    let warnings = events_with_reason(&running, "roles", "ReplicaNotStreaming").await;
+    assert_eq!(warnings[0].type_.as_deref(), Some("Warning"));
+    // Unreachable, it keeps its label; readiness decides whether it gets traffic.
+    assert_eq!(roles(&running).await[1].1.as_deref(), Some("replica"));
+    // A stable status: nothing to write while it stays so.
+    running
+        .assert_no_writes_while_idle(resync, "while a replica does not answer")
+        .await;
+
+    running.instances.heal("roles-postgresql-1");
+    wait_for_condition(&running, "roles", "ReplicasStreaming", "True").await;
+    let recovered = events_with_reason(&running, "roles", "ReplicasStreaming").await;
+    assert_eq!(recovered[0].type_.as_deref(), Some("Normal"));
+
+    running.instances.answer("roles-postgresql-0", None);
+    let degraded = wait_for_phase(&running, "roles", ClusterPhase::Degraded).await;
+    let progressing = condition(&degraded, "Progressing").expect("Progressing");
+    assert_eq!(
+        (progressing.reason.as_str(), progressing.message.as_str()),
+        (
+            "PrimaryUnavailable",
+            "the primary roles-postgresql-0: instance manager unreachable"
+        )
+    );
+    assert_eq!(
+        degraded.status.and_then(|s| s.current_primary).as_deref(),
+        Some("roles-postgresql-0")
+    );
+    assert_eq!(roles(&running).await[0].1.as_deref(), Some("primary"));
+    running.instances.heal("roles-postgresql-0");
+    running.wait_running("roles", 3, TIMEOUT).await;
+    running.stop().await;
+}
+
+/// Pods on simulated nodes whose instance managers never answer (as with the manager process
+/// on kwok nodes): the cluster waits for its primary, says why, and writes nothing at rest.
+#[tokio::test]
+async fn a_cluster_whose_instances_never_answer_waits_quietly_for_its_primary() {
+    let resync = Duration::from_secs(2);
+    let Some(running) = Running::start("cluster-silent", resync).await else {
+        return;
+    };
+    for pod in ["silent-postgresql-0", "silent-postgresql-1"] {
+        running.instances.answer(pod, None);
+    }
+    running.create_sample("silent", 2).await;
+    let clusters = running.clusters();
+    let waiting = wait_until("both pods ready, the primary awaited", TIMEOUT, || async {
+        let cluster = clusters.get("silent").await?;
+        let ready = cluster.status.as_ref().map(|s| s.ready_replicas) == Some(2)
+            && condition(&cluster, "Ready").is_some_and(|c| c.reason == "PrimaryNotReady");
+        Ok(ready.then_some(cluster))
+    })
+    .await
+    .expect("waiting for the primary");
+    let status = waiting.status.clone().expect("status");
+    assert_eq!(status.phase, Some(ClusterPhase::Creating));
+    assert_eq!(status.current_primary, None);
+    assert_eq!(status.instances.len(), 2);
+    assert_eq!(
+        condition(&waiting, "Ready").expect("Ready").message,
+        "2 of 2 replicas are ready; the primary silent-postgresql-0: instance manager unreachable"
+    );
+    assert_eq!(
+        roles(&running).await,
+        [
+            ("silent-postgresql-0".to_owned(), None),
+            ("silent-postgresql-1".to_owned(), None)
+        ]
+    );
+    running
+        .assert_no_writes_while_idle(resync, "while no instance answers")
+        .await;
+    running.stop().await;
+}
+
+/// The primary is whichever instance the status names; a scale-down that would remove it is
+/// held back.
+#[tokio::test]
+async fn the_designated_primary_follows_the_status_and_a_scale_down_keeps_it() {
+    let Some(running) = Running::start("cluster-primary", RESYNC).await else {
+        return;
+    };
+    running.create_sample("moved", 3).await;
+    running.wait_running("moved", 3, TIMEOUT).await;
+    // As after a failover: instance 2 is the primary, instance 0 a replica.
+    let instances = &running.instances;
+    instances.answer(
+        "moved-postgresql-0",
+        Some(SimulatedInstances::report(
+            "moved-postgresql-0",
+            ReportedRole::Replica,
+        )),
+    );
+    instances.answer(
+        "moved-postgresql-2",
+        Some(SimulatedInstances::report(
+            "moved-postgresql-2",
+            ReportedRole::Primary,
+        )),
+    );
+    let clusters = running.clusters();
+    let config_maps = running.api::<ConfigMap>();
+    wait_until("instance 2 to be the primary", TIMEOUT, || async {
+        let cluster = clusters.get("moved").await?;
+        let current = cluster.status.and_then(|s| s.current_primary);
+        if current.as_deref() != Some("moved-postgresql-2") {
+            clusters
+                .patch_status(
+                    "moved",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"currentPrimary": "moved-postgresql-2"}})),
+                )
+                .await?;
+            return Ok(None);
+        }
+        let config = config_maps.get("moved-postgresql-config").await?;
+        let topology: serde_json::Value = serde_json::from_str(
+            config
+                .data
+                .as_ref()
+                .and_then(|d| d.get("instance.json"))
+                .map_or("{}", String::as_str),
+        )?;
+        let labels = roles(&running).await;
+        let expected = [
+            ("moved-postgresql-0".to_owned(), Some("replica".to_owned())),
+            ("moved-postgresql-1".to_owned(), Some("replica".to_owned())),
+            ("moved-postgresql-2".to_owned(), Some("primary".to_owned())),
+        ];
+        let done = topology["primary"] == "moved-postgresql-2" && labels == expected;
+        Ok(done.then_some(()))
+    })
+    .await
+    .expect("primary moved");
+    running.wait_running("moved", 3, TIMEOUT).await;
+
+    patch_spec(&running, "moved", json!({"replicas": 2})).await;
+    let held = wait_for_progressing_reason(&running, "moved", "ScaleDownWouldRemovePrimary").await;
+    assert!(
+        condition(&held, "Progressing")
+            .expect("Progressing")
+            .message
+            .contains("set replicas to at least 3"),
+        "{:?}",
+        condition(&held, "Progressing")
+    );
+    let sts = running
+        .api::<StatefulSet>()
+        .get("moved-postgresql")
+        .await
+        .expect("StatefulSet");
+    assert_eq!(sts.spec.and_then(|s| s.replicas), Some(3));
     running.stop().await;
 }
 
@@ -852,16 +1218,24 @@ async fn scheduling_fields_reach_the_pods_and_are_quiet_once_applied() {
 fn the_testkit_agrees_with_the_controllers_on_child_names_and_keys() {
     use pgkube_controllers::cluster::build::{ChildNames, PASSWORD_KEY, USERNAME_KEY};
     let longest = "a".repeat(pgkube_testkit::MAX_CLUSTER_NAME);
+    use pgkube_testkit::ClusterService;
     for name in ["db", "my-cluster-2", longest.as_str()] {
         let names = ChildNames::for_cluster(name);
-        assert_eq!(
-            pgkube_testkit::client_service_name(name),
-            names.client_service
-        );
+        assert_eq!(ClusterService::ReadWrite.name(name), names.rw_service);
+        assert_eq!(ClusterService::ReadOnly.name(name), names.ro_service);
+        assert_eq!(ClusterService::Any.name(name), names.r_service);
         assert_eq!(pgkube_testkit::credentials_secret_name(name), names.secret);
+        assert_eq!(
+            pgkube_testkit::replication_secret_name(name),
+            names.replication_secret
+        );
     }
     assert_eq!(pgkube_testkit::USERNAME_KEY, USERNAME_KEY);
     assert_eq!(pgkube_testkit::PASSWORD_KEY, PASSWORD_KEY);
+    assert_eq!(
+        pgkube_testkit::ROLE_LABEL,
+        pgkube_controllers::cluster::build::ROLE_LABEL
+    );
 }
 
 /// The distinct successive phases of cluster `name`, as a watch sees them from now on.

@@ -7,9 +7,12 @@
 //! later from the template start at the old size and are expanded by the next reconcile.
 //! Recreating the StatefulSet with orphaned pods would also update the template, at the cost
 //! of a delete and create of the workload's controller object; we keep it simple.
+//!
+//! Pods are the StatefulSet's, but their role label is ours: [`label_roles`] makes the changes
+//! `roles` decided, each a merge patch of that one label.
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Secret};
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -18,9 +21,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-use super::build::DesiredChildren;
+use super::build::{DesiredChildren, ROLE_LABEL};
 use super::drift;
 use super::read::{LiveChildren, claim_request};
+use super::roles::LabelChange;
 use super::status::Issue;
 use super::{Error, FIELD_MANAGER};
 use crate::quantity;
@@ -49,35 +53,39 @@ pub async fn apply(
     let DesiredChildren {
         statefulset,
         headless_service,
-        client_service,
+        rw_service,
+        ro_service,
+        r_service,
         config_map,
         credentials,
+        replication_credentials,
         pod_disruption_budget,
     } = desired;
     let mut writes = 0;
-    if !live.credentials_exist {
-        create_credentials(client, namespace, &credentials).await?;
-        writes += 1;
+    for (secret, exists) in [
+        (&credentials, live.credentials_exist),
+        (&replication_credentials, live.replication_credentials_exist),
+    ] {
+        if !exists {
+            create_kept_secret(client, namespace, secret).await?;
+            writes += 1;
+        }
     }
     writes += apply_child(client, namespace, &config_map, live.config_map.as_ref())
         .await?
         .is_some() as usize;
-    writes += apply_child(
-        client,
-        namespace,
-        &headless_service,
-        live.headless_service.as_ref(),
-    )
-    .await?
-    .is_some() as usize;
-    writes += apply_child(
-        client,
-        namespace,
-        &client_service,
-        live.client_service.as_ref(),
-    )
-    .await?
-    .is_some() as usize;
+    for (service, live) in [
+        (&headless_service, &live.headless_service),
+        (&rw_service, &live.rw_service),
+        (&ro_service, &live.ro_service),
+        (&r_service, &live.r_service),
+    ] {
+        writes += apply_child(client, namespace, service, live.as_ref())
+            .await?
+            .is_some() as usize;
+    }
+    writes +=
+        delete_old_client_service(client, namespace, live.old_client_service.as_ref()).await?;
     let applied_sts =
         apply_child(client, namespace, &statefulset, live.statefulset.as_ref()).await?;
     writes += applied_sts.is_some() as usize;
@@ -148,15 +156,15 @@ where
         })
 }
 
-/// Creates the credentials Secret. It is never applied again: the password it holds was
+/// Creates a Secret holding a generated password. It is never applied again: the password was
 /// generated once and is in use.
-async fn create_credentials(
+async fn create_kept_secret(
     client: &Client,
     namespace: &str,
     secret: &Secret,
 ) -> Result<(), Error> {
     let name = secret.name_any();
-    tracing::info!(name = %name, "creating credentials");
+    tracing::info!(name = %name, "creating a Secret with a generated password");
     let params = PostParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PostParams::default()
@@ -205,6 +213,60 @@ async fn reconcile_disruption_budget(
         }
         (None, _) => Ok(0),
     }
+}
+
+/// Deletes the single client Service of earlier versions, replaced by `-rw`, `-ro` and `-r`.
+/// Only when the read found it, and only ours: no request at all once it is gone.
+async fn delete_old_client_service(
+    client: &Client,
+    namespace: &str,
+    live: Option<&Service>,
+) -> Result<usize, Error> {
+    let Some(service) = live.filter(|service| is_ours(*service)) else {
+        return Ok(0);
+    };
+    let name = service.name_any();
+    tracing::info!(name = %name, "deleting the old client Service");
+    match Api::<Service>::namespaced(client.clone(), namespace)
+        .delete(&name, &DeleteParams::default())
+        .await
+    {
+        Ok(_) => Ok(1),
+        Err(kube::Error::Api(status)) if status.is_not_found() => Ok(1),
+        Err(source) => Err(Error::Kube {
+            action: "delete",
+            kind: "Service".to_owned(),
+            name,
+            source,
+        }),
+    }
+}
+
+/// Makes the role label changes, in order (removals first); returns the number of writes.
+/// Each patch names the pod's uid, so that a new pod of the same name made since the read is
+/// refused by the API server rather than labelled.
+pub async fn label_roles(
+    client: &Client,
+    namespace: &str,
+    changes: &[LabelChange],
+) -> Result<usize, Error> {
+    let pods = Api::<Pod>::namespaced(client.clone(), namespace);
+    for change in changes {
+        tracing::info!(pod = %change.pod, role = ?change.value, "labelling pod");
+        let mut patch = json!({ "metadata": { "labels": { ROLE_LABEL: change.value } } });
+        if let Some(uid) = &change.uid {
+            patch["metadata"]["uid"] = json!(uid);
+        }
+        pods.patch(&change.pod, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|source| Error::Kube {
+                action: "label",
+                kind: "Pod".to_owned(),
+                name: change.pod.clone(),
+                source,
+            })?;
+    }
+    Ok(changes.len())
 }
 
 fn is_ours(object: &impl ResourceExt) -> bool {

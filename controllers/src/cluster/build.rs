@@ -1,5 +1,14 @@
 //! Build (pure): the children a validated cluster should have. No client, no I/O; the result
 //! is applied by `apply`.
+//!
+//! Each PostgreSQL pod runs the instance manager as PID 1 of its `postgresql` container: an
+//! init container copies `pgkube` from the operator's image into the `controller` volume, and
+//! the container runs `/controller/pgkube instance run` in the stock PostgreSQL image. The
+//! instance manager reads what the operator decided from mounted files: the ConfigMap
+//! (`postgresql.conf`, `pg_hba.conf`, `instance.json` naming the primary), the superuser and the
+//! replication Secrets. It reloads or restarts its server itself when the ConfigMap changes, so
+//! a configuration change does not roll the pods; it serves its status on port
+//! [`STATUS_PORT`], which the probes and the controller read.
 
 use std::collections::BTreeMap;
 
@@ -9,53 +18,87 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
-    EnvVar, EnvVarSource, ExecAction, PersistentVolumeClaim, PersistentVolumeClaimSpec,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector,
-    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
-    VolumeResourceRequirements,
+    EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
+    Secret, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume,
+    VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde::Serialize;
 
-use super::drift::desired_hash;
 use super::memory::MemorySettings;
 use super::validate::ValidatedCluster;
 use crate::names::{self, DNS_LABEL_MAX, DNS_SUBDOMAIN_MAX, NameKind, STATEFULSET_NAME_MAX};
+
+pub use super::instances::STATUS_PORT;
 
 /// PostgreSQL's port.
 pub const POSTGRES_PORT: i32 = 5432;
 /// Annotation on the StatefulSet naming the PostgreSQL major version it runs.
 pub const VERSION_ANNOTATION: &str = "db.example.com/postgres-version";
-/// Pod template annotation: the hash of the `postgresql.conf` the pods run with.
-pub const CONFIG_HASH_ANNOTATION: &str = "db.example.com/config-hash";
+/// Pod label naming the role an instance has (`primary` or `replica`), set by the controller
+/// from what the instance manager reports; the `-rw` and `-ro` Services select on it.
+pub const ROLE_LABEL: &str = "db.example.com/role";
 /// Name of the data volume claim template; PVCs are `data-<statefulset>-N`.
 pub const DATA_VOLUME: &str = "data";
-/// uid and gid of `postgres` in the official image.
-const POSTGRES_UID: i64 = 999;
-const DATA_MOUNT: &str = "/var/lib/postgresql/data";
-const CONFIG_MOUNT: &str = "/etc/postgresql";
-const CONFIG_FILE: &str = "postgresql.conf";
-const SHM_VOLUME: &str = "shm";
-/// Keys of the credentials Secret.
+/// Keys of the ConfigMap the instance manager reads.
+pub const CONFIG_FILE: &str = "postgresql.conf";
+pub const HBA_FILE: &str = "pg_hba.conf";
+pub const INSTANCE_FILE: &str = "instance.json";
+/// Keys of the credentials and replication Secrets.
 pub const USERNAME_KEY: &str = "username";
 pub const PASSWORD_KEY: &str = "password";
+/// The role replicas connect as.
+pub const REPLICATION_USER: &str = "streaming_replica";
+/// uid and gid of `postgres` in the official image.
+const POSTGRES_UID: i64 = 999;
 /// Superuser of the official image.
 const SUPERUSER: &str = "postgres";
+const DATA_MOUNT: &str = "/var/lib/postgresql/data";
+/// Volumes and where the PostgreSQL container mounts them.
+const CONTROLLER_VOLUME: &str = "controller";
+const CONTROLLER_MOUNT: &str = "/controller";
+const CONFIG_VOLUME: &str = "config";
+const CONFIG_MOUNT: &str = "/etc/pgkube/config";
+const SUPERUSER_VOLUME: &str = "superuser";
+const SUPERUSER_MOUNT: &str = "/etc/pgkube/superuser";
+const REPLICATION_VOLUME: &str = "replication";
+const REPLICATION_MOUNT: &str = "/etc/pgkube/replication";
+const SHM_VOLUME: &str = "shm";
+/// The instance manager, as the init container installs it.
+const INSTANCE_MANAGER: &str = "/controller/pgkube";
 /// Seconds between two runs of each probe.
 const PROBE_PERIOD_SECONDS: i32 = 10;
-/// Misses the startup probe allows: 60 x 10 s = 10 minutes for a crash recovery to finish.
-const STARTUP_PROBE_FAILURES: i32 = 60;
+/// Misses the startup probe allows: 360 x 10 s = one hour for a crash recovery, or for the
+/// clone of a big database, to finish.
+const STARTUP_PROBE_FAILURES: i32 = 360;
+/// The kubelet's wait between SIGTERM and SIGKILL; the instance manager's shutdown timeout
+/// ([`SHUTDOWN_TIMEOUT`]) leaves it 10 s to stop after its fast shutdown turned immediate.
+const TERMINATION_GRACE_SECONDS: i64 = 60;
+const SHUTDOWN_TIMEOUT: &str = "50s";
 
 /// Names of a cluster's children, all within Kubernetes limits.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ChildNames {
     pub statefulset: String,
     pub headless_service: String,
-    pub client_service: String,
+    /// Service of the primary (`<cluster>-rw`).
+    pub rw_service: String,
+    /// Service of the streaming replicas (`<cluster>-ro`).
+    pub ro_service: String,
+    /// Service of every ready instance (`<cluster>-r`).
+    pub r_service: String,
+    /// The single client Service of earlier versions (`<cluster>-postgresql`), deleted when
+    /// found.
+    pub old_client_service: String,
     pub config_map: String,
+    /// The superuser's credentials.
     pub secret: String,
+    /// The replication role's credentials.
+    pub replication_secret: String,
     pub pod_disruption_budget: String,
     /// Value of `app.kubernetes.io/instance`.
     pub instance_label: String,
@@ -75,9 +118,13 @@ impl ChildNames {
                 STATEFULSET_NAME_MAX,
             ),
             headless_service: label("-postgresql-headless"),
-            client_service: label("-postgresql"),
+            rw_service: label("-rw"),
+            ro_service: label("-ro"),
+            r_service: label("-r"),
+            old_client_service: label("-postgresql"),
             config_map: subdomain("-postgresql-config"),
             secret: subdomain("-postgresql-credentials"),
+            replication_secret: subdomain("-postgresql-replication"),
             pod_disruption_budget: subdomain("-postgresql"),
             instance_label: names::label_value(cluster),
         }
@@ -95,29 +142,66 @@ impl ChildNames {
 pub struct DesiredChildren {
     pub statefulset: StatefulSet,
     pub headless_service: Service,
-    pub client_service: Service,
+    pub rw_service: Service,
+    pub ro_service: Service,
+    pub r_service: Service,
     pub config_map: ConfigMap,
-    /// Created once if missing, never updated: it holds the generated password.
+    /// Created once if missing, never updated: it holds the generated superuser password.
     pub credentials: Secret,
+    /// Created once if missing, never updated: it holds the generated replication password.
+    pub replication_credentials: Secret,
     /// Only with more than one replica; otherwise an existing one is deleted.
     pub pod_disruption_budget: Option<PodDisruptionBudget>,
 }
 
-/// The desired children of `cluster`, running `<image_repository>:<version>`; `password` goes
-/// into the credentials Secret if it has to be created.
-pub fn build(
-    cluster: &ValidatedCluster,
-    image_repository: &str,
-    password: &str,
-) -> DesiredChildren {
+/// What the children are built from besides the validated spec.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BuildInput<'a> {
+    /// PostgreSQL image without tag (the tag is the major version).
+    pub image_repository: &'a str,
+    /// pgkube's image, whose init container installs the instance manager.
+    pub instance_manager_image: &'a str,
+    /// Pod name of the designated primary.
+    pub primary: &'a str,
+    /// Passwords for the Secrets, used only if they have to be created.
+    pub superuser_password: &'a str,
+    pub replication_password: &'a str,
+}
+
+/// The desired children of `cluster`.
+pub fn build(cluster: &ValidatedCluster, input: &BuildInput<'_>) -> DesiredChildren {
     let names = ChildNames::for_cluster(&cluster.name);
-    let config_map = config_map(cluster, &names);
+    let client_service = |name: &str, role: Option<&str>| {
+        let mut service = service(cluster, &names, name, false);
+        if let (Some(role), Some(selector)) = (
+            role,
+            service.spec.as_mut().and_then(|s| s.selector.as_mut()),
+        ) {
+            selector.insert(ROLE_LABEL.to_owned(), role.to_owned());
+        }
+        service
+    };
     DesiredChildren {
-        statefulset: statefulset(cluster, &names, image_repository, &config_hash(&config_map)),
+        statefulset: statefulset(cluster, &names, input),
         headless_service: service(cluster, &names, &names.headless_service, true),
-        client_service: service(cluster, &names, &names.client_service, false),
-        config_map,
-        credentials: credentials(cluster, &names, password),
+        rw_service: client_service(&names.rw_service, Some(super::roles::PRIMARY)),
+        ro_service: client_service(&names.ro_service, Some(super::roles::REPLICA)),
+        r_service: client_service(&names.r_service, None),
+        config_map: config_map(cluster, &names, input.primary),
+        credentials: kept_secret(
+            cluster,
+            &names,
+            &names.secret,
+            SUPERUSER,
+            input.superuser_password,
+        ),
+        replication_credentials: kept_secret(
+            cluster,
+            &names,
+            &names.replication_secret,
+            REPLICATION_USER,
+            input.replication_password,
+        ),
         pod_disruption_budget: (cluster.replicas > 1)
             .then(|| pod_disruption_budget(cluster, &names)),
     }
@@ -154,22 +238,10 @@ fn metadata(cluster: &ValidatedCluster, names: &ChildNames, name: &str) -> Objec
     }
 }
 
-/// The hash of the server's configuration, as the pod template carries it.
-fn config_hash(config_map: &ConfigMap) -> String {
-    let config = config_map
-        .data
-        .as_ref()
-        .and_then(|data| data.get(CONFIG_FILE))
-        .cloned()
-        .unwrap_or_default();
-    desired_hash(&serde_json::Value::String(config))
-}
-
 fn statefulset(
     cluster: &ValidatedCluster,
     names: &ChildNames,
-    image_repository: &str,
-    config_hash: &str,
+    input: &BuildInput<'_>,
 ) -> StatefulSet {
     let mut meta = metadata(cluster, names, &names.statefulset);
     meta.annotations = Some(BTreeMap::from([(
@@ -185,6 +257,8 @@ fn statefulset(
                 match_labels: Some(selector_labels(names)),
                 ..LabelSelector::default()
             },
+            // Pods are replaced from the highest ordinal down: the primary (normally the
+            // first instance) last.
             update_strategy: Some(StatefulSetUpdateStrategy {
                 type_: Some("RollingUpdate".to_owned()),
                 ..StatefulSetUpdateStrategy::default()
@@ -196,7 +270,7 @@ fn statefulset(
                     when_scaled: Some("Retain".to_owned()),
                 },
             ),
-            template: pod_template(cluster, names, image_repository, config_hash),
+            template: pod_template(cluster, names, input),
             volume_claim_templates: Some(vec![data_claim_template(cluster, names)]),
             ..StatefulSetSpec::default()
         }),
@@ -204,14 +278,12 @@ fn statefulset(
     }
 }
 
-/// The pods carry the hash of the configuration they were started with ([`CONFIG_HASH_ANNOTATION`]),
-/// so a configuration change is a template change: the StatefulSet restarts the instances one
-/// at a time, and each starts with the new file.
+/// The pod template. It carries no hash of the configuration: the instance manager applies a
+/// changed ConfigMap itself (reload, or restart of its server when a setting needs one).
 fn pod_template(
     cluster: &ValidatedCluster,
     names: &ChildNames,
-    image_repository: &str,
-    config_hash: &str,
+    input: &BuildInput<'_>,
 ) -> PodTemplateSpec {
     let mut pod = PodSpec {
         security_context: Some(PodSecurityContext {
@@ -222,33 +294,13 @@ fn pod_template(
             // Change the volume's group only when its root is not already right: a recursive
             // walk of a large data directory on every start would delay every restart.
             fs_group_change_policy: Some("OnRootMismatch".to_owned()),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".to_owned(),
-                ..SeccompProfile::default()
-            }),
+            seccomp_profile: Some(runtime_default_seccomp()),
             ..PodSecurityContext::default()
         }),
-        containers: vec![postgres_container(cluster, names, image_repository)],
-        volumes: Some(vec![
-            Volume {
-                name: "config".to_owned(),
-                config_map: Some(ConfigMapVolumeSource {
-                    name: names.config_map.clone(),
-                    ..ConfigMapVolumeSource::default()
-                }),
-                ..Volume::default()
-            },
-            // PostgreSQL's parallel queries use POSIX shared memory; a container runtime's own
-            // /dev/shm is 64MB, too small for them.
-            Volume {
-                name: SHM_VOLUME.to_owned(),
-                empty_dir: Some(EmptyDirVolumeSource {
-                    medium: Some("Memory".to_owned()),
-                    ..EmptyDirVolumeSource::default()
-                }),
-                ..Volume::default()
-            },
-        ]),
+        termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
+        init_containers: Some(vec![install_container(input.instance_manager_image)]),
+        containers: vec![postgres_container(cluster, input.image_repository)],
+        volumes: Some(volumes(names)),
         ..PodSpec::default()
     };
     // Part of the template: a change rolls the pods like any other template change.
@@ -256,28 +308,143 @@ fn pod_template(
     PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(labels(names)),
-            annotations: Some(BTreeMap::from([(
-                CONFIG_HASH_ANNOTATION.to_owned(),
-                config_hash.to_owned(),
-            )])),
             ..ObjectMeta::default()
         }),
         spec: Some(pod),
     }
 }
 
-fn postgres_container(
-    cluster: &ValidatedCluster,
-    names: &ChildNames,
-    image_repository: &str,
-) -> Container {
-    let from_secret = |name: &str, key: &str| EnvVar {
+fn volumes(names: &ChildNames) -> Vec<Volume> {
+    let secret = |volume: &str, secret: &str| Volume {
+        name: volume.to_owned(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.to_owned()),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    };
+    let empty_dir = |volume: &str, medium: Option<&str>| Volume {
+        name: volume.to_owned(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            medium: medium.map(str::to_owned),
+            ..EmptyDirVolumeSource::default()
+        }),
+        ..Volume::default()
+    };
+    vec![
+        empty_dir(CONTROLLER_VOLUME, None),
+        Volume {
+            name: CONFIG_VOLUME.to_owned(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: names.config_map.clone(),
+                ..ConfigMapVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+        secret(SUPERUSER_VOLUME, &names.secret),
+        secret(REPLICATION_VOLUME, &names.replication_secret),
+        // PostgreSQL's parallel queries use POSIX shared memory; a container runtime's own
+        // /dev/shm is 64MB, too small for them.
+        empty_dir(SHM_VOLUME, Some("Memory")),
+    ]
+}
+
+fn mount(volume: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: volume.to_owned(),
+        mount_path: path.to_owned(),
+        read_only: read_only.then_some(true),
+        ..VolumeMount::default()
+    }
+}
+
+fn runtime_default_seccomp() -> SeccompProfile {
+    SeccompProfile {
+        type_: "RuntimeDefault".to_owned(),
+        ..SeccompProfile::default()
+    }
+}
+
+/// Restricted: no privilege escalation, no capability, not root, the runtime's seccomp profile.
+fn restricted_security_context() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_owned()]),
+            ..Capabilities::default()
+        }),
+        seccomp_profile: Some(runtime_default_seccomp()),
+        ..SecurityContext::default()
+    }
+}
+
+/// Copies the instance manager from pgkube's image (whose entrypoint is `pgkube`) into the
+/// `controller` volume.
+fn install_container(image: &str) -> Container {
+    Container {
+        name: "install-instance-manager".to_owned(),
+        image: Some(image.to_owned()),
+        args: Some(
+            ["instance", "install", INSTANCE_MANAGER]
+                .map(str::to_owned)
+                .to_vec(),
+        ),
+        security_context: Some(restricted_security_context()),
+        volume_mounts: Some(vec![mount(CONTROLLER_VOLUME, CONTROLLER_MOUNT, false)]),
+        ..Container::default()
+    }
+}
+
+fn postgres_container(cluster: &ValidatedCluster, image_repository: &str) -> Container {
+    let port = |name: &str, port: i32| ContainerPort {
+        name: Some(name.to_owned()),
+        container_port: port,
+        protocol: Some("TCP".to_owned()),
+        ..ContainerPort::default()
+    };
+    Container {
+        name: "postgresql".to_owned(),
+        image: Some(format!("{image_repository}:{}", cluster.version)),
+        command: Some(
+            [INSTANCE_MANAGER, "instance", "run"]
+                .map(str::to_owned)
+                .to_vec(),
+        ),
+        ports: Some(vec![
+            port("postgresql", POSTGRES_PORT),
+            port("status", i32::from(STATUS_PORT)),
+        ]),
+        env: Some(instance_manager_env()),
+        resources: cluster.resources.clone(),
+        // Until the startup probe passes, neither readiness nor liveness runs: a crash recovery
+        // or a clone gets up to an hour, and liveness needs no long initial delay. `/healthz`
+        // answers as long as the instance manager runs, and it exits when its server dies, so
+        // liveness never kills a server that is still recovering.
+        startup_probe: Some(status_probe("/readyz", STARTUP_PROBE_FAILURES)),
+        readiness_probe: Some(status_probe("/readyz", 3)),
+        liveness_probe: Some(status_probe("/healthz", 6)),
+        security_context: Some(restricted_security_context()),
+        volume_mounts: Some(vec![
+            mount(DATA_VOLUME, DATA_MOUNT, false),
+            mount(CONTROLLER_VOLUME, CONTROLLER_MOUNT, false),
+            mount(CONFIG_VOLUME, CONFIG_MOUNT, true),
+            mount(SUPERUSER_VOLUME, SUPERUSER_MOUNT, true),
+            mount(REPLICATION_VOLUME, REPLICATION_MOUNT, true),
+            mount(SHM_VOLUME, "/dev/shm", false),
+        ]),
+        ..Container::default()
+    }
+}
+
+/// What the instance manager reads from its environment.
+fn instance_manager_env() -> Vec<EnvVar> {
+    let field = |name: &str, path: &str| EnvVar {
         name: name.to_owned(),
         value_from: Some(EnvVarSource {
-            secret_key_ref: Some(SecretKeySelector {
-                name: names.secret.clone(),
-                key: key.to_owned(),
-                optional: Some(false),
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.to_owned(),
+                ..ObjectFieldSelector::default()
             }),
             ..EnvVarSource::default()
         }),
@@ -288,85 +455,28 @@ fn postgres_container(
         value: Some(value.to_owned()),
         ..EnvVar::default()
     };
-    Container {
-        name: "postgresql".to_owned(),
-        image: Some(format!("{image_repository}:{}", cluster.version)),
-        args: Some(vec![
-            "-c".to_owned(),
-            format!("config_file={CONFIG_MOUNT}/{CONFIG_FILE}"),
-        ]),
-        ports: Some(vec![ContainerPort {
-            name: Some("postgresql".to_owned()),
-            container_port: POSTGRES_PORT,
-            protocol: Some("TCP".to_owned()),
-            ..ContainerPort::default()
-        }]),
-        env: Some(vec![
-            from_secret("POSTGRES_USER", USERNAME_KEY),
-            from_secret("POSTGRES_PASSWORD", PASSWORD_KEY),
-            // A subdirectory: the volume's root may hold lost+found, which initdb refuses.
-            value("PGDATA", &format!("{DATA_MOUNT}/pgdata")),
-        ]),
-        resources: cluster.resources.clone(),
-        // Until the startup probe passes, neither readiness nor liveness runs: a crash recovery
-        // (WAL replay) gets up to 10 minutes, and liveness needs no long initial delay.
-        startup_probe: Some(pg_isready_probe(STARTUP_PROBE_FAILURES)),
-        readiness_probe: Some(pg_isready_probe(3)),
-        liveness_probe: Some(pg_isready_probe(6)),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".to_owned()]),
-                ..Capabilities::default()
-            }),
-            seccomp_profile: Some(SeccompProfile {
-                type_: "RuntimeDefault".to_owned(),
-                ..SeccompProfile::default()
-            }),
-            ..SecurityContext::default()
-        }),
-        volume_mounts: Some(vec![
-            VolumeMount {
-                name: DATA_VOLUME.to_owned(),
-                mount_path: DATA_MOUNT.to_owned(),
-                ..VolumeMount::default()
-            },
-            VolumeMount {
-                name: "config".to_owned(),
-                mount_path: CONFIG_MOUNT.to_owned(),
-                read_only: Some(true),
-                ..VolumeMount::default()
-            },
-            VolumeMount {
-                name: SHM_VOLUME.to_owned(),
-                mount_path: "/dev/shm".to_owned(),
-                ..VolumeMount::default()
-            },
-        ]),
-        ..Container::default()
-    }
+    vec![
+        field("POD_NAME", "metadata.name"),
+        field("POD_NAMESPACE", "metadata.namespace"),
+        // A subdirectory: the volume's root may hold lost+found, which initdb refuses.
+        value("PGDATA", &format!("{DATA_MOUNT}/pgdata")),
+        value("PGKUBE_CONFIG_DIR", CONFIG_MOUNT),
+        value("PGKUBE_SUPERUSER_DIR", SUPERUSER_MOUNT),
+        value("PGKUBE_REPLICATION_DIR", REPLICATION_MOUNT),
+        value("PGKUBE_STATUS_PORT", &STATUS_PORT.to_string()),
+        value("PGKUBE_SHUTDOWN_TIMEOUT", SHUTDOWN_TIMEOUT),
+    ]
 }
 
-/// `pg_isready` every [`PROBE_PERIOD_SECONDS`], failing after `failure_threshold` misses in a
-/// row.
-///
-/// Without `--host`, `pg_isready` reaches the server through its local Unix socket (libpq's
-/// default directory, `/var/run/postgresql` in the official image, where the server puts its
-/// socket; `PGHOST` overrides it). The check thus does not depend on `listen_addresses` or on
-/// the pod's network.
-fn pg_isready_probe(failure_threshold: i32) -> Probe {
+/// `GET <path>` on the instance manager's status port every [`PROBE_PERIOD_SECONDS`], failing
+/// after `failure_threshold` misses in a row.
+fn status_probe(path: &str, failure_threshold: i32) -> Probe {
     Probe {
-        exec: Some(ExecAction {
-            command: Some(
-                [
-                    "pg_isready",
-                    &format!("--port={POSTGRES_PORT}"),
-                    &format!("--username={SUPERUSER}"),
-                ]
-                .map(str::to_owned)
-                .to_vec(),
-            ),
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_owned()),
+            port: IntOrString::String("status".to_owned()),
+            scheme: Some("HTTP".to_owned()),
+            ..HTTPGetAction::default()
         }),
         period_seconds: Some(PROBE_PERIOD_SECONDS),
         timeout_seconds: Some(5),
@@ -419,25 +529,76 @@ fn service(cluster: &ValidatedCluster, names: &ChildNames, name: &str, headless:
     }
 }
 
-fn config_map(cluster: &ValidatedCluster, names: &ChildNames) -> ConfigMap {
+fn config_map(cluster: &ValidatedCluster, names: &ChildNames, primary: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: metadata(cluster, names, &names.config_map),
+        data: Some(BTreeMap::from([
+            (CONFIG_FILE.to_owned(), postgresql_conf(cluster)),
+            (HBA_FILE.to_owned(), PG_HBA.to_owned()),
+            (
+                INSTANCE_FILE.to_owned(),
+                instance_json(cluster, names, primary),
+            ),
+        ])),
+        ..ConfigMap::default()
+    }
+}
+
+fn postgresql_conf(cluster: &ValidatedCluster) -> String {
     let memory = MemorySettings::for_resources(cluster.resources.as_ref()).config_lines();
-    let config = format!(
+    format!(
         "# Managed by pgkube; edits are overwritten.\n\
          listen_addresses = '*'\n\
          port = {POSTGRES_PORT}\n\
+         unix_socket_directories = '/var/run/postgresql'\n\
          max_connections = 100\n\
          {memory}\
          password_encryption = scram-sha-256\n\
          log_destination = 'stderr'\n\
          logging_collector = off\n\
+         # Streaming replication (wal_log_hints: so that pg_rewind can bring back a former primary)\n\
+         wal_level = replica\n\
+         hot_standby = on\n\
+         max_wal_senders = 10\n\
+         max_replication_slots = 10\n\
+         wal_log_hints = on\n\
          {parameters}",
         parameters = user_parameters(&cluster.parameters),
-    );
-    ConfigMap {
-        metadata: metadata(cluster, names, &names.config_map),
-        data: Some(BTreeMap::from([(CONFIG_FILE.to_owned(), config)])),
-        ..ConfigMap::default()
-    }
+    )
+}
+
+/// Local connections as the matching system user (the instance manager runs as `postgres`),
+/// replication as `streaming_replica` and everything else with a SCRAM password.
+const PG_HBA: &str = "# Managed by pgkube; edits are overwritten.\n\
+local   all          all                                peer\n\
+host    replication  streaming_replica  all             scram-sha-256\n\
+host    all          all                all             scram-sha-256\n";
+
+/// `instance.json`: which pod is the primary and how the others reach it, and which pods are
+/// the cluster's instances (`<statefulset>-0` up to `<statefulset>-(replicas - 1)`).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct InstanceTopology<'a> {
+    primary: &'a str,
+    primary_host: String,
+    port: i32,
+    replicas: i32,
+    statefulset: &'a str,
+}
+
+fn instance_json(cluster: &ValidatedCluster, names: &ChildNames, primary: &str) -> String {
+    let topology = InstanceTopology {
+        primary,
+        primary_host: format!(
+            "{primary}.{}.{}.svc",
+            names.headless_service, cluster.namespace
+        ),
+        port: POSTGRES_PORT,
+        replicas: cluster.replicas,
+        statefulset: &names.statefulset,
+    };
+    // Strings and integers only: serializing cannot fail.
+    serde_json::to_string(&topology).unwrap_or_default()
 }
 
 /// The user's parameters, last, so that they take precedence over pgkube's defaults (the server
@@ -453,17 +614,24 @@ fn user_parameters(parameters: &BTreeMap<String, String>) -> String {
     lines
 }
 
-/// The credentials Secret has no owner: like the data volumes, which the StatefulSet keeps when
-/// the cluster is deleted, it outlives the cluster. A cluster made again under the same name
-/// finds both, and the password still matches the data. Deleting both starts afresh.
-fn credentials(cluster: &ValidatedCluster, names: &ChildNames, password: &str) -> Secret {
-    let mut metadata = metadata(cluster, names, &names.secret);
+/// A Secret with a generated password and no owner: like the data volumes, which the
+/// StatefulSet keeps when the cluster is deleted, it outlives the cluster. A cluster made again
+/// under the same name finds both, and the passwords still match the data. Deleting both starts
+/// afresh.
+fn kept_secret(
+    cluster: &ValidatedCluster,
+    names: &ChildNames,
+    name: &str,
+    username: &str,
+    password: &str,
+) -> Secret {
+    let mut metadata = metadata(cluster, names, name);
     metadata.owner_references = None;
     Secret {
         metadata,
         type_: Some("kubernetes.io/basic-auth".to_owned()),
         string_data: Some(BTreeMap::from([
-            (USERNAME_KEY.to_owned(), SUPERUSER.to_owned()),
+            (USERNAME_KEY.to_owned(), username.to_owned()),
             (PASSWORD_KEY.to_owned(), password.to_owned()),
         ])),
         ..Secret::default()
@@ -507,6 +675,23 @@ mod tests {
             .effective
     }
 
+    const PRIMARY: &str = "my-cluster-postgresql-0";
+
+    fn input(image_repository: &str) -> BuildInput<'_> {
+        BuildInput {
+            image_repository,
+            instance_manager_image: "registry.local/pgkube:1.2",
+            primary: PRIMARY,
+            superuser_password: "secret",
+            replication_password: "replication secret",
+        }
+    }
+
+    /// `cluster` built with the default PostgreSQL repository.
+    fn built(cluster: &ValidatedCluster) -> DesiredChildren {
+        build(cluster, &input("postgres"))
+    }
+
     fn container(children: &DesiredChildren) -> &Container {
         let pod = children
             .statefulset
@@ -527,10 +712,11 @@ mod tests {
             running_version: Some(pgkube_crds::PostgresVersion::V16),
             claim_template_storage: Some("100Gi".to_owned()),
             largest_volume_gib: Some(100),
+            ..LiveFacts::default()
         };
         let validation = validate(&cluster, &live).expect("valid");
         assert_eq!(validation.refusals.len(), 1);
-        let children = build(&validation.effective, "mirror.example/postgres", "pw");
+        let children = build(&validation.effective, &input("mirror.example/postgres"));
         assert_eq!(
             container(&children).image.as_deref(),
             Some("mirror.example/postgres:16")
@@ -549,11 +735,13 @@ mod tests {
 
     #[test]
     fn the_sample_builds_the_named_children_with_owner_and_labels() {
-        let children = build(&validated("my-cluster", 3), "postgres", "secret");
+        let children = built(&validated("my-cluster", 3));
         let metas = [
             &children.statefulset.metadata,
             &children.headless_service.metadata,
-            &children.client_service.metadata,
+            &children.rw_service.metadata,
+            &children.ro_service.metadata,
+            &children.r_service.metadata,
             &children.config_map.metadata,
             &children
                 .pod_disruption_budget
@@ -570,7 +758,9 @@ mod tests {
             [
                 "my-cluster-postgresql",
                 "my-cluster-postgresql-headless",
-                "my-cluster-postgresql",
+                "my-cluster-rw",
+                "my-cluster-ro",
+                "my-cluster-r",
                 "my-cluster-postgresql-config",
                 "my-cluster-postgresql",
             ]
@@ -591,7 +781,7 @@ mod tests {
 
     #[test]
     fn pods_get_an_in_memory_dev_shm_and_change_volume_ownership_only_on_mismatch() {
-        let children = build(&validated("my-cluster", 1), "postgres", "secret");
+        let children = built(&validated("my-cluster", 1));
         let pod = pod_spec(&children);
         let shm = pod
             .volumes
@@ -622,7 +812,7 @@ mod tests {
 
     #[test]
     fn the_config_sizes_memory_from_the_container_s_memory() {
-        let children = build(&validated("my-cluster", 1), "postgres", "secret");
+        let children = built(&validated("my-cluster", 1));
         let config = &children.config_map.data.as_ref().expect("data")[CONFIG_FILE];
         // The sample's memory limit is 2Gi.
         assert!(
@@ -633,15 +823,15 @@ mod tests {
     }
 
     #[test]
-    fn user_parameters_come_last_quoted_and_a_change_changes_the_pods_config_hash() {
+    fn user_parameters_come_last_quoted_and_a_change_leaves_the_pods_alone() {
         let mut cluster = validated("my-cluster", 1);
-        let before = build(&cluster, "postgres", "secret");
+        let before = built(&cluster);
         cluster.parameters = BTreeMap::from([
             ("work_mem".to_owned(), "16MB".to_owned()),
             ("application_name".to_owned(), "it's".to_owned()),
             ("shared_buffers".to_owned(), "1GB".to_owned()),
         ]);
-        let after = build(&cluster, "postgres", "secret");
+        let after = built(&cluster);
         let config = &after.config_map.data.as_ref().expect("data")[CONFIG_FILE];
         assert!(
             config.ends_with(
@@ -652,44 +842,147 @@ mod tests {
             ),
             "{config}"
         );
-        let hash = |children: &DesiredChildren| {
-            let template = &children.statefulset.spec.as_ref().expect("spec").template;
-            template
-                .metadata
-                .as_ref()
-                .and_then(|m| m.annotations.clone())
-                .expect("annotations")[CONFIG_HASH_ANNOTATION]
-                .clone()
+        // The instance manager applies the new file itself: the pods do not roll.
+        assert_ne!(before.config_map, after.config_map);
+        assert_eq!(before.statefulset, after.statefulset);
+        let template = &after.statefulset.spec.as_ref().expect("spec").template;
+        let annotations = template
+            .metadata
+            .as_ref()
+            .and_then(|m| m.annotations.clone());
+        assert_eq!(annotations, None);
+    }
+
+    #[test]
+    fn the_config_has_what_streaming_replication_needs_and_pgkube_manages_it() {
+        let children = built(&validated("my-cluster", 3));
+        let config = &children.config_map.data.as_ref().expect("data")[CONFIG_FILE];
+        for line in [
+            "wal_level = replica\n",
+            "hot_standby = on\n",
+            "max_wal_senders = 10\n",
+            "max_replication_slots = 10\n",
+            "wal_log_hints = on\n",
+            "unix_socket_directories = '/var/run/postgresql'\n",
+            "listen_addresses = '*'\n",
+        ] {
+            assert!(config.contains(line), "{line} missing from:\n{config}");
+        }
+        // Every setting pgkube writes that users may not override is a managed parameter.
+        for line in config.lines().filter(|l| !l.starts_with('#')) {
+            let name = line.split(" = ").next().unwrap_or_default();
+            let user_tunable = [
+                "max_connections",
+                "shared_buffers",
+                "effective_cache_size",
+                "password_encryption",
+            ];
+            assert!(
+                user_tunable.contains(&name) || pgkube_crds::MANAGED_PARAMETERS.contains(&name),
+                "{name} is neither tunable nor managed"
+            );
+        }
+    }
+
+    #[test]
+    fn pg_hba_allows_local_peer_replication_and_scram_only() {
+        let children = built(&validated("my-cluster", 3));
+        let hba = &children.config_map.data.as_ref().expect("data")[HBA_FILE];
+        let rules: Vec<Vec<&str>> = hba
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                vec!["local", "all", "all", "peer"],
+                vec![
+                    "host",
+                    "replication",
+                    "streaming_replica",
+                    "all",
+                    "scram-sha-256"
+                ],
+                vec!["host", "all", "all", "all", "scram-sha-256"],
+            ]
+        );
+        assert!(hba.starts_with("# Managed by pgkube; edits are overwritten.\n"));
+    }
+
+    #[test]
+    fn instance_json_names_the_primary_its_host_and_the_instances() {
+        let cluster = validated("my-cluster", 3);
+        let json = |children: &DesiredChildren| -> serde_json::Value {
+            let data = children.config_map.data.as_ref().expect("data");
+            serde_json::from_str(&data[INSTANCE_FILE]).expect("JSON")
         };
-        assert_ne!(hash(&before), hash(&after));
         assert_eq!(
-            hash(&after),
-            hash(&build(&cluster, "postgres", "other password"))
+            json(&built(&cluster)),
+            serde_json::json!({
+                "primary": "my-cluster-postgresql-0",
+                "primaryHost": "my-cluster-postgresql-0.my-cluster-postgresql-headless.team-a.svc",
+                "port": 5432,
+                "replicas": 3,
+                "statefulset": "my-cluster-postgresql",
+            })
         );
+        let moved = build(
+            &cluster,
+            &BuildInput {
+                primary: "my-cluster-postgresql-2",
+                ..input("postgres")
+            },
+        );
+        assert_eq!(json(&moved)["primary"], "my-cluster-postgresql-2");
+        assert_eq!(
+            json(&moved)["primaryHost"],
+            "my-cluster-postgresql-2.my-cluster-postgresql-headless.team-a.svc"
+        );
+        // The primary is the ConfigMap's business only: the pods do not roll for it.
+        assert_eq!(moved.statefulset, built(&cluster).statefulset);
     }
 
     #[test]
-    fn the_credentials_have_labels_but_no_owner_so_they_outlive_the_cluster() {
-        let children = build(&validated("my-cluster", 1), "postgres", "secret");
-        let meta = &children.credentials.metadata;
-        assert_eq!(
-            meta.name.as_deref(),
-            Some("my-cluster-postgresql-credentials")
-        );
-        assert_eq!(meta.namespace.as_deref(), Some("team-a"));
-        assert_eq!(
-            meta.labels.as_ref().expect("labels")["app.kubernetes.io/instance"],
-            "my-cluster"
-        );
-        assert_eq!(meta.owner_references, None);
+    fn both_secrets_have_labels_but_no_owner_so_they_outlive_the_cluster() {
+        let children = built(&validated("my-cluster", 1));
+        let secrets = [
+            (
+                &children.credentials,
+                "my-cluster-postgresql-credentials",
+                "postgres",
+                "secret",
+            ),
+            (
+                &children.replication_credentials,
+                "my-cluster-postgresql-replication",
+                "streaming_replica",
+                "replication secret",
+            ),
+        ];
+        for (secret, name, username, password) in secrets {
+            let meta = &secret.metadata;
+            assert_eq!(meta.name.as_deref(), Some(name));
+            assert_eq!(meta.namespace.as_deref(), Some("team-a"));
+            assert_eq!(
+                meta.labels.as_ref().expect("labels")["app.kubernetes.io/instance"],
+                "my-cluster"
+            );
+            assert_eq!(meta.owner_references, None, "{name}");
+            assert_eq!(secret.type_.as_deref(), Some("kubernetes.io/basic-auth"));
+            let data = secret.string_data.as_ref().expect("data");
+            assert_eq!(
+                (data[USERNAME_KEY].as_str(), data[PASSWORD_KEY].as_str()),
+                (username, password)
+            );
+        }
     }
 
     #[test]
-    fn the_statefulset_runs_the_version_with_probes_storage_and_resources() {
+    fn the_statefulset_runs_the_instance_manager_with_probes_storage_and_resources() {
         let children = build(
             &validated("my-cluster", 3),
-            "registry.local/postgres",
-            "secret",
+            &input("registry.local/postgres"),
         );
         let spec = children.statefulset.spec.as_ref().expect("spec");
         assert_eq!(spec.replicas, Some(3));
@@ -703,27 +996,38 @@ mod tests {
             Some("registry.local/postgres:16")
         );
         assert_eq!(
-            postgres.ports.as_ref().expect("ports")[0].container_port,
-            5432
+            postgres.command.as_deref(),
+            Some(&["/controller/pgkube", "instance", "run"].map(str::to_owned)[..])
         );
-        // Every probe checks the local socket; the startup probe allows a 10-minute crash
-        // recovery, so the others need no initial delay.
-        let socket_check = ["pg_isready", "--port=5432", "--username=postgres"].map(str::to_owned);
+        assert_eq!(postgres.args, None);
+        let ports: Vec<_> = postgres
+            .ports
+            .iter()
+            .flatten()
+            .map(|p| (p.name.as_deref().unwrap_or_default(), p.container_port))
+            .collect();
+        assert_eq!(ports, [("postgresql", 5432), ("status", 8000)]);
+        // Every probe asks the instance manager; the startup probe allows an hour of crash
+        // recovery or cloning, so the others need no initial delay.
         let probes = [
-            ("startup", &postgres.startup_probe),
-            ("readiness", &postgres.readiness_probe),
-            ("liveness", &postgres.liveness_probe),
+            ("startup", &postgres.startup_probe, "/readyz", 360),
+            ("readiness", &postgres.readiness_probe, "/readyz", 3),
+            ("liveness", &postgres.liveness_probe, "/healthz", 6),
         ];
-        for (which, probe) in probes {
+        for (which, probe, path, failures) in probes {
             let probe = probe.as_ref().unwrap_or_else(|| panic!("{which} probe"));
-            let command = probe.exec.as_ref().and_then(|e| e.command.as_deref());
-            assert_eq!(command, Some(&socket_check[..]), "{which}");
+            let get = probe.http_get.as_ref().expect("an HTTP probe");
+            assert_eq!(get.path.as_deref(), Some(path), "{which}");
+            assert_eq!(
+                get.port,
+                IntOrString::String("status".to_owned()),
+                "{which}"
+            );
+            assert_eq!(probe.exec, None, "{which}");
             assert_eq!(probe.period_seconds, Some(10), "{which}");
+            assert_eq!(probe.failure_threshold, Some(failures), "{which}");
             assert_eq!(probe.initial_delay_seconds, None, "{which}");
         }
-        let startup = postgres.startup_probe.as_ref().expect("startup probe");
-        let allowed = startup.period_seconds.unwrap_or(10) * startup.failure_threshold.unwrap_or(3);
-        assert!(allowed >= 600, "crash recovery gets {allowed} s");
         let resources = postgres
             .resources
             .as_ref()
@@ -739,56 +1043,178 @@ mod tests {
             .as_ref()
             .and_then(|s| s.resources.as_ref()?.requests.clone());
         assert_eq!(requests.expect("storage request")["storage"].0, "100Gi");
-        let env: Vec<_> = postgres
+        assert_eq!(
+            pod_spec(&children).termination_grace_period_seconds,
+            Some(60)
+        );
+    }
+
+    #[test]
+    fn the_instance_manager_gets_its_environment_from_values_and_the_downward_api() {
+        let children = built(&validated("my-cluster", 3));
+        let env: BTreeMap<&str, String> = container(&children)
             .env
-            .as_ref()
-            .expect("env")
             .iter()
-            .map(|e| e.name.as_str())
+            .flatten()
+            .map(|e| {
+                let value = match (&e.value, &e.value_from) {
+                    (Some(value), None) => value.clone(),
+                    (None, Some(from)) => format!(
+                        "fieldRef {}",
+                        from.field_ref.as_ref().expect("a fieldRef").field_path
+                    ),
+                    other => panic!("{}: {other:?}", e.name),
+                };
+                (e.name.as_str(), value)
+            })
             .collect();
-        assert!(
-            env.contains(&"POSTGRES_PASSWORD") && env.contains(&"PGDATA"),
-            "{env:?}"
+        let expected: BTreeMap<&str, String> = [
+            ("POD_NAME", "fieldRef metadata.name"),
+            ("POD_NAMESPACE", "fieldRef metadata.namespace"),
+            ("PGDATA", "/var/lib/postgresql/data/pgdata"),
+            ("PGKUBE_CONFIG_DIR", "/etc/pgkube/config"),
+            ("PGKUBE_SUPERUSER_DIR", "/etc/pgkube/superuser"),
+            ("PGKUBE_REPLICATION_DIR", "/etc/pgkube/replication"),
+            ("PGKUBE_STATUS_PORT", "8000"),
+            ("PGKUBE_SHUTDOWN_TIMEOUT", "50s"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k, v.to_owned()))
+        .collect();
+        // No password in the environment: the instance manager reads the mounted Secrets.
+        assert_eq!(env, expected);
+    }
+
+    #[test]
+    fn an_init_container_installs_the_instance_manager_into_the_shared_volume() {
+        let children = built(&validated("my-cluster", 3));
+        let pod = pod_spec(&children);
+        let init = pod.init_containers.as_deref().expect("init containers");
+        assert_eq!(init.len(), 1);
+        let install = &init[0];
+        assert_eq!(install.name, "install-instance-manager");
+        assert_eq!(install.image.as_deref(), Some("registry.local/pgkube:1.2"));
+        assert_eq!(install.command, None, "the image's entrypoint is pgkube");
+        assert_eq!(
+            install.args.as_deref(),
+            Some(&["instance", "install", "/controller/pgkube"].map(str::to_owned)[..])
+        );
+        let mounts = |c: &Container| -> Vec<(String, String, Option<bool>)> {
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .map(|m| (m.name.clone(), m.mount_path.clone(), m.read_only))
+                .collect()
+        };
+        let expect =
+            |name: &str, path: &str, ro: Option<bool>| (name.to_owned(), path.to_owned(), ro);
+        assert_eq!(mounts(install), [expect("controller", "/controller", None)]);
+        assert_eq!(
+            mounts(container(&children)),
+            [
+                expect("data", "/var/lib/postgresql/data", None),
+                expect("controller", "/controller", None),
+                expect("config", "/etc/pgkube/config", Some(true)),
+                expect("superuser", "/etc/pgkube/superuser", Some(true)),
+                expect("replication", "/etc/pgkube/replication", Some(true)),
+                expect("shm", "/dev/shm", None),
+            ]
+        );
+        let sources: Vec<(String, Option<String>)> = pod
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| {
+                let source = v
+                    .config_map
+                    .as_ref()
+                    .map(|c| format!("configMap {}", c.name))
+                    .or_else(|| {
+                        let secret = v.secret.as_ref()?.secret_name.as_deref()?;
+                        Some(format!("secret {secret}"))
+                    });
+                (v.name.clone(), source)
+            })
+            .collect();
+        assert_eq!(
+            sources,
+            [
+                ("controller".to_owned(), None),
+                (
+                    "config".to_owned(),
+                    Some("configMap my-cluster-postgresql-config".to_owned())
+                ),
+                (
+                    "superuser".to_owned(),
+                    Some("secret my-cluster-postgresql-credentials".to_owned())
+                ),
+                (
+                    "replication".to_owned(),
+                    Some("secret my-cluster-postgresql-replication".to_owned())
+                ),
+                ("shm".to_owned(), None),
+            ]
         );
     }
 
     #[test]
     fn pods_meet_the_restricted_pod_security_standard() {
-        let children = build(&validated("my-cluster", 1), "postgres", "secret");
+        let children = built(&validated("my-cluster", 1));
         let pod = pod_spec(&children);
         let pod_security = pod.security_context.expect("pod security context");
         assert_eq!(pod_security.run_as_non_root, Some(true));
         assert_eq!(pod_security.run_as_user, Some(999));
-        let container = container(&children)
-            .security_context
-            .clone()
-            .expect("container security");
-        assert_eq!(container.allow_privilege_escalation, Some(false));
-        assert_eq!(
-            container.capabilities.and_then(|c| c.drop),
-            Some(vec!["ALL".to_owned()])
-        );
-        assert_eq!(
-            container.seccomp_profile.map(|p| p.type_).as_deref(),
-            Some("RuntimeDefault")
-        );
+        let init = pod.init_containers.clone().unwrap_or_default();
+        for container in init.iter().chain([container(&children)]) {
+            let security = container
+                .security_context
+                .clone()
+                .expect("container security");
+            assert_eq!(security.allow_privilege_escalation, Some(false));
+            assert_eq!(security.run_as_non_root, Some(true));
+            assert_eq!(
+                security.capabilities.and_then(|c| c.drop),
+                Some(vec!["ALL".to_owned()])
+            );
+            assert_eq!(
+                security.seccomp_profile.map(|p| p.type_).as_deref(),
+                Some("RuntimeDefault")
+            );
+        }
     }
 
     #[test]
-    fn services_headless_and_client() {
-        let children = build(&validated("my-cluster", 3), "postgres", "secret");
-        let headless = children.headless_service.spec.expect("spec");
+    fn services_select_all_pods_the_primary_or_the_replicas() {
+        let children = built(&validated("my-cluster", 3));
+        let headless = children.headless_service.spec.clone().expect("spec");
         assert_eq!(headless.cluster_ip.as_deref(), Some("None"));
         assert_eq!(headless.publish_not_ready_addresses, Some(true));
-        let client = children.client_service.spec.expect("spec");
-        assert_eq!(client.cluster_ip, None);
-        assert_eq!(client.selector, headless.selector);
+        let all_pods = headless.selector.clone().expect("selector");
+        let with_role = |role: &str| {
+            let mut selector = all_pods.clone();
+            selector.insert("db.example.com/role".to_owned(), role.to_owned());
+            Some(selector)
+        };
+        let services = [
+            (&children.rw_service, with_role("primary")),
+            (&children.ro_service, with_role("replica")),
+            (&children.r_service, Some(all_pods.clone())),
+        ];
+        for (service, selector) in services {
+            let spec = service.spec.clone().expect("spec");
+            let name = service.metadata.name.clone().unwrap_or_default();
+            // Ordinary Services: ready instances only.
+            assert_eq!(spec.cluster_ip, None, "{name}");
+            assert_eq!(spec.publish_not_ready_addresses, None, "{name}");
+            assert_eq!(spec.selector, selector, "{name}");
+            assert_eq!(spec.ports, headless.ports, "{name}");
+        }
     }
 
     #[test]
     fn a_single_replica_gets_no_disruption_budget() {
         assert!(
-            build(&validated("my-cluster", 1), "postgres", "s")
+            built(&validated("my-cluster", 1))
                 .pod_disruption_budget
                 .is_none()
         );
@@ -819,7 +1245,7 @@ mod tests {
             "the sample sets every scheduling field"
         );
         let valid = validate(&cluster, &LiveFacts::default()).expect("valid");
-        let pod = pod_spec(&build(&valid.effective, "postgres", "secret"));
+        let pod = pod_spec(&built(&valid.effective));
         assert_eq!(pod.node_selector, Some(spec.node_selector));
         assert_eq!(pod.tolerations, Some(spec.tolerations));
         assert_eq!(pod.affinity, spec.affinity);
@@ -828,15 +1254,13 @@ mod tests {
 
     #[test]
     fn without_scheduling_fields_the_template_has_none() {
-        let pod = pod_spec(&build(&validated("my-cluster", 3), "postgres", "secret"));
+        let pod = pod_spec(&built(&validated("my-cluster", 3)));
         assert_eq!(
             (pod.node_selector, pod.tolerations, pod.affinity),
             (None, None, None)
         );
-        let json = serde_json::to_value(
-            build(&validated("my-cluster", 3), "postgres", "secret").statefulset,
-        )
-        .expect("json");
+        let json =
+            serde_json::to_value(built(&validated("my-cluster", 3)).statefulset).expect("json");
         let template = &json["spec"]["template"]["spec"];
         for field in ["nodeSelector", "tolerations", "affinity"] {
             assert!(template.get(field).is_none(), "{field} in {template}");
@@ -852,7 +1276,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect();
-            let sts = build(&cluster, "postgres", "secret").statefulset;
+            let sts = built(&cluster).statefulset;
             stamped(serde_json::to_value(sts).expect("json"))
         };
         let live = stamped_statefulset(&[("disk", "ssd")]);
@@ -871,7 +1295,7 @@ mod tests {
     #[test]
     fn a_63_character_cluster_name_gives_valid_child_names() {
         let name = "c".repeat(63);
-        let children = build(&validated(&name, 10), "postgres", "secret");
+        let children = built(&validated(&name, 10));
         let sts = children.statefulset.metadata.name.clone().expect("name");
         assert!(
             sts.len() <= STATEFULSET_NAME_MAX && is_valid(&sts, NameKind::DnsLabel),
@@ -881,7 +1305,12 @@ mod tests {
         let pod = format!("{sts}-9");
         assert!(pod.len() <= DNS_LABEL_MAX, "{pod}");
         assert!(format!("{sts}-{}", "x".repeat(10)).len() <= DNS_LABEL_MAX);
-        for service in [&children.headless_service, &children.client_service] {
+        for service in [
+            &children.headless_service,
+            &children.rw_service,
+            &children.ro_service,
+            &children.r_service,
+        ] {
             let name = service.metadata.name.clone().expect("name");
             assert!(
                 name.len() <= DNS_LABEL_MAX && is_valid(&name, NameKind::DnsLabel),
@@ -891,6 +1320,7 @@ mod tests {
         for name in [
             &children.config_map.metadata.name,
             &children.credentials.metadata.name,
+            &children.replication_credentials.metadata.name,
         ] {
             let name = name.clone().expect("name");
             assert!(name.len() <= DNS_SUBDOMAIN_MAX && is_valid(&name, NameKind::DnsSubdomain));

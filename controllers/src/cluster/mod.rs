@@ -1,9 +1,17 @@
 //! The PostgreSQLCluster controller.
 //!
 //! Each reconcile is a pipeline, one span per step under the root span `reconcile`:
-//! `read` the live children -> `validate` the spec against them (pure) -> `build` the desired
-//! children (pure) -> `apply` what differs with server-side apply -> write the `status` when it
-//! changed, with an Event for each change. An unchanged, ready cluster makes no write at all.
+//! `read` the live children and ask each pod's instance manager for its status -> `validate`
+//! the spec against them (pure) -> `build` the desired children (pure) -> `apply` what differs
+//! with server-side apply, and label each pod with the role its instance manager reports ->
+//! write the `status` when it changed, with an Event for each change. An unchanged, ready
+//! cluster makes no write at all.
+//!
+//! Roles: one instance is the designated primary (`status.currentPrimary`, else the first
+//! instance of a new cluster); the others stream from it. The `-rw` Service routes to the pod
+//! labelled primary, `-ro` to the replicas, `-r` to any ready instance (see `roles`). While the
+//! cluster has pods, it is looked at again every [`INSTANCE_REFRESH`] to refresh what the
+//! instances report (reads only; a write only when something changed).
 //!
 //! A change Kubernetes cannot make in place (shrinking volumes, a new major version) is held
 //! back: validation keeps the running value for it, the rest of the spec is applied as usual
@@ -17,8 +25,10 @@
 mod apply;
 pub mod build;
 mod drift;
+pub mod instances;
 mod memory;
 mod read;
+pub mod roles;
 pub mod status;
 pub mod validate;
 
@@ -49,6 +59,7 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 use crate::{Context, ShutdownSignal};
 use build::ChildNames;
 use status::{Issue, Observation};
+use validate::LiveFacts;
 
 /// Name of this controller in metrics, spans and logs.
 pub const CONTROLLER: &str = "cluster";
@@ -60,6 +71,8 @@ pub const FIELD_MANAGER: &str = "pgkube";
 pub const STATUS_FIELD_MANAGER: &str = "pgkube-cluster";
 /// How soon to look again while pods are starting or a change is rolling out.
 const WAIT_REQUEUE: Duration = Duration::from_secs(10);
+/// How often the instances of a cluster that has pods are asked for their status.
+pub const INSTANCE_REFRESH: Duration = Duration::from_secs(15);
 /// First and longest retry delay after an error.
 const BACKOFF_BASE: Duration = Duration::from_secs(2);
 const BACKOFF_MAX: Duration = Duration::from_secs(300);
@@ -247,7 +260,9 @@ pub async fn reconcile(
     let api = Api::<PostgreSQLCluster>::namespaced(context.base.client.clone(), &namespace);
     let result = finalizer(&api, CLEANUP_FINALIZER, cluster, |event| async {
         match event {
-            FinalizerEvent::Apply(cluster) => reconcile_cluster(&cluster, &context).await,
+            // Boxed, as the pipeline's steps below: the futures of these async fns hold the
+            // children by value, and unboxed they would overflow a thread's stack in debug builds.
+            FinalizerEvent::Apply(cluster) => Box::pin(reconcile_cluster(&cluster, &context)).await,
             FinalizerEvent::Cleanup(cluster) => cleanup(&cluster).await,
         }
     })
@@ -357,13 +372,37 @@ async fn reconcile_cluster(
     let client = &context.base.client;
     let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
     let names = ChildNames::for_cluster(&cluster.name_any());
-    let live = read::read(client, &namespace, &names)
+    let primary = roles::designated_primary(cluster.status.as_ref(), &names);
+    let source = context.base.settings.instance_status.as_ref();
+    let live = Box::pin(read::read(client, &namespace, &names, source))
         .instrument(info_span!("read"))
         .await?;
-    let validated = info_span!("validate").in_scope(|| validate::validate(cluster, &live.facts()));
+    let facts = LiveFacts {
+        primary_ordinal: roles::ordinal(&names.statefulset, &primary),
+        ..live.facts()
+    };
+    let validated = info_span!("validate").in_scope(|| validate::validate(cluster, &facts));
+    let label_changes = roles::label_changes(&live.instances, &primary);
+    let instances = live.instances.clone();
     let outcome = match validated {
-        Ok(validation) => apply_validated(context, &namespace, validation, live).await?,
-        Err(invalid) => invalid_spec_outcome(cluster, live, invalid),
+        Ok(validation) => {
+            apply_validated(
+                context,
+                &namespace,
+                validation,
+                live,
+                &primary,
+                &label_changes,
+            )
+            .await?
+        }
+        Err(invalid) => {
+            let outcome = invalid_spec_outcome(cluster, live, invalid);
+            label_roles(context, &namespace, &label_changes)
+                .instrument(info_span!("apply", writes = field::Empty))
+                .await?;
+            outcome
+        }
     };
     let observation = Observation {
         generation: cluster.metadata.generation,
@@ -371,21 +410,55 @@ async fn reconcile_cluster(
         statefulset: outcome.statefulset.as_ref(),
         issue: outcome.issue.as_ref(),
         previous: cluster.status.as_ref(),
+        statefulset_name: &names.statefulset,
+        primary: &primary,
+        instances: &instances,
     };
-    let new_status = write_status(cluster, context, observation)
+    let new_status = Box::pin(write_status(cluster, context, observation))
         .instrument(info_span!("status"))
         .await?;
+    Ok(Action::requeue(next_look(
+        &outcome,
+        &new_status,
+        !instances.is_empty(),
+        context.base.settings.resync_interval,
+    )))
+}
+
+/// When to reconcile again although nothing changed.
+fn next_look(
+    outcome: &Outcome,
+    status: &PostgreSQLClusterStatus,
+    has_pods: bool,
+    resync: Duration,
+) -> Duration {
     // An invalid spec or a held-back change waits for the user to edit the spec, which the
-    // watch reports: no need to look again sooner than the resync.
+    // watch reports: no need to look again sooner than the resync (or the instances' refresh).
     let invalid_spec = outcome.issue.as_ref().is_some_and(|i| i.invalid_spec);
-    let caught_up = new_status.phase == Some(ClusterPhase::Running)
+    let caught_up = status.phase == Some(ClusterPhase::Running)
         && !outcome.expansion_pending
         && (outcome.issue.is_none() || outcome.held_back);
-    Ok(if invalid_spec || caught_up {
-        Action::requeue(context.base.settings.resync_interval)
+    let wait = if invalid_spec || caught_up {
+        resync
     } else {
-        Action::requeue(WAIT_REQUEUE.min(context.base.settings.resync_interval))
-    })
+        WAIT_REQUEUE.min(resync)
+    };
+    if has_pods {
+        wait.min(INSTANCE_REFRESH)
+    } else {
+        wait
+    }
+}
+
+/// Labels pods with their roles (in the current span, which records the writes).
+async fn label_roles(
+    context: &ClusterContext,
+    namespace: &str,
+    changes: &[roles::LabelChange],
+) -> Result<usize, Error> {
+    let writes = apply::label_roles(&context.base.client, namespace, changes).await?;
+    Span::current().record("writes", writes);
+    Ok(writes)
 }
 
 /// What a reconcile's apply step left for the status step.
@@ -427,13 +500,15 @@ fn invalid_spec_outcome(
     }
 }
 
-/// Builds and applies the effective spec of a valid cluster; changes it holds back become the
-/// issue reported in the status.
+/// Builds and applies the effective spec of a valid cluster, then the pods' role labels;
+/// changes it holds back become the issue reported in the status.
 async fn apply_validated(
     context: &ClusterContext,
     namespace: &str,
     validation: validate::Validation,
     live: read::LiveChildren,
+    primary: &str,
+    label_changes: &[roles::LabelChange],
 ) -> Result<Outcome, Error> {
     let validate::Validation {
         effective,
@@ -443,24 +518,33 @@ async fn apply_validated(
     if let Some(refusal) = &refusal {
         tracing::warn!(reason = %refusal.reason, message = %refusal.message, "change held back; applying the rest of the spec");
     }
-    let desired = info_span!("build").in_scope(|| {
-        build::build(
-            &effective,
-            &context.base.settings.postgres_image_repository,
-            &generate_password(),
-        )
-    });
+    let settings = &context.base.settings;
+    let (superuser_password, replication_password) = (generate_password(), generate_password());
+    let input = build::BuildInput {
+        image_repository: &settings.postgres_image_repository,
+        instance_manager_image: &settings.agent_image,
+        primary,
+        superuser_password: &superuser_password,
+        replication_password: &replication_password,
+    };
+    let desired = info_span!("build").in_scope(|| build::build(&effective, &input));
     let apply_span = info_span!("apply", writes = field::Empty);
-    let applied = apply::apply(
-        &context.base.client,
-        namespace,
-        desired,
-        live,
-        effective.storage_gib,
-    )
+    let applied = async {
+        let applied = Box::pin(apply::apply(
+            &context.base.client,
+            namespace,
+            desired,
+            live,
+            effective.storage_gib,
+        ))
+        .await?;
+        let labels = apply::label_roles(&context.base.client, namespace, label_changes).await?;
+        Ok::<_, Error>((applied, labels))
+    }
     .instrument(apply_span.clone())
-    .await?;
-    apply_span.record("writes", applied.writes);
+    .await;
+    let (applied, label_writes) = applied?;
+    apply_span.record("writes", applied.writes + label_writes);
     Ok(Outcome {
         statefulset: Some(applied.statefulset),
         held_back: refusal.is_some(),
@@ -582,6 +666,47 @@ mod tests {
         // Going back to an earlier error is a change too.
         assert!(failures.record("cannot read StatefulSet a: forbidden"));
         assert_eq!(failures.count, 5, "every failure counts for the backoff");
+    }
+
+    #[test]
+    fn a_cluster_with_pods_is_looked_at_again_within_the_instance_refresh() {
+        let outcome = |issue: Option<Issue>| Outcome {
+            statefulset: None,
+            issue,
+            held_back: false,
+            expansion_pending: false,
+            desired_replicas: 3,
+        };
+        let running = PostgreSQLClusterStatus {
+            phase: Some(ClusterPhase::Running),
+            ..PostgreSQLClusterStatus::default()
+        };
+        let creating = PostgreSQLClusterStatus {
+            phase: Some(ClusterPhase::Creating),
+            ..PostgreSQLClusterStatus::default()
+        };
+        let resync = Duration::from_secs(300);
+        assert_eq!(next_look(&outcome(None), &running, false, resync), resync);
+        assert_eq!(
+            next_look(&outcome(None), &running, true, resync),
+            INSTANCE_REFRESH
+        );
+        assert_eq!(
+            next_look(&outcome(None), &creating, true, resync),
+            WAIT_REQUEUE
+        );
+        let invalid = Issue {
+            reason: "InvalidSpec".to_owned(),
+            message: "bad".to_owned(),
+            invalid_spec: true,
+        };
+        assert_eq!(
+            next_look(&outcome(Some(invalid)), &creating, false, resync),
+            resync
+        );
+        // A short resync (tests) wins.
+        let short = Duration::from_secs(2);
+        assert_eq!(next_look(&outcome(None), &running, true, short), short);
     }
 
     #[test]

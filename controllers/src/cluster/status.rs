@@ -1,16 +1,26 @@
-//! Status (pure): phase, ready replicas, version and the Ready and Progressing conditions from
-//! what was observed, and the Events that a change of them deserves.
+//! Status (pure): phase, ready replicas, version, primary, instances and the Ready,
+//! Progressing and ReplicasStreaming conditions from what was observed, and the Events that a
+//! change of them deserves.
+//!
+//! The cluster is Running only when its StatefulSet is ready *and* the designated primary's
+//! instance manager reports a ready primary. Everything here comes from reports that only
+//! change when the instances do (an instance that does not answer is described by a fixed
+//! reason, never by the error's text), so an idle cluster computes the same status every time
+//! and writes nothing.
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use pgkube_crds::{ClusterPhase, PostgreSQLClusterStatus};
+use pgkube_crds::{ClusterPhase, InstanceRole, InstanceStatus, PostgreSQLClusterStatus};
 
 use super::build::VERSION_ANNOTATION;
+use super::instances::{Lsn, ObservedInstance, ReportedRole};
+use super::roles::pod_name;
 
 /// Condition types this controller owns.
 pub const READY: &str = "Ready";
 pub const PROGRESSING: &str = "Progressing";
+pub const REPLICAS_STREAMING: &str = "ReplicasStreaming";
 
 /// Something that keeps the cluster from matching its spec, shown in Progressing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -30,6 +40,12 @@ pub struct Observation<'a> {
     pub statefulset: Option<&'a StatefulSet>,
     pub issue: Option<&'a Issue>,
     pub previous: Option<&'a PostgreSQLClusterStatus>,
+    /// Name of the StatefulSet, whose pods are `<name>-<ordinal>`.
+    pub statefulset_name: &'a str,
+    /// Pod name of the designated primary.
+    pub primary: &'a str,
+    /// The pods and what their instance managers reported.
+    pub instances: &'a [ObservedInstance],
 }
 
 /// An Event to publish about the cluster.
@@ -46,7 +62,13 @@ pub fn compute(observation: Observation<'_>, now: Timestamp) -> PostgreSQLCluste
     let rollout = observation.statefulset.map(Rollout::of);
     let ready_replicas = rollout.as_ref().map_or(0, |r| r.ready);
     let previous_phase = observation.previous.and_then(|s| s.phase);
-    let phase = phase(observation, rollout.as_ref(), previous_phase);
+    let primary_problem = primary_problem(observation);
+    let phase = phase(
+        observation,
+        rollout.as_ref(),
+        previous_phase,
+        primary_problem.is_none(),
+    );
     let current_version = match (&rollout, observation.statefulset) {
         (Some(r), Some(sts)) if r.settled && r.ready >= observation.desired_replicas => sts
             .metadata
@@ -57,9 +79,15 @@ pub fn compute(observation: Observation<'_>, now: Timestamp) -> PostgreSQLCluste
         _ => None,
     }
     .or_else(|| observation.previous.and_then(|s| s.current_version.clone()));
+    let replicas = Replicas {
+        ready: ready_replicas,
+        desired: observation.desired_replicas,
+        primary_problem: primary_problem.as_deref(),
+    };
     let conditions = vec![
-        ready_condition(observation, ready_replicas, phase),
-        progressing_condition(observation, ready_replicas, phase),
+        ready_condition(observation, &replicas, phase),
+        progressing_condition(observation, &replicas, phase),
+        streaming_condition(observation),
     ]
     .into_iter()
     .map(|condition| keep_transition_time(condition, observation.previous, now))
@@ -68,9 +96,92 @@ pub fn compute(observation: Observation<'_>, now: Timestamp) -> PostgreSQLCluste
         phase: Some(phase),
         ready_replicas,
         current_version,
+        current_primary: current_primary(observation),
+        instances: instance_statuses(observation),
         observed_generation: observation.generation,
         conditions,
         ..PostgreSQLClusterStatus::default()
+    }
+}
+
+/// The designated primary once it reported itself as one; until then, the previous value.
+fn current_primary(observation: Observation<'_>) -> Option<String> {
+    let reports_primary = find(observation.instances, observation.primary)
+        .and_then(ObservedInstance::reported)
+        .is_some_and(|report| report.role == ReportedRole::Primary);
+    if reports_primary {
+        Some(observation.primary.to_owned())
+    } else {
+        observation.previous.and_then(|s| s.current_primary.clone())
+    }
+}
+
+fn find<'a>(instances: &'a [ObservedInstance], pod: &str) -> Option<&'a ObservedInstance> {
+    instances.iter().find(|instance| instance.pod == pod)
+}
+
+/// Why the designated primary does not serve as a ready primary, or `None` when it does.
+fn primary_problem(observation: Observation<'_>) -> Option<String> {
+    let Some(instance) = find(observation.instances, observation.primary) else {
+        return Some("no pod yet".to_owned());
+    };
+    match &instance.report {
+        Err(unavailable) => Some(unavailable.to_string()),
+        Ok(report) => match report.role {
+            ReportedRole::Primary if report.ready => None,
+            ReportedRole::Primary => Some("not ready".to_owned()),
+            ReportedRole::Replica => Some("reports a replica".to_owned()),
+            ReportedRole::Starting => Some("starting".to_owned()),
+        },
+    }
+}
+
+/// Why replica `pod` does not stream from the primary, or `None` when it does.
+fn replica_problem(instances: &[ObservedInstance], pod: &str) -> Option<String> {
+    let Some(instance) = find(instances, pod) else {
+        return Some("no pod yet".to_owned());
+    };
+    match &instance.report {
+        Err(unavailable) => Some(unavailable.to_string()),
+        Ok(report) => match report.role {
+            ReportedRole::Replica if report.streaming => None,
+            ReportedRole::Replica => Some("not streaming".to_owned()),
+            ReportedRole::Primary => Some("reports a primary".to_owned()),
+            ReportedRole::Starting => Some("starting".to_owned()),
+        },
+    }
+}
+
+/// Each pod's instance as reported; replicas' lag is measured against the designated
+/// primary's current WAL position.
+fn instance_statuses(observation: Observation<'_>) -> Vec<InstanceStatus> {
+    let primary_lsn = find(observation.instances, observation.primary)
+        .and_then(ObservedInstance::reported)
+        .filter(|report| report.role == ReportedRole::Primary)
+        .and_then(|report| report.current_lsn);
+    observation
+        .instances
+        .iter()
+        .map(|instance| instance_status(instance, primary_lsn))
+        .collect()
+}
+
+fn instance_status(instance: &ObservedInstance, primary_lsn: Option<Lsn>) -> InstanceStatus {
+    let report = instance.reported();
+    let role = match report.map(|r| r.role) {
+        Some(ReportedRole::Primary) => InstanceRole::Primary,
+        Some(ReportedRole::Replica) => InstanceRole::Replica,
+        _ => InstanceRole::Unknown,
+    };
+    let replica = report.filter(|r| r.role == ReportedRole::Replica);
+    let lag = replica.and_then(|r| Some(primary_lsn?.bytes_after(r.replayed_lsn?)));
+    InstanceStatus {
+        name: instance.pod.clone(),
+        role,
+        ready: report.is_some_and(|r| r.ready),
+        timeline: report.and_then(|r| r.timeline),
+        lag_bytes: lag.map(|bytes| i64::try_from(bytes).unwrap_or(i64::MAX)),
+        streaming: replica.map(|r| r.streaming),
     }
 }
 
@@ -95,12 +206,14 @@ pub fn changed(new: &PostgreSQLClusterStatus, previous: Option<&PostgreSQLCluste
     new.phase != previous.phase
         || new.ready_replicas != previous.ready_replicas
         || new.current_version != previous.current_version
+        || new.current_primary != previous.current_primary
+        || new.instances != previous.instances
         || new.observed_generation != previous.observed_generation
         || !new.conditions.iter().all(same_condition)
 }
 
-/// Events for what changed between `previous` and `new`: a new phase, or a new reason why
-/// the cluster does not progress.
+/// Events for what changed between `previous` and `new`: a new phase, a new reason why the
+/// cluster does not progress, replicas that stopped streaming or streaming again.
 pub fn events(
     new: &PostgreSQLClusterStatus,
     previous: Option<&PostgreSQLClusterStatus>,
@@ -135,6 +248,22 @@ pub fn events(
             reason: progressing.reason,
             note: progressing.message,
         });
+    }
+    let streaming = |status| find(status, REPLICAS_STREAMING).map(|c| c.status);
+    if let Some(now) = find(Some(new), REPLICAS_STREAMING) {
+        match (streaming(previous).as_deref(), now.status.as_str()) {
+            (Some("True"), "False") => events.push(EventSpec {
+                warning: true,
+                reason: "ReplicaNotStreaming".to_owned(),
+                note: now.message,
+            }),
+            (Some("False"), "True") => events.push(EventSpec {
+                warning: false,
+                reason: "ReplicasStreaming".to_owned(),
+                note: now.message,
+            }),
+            _ => {}
+        }
     }
     events
 }
@@ -175,6 +304,7 @@ fn phase(
     observation: Observation<'_>,
     rollout: Option<&Rollout>,
     previous: Option<ClusterPhase>,
+    primary_ready: bool,
 ) -> ClusterPhase {
     if observation.issue.is_some_and(|i| i.invalid_spec) {
         return ClusterPhase::Failed;
@@ -183,7 +313,7 @@ fn phase(
         return ClusterPhase::Pending;
     };
     let desired = observation.desired_replicas;
-    if rollout.settled && rollout.ready == desired && rollout.current == desired {
+    if rollout.settled && rollout.ready == desired && rollout.current == desired && primary_ready {
         return ClusterPhase::Running;
     }
     match previous {
@@ -202,15 +332,51 @@ fn phase(
     }
 }
 
-fn ready_condition(observation: Observation<'_>, ready: i32, phase: ClusterPhase) -> Condition {
-    let desired = observation.desired_replicas;
+/// Readiness figures the conditions describe.
+struct Replicas<'a> {
+    ready: i32,
+    desired: i32,
+    /// Why the designated primary does not serve, if it does not.
+    primary_problem: Option<&'a str>,
+}
+
+impl Replicas<'_> {
+    fn all_ready(&self) -> bool {
+        self.ready >= self.desired && self.desired > 0
+    }
+
+    fn count(&self) -> String {
+        format!("{} of {} replicas are ready", self.ready, self.desired)
+    }
+
+    /// `the primary <pod>: <why>`, when the primary is what is missing.
+    fn primary_note(&self, primary: &str) -> Option<String> {
+        self.primary_problem
+            .map(|why| format!("the primary {primary}: {why}"))
+    }
+}
+
+fn ready_condition(
+    observation: Observation<'_>,
+    replicas: &Replicas<'_>,
+    phase: ClusterPhase,
+) -> Condition {
+    let desired = replicas.desired;
     let (status, reason, message) = if phase == ClusterPhase::Failed {
         let issue = observation
             .issue
             .map(|i| i.message.clone())
             .unwrap_or_default();
         ("False", "InvalidSpec", issue)
-    } else if ready >= desired && desired > 0 {
+    } else if !replicas.all_ready() {
+        ("False", "ReplicasNotReady", replicas.count())
+    } else if let Some(note) = replicas.primary_note(observation.primary) {
+        (
+            "False",
+            "PrimaryNotReady",
+            format!("{}; {note}", replicas.count()),
+        )
+    } else {
         let noun = if desired == 1 {
             "replica is"
         } else {
@@ -221,22 +387,21 @@ fn ready_condition(observation: Observation<'_>, ready: i32, phase: ClusterPhase
             "AllReplicasReady",
             format!("All {desired} {noun} ready"),
         )
-    } else {
-        (
-            "False",
-            "ReplicasNotReady",
-            format!("{ready} of {desired} replicas are ready"),
-        )
     };
     condition(READY, status, reason, message, observation.generation)
 }
 
 fn progressing_condition(
     observation: Observation<'_>,
-    ready: i32,
+    replicas: &Replicas<'_>,
     phase: ClusterPhase,
 ) -> Condition {
-    let desired = observation.desired_replicas;
+    let (desired, ready) = (replicas.desired, replicas.ready);
+    // Once the pods are ready, what is left to wait for is the primary.
+    let waiting_for_primary = replicas
+        .all_ready()
+        .then(|| replicas.primary_note(observation.primary))
+        .flatten();
     let (status, reason, message) = match (observation.issue, phase) {
         (Some(issue), _) => ("False", issue.reason.clone(), issue.message.clone()),
         (None, ClusterPhase::Running) => (
@@ -244,15 +409,17 @@ fn progressing_condition(
             "Complete".to_owned(),
             "The cluster matches its spec".to_owned(),
         ),
-        (None, ClusterPhase::Degraded) => (
-            "False",
-            "ReplicasUnavailable".to_owned(),
-            format!("{ready} of {desired} replicas are ready"),
-        ),
+        (None, ClusterPhase::Degraded) => match waiting_for_primary {
+            Some(note) => ("False", "PrimaryUnavailable".to_owned(), note),
+            None => ("False", "ReplicasUnavailable".to_owned(), replicas.count()),
+        },
         (None, ClusterPhase::Pending | ClusterPhase::Creating) => (
             "True",
             "Creating".to_owned(),
-            format!("Creating {desired} replicas: {ready} ready"),
+            match waiting_for_primary {
+                Some(note) => format!("Creating {desired} replicas: {ready} ready; {note}"),
+                None => format!("Creating {desired} replicas: {ready} ready"),
+            },
         ),
         (None, ClusterPhase::Scaling) => (
             "True",
@@ -269,6 +436,43 @@ fn progressing_condition(
         PROGRESSING,
         status,
         &reason,
+        message,
+        observation.generation,
+    )
+}
+
+/// True when every instance other than the designated primary streams from it, False naming
+/// those that do not and why.
+fn streaming_condition(observation: Observation<'_>) -> Condition {
+    let replicas: Vec<String> = (0..observation.desired_replicas)
+        .map(|ordinal| pod_name(observation.statefulset_name, ordinal))
+        .filter(|pod| pod != observation.primary)
+        .collect();
+    let problems: Vec<String> = replicas
+        .iter()
+        .filter_map(|pod| {
+            let why = replica_problem(observation.instances, pod)?;
+            Some(format!("{pod}: {why}"))
+        })
+        .collect();
+    let (status, reason, message) = match (replicas.len(), problems.is_empty()) {
+        (0, _) => (
+            "True",
+            "NoReplicas",
+            "The cluster has no replicas".to_owned(),
+        ),
+        (1, true) => ("True", "Streaming", "The replica is streaming".to_owned()),
+        (count, true) => (
+            "True",
+            "Streaming",
+            format!("All {count} replicas are streaming"),
+        ),
+        (_, false) => ("False", "ReplicasNotStreaming", problems.join("; ")),
+    };
+    condition(
+        REPLICAS_STREAMING,
+        status,
+        reason,
         message,
         observation.generation,
     )
@@ -308,8 +512,10 @@ fn keep_transition_time(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cluster::instances::{InstanceReport, Unavailable};
     use k8s_openapi::api::apps::v1::{StatefulSetSpec, StatefulSetStatus};
     use std::collections::BTreeMap;
+    use std::sync::LazyLock;
 
     fn sts(spec_replicas: i32, replicas: i32, ready: i32, revisions: (&str, &str)) -> StatefulSet {
         let mut sts = StatefulSet::default();
@@ -334,17 +540,65 @@ mod tests {
         sts
     }
 
+    const STATEFULSET: &str = "db-postgresql";
+    const PRIMARY: &str = "db-postgresql-0";
+    const PRIMARY_LSN: Lsn = Lsn(0x0300_0148);
+
+    fn report(pod: &str, role: ReportedRole) -> InstanceReport {
+        InstanceReport {
+            pod: pod.to_owned(),
+            role,
+            ready: role != ReportedRole::Starting,
+            timeline: Some(1),
+            current_lsn: (role == ReportedRole::Primary).then_some(PRIMARY_LSN),
+            received_lsn: (role == ReportedRole::Replica).then_some(PRIMARY_LSN),
+            replayed_lsn: (role == ReportedRole::Replica).then_some(PRIMARY_LSN),
+            streaming: role == ReportedRole::Replica,
+            pending_restart: Vec::new(),
+        }
+    }
+
+    fn observed(pod: &str, report: Result<InstanceReport, Unavailable>) -> ObservedInstance {
+        ObservedInstance {
+            pod: pod.to_owned(),
+            uid: Some(format!("uid-{pod}")),
+            role_label: None,
+            report,
+        }
+    }
+
+    /// Ten instances: the first a ready primary, the others streaming replicas, caught up.
+    static HEALTHY: LazyLock<Vec<ObservedInstance>> = LazyLock::new(|| {
+        (0..10)
+            .map(|ordinal| {
+                let pod = format!("{STATEFULSET}-{ordinal}");
+                let role = if ordinal == 0 {
+                    ReportedRole::Primary
+                } else {
+                    ReportedRole::Replica
+                };
+                let report = report(&pod, role);
+                observed(&pod, Ok(report))
+            })
+            .collect()
+    });
+
+    /// The first `desired` of [`HEALTHY`].
     fn observe<'a>(
         desired: i32,
         sts: Option<&'a StatefulSet>,
         previous: Option<&'a PostgreSQLClusterStatus>,
     ) -> Observation<'a> {
+        let count = usize::try_from(desired).expect("positive");
         Observation {
             generation: Some(1),
             desired_replicas: desired,
             statefulset: sts,
             issue: None,
             previous,
+            statefulset_name: STATEFULSET,
+            primary: PRIMARY,
+            instances: &HEALTHY[..count],
         }
     }
 
@@ -479,5 +733,267 @@ mod tests {
         assert_eq!(made.len(), 1, "{made:?}");
         assert!(made[0].warning);
         assert_eq!(made[0].reason, "StorageShrinkRefused");
+    }
+
+    #[test]
+    fn a_ready_cluster_reports_its_primary_and_instances_with_their_lag() {
+        let sts = sts(3, 3, 3, ("r1", "r1"));
+        let mut instances = HEALTHY[..3].to_vec();
+        // The second replica is 0x48 bytes behind.
+        if let Ok(report) = &mut instances[2].report {
+            report.replayed_lsn = Some(Lsn(0x0300_0100));
+        }
+        let observation = Observation {
+            instances: &instances,
+            ..observe(3, Some(&sts), None)
+        };
+        let status = compute(observation, now());
+        assert_eq!(status.phase, Some(ClusterPhase::Running));
+        assert_eq!(status.current_primary.as_deref(), Some(PRIMARY));
+        let summary: Vec<_> = status
+            .instances
+            .iter()
+            .map(|i| (i.name.as_str(), i.role, i.ready, i.lag_bytes, i.streaming))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("db-postgresql-0", InstanceRole::Primary, true, None, None),
+                (
+                    "db-postgresql-1",
+                    InstanceRole::Replica,
+                    true,
+                    Some(0),
+                    Some(true)
+                ),
+                (
+                    "db-postgresql-2",
+                    InstanceRole::Replica,
+                    true,
+                    Some(0x48),
+                    Some(true)
+                ),
+            ]
+        );
+        assert_eq!(status.instances[0].timeline, Some(1));
+        let streaming = condition_of(&status, REPLICAS_STREAMING);
+        assert_eq!(
+            (streaming.status.as_str(), streaming.message.as_str()),
+            ("True", "All 2 replicas are streaming")
+        );
+    }
+
+    #[test]
+    fn a_ready_statefulset_is_not_running_until_the_primary_reports_a_ready_primary() {
+        let sts = sts(2, 2, 2, ("r1", "r1"));
+        let unreachable = [
+            observed(PRIMARY, Err(Unavailable::Unreachable)),
+            observed("db-postgresql-1", Err(Unavailable::Unreachable)),
+        ];
+        let observation = Observation {
+            instances: &unreachable,
+            ..observe(2, Some(&sts), None)
+        };
+        let creating = compute(observation, now());
+        assert_eq!(creating.phase, Some(ClusterPhase::Creating));
+        assert_eq!(creating.current_primary, None);
+        let ready = condition_of(&creating, READY);
+        assert_eq!(
+            (
+                ready.status.as_str(),
+                ready.reason.as_str(),
+                ready.message.as_str()
+            ),
+            (
+                "False",
+                "PrimaryNotReady",
+                "2 of 2 replicas are ready; the primary db-postgresql-0: instance manager unreachable"
+            )
+        );
+        assert_eq!(
+            condition_of(&creating, PROGRESSING).message,
+            "Creating 2 replicas: 2 ready; the primary db-postgresql-0: instance manager unreachable"
+        );
+        let roles: Vec<_> = creating
+            .instances
+            .iter()
+            .map(|i| (i.role, i.ready))
+            .collect();
+        assert_eq!(
+            roles,
+            [
+                (InstanceRole::Unknown, false),
+                (InstanceRole::Unknown, false)
+            ]
+        );
+        // Unreachable instances give the same status every time: an idle cluster writes nothing.
+        let observation = Observation {
+            instances: &unreachable,
+            ..observe(2, Some(&sts), Some(&creating))
+        };
+        let again = compute(observation, now());
+        assert!(!changed(&again, Some(&creating)));
+        assert!(events(&again, Some(&creating)).is_empty());
+
+        // Once running, a primary that stops answering degrades the cluster, and the
+        // current primary stays what it was.
+        let running = compute(observe(2, Some(&sts), None), now());
+        assert_eq!(running.phase, Some(ClusterPhase::Running));
+        let observation = Observation {
+            instances: &unreachable,
+            ..observe(2, Some(&sts), Some(&running))
+        };
+        let degraded = compute(observation, now());
+        assert_eq!(degraded.phase, Some(ClusterPhase::Degraded));
+        assert_eq!(degraded.current_primary.as_deref(), Some(PRIMARY));
+        let progressing = condition_of(&degraded, PROGRESSING);
+        assert_eq!(
+            (progressing.reason.as_str(), progressing.message.as_str()),
+            (
+                "PrimaryUnavailable",
+                "the primary db-postgresql-0: instance manager unreachable"
+            )
+        );
+    }
+
+    #[test]
+    fn a_primary_that_is_not_ready_or_not_a_primary_holds_the_phase() {
+        let sts = sts(1, 1, 1, ("r1", "r1"));
+        for (report, why) in [
+            (
+                InstanceReport {
+                    ready: false,
+                    ..report(PRIMARY, ReportedRole::Primary)
+                },
+                "not ready",
+            ),
+            (report(PRIMARY, ReportedRole::Replica), "reports a replica"),
+            (report(PRIMARY, ReportedRole::Starting), "starting"),
+        ] {
+            let instances = [observed(PRIMARY, Ok(report))];
+            let observation = Observation {
+                instances: &instances,
+                ..observe(1, Some(&sts), None)
+            };
+            let status = compute(observation, now());
+            assert_eq!(status.phase, Some(ClusterPhase::Creating), "{why}");
+            assert!(
+                condition_of(&status, READY).message.ends_with(why),
+                "{why}: {}",
+                condition_of(&status, READY).message
+            );
+        }
+    }
+
+    #[test]
+    fn replicas_that_do_not_stream_are_named_with_the_reason() {
+        let sts = sts(5, 4, 3, ("r1", "r1"));
+        let instances = [
+            HEALTHY[0].clone(),
+            HEALTHY[1].clone(),
+            observed(
+                "db-postgresql-2",
+                Ok(InstanceReport {
+                    streaming: false,
+                    ..report("db-postgresql-2", ReportedRole::Replica)
+                }),
+            ),
+            observed("db-postgresql-3", Err(Unavailable::NoAddress)),
+        ];
+        let observation = Observation {
+            instances: &instances,
+            ..observe(5, Some(&sts), None)
+        };
+        let status = compute(observation, now());
+        let streaming = condition_of(&status, REPLICAS_STREAMING);
+        assert_eq!(
+            (streaming.status.as_str(), streaming.reason.as_str()),
+            ("False", "ReplicasNotStreaming")
+        );
+        assert_eq!(
+            streaming.message,
+            "db-postgresql-2: not streaming; db-postgresql-3: no pod address yet; \
+             db-postgresql-4: no pod yet"
+        );
+        let lagging = &status.instances[2];
+        assert_eq!(
+            (lagging.streaming, lagging.lag_bytes),
+            (Some(false), Some(0))
+        );
+        // One instance: nothing to stream.
+        let single = compute(observe(1, Some(&sts), None), now());
+        assert_eq!(
+            condition_of(&single, REPLICAS_STREAMING).reason,
+            "NoReplicas"
+        );
+    }
+
+    #[test]
+    fn a_replica_that_stops_streaming_is_a_warning_and_its_recovery_a_normal_event() {
+        let sts = sts(3, 3, 3, ("r1", "r1"));
+        let streaming = compute(observe(3, Some(&sts), None), now());
+        let mut instances = HEALTHY[..3].to_vec();
+        instances[1] = observed("db-postgresql-1", Err(Unavailable::Unreachable));
+        let observation = Observation {
+            instances: &instances,
+            ..observe(3, Some(&sts), Some(&streaming))
+        };
+        let broken = compute(observation, now());
+        assert!(changed(&broken, Some(&streaming)));
+        let made = events(&broken, Some(&streaming));
+        assert_eq!(made.len(), 1, "{made:?}");
+        assert_eq!(
+            (
+                made[0].warning,
+                made[0].reason.as_str(),
+                made[0].note.as_str()
+            ),
+            (
+                true,
+                "ReplicaNotStreaming",
+                "db-postgresql-1: instance manager unreachable"
+            )
+        );
+        // The replica's trouble alone does not take the cluster out of Running.
+        assert_eq!(broken.phase, Some(ClusterPhase::Running));
+        let recovered = compute(observe(3, Some(&sts), Some(&broken)), now());
+        let made = events(&recovered, Some(&broken));
+        assert_eq!(made.len(), 1, "{made:?}");
+        assert_eq!(
+            (
+                made[0].warning,
+                made[0].reason.as_str(),
+                made[0].note.as_str()
+            ),
+            (false, "ReplicasStreaming", "All 2 replicas are streaming")
+        );
+        // A new cluster whose replicas start streaming says so; one that starts without does
+        // not warn.
+        let starting = self::sts(3, 1, 1, ("r1", "r1"));
+        let creating = compute(observe(3, Some(&starting), None), now());
+        assert!(
+            events(&creating, None)
+                .iter()
+                .all(|e| e.reason != "ReplicaNotStreaming")
+        );
+    }
+
+    #[test]
+    fn the_current_primary_is_the_designated_one_once_it_reports_a_primary() {
+        let sts = sts(3, 3, 3, ("r1", "r1"));
+        let previous = PostgreSQLClusterStatus {
+            current_primary: Some("db-postgresql-2".to_owned()),
+            ..PostgreSQLClusterStatus::default()
+        };
+        // Instance 2 is designated but does not answer: it stays the current primary, and
+        // instance 0, which calls itself a primary, is not taken for it.
+        let observation = Observation {
+            primary: "db-postgresql-2",
+            instances: &HEALTHY[..1],
+            ..observe(3, Some(&sts), Some(&previous))
+        };
+        let status = compute(observation, now());
+        assert_eq!(status.current_primary.as_deref(), Some("db-postgresql-2"));
+        assert_ne!(status.phase, Some(ClusterPhase::Running));
     }
 }

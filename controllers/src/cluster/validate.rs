@@ -2,8 +2,8 @@
 //! state of the children or compares several fields.
 //!
 //! Two outcomes besides plain success:
-//! - a change Kubernetes cannot make in place (shrinking volumes, a new major version) is held
-//!   back: validation returns the *effective* spec, which keeps the running value of that field
+//! - a change Kubernetes cannot make in place (shrinking volumes, a new major version), or one
+//!   that would remove the primary (scaling down below its ordinal), is held back: validation returns the *effective* spec, which keeps the running value of that field
 //!   and takes everything else from the spec, plus the [`Refusal`]s to report. The cluster keeps
 //!   being reconciled from it, so children deleted or edited meanwhile are still repaired and
 //!   other changes (replicas, resources) still apply.
@@ -28,6 +28,10 @@ pub struct LiveFacts {
     pub claim_template_storage: Option<String>,
     /// Largest storage request among the cluster's existing data volumes.
     pub largest_volume_gib: Option<u64>,
+    /// Replicas of the StatefulSet.
+    pub running_replicas: Option<i32>,
+    /// Ordinal of the pod the status names as the primary (`status.currentPrimary`).
+    pub primary_ordinal: Option<i32>,
 }
 
 /// The spec to build the children from.
@@ -74,6 +78,13 @@ pub enum Refusal {
         running: PostgresVersion,
         requested: PostgresVersion,
     },
+    /// Fewer replicas would remove the primary's pod (the StatefulSet removes the highest
+    /// ordinals first).
+    ScaleDownRemovesPrimary {
+        requested: i32,
+        kept: i32,
+        primary_ordinal: i32,
+    },
 }
 
 impl Refusal {
@@ -85,6 +96,7 @@ impl Refusal {
                 "MajorUpgradeNotSupported"
             }
             Self::MajorVersionChange { .. } => "MajorDowngradeNotSupported",
+            Self::ScaleDownRemovesPrimary { .. } => "ScaleDownWouldRemovePrimary",
         }
     }
 
@@ -99,6 +111,14 @@ impl Refusal {
             ),
             Self::MajorVersionChange { running, requested } => format!(
                 "PostgreSQL {running} cannot be changed to {requested} in place (the data directory format differs); the cluster keeps running {running}: back up, create a new cluster with version {requested} and restore into it"
+            ),
+            Self::ScaleDownRemovesPrimary {
+                requested,
+                kept,
+                primary_ordinal,
+            } => format!(
+                "scaling down to {requested} replicas would remove instance {primary_ordinal}, the primary; the cluster keeps {kept} replicas: set replicas to at least {}",
+                primary_ordinal + 1
             ),
         }
     }
@@ -163,11 +183,26 @@ pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validat
         }
         _ => requested_gib,
     };
+    let replicas = match live.primary_ordinal {
+        Some(primary_ordinal) if primary_ordinal >= spec.replicas => {
+            let kept = live
+                .running_replicas
+                .filter(|running| *running > primary_ordinal)
+                .unwrap_or(primary_ordinal + 1);
+            refusals.push(Refusal::ScaleDownRemovesPrimary {
+                requested: spec.replicas,
+                kept,
+                primary_ordinal,
+            });
+            kept
+        }
+        _ => spec.replicas,
+    };
     let effective = ValidatedCluster {
         name: cluster.name_any(),
         namespace,
         owner,
-        replicas: spec.replicas,
+        replicas,
         version,
         storage_gib,
         claim_template_storage: live
@@ -319,6 +354,7 @@ mod tests {
             running_version: Some(PostgresVersion::V16),
             claim_template_storage: Some("100Gi".to_owned()),
             largest_volume_gib: Some(100),
+            ..LiveFacts::default()
         };
         let validation = validate(&grown, &live).expect("valid");
         assert!(validation.refusals.is_empty());
@@ -404,6 +440,7 @@ mod tests {
             running_version: Some(PostgresVersion::V16),
             claim_template_storage: Some("100Gi".to_owned()),
             largest_volume_gib: Some(100),
+            ..LiveFacts::default()
         };
         let validation = validate(&both, &live).expect("valid");
         let reasons: Vec<_> = validation.refusals.iter().map(Refusal::reason).collect();
@@ -418,6 +455,56 @@ mod tests {
             ),
             (PostgresVersion::V16, 100)
         );
+    }
+
+    #[test]
+    fn a_scale_down_that_would_remove_the_primary_is_held_back() {
+        let mut smaller = cluster(SAMPLE);
+        smaller.spec.replicas = 2;
+        let live = LiveFacts {
+            running_replicas: Some(4),
+            primary_ordinal: Some(2),
+            ..LiveFacts::default()
+        };
+        let validation = validate(&smaller, &live).expect("valid");
+        assert_eq!(
+            validation.refusals,
+            [Refusal::ScaleDownRemovesPrimary {
+                requested: 2,
+                kept: 4,
+                primary_ordinal: 2
+            }]
+        );
+        let refusal = &validation.refusals[0];
+        assert_eq!(refusal.reason(), "ScaleDownWouldRemovePrimary");
+        assert!(
+            refusal.message().contains("set replicas to at least 3"),
+            "{}",
+            refusal.message()
+        );
+        assert_eq!(validation.effective.replicas, 4);
+        // Without a StatefulSet, just enough instances to keep the primary.
+        let without_statefulset = LiveFacts {
+            primary_ordinal: Some(2),
+            ..LiveFacts::default()
+        };
+        let validation = validate(&smaller, &without_statefulset).expect("valid");
+        assert_eq!(validation.effective.replicas, 3);
+        // A scale-down that keeps the primary goes ahead.
+        smaller.spec.replicas = 3;
+        let validation = validate(&smaller, &live).expect("valid");
+        assert!(validation.refusals.is_empty());
+        assert_eq!(validation.effective.replicas, 3);
+        // The usual primary, the first instance, is never in the way.
+        smaller.spec.replicas = 1;
+        let first = LiveFacts {
+            running_replicas: Some(3),
+            primary_ordinal: Some(0),
+            ..LiveFacts::default()
+        };
+        let validation = validate(&smaller, &first).expect("valid");
+        assert!(validation.refusals.is_empty());
+        assert_eq!(validation.effective.replicas, 1);
     }
 
     #[test]

@@ -1,14 +1,21 @@
 //! Shared by the cluster controller's integration tests: a kube client that counts its write
-//! requests, and the controllers running in-process for one test namespace.
+//! requests, the controllers running in-process for one test namespace, and the stand-in for
+//! the instance managers of pods on the simulated nodes.
 
 #![allow(dead_code)] // Each test binary uses a different part.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use kube::api::PostParams;
 use kube::{Api, Client};
+use pgkube_controllers::cluster::instances::{
+    FetchError, HttpInstanceStatus, InstanceAddress, InstanceReport, InstanceStatusSource, Lsn,
+    ReportedRole,
+};
 use pgkube_controllers::{Context, Metrics, Settings};
 use pgkube_crds::{ClusterPhase, PostgreSQLCluster};
 use pgkube_testkit::{TestEnv, TestNamespace, install_crds, wait_until};
@@ -73,6 +80,90 @@ pub async fn counting_client(env: &TestEnv) -> (Client, Arc<RequestCounts>) {
     (client, counts)
 }
 
+/// WAL position every simulated instance reports.
+pub const SIMULATED_LSN: &str = "0/3000148";
+
+/// The instance managers of pods on the test bed's simulated (kwok) nodes, which never run:
+/// answers as healthy ones would (the first instance a ready primary, the others replicas
+/// streaming from it, caught up), unless a test set another answer for a pod. Pods on the real
+/// node (loopback addresses) are asked for real, over HTTP.
+#[derive(Debug, Default)]
+pub struct SimulatedInstances {
+    http: HttpInstanceStatus,
+    /// Answers set by the test: a report, or `None` for no answer.
+    answers: Mutex<HashMap<String, Option<InstanceReport>>>,
+}
+
+impl SimulatedInstances {
+    /// From now on, pod `pod` answers `report` (`None`: does not answer).
+    pub fn answer(&self, pod: &str, report: Option<InstanceReport>) {
+        if let Ok(mut answers) = self.answers.lock() {
+            answers.insert(pod.to_owned(), report);
+        }
+    }
+
+    /// Pod `pod` answers as a healthy instance again.
+    pub fn heal(&self, pod: &str) {
+        if let Ok(mut answers) = self.answers.lock() {
+            answers.remove(pod);
+        }
+    }
+
+    /// What a healthy instance manager of `pod` answers: a ready primary for the first
+    /// instance, a streaming replica for the others.
+    pub fn healthy(pod: &str) -> InstanceReport {
+        let role = if pod.ends_with("-0") {
+            ReportedRole::Primary
+        } else {
+            ReportedRole::Replica
+        };
+        Self::report(pod, role)
+    }
+
+    /// A ready `role`, caught up at [`SIMULATED_LSN`] (a replica streaming).
+    pub fn report(pod: &str, role: ReportedRole) -> InstanceReport {
+        let lsn: Lsn = SIMULATED_LSN.parse().expect("an LSN");
+        let primary = role == ReportedRole::Primary;
+        InstanceReport {
+            pod: pod.to_owned(),
+            role,
+            ready: true,
+            timeline: Some(1),
+            current_lsn: primary.then_some(lsn),
+            received_lsn: (!primary).then_some(lsn),
+            replayed_lsn: (!primary).then_some(lsn),
+            streaming: !primary,
+            pending_restart: Vec::new(),
+        }
+    }
+
+    fn simulated(&self, pod: &str) -> Result<InstanceReport, FetchError> {
+        let set = self
+            .answers
+            .lock()
+            .ok()
+            .and_then(|answers| answers.get(pod).cloned());
+        match set {
+            Some(Some(report)) => Ok(report),
+            Some(None) => Err(FetchError::Unreachable("the test said so".to_owned())),
+            None => Ok(Self::healthy(pod)),
+        }
+    }
+}
+
+impl InstanceStatusSource for SimulatedInstances {
+    fn fetch<'a>(
+        &'a self,
+        address: &'a InstanceAddress,
+    ) -> BoxFuture<'a, Result<InstanceReport, FetchError>> {
+        if address.ip.is_loopback() {
+            return self.http.fetch(address);
+        }
+        let answer = self.simulated(&address.pod);
+        Box::pin(async move { answer })
+    }
+}
+
 /// The controllers running in-process, watching one test namespace.
 pub struct Running {
     pub namespace: TestNamespace,
@@ -80,6 +171,8 @@ pub struct Running {
     pub client: Client,
     /// Requests of the controllers' client (of the current run, after a restart).
     pub counts: Arc<RequestCounts>,
+    /// What the instance managers of pods on the simulated nodes answer.
+    pub instances: Arc<SimulatedInstances>,
     env: TestEnv,
     settings: Settings,
     stop: Option<oneshot::Sender<()>>,
@@ -87,22 +180,26 @@ pub struct Running {
 }
 
 impl Running {
-    /// Installs the CRDs, creates a namespace and starts the controllers on it; `None` when
-    /// test bed tests are skipped.
+    /// Installs the CRDs, creates a namespace and starts the controllers on it, with
+    /// [`SimulatedInstances`] for pods on the simulated nodes; `None` when test bed tests are
+    /// skipped.
     pub async fn start(prefix: &str, resync_interval: Duration) -> Option<Running> {
         let env = pgkube_testkit::testbed()?;
         let client = env.kube_client().await;
         install_crds(&client).await;
         let namespace = TestNamespace::create(&client, prefix).await;
+        let instances = Arc::new(SimulatedInstances::default());
         let settings = Settings {
             watch_namespaces: vec![namespace.name().to_owned()],
             resync_interval,
+            instance_status: instances.clone(),
             ..Settings::default()
         };
         let mut running = Running {
             namespace,
             client,
             counts: Arc::default(),
+            instances,
             env,
             settings,
             stop: None,

@@ -6,17 +6,23 @@
 //! [`local_node_scheduling`] gives the `nodeSelector` and toleration that do. [`TestCluster`]
 //! creates a `PostgreSQLCluster` there, waits until it runs, and connects to it with SQL.
 //!
+//! A cluster has one primary and streaming replicas. pgkube labels each pod with its role
+//! ([`ROLE_LABEL`]) and routes three Services by it ([`ClusterService`]): `<cluster>-rw` to the
+//! primary, `<cluster>-ro` to the replicas, `<cluster>-r` to any ready instance.
+//! [`TestCluster::sql`] connects through `-rw`, [`TestCluster::sql_via`] through any of them.
+//!
 //! Names: pgkube names a cluster's children after it (`controllers/src/names.rs`); a name that
 //! is a DNS label of at most [`MAX_CLUSTER_NAME`] characters is used verbatim, which is what
-//! [`client_service_name`] and [`credentials_secret_name`] assume (the controllers' tests check
-//! that they agree).
+//! [`ClusterService::name`], [`credentials_secret_name`] and [`replication_secret_name`] assume
+//! (the controllers' tests check that they agree).
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodSpec, Secret, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use pgkube_crds::{ClusterPhase, PostgreSQLCluster, PostgreSQLClusterSpec, PostgresVersion};
@@ -36,9 +42,12 @@ pub const CLUSTER_RUNNING_TIMEOUT: Duration = Duration::from_secs(180);
 /// Longest cluster name whose children pgkube names verbatim (`<name>-postgresql` is a
 /// StatefulSet name, at most 52 characters).
 pub const MAX_CLUSTER_NAME: usize = 41;
-/// Keys of the credentials Secret.
+/// Keys of the credentials and replication Secrets.
 pub const USERNAME_KEY: &str = "username";
 pub const PASSWORD_KEY: &str = "password";
+/// Pod label pgkube sets to the role the pod's instance manager reports: `primary` or
+/// `replica`.
+pub const ROLE_LABEL: &str = "db.example.com/role";
 
 /// A `nodeSelector` and tolerations that put a pod on a node.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -84,14 +93,48 @@ pub fn local_node_scheduling() -> NodeScheduling {
     }
 }
 
-/// Name of the Service clients connect to (for a name of at most [`MAX_CLUSTER_NAME`]).
-pub fn client_service_name(cluster: &str) -> String {
-    format!("{cluster}-postgresql")
+/// The Services clients of a cluster connect through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterService {
+    /// `<cluster>-rw`: the primary.
+    ReadWrite,
+    /// `<cluster>-ro`: the streaming replicas.
+    ReadOnly,
+    /// `<cluster>-r`: any ready instance.
+    Any,
+}
+
+impl ClusterService {
+    /// The Service's name for cluster `cluster` (of at most [`MAX_CLUSTER_NAME`] characters).
+    pub fn name(self, cluster: &str) -> String {
+        let suffix = match self {
+            Self::ReadWrite => "rw",
+            Self::ReadOnly => "ro",
+            Self::Any => "r",
+        };
+        format!("{cluster}-{suffix}")
+    }
 }
 
 /// Name of the Secret holding the superuser's `username` and `password`.
 pub fn credentials_secret_name(cluster: &str) -> String {
     format!("{cluster}-postgresql-credentials")
+}
+
+/// Name of the Secret holding the replication role's `username` and `password`.
+pub fn replication_secret_name(cluster: &str) -> String {
+    format!("{cluster}-postgresql-replication")
+}
+
+/// One of a cluster's pods, as the API server has it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstancePod {
+    pub name: String,
+    /// Its [`ROLE_LABEL`], if pgkube set one.
+    pub role: Option<String>,
+    /// Its `Ready` condition is `True`.
+    pub ready: bool,
+    pub address: Option<IpAddr>,
 }
 
 /// Builds a [`TestCluster`]: PostgreSQL 15, 1 replica, 1Gi, on the real node, unless changed.
@@ -240,21 +283,29 @@ impl TestCluster {
         .await
     }
 
-    /// The addresses of the ready instances behind the cluster's client Service.
+    /// The addresses of the ready primary behind the cluster's `-rw` Service (one, or none).
     pub async fn addresses(&self) -> anyhow::Result<Vec<SocketAddr>> {
-        service_addresses(
-            &self.client,
-            &self.namespace,
-            &client_service_name(&self.name),
-        )
-        .await
+        self.addresses_of(ClusterService::ReadWrite).await
+    }
+
+    /// The addresses of the ready instances behind one of the cluster's Services.
+    pub async fn addresses_of(&self, service: ClusterService) -> anyhow::Result<Vec<SocketAddr>> {
+        service_addresses(&self.client, &self.namespace, &service.name(&self.name)).await
     }
 
     /// The superuser's name and password, from the cluster's credentials Secret.
     pub async fn credentials(&self) -> anyhow::Result<(String, String)> {
-        let name = credentials_secret_name(&self.name);
+        self.basic_auth(&credentials_secret_name(&self.name)).await
+    }
+
+    /// The replication role's name and password, from the cluster's replication Secret.
+    pub async fn replication_credentials(&self) -> anyhow::Result<(String, String)> {
+        self.basic_auth(&replication_secret_name(&self.name)).await
+    }
+
+    async fn basic_auth(&self, name: &str) -> anyhow::Result<(String, String)> {
         let secret = Api::<Secret>::namespaced(self.client.clone(), &self.namespace)
-            .get(&name)
+            .get(name)
             .await
             .with_context(|| format!("reading Secret {name}"))?;
         let value = |key: &str| -> anyhow::Result<String> {
@@ -268,35 +319,65 @@ impl TestCluster {
         Ok((value(USERNAME_KEY)?, value(PASSWORD_KEY)?))
     }
 
-    /// A SQL connection, as the superuser, to database `postgres` of a ready instance behind
-    /// the cluster's client Service (the first address that accepts it).
+    /// The cluster's pods, by name, with their role labels.
+    pub async fn pods(&self) -> anyhow::Result<Vec<InstancePod>> {
+        let selector = format!(
+            "app.kubernetes.io/name=postgresql,app.kubernetes.io/instance={}",
+            self.name
+        );
+        let pods = Api::<Pod>::namespaced(self.client.clone(), &self.namespace)
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .with_context(|| format!("listing the pods of cluster {}", self.name))?;
+        let mut pods: Vec<InstancePod> = pods.items.iter().map(instance_pod).collect();
+        pods.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(pods)
+    }
+
+    /// The pod `status.currentPrimary` names, if any.
+    pub async fn current_primary(&self) -> anyhow::Result<Option<String>> {
+        Ok(self.get().await?.status.and_then(|s| s.current_primary))
+    }
+
+    /// Waits until the cluster's condition `type_` has `status` ("True" or "False") for its
+    /// current generation, and returns the cluster.
+    pub async fn wait_condition(
+        &self,
+        type_: &str,
+        status: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<PostgreSQLCluster> {
+        wait_for_cluster(
+            &self.client,
+            &self.namespace,
+            &self.name,
+            &format!("condition {type_}={status}"),
+            timeout,
+            |cluster| condition(cluster, type_).is_some_and(|c| c.status == status),
+        )
+        .await
+    }
+
+    /// A SQL connection, as the superuser, to database `postgres` of the primary, through the
+    /// cluster's `-rw` Service.
     pub async fn sql(&self) -> anyhow::Result<tokio_postgres::Client> {
+        self.sql_via(ClusterService::ReadWrite).await
+    }
+
+    /// A SQL connection, as the superuser, to database `postgres` of a ready instance behind
+    /// `service` (the first address that accepts it).
+    pub async fn sql_via(&self, service: ClusterService) -> anyhow::Result<tokio_postgres::Client> {
         let (user, password) = self.credentials().await?;
-        let service = client_service_name(&self.name);
-        let addresses = self.addresses().await?;
+        let service = service.name(&self.name);
+        let addresses = service_addresses(&self.client, &self.namespace, &service).await?;
         anyhow::ensure!(
             !addresses.is_empty(),
             "Service {service} has no ready pod to connect to"
         );
         let mut failures = Vec::new();
         for address in addresses {
-            let mut config = tokio_postgres::Config::new();
-            config
-                .host(address.ip().to_string())
-                .port(address.port())
-                .user(&user)
-                .password(&password)
-                .dbname("postgres")
-                .connect_timeout(Duration::from_secs(10));
-            match config.connect(NoTls).await {
-                Ok((client, connection)) => {
-                    tokio::spawn(async move {
-                        if let Err(error) = connection.await {
-                            eprintln!("connection to {address} ended: {error}");
-                        }
-                    });
-                    return Ok(client);
-                }
+            match connect(address, &user, &password).await {
+                Ok(client) => return Ok(client),
                 Err(error) => failures.push(format!("{address}: {error}")),
             }
         }
@@ -307,25 +388,99 @@ impl TestCluster {
     }
 }
 
+/// Connects to database `postgres` at `address`; the connection runs in the background.
+async fn connect(
+    address: SocketAddr,
+    user: &str,
+    password: &str,
+) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
+    let mut config = tokio_postgres::Config::new();
+    config
+        .host(address.ip().to_string())
+        .port(address.port())
+        .user(user)
+        .password(password)
+        .dbname("postgres")
+        .connect_timeout(Duration::from_secs(10));
+    let (client, connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(error) = connection.await {
+            eprintln!("connection to {address} ended: {error}");
+        }
+    });
+    Ok(client)
+}
+
+fn instance_pod(pod: &Pod) -> InstancePod {
+    let status = pod.status.as_ref();
+    InstancePod {
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        role: pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|labels| labels.get(ROLE_LABEL).cloned()),
+        ready: status
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|c| c.type_ == "Ready" && c.status == "True"),
+        address: status
+            .and_then(|s| s.pod_ip.as_deref())
+            .and_then(|ip| ip.parse().ok()),
+    }
+}
+
+/// Condition `type_` of a cluster's status.
+fn condition(cluster: &PostgreSQLCluster, type_: &str) -> Option<Condition> {
+    cluster
+        .status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .cloned()
+}
+
 /// Waits until cluster `name` in `namespace` reports phase Running for its current generation.
 /// On timeout the error also shows the cluster's status and its namespace's pods (phase,
 /// conditions, container states), to tell a manager fault from a test bed one.
+///
+/// Running means that the StatefulSet is ready and that the primary's instance manager reports
+/// a ready primary: on the test bed's simulated (kwok) nodes, whose pods never run, a cluster
+/// made by the manager never gets there; wait with [`wait_for_cluster`] for what it does reach.
 pub async fn wait_for_cluster_running(
     client: &Client,
     namespace: &str,
     name: &str,
     timeout: Duration,
 ) -> anyhow::Result<PostgreSQLCluster> {
+    wait_for_cluster(client, namespace, name, "Running", timeout, |cluster| {
+        cluster.status.as_ref().and_then(|s| s.phase) == Some(ClusterPhase::Running)
+    })
+    .await
+}
+
+/// Waits until cluster `name` in `namespace` has a status for its current generation for which
+/// `done` holds (`what` names it in the error). On timeout the error also shows the cluster's
+/// status and its namespace's pods.
+pub async fn wait_for_cluster(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    done: impl Fn(&PostgreSQLCluster) -> bool,
+) -> anyhow::Result<PostgreSQLCluster> {
     let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), namespace);
     let waited = wait_until(
-        &format!("cluster {namespace}/{name} to be Running"),
+        &format!("cluster {namespace}/{name}: {what}"),
         timeout,
         || async {
             let cluster = clusters.get(name).await?;
-            let status = cluster.status.as_ref();
-            let running = status.and_then(|s| s.phase) == Some(ClusterPhase::Running)
-                && status.and_then(|s| s.observed_generation) == cluster.metadata.generation;
-            Ok(running.then_some(cluster))
+            let current = cluster.status.as_ref().and_then(|s| s.observed_generation)
+                == cluster.metadata.generation;
+            Ok((current && done(&cluster)).then_some(cluster))
         },
     )
     .await;
@@ -555,8 +710,11 @@ mod tests {
 
     #[test]
     fn names_of_the_children_tests_use() {
-        assert_eq!(client_service_name("db"), "db-postgresql");
+        assert_eq!(ClusterService::ReadWrite.name("db"), "db-rw");
+        assert_eq!(ClusterService::ReadOnly.name("db"), "db-ro");
+        assert_eq!(ClusterService::Any.name("db"), "db-r");
         assert_eq!(credentials_secret_name("db"), "db-postgresql-credentials");
+        assert_eq!(replication_secret_name("db"), "db-postgresql-replication");
         assert!(is_dns_label("db-1") && !is_dns_label("1db") && !is_dns_label("db-"));
         assert!(!is_dns_label("my.db") && !is_dns_label("DB"));
     }

@@ -38,12 +38,18 @@
 //!   - [`TestCluster::builder`]: a `PostgreSQLCluster` (PostgreSQL 15, 1 replica, 1Gi, on the
 //!     real node unless changed); `.start(&namespace)` creates it and waits until it is Running
 //!     (180 s by default; the error shows the cluster's status and its pods' containers);
-//!   - [`TestCluster::sql`]: a `tokio_postgres` connection to the cluster's client Service, as
-//!     the superuser from its credentials Secret; [`TestCluster::delete`] deletes the cluster
-//!     while the manager still runs (its finalizer would otherwise hold the namespace);
+//!   - [`TestCluster::sql`]: a `tokio_postgres` connection to the primary through the cluster's
+//!     `-rw` Service, as the superuser from its credentials Secret; [`TestCluster::sql_via`]
+//!     through any of its Services ([`ClusterService`]: `-rw`, `-ro`, `-r`), whose addresses
+//!     [`TestCluster::addresses_of`] gives; [`TestCluster::pods`] lists its pods with their
+//!     role label ([`ROLE_LABEL`]); [`TestCluster::current_primary`],
+//!     [`TestCluster::replication_credentials`] and [`TestCluster::wait_condition`] (for example
+//!     `ReplicasStreaming`) too; [`TestCluster::delete`] deletes the cluster while the manager
+//!     still runs (its finalizer would otherwise hold the namespace);
 //!   - [`service_addresses`]: a Service's ready pods' `IP:port`, resolved as the node agent's DNS
 //!     does (pods matching the selector), since EndpointSlices cannot hold loopback addresses;
-//!   - [`wait_for_cluster_running`] and [`describe_cluster`] for clusters made otherwise.
+//!   - [`wait_for_cluster_running`], [`wait_for_cluster`] (any status condition) and
+//!     [`describe_cluster`] for clusters made otherwise.
 //!
 //! ```no_run
 //! # async fn example() -> anyhow::Result<()> {
@@ -76,10 +82,10 @@ mod wait;
 
 pub use bucket::TestBucket;
 pub use cluster::{
-    CLUSTER_RUNNING_TIMEOUT, LOCAL_NODE, LOCAL_NODE_LABEL, LOCAL_NODE_LABEL_VALUE,
-    MAX_CLUSTER_NAME, NodeScheduling, PASSWORD_KEY, TestCluster, TestClusterBuilder, USERNAME_KEY,
-    client_service_name, credentials_secret_name, describe_cluster, local_node_scheduling,
-    wait_for_cluster_running,
+    CLUSTER_RUNNING_TIMEOUT, ClusterService, InstancePod, LOCAL_NODE, LOCAL_NODE_LABEL,
+    LOCAL_NODE_LABEL_VALUE, MAX_CLUSTER_NAME, NodeScheduling, PASSWORD_KEY, ROLE_LABEL,
+    TestCluster, TestClusterBuilder, USERNAME_KEY, credentials_secret_name, describe_cluster,
+    local_node_scheduling, replication_secret_name, wait_for_cluster, wait_for_cluster_running,
 };
 pub use crds::{CRD_FIELD_MANAGER, install_crds};
 pub use database::TestDatabase;

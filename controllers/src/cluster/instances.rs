@@ -1,0 +1,561 @@
+//! Instances: what each PostgreSQL pod's instance manager (`pgkube instance run`, PID 1 of the
+//! container) reports about its server, read during the `read` step.
+//!
+//! Every pod with an address is asked `GET http://<pod IP>:8000/status` at once, each with a
+//! short timeout ([`STATUS_TIMEOUT`]), so a reconcile waits at most that long for them. The
+//! answer is an [`InstanceReport`]. A pod that cannot be asked, or does not answer as expected,
+//! is [`Unavailable`] for a reason from a short fixed list: the raw error only goes to the debug
+//! log, so that an instance that keeps failing the same way keeps the same status (an idle
+//! cluster writes nothing).
+//!
+//! How the controller reaches instance managers is an [`InstanceStatusSource`] in the
+//! [`Settings`](crate::Settings): [`HttpInstanceStatus`] by default; tests substitute one for pods
+//! that never run (simulated nodes).
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::str::FromStr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use serde::{Deserialize, Deserializer};
+
+/// Port of the instance manager's status endpoint (`PGKUBE_STATUS_PORT` in the pod).
+pub const STATUS_PORT: u16 = 8000;
+/// How long one instance may take to answer, connection included.
+pub const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
+/// Largest `/status` body read; a real one is a few hundred bytes.
+const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// A WAL position, PostgreSQL's `X/Y` in hexadecimal, as `(X << 32) | Y`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Lsn(pub u64);
+
+impl Lsn {
+    /// Bytes from `earlier` to `self`, 0 when `earlier` is ahead.
+    pub fn bytes_after(self, earlier: Lsn) -> u64 {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
+impl FromStr for Lsn {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let parse = |part: &str| {
+            (!part.is_empty() && part.len() <= 8)
+                .then(|| u32::from_str_radix(part, 16).ok())
+                .flatten()
+        };
+        let (high, low) = text
+            .split_once('/')
+            .and_then(|(high, low)| Some((parse(high)?, parse(low)?)))
+            .ok_or_else(|| format!("{text:?} is not an LSN (X/Y in hexadecimal)"))?;
+        Ok(Lsn((u64::from(high) << 32) | u64::from(low)))
+    }
+}
+
+impl fmt::Display for Lsn {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:X}/{:X}", self.0 >> 32, self.0 & 0xFFFF_FFFF)
+    }
+}
+
+fn optional_lsn<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Lsn>, D::Error> {
+    Option::<String>::deserialize(deserializer)?
+        .map(|text| text.parse().map_err(serde::de::Error::custom))
+        .transpose()
+}
+
+/// The role an instance manager reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ReportedRole {
+    Primary,
+    Replica,
+    /// Not answering yet (initdb, clone, start, crash recovery) or stopping; also any role this
+    /// controller does not know.
+    #[serde(other)]
+    Starting,
+}
+
+/// The body of an instance manager's `GET /status`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceReport {
+    /// The pod the instance manager runs in.
+    pub pod: String,
+    pub role: ReportedRole,
+    pub ready: bool,
+    #[serde(default)]
+    pub timeline: Option<i64>,
+    /// The primary's current write position.
+    #[serde(default, deserialize_with = "optional_lsn")]
+    pub current_lsn: Option<Lsn>,
+    /// A replica's last WAL position received from the primary.
+    #[serde(default, deserialize_with = "optional_lsn")]
+    pub received_lsn: Option<Lsn>,
+    /// A replica's last WAL position replayed.
+    #[serde(default, deserialize_with = "optional_lsn")]
+    pub replayed_lsn: Option<Lsn>,
+    /// A replica's WAL receiver is streaming from the primary.
+    #[serde(default)]
+    pub streaming: bool,
+    /// Settings changed in the configuration that take effect only after a restart.
+    #[serde(default)]
+    pub pending_restart: Vec<String>,
+}
+
+/// Why an instance has no report. Each reason has one fixed description, stable from one
+/// reconcile to the next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unavailable {
+    /// The pod has no IP address yet (not scheduled, or its sandbox is not up).
+    NoAddress,
+    /// No answer within [`STATUS_TIMEOUT`], or the connection failed.
+    Unreachable,
+    /// An answer that is not a `/status` of this pod: another HTTP status, a body that is not
+    /// the expected JSON, or the report of another pod (an address reused).
+    BadAnswer,
+}
+
+impl fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::NoAddress => "no pod address yet",
+            Self::Unreachable => "instance manager unreachable",
+            Self::BadAnswer => "unexpected answer from the instance manager",
+        })
+    }
+}
+
+/// Where to ask an instance manager.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstanceAddress {
+    pub pod: String,
+    pub ip: IpAddr,
+}
+
+/// How the controller reaches instance managers.
+pub trait InstanceStatusSource: fmt::Debug + Send + Sync {
+    /// The report of the instance manager of `address.pod`. Errors are reported as
+    /// [`Unavailable::Unreachable`] or [`Unavailable::BadAnswer`]; the detail goes to the log.
+    fn fetch<'a>(
+        &'a self,
+        address: &'a InstanceAddress,
+    ) -> BoxFuture<'a, Result<InstanceReport, FetchError>>;
+}
+
+/// Why a fetch failed, with the detail for the log.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FetchError {
+    #[error("unreachable: {0}")]
+    Unreachable(String),
+    #[error("bad answer: {0}")]
+    BadAnswer(String),
+}
+
+impl FetchError {
+    fn unavailable(&self) -> Unavailable {
+        match self {
+            Self::Unreachable(_) => Unavailable::Unreachable,
+            Self::BadAnswer(_) => Unavailable::BadAnswer,
+        }
+    }
+}
+
+/// Asks instance managers over plain HTTP on [`STATUS_PORT`] (cluster-internal traffic, as the
+/// kubelet's probes of the same endpoint), with connections kept for the next refresh.
+#[derive(Clone)]
+pub struct HttpInstanceStatus {
+    client: Client<HttpConnector, Empty<Bytes>>,
+    port: u16,
+    timeout: Duration,
+}
+
+impl fmt::Debug for HttpInstanceStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpInstanceStatus")
+            .field("port", &self.port)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl Default for HttpInstanceStatus {
+    fn default() -> Self {
+        Self::new(STATUS_PORT, STATUS_TIMEOUT)
+    }
+}
+
+impl HttpInstanceStatus {
+    /// Asks on `port`, each answer within `timeout`.
+    pub fn new(port: u16, timeout: Duration) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(1)
+            .build(connector);
+        Self {
+            client,
+            port,
+            timeout,
+        }
+    }
+
+    async fn get(&self, address: &InstanceAddress) -> Result<InstanceReport, FetchError> {
+        let socket = SocketAddr::new(address.ip, self.port);
+        let uri: http::Uri = format!("http://{socket}/status")
+            .parse()
+            .map_err(|error| FetchError::BadAnswer(format!("address {socket}: {error}")))?;
+        let response = self
+            .client
+            .get(uri)
+            .await
+            .map_err(|error| FetchError::Unreachable(error.to_string()))?;
+        let status = response.status();
+        let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
+            .collect()
+            .await
+            .map_err(|error| FetchError::Unreachable(format!("reading the body: {error}")))?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(FetchError::BadAnswer(format!("HTTP {status}")));
+        }
+        serde_json::from_slice(&body).map_err(|error| FetchError::BadAnswer(error.to_string()))
+    }
+}
+
+impl InstanceStatusSource for HttpInstanceStatus {
+    fn fetch<'a>(
+        &'a self,
+        address: &'a InstanceAddress,
+    ) -> BoxFuture<'a, Result<InstanceReport, FetchError>> {
+        Box::pin(async move {
+            tokio::time::timeout(self.timeout, self.get(address))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(FetchError::Unreachable(format!(
+                        "no answer within {:?}",
+                        self.timeout
+                    )))
+                })
+        })
+    }
+}
+
+/// One pod of the cluster and what its instance manager said.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ObservedInstance {
+    /// Pod name.
+    pub pod: String,
+    /// Pod uid, so that a label goes to this pod and not to a new one of the same name.
+    pub uid: Option<String>,
+    /// Value of the pod's [`ROLE_LABEL`](super::build::ROLE_LABEL), if any.
+    pub role_label: Option<String>,
+    pub report: Result<InstanceReport, Unavailable>,
+}
+
+impl ObservedInstance {
+    /// The report, if there is one.
+    pub fn reported(&self) -> Option<&InstanceReport> {
+        self.report.as_ref().ok()
+    }
+
+    /// Whether the instance reports itself as the primary, ready for connections.
+    pub fn is_ready_primary(&self) -> bool {
+        self.reported()
+            .is_some_and(|r| r.role == ReportedRole::Primary && r.ready)
+    }
+}
+
+/// Asks the instance manager of every pod in `pods` at once; pods without an address are not
+/// asked. The result follows the order of `pods`.
+pub async fn observe(pods: &[Pod], source: &dyn InstanceStatusSource) -> Vec<ObservedInstance> {
+    let asks = pods.iter().map(|pod| observe_one(pod, source));
+    futures::future::join_all(asks).await
+}
+
+async fn observe_one(pod: &Pod, source: &dyn InstanceStatusSource) -> ObservedInstance {
+    let name = pod.name_any();
+    let ip = pod
+        .status
+        .as_ref()
+        .and_then(|status| status.pod_ip.as_deref())
+        .and_then(|ip| ip.parse::<IpAddr>().ok());
+    let report = match ip {
+        None => Err(Unavailable::NoAddress),
+        Some(ip) => {
+            let address = InstanceAddress {
+                pod: name.clone(),
+                ip,
+            };
+            source
+                .fetch(&address)
+                .await
+                .and_then(|report| check_pod(report, &name))
+                .map_err(|error| {
+                    tracing::debug!(pod = %name, %ip, %error, "no instance status");
+                    error.unavailable()
+                })
+        }
+    };
+    ObservedInstance {
+        pod: name,
+        uid: pod.metadata.uid.clone(),
+        role_label: pod.labels().get(super::build::ROLE_LABEL).cloned(),
+        report,
+    }
+}
+
+/// A report is only believed for the pod it names: an address may have been reused by another
+/// pod since the pod list was read.
+fn check_pod(report: InstanceReport, pod: &str) -> Result<InstanceReport, FetchError> {
+    if report.pod == pod {
+        Ok(report)
+    } else {
+        Err(FetchError::BadAnswer(format!(
+            "the status of pod {} at the address of {pod}",
+            report.pod
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PodStatus;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn lsns_parse_as_postgresql_writes_them() {
+        assert_eq!("0/3000148".parse(), Ok(Lsn(0x0300_0148)));
+        assert_eq!("16/B374D848".parse(), Ok(Lsn((0x16 << 32) | 0xB374_D848)));
+        assert_eq!(
+            "FFFFFFFF/FFFFFFFF".parse::<Lsn>().map(|l| l.0),
+            Ok(u64::MAX)
+        );
+        for bad in [
+            "",
+            "0",
+            "/1",
+            "1/",
+            "0/3000148/1",
+            "G/1",
+            "100000000/0",
+            "0x1/2",
+        ] {
+            assert!(bad.parse::<Lsn>().is_err(), "{bad:?} parsed");
+        }
+        assert_eq!(Lsn((0x16 << 32) | 0xB374_D848).to_string(), "16/B374D848");
+    }
+
+    #[test]
+    fn lag_saturates_at_zero() {
+        let primary = Lsn(0x0300_0148);
+        assert_eq!(primary.bytes_after(Lsn(0x0300_0100)), 0x48);
+        assert_eq!(Lsn(0x0300_0100).bytes_after(primary), 0);
+        let across_segments: Lsn = "1/0".parse().expect("lsn");
+        assert_eq!(
+            across_segments.bytes_after("0/FFFFFFFF".parse().expect("lsn")),
+            1
+        );
+    }
+
+    #[test]
+    fn a_report_parses_from_the_contract_s_json() {
+        let replica: InstanceReport = serde_json::from_str(
+            r#"{"pod":"x-postgresql-1","role":"replica","ready":true,"timeline":1,
+                "currentLsn":null,"receivedLsn":"0/3000148","replayedLsn":"0/3000100",
+                "streaming":true,"pendingRestart":[]}"#,
+        )
+        .expect("parses");
+        assert_eq!(replica.role, ReportedRole::Replica);
+        assert_eq!(replica.current_lsn, None);
+        assert_eq!(replica.replayed_lsn, Some(Lsn(0x0300_0100)));
+        assert!(replica.streaming);
+        let starting: InstanceReport =
+            serde_json::from_str(r#"{"pod":"p","role":"starting","ready":false}"#)
+                .expect("optional fields may be missing");
+        assert_eq!(starting.role, ReportedRole::Starting);
+        let future: InstanceReport =
+            serde_json::from_str(r#"{"pod":"p","role":"demoting","ready":false}"#)
+                .expect("an unknown role");
+        assert_eq!(future.role, ReportedRole::Starting);
+        let bad_lsn = serde_json::from_str::<InstanceReport>(
+            r#"{"pod":"p","role":"primary","ready":true,"currentLsn":"nonsense"}"#,
+        );
+        assert!(bad_lsn.is_err());
+    }
+
+    /// Answers from a table; pods not in it are unreachable.
+    #[derive(Debug)]
+    struct Table(BTreeMap<String, InstanceReport>);
+
+    impl InstanceStatusSource for Table {
+        fn fetch<'a>(
+            &'a self,
+            address: &'a InstanceAddress,
+        ) -> BoxFuture<'a, Result<InstanceReport, FetchError>> {
+            let found = self.0.get(&address.pod).cloned();
+            Box::pin(async move { found.ok_or(FetchError::Unreachable("refused".to_owned())) })
+        }
+    }
+
+    fn pod(name: &str, ip: Option<&str>, role: Option<&str>) -> Pod {
+        let mut pod = Pod::default();
+        pod.metadata.name = Some(name.to_owned());
+        pod.metadata.uid = Some(format!("uid-{name}"));
+        if let Some(role) = role {
+            pod.metadata.labels = Some(BTreeMap::from([(
+                super::super::build::ROLE_LABEL.to_owned(),
+                role.to_owned(),
+            )]));
+        }
+        pod.status = Some(PodStatus {
+            pod_ip: ip.map(str::to_owned),
+            ..PodStatus::default()
+        });
+        pod
+    }
+
+    fn report(pod: &str, role: ReportedRole) -> InstanceReport {
+        InstanceReport {
+            pod: pod.to_owned(),
+            role,
+            ready: true,
+            timeline: Some(1),
+            current_lsn: None,
+            received_lsn: None,
+            replayed_lsn: None,
+            streaming: false,
+            pending_restart: Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn every_pod_is_observed_in_order_with_a_stable_reason_when_it_has_no_report() {
+        let source = Table(BTreeMap::from([
+            ("db-0".to_owned(), report("db-0", ReportedRole::Primary)),
+            // An address reused by another pod.
+            ("db-2".to_owned(), report("db-9", ReportedRole::Replica)),
+        ]));
+        let pods = [
+            pod("db-0", Some("10.0.0.1"), Some("primary")),
+            pod("db-1", Some("10.0.0.2"), None),
+            pod("db-2", Some("10.0.0.3"), None),
+            pod("db-3", None, None),
+        ];
+        let observed = observe(&pods, &source).await;
+        let summary: Vec<_> = observed
+            .iter()
+            .map(|o| {
+                (
+                    o.pod.as_str(),
+                    o.role_label.as_deref(),
+                    o.report.clone().err(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("db-0", Some("primary"), None),
+                ("db-1", None, Some(Unavailable::Unreachable)),
+                ("db-2", None, Some(Unavailable::BadAnswer)),
+                ("db-3", None, Some(Unavailable::NoAddress)),
+            ]
+        );
+        assert!(observed[0].is_ready_primary());
+        assert_eq!(observed[0].uid.as_deref(), Some("uid-db-0"));
+    }
+
+    /// A server on a free loopback port answering every connection with `response` (after
+    /// reading the request), or never answering when `response` is `None`.
+    async fn server(response: Option<String>) -> u16 {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let response = response.clone();
+                tokio::spawn(async move {
+                    let mut request = [0u8; 1024];
+                    let _ = stream.read(&mut request).await;
+                    match response {
+                        Some(response) => {
+                            let _ = stream.write_all(response.as_bytes()).await;
+                        }
+                        None => tokio::time::sleep(Duration::from_secs(60)).await,
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    fn http(status: &str, body: &str) -> String {
+        format!(
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    async fn ask(port: u16) -> Result<InstanceReport, FetchError> {
+        let source = HttpInstanceStatus::new(port, Duration::from_millis(300));
+        let address = InstanceAddress {
+            pod: "db-0".to_owned(),
+            ip: IpAddr::from([127, 0, 0, 1]),
+        };
+        source.fetch(&address).await
+    }
+
+    #[tokio::test]
+    async fn the_http_source_reads_a_status_and_tells_failures_apart() {
+        let body = r#"{"pod":"db-0","role":"primary","ready":true,"timeline":2,"currentLsn":"0/3000148","receivedLsn":null,"replayedLsn":null,"streaming":false,"pendingRestart":["shared_buffers"]}"#;
+        let report = ask(server(Some(http("200 OK", body))).await)
+            .await
+            .expect("a report");
+        assert_eq!(
+            (report.role, report.timeline, report.current_lsn),
+            (ReportedRole::Primary, Some(2), Some(Lsn(0x0300_0148)))
+        );
+        assert_eq!(report.pending_restart, ["shared_buffers"]);
+        let unavailable = ask(server(Some(http("503 Service Unavailable", "{}"))).await).await;
+        assert!(
+            matches!(unavailable, Err(FetchError::BadAnswer(_))),
+            "{unavailable:?}"
+        );
+        let garbage = ask(server(Some(http("200 OK", "<html>"))).await).await;
+        assert!(
+            matches!(garbage, Err(FetchError::BadAnswer(_))),
+            "{garbage:?}"
+        );
+        let silent = ask(server(None).await).await;
+        assert!(
+            matches!(silent, Err(FetchError::Unreachable(_))),
+            "{silent:?}"
+        );
+        let closed = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            let port = listener.local_addr().expect("address").port();
+            drop(listener);
+            ask(port).await
+        };
+        assert!(
+            matches!(closed, Err(FetchError::Unreachable(_))),
+            "{closed:?}"
+        );
+    }
+}
