@@ -1,7 +1,11 @@
 //! The manifests in `deploy/` are real: the API server accepts the namespace and RBAC objects,
 //! and a manager that authenticates as the `pgkube` ServiceAccount, with only the rights that
-//! `deploy/rbac.yaml` grants, wins its Lease and brings a cluster to Running without being
-//! refused anything.
+//! `deploy/rbac.yaml` grants, wins its Lease and brings a cluster's pods up and reports them in
+//! its status without being refused anything.
+//!
+//! The cluster's pods land on the test bed's simulated (kwok) nodes, where nothing runs: their
+//! instance managers never answer, so the cluster waits for its primary (phase Creating) and the
+//! manager never labels a pod. That right (`patch` on pods) is checked with an access review.
 
 mod manager_common;
 
@@ -10,7 +14,7 @@ use std::time::Duration;
 use kube::api::Api;
 use manager_common::{Manager, RUNNING_TIMEOUT, create_cluster};
 use pgkube_crds::PostgreSQLCluster;
-use pgkube_testkit::{TestEnv, TestNamespace, install_crds, testbed, wait_for_cluster_running};
+use pgkube_testkit::{TestEnv, TestNamespace, install_crds, testbed, wait_for_cluster};
 
 const DEPLOY_NAMESPACE: &str = "pgkube-system";
 
@@ -61,14 +65,49 @@ async fn the_manager_runs_with_only_the_rights_of_deploy_rbac() {
 
     let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), namespace.name());
     create_cluster(&clusters, "rbac", 2).await;
-    let reached =
-        wait_for_cluster_running(&client, namespace.name(), "rbac", RUNNING_TIMEOUT).await;
+    // Both pods ready and reported (unreachable instance managers): every step ran, the status
+    // write included.
+    let reached = wait_for_cluster(
+        &client,
+        namespace.name(),
+        "rbac",
+        "2 ready replicas, both instances reported",
+        RUNNING_TIMEOUT,
+        |cluster| {
+            cluster
+                .status
+                .as_ref()
+                .is_some_and(|s| s.ready_replicas == 2 && s.instances.len() == 2)
+        },
+    )
+    .await;
     let output = manager.output().join("\n");
     reached.unwrap_or_else(|error| panic!("{error}\nmanager output:\n{output}"));
     assert!(
         !output.to_lowercase().contains("forbidden"),
         "the manager was refused something:\n{output}"
     );
+    let service_account = format!("system:serviceaccount:{DEPLOY_NAMESPACE}:pgkube");
+    for (verb, resource) in [
+        ("patch", "pods"),
+        ("delete", "services"),
+        ("create", "secrets"),
+    ] {
+        let answer = kubectl_ok(
+            &env,
+            &[
+                "auth",
+                "can-i",
+                verb,
+                resource,
+                "-n",
+                namespace.name(),
+                "--as",
+                &service_account,
+            ],
+        );
+        assert_eq!(answer.trim(), "yes", "{verb} {resource}");
+    }
 
     manager.terminate();
     assert_eq!(manager.exit_code(Duration::from_secs(30)).await, Some(0));
