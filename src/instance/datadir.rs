@@ -122,10 +122,98 @@ impl StartPlan {
     }
 }
 
+/// Settings a hot standby needs at least as high as its primary had them, as its control file
+/// records them (`pg_controldata`'s label), with PostgreSQL's defaults. A standby started with
+/// less stops at once ("recovery aborted because of insufficient parameter settings").
+const HOT_STANDBY_MINIMUMS: [(&str, &str, i64); 5] = [
+    ("max_connections", "max_connections setting", 100),
+    ("max_worker_processes", "max_worker_processes setting", 8),
+    ("max_wal_senders", "max_wal_senders setting", 10),
+    ("max_prepared_transactions", "max_prepared_xacts setting", 0),
+    (
+        "max_locks_per_transaction",
+        "max_locks_per_xact setting",
+        64,
+    ),
+];
+
+/// A setting this instance runs with higher than the operator asked for.
+pub type Floor = (String, i64);
+
+/// The values of [`HOT_STANDBY_MINIMUMS`] recorded in a data directory's control file, from
+/// `pg_controldata`'s output.
+pub fn parse_controldata(output: &str) -> Vec<Floor> {
+    HOT_STANDBY_MINIMUMS
+        .iter()
+        .filter_map(|(name, label, _)| {
+            let line = output.lines().find(|line| line.starts_with(label))?;
+            let value = line.rsplit(':').next()?.trim().parse().ok()?;
+            Some(((*name).to_owned(), value))
+        })
+        .collect()
+}
+
+/// The settings a standby must run higher than `config` asks, because the primary ran with
+/// more when the standby last replayed its settings (`recorded`). When the settings go down,
+/// the standby keeps the higher ones until it has replayed the primary's change; they then
+/// drop out, and the usual reload-or-restart applies the lower values.
+pub fn standby_floors(config: &str, recorded: &[Floor]) -> Vec<Floor> {
+    HOT_STANDBY_MINIMUMS
+        .iter()
+        .filter_map(|(name, _, default)| {
+            let (_, needed) = recorded.iter().find(|(other, _)| other == name)?;
+            let asked = integer_setting(config, name).unwrap_or(*default);
+            (*needed > asked).then(|| ((*name).to_owned(), *needed))
+        })
+        .collect()
+}
+
+/// The last integer value `config` gives `name` (`name = 90` or `name = '90'`).
+fn integer_setting(config: &str, name: &str) -> Option<i64> {
+    config
+        .lines()
+        .filter_map(|line| {
+            let (key, value) = line.split_once('=')?;
+            let value = value.split('#').next()?.trim().trim_matches('\'');
+            (key.trim() == name).then(|| value.parse().ok())?
+        })
+        .next_back()
+}
+
+/// What the control file of `pgdata` records (see [`parse_controldata`]).
+pub async fn recorded_settings(pgdata: &Path) -> Result<Vec<Floor>, DataDirError> {
+    let output = Command::new("pg_controldata")
+        .arg(pgdata)
+        // Its labels are translated otherwise.
+        .env("LC_ALL", "C")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|source| DataDirError::Spawn {
+            program: "pg_controldata",
+            source,
+        })?;
+    if !output.status.success() {
+        return Err(DataDirError::Tool {
+            program: "pg_controldata",
+            status: output.status,
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        });
+    }
+    Ok(parse_controldata(&String::from_utf8_lossy(&output.stdout)))
+}
+
 /// The `postgresql.conf` this instance runs with: the operator's settings, then this
-/// instance's own. A replica gets how to reach the primary and its slot; the password is in
-/// `pgpass_file`, never in the configuration.
-pub fn server_config(desired: &Desired, pod: &str, role: Role, pgpass_file: &Path) -> String {
+/// instance's own. A replica gets how to reach the primary and its slot (the password is in
+/// `pgpass_file`, never in the configuration), and its `floors`.
+pub fn server_config(
+    desired: &Desired,
+    pod: &str,
+    role: Role,
+    pgpass_file: &Path,
+    floors: &[Floor],
+) -> String {
     let mut config = format!(
         "# Written by pgkube's instance manager from the cluster's ConfigMap; edits are overwritten.\n\
          {}\n\
@@ -145,6 +233,14 @@ pub fn server_config(desired: &Desired, pod: &str, role: Role, pgpass_file: &Pat
             )),
             slot_name(pod),
         ));
+    }
+    if !floors.is_empty() {
+        config.push_str(
+            "# Kept at what the primary last ran with until this standby replays its change\n",
+        );
+        for (name, value) in floors {
+            config.push_str(&format!("{name} = {value}\n"));
+        }
     }
     config
 }
@@ -350,6 +446,7 @@ mod tests {
             "db-postgresql-2",
             Role::Replica,
             Path::new("/controller/pgpass"),
+            &[],
         );
         assert!(config.contains("work_mem = '8MB'\n"));
         assert!(config.contains(
@@ -368,9 +465,38 @@ mod tests {
             "db-postgresql-0",
             Role::Primary,
             Path::new("/p"),
+            &[],
         );
         assert!(config.contains("cluster_name = 'db-postgresql-0'\n"));
         assert!(!config.contains("primary_conninfo"));
+    }
+
+    #[test]
+    fn a_standby_keeps_the_primarys_higher_settings_until_it_replays_the_change() {
+        let controldata = "wal_level setting:                    replica\n\
+                           max_connections setting:              100\n\
+                           max_worker_processes setting:         8\n\
+                           max_wal_senders setting:              10\n\
+                           max_prepared_xacts setting:           0\n\
+                           max_locks_per_xact setting:           64\n";
+        let recorded = parse_controldata(controldata);
+        assert_eq!(recorded.len(), 5);
+        let lowered = "max_connections = 100\n# spec\nmax_connections = '90'\n";
+        let floors = standby_floors(lowered, &recorded);
+        assert_eq!(floors, [("max_connections".to_owned(), 100)]);
+        let config = server_config(
+            &desired(),
+            "db-postgresql-1",
+            Role::Replica,
+            Path::new("/p"),
+            &floors,
+        );
+        assert!(config.ends_with("max_connections = 100\n"), "{config}");
+        // Once the standby replayed the primary's lower value, nothing is kept.
+        let replayed = parse_controldata(&controldata.replace("100", "90"));
+        assert!(standby_floors(lowered, &replayed).is_empty());
+        // A setting left to its default counts as the default.
+        assert!(standby_floors("work_mem = '8MB'\n", &recorded).is_empty());
     }
 
     #[test]

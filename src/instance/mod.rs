@@ -214,7 +214,7 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         replication_dir: args.replication_dir.clone(),
     };
     let desired = Desired::load(&sources)?;
-    let role = tokio::select! {
+    let prepared = tokio::select! {
         prepared = prepare(&args, &desired) => prepared?,
         request = signals.stop_requested() => {
             tracing::info!(?request, "stopping before the server started");
@@ -226,7 +226,8 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         args,
         sources,
         status,
-        role,
+        role: prepared.role,
+        floors: prepared.floors,
         applied: desired,
         credentials_applied: false,
         changed_since_start: false,
@@ -239,7 +240,7 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
 }
 
 /// Makes the data directory ready for `postgres` and returns the role it starts in.
-async fn prepare(args: &RunArgs, desired: &Desired) -> anyhow::Result<Role> {
+async fn prepare(args: &RunArgs, desired: &Desired) -> anyhow::Result<Prepared> {
     let pgpass_file = args.run_dir.join("pgpass");
     datadir::write_file(&pgpass_file, &datadir::pgpass(&desired.replication), 0o600)?;
     let topology = &desired.topology;
@@ -274,9 +275,29 @@ async fn prepare(args: &RunArgs, desired: &Desired) -> anyhow::Result<Role> {
     }
     let role = plan.role();
     datadir::set_standby(&args.pgdata, role == Role::Replica)?;
-    let config = datadir::server_config(desired, &args.pod_name, role, &pgpass_file);
+    let floors = floors(role, &args.pgdata, desired).await?;
+    let config = datadir::server_config(desired, &args.pod_name, role, &pgpass_file, &floors);
     datadir::write_config(&args.pgdata, &config, &desired.pg_hba_conf)?;
-    Ok(role)
+    Ok(Prepared { role, floors })
+}
+
+/// The role an instance starts in, and the settings it keeps higher than asked.
+struct Prepared {
+    role: Role,
+    floors: Vec<datadir::Floor>,
+}
+
+/// A replica's settings that must stay at what its primary ran with ([`datadir::standby_floors`]).
+async fn floors(
+    role: Role,
+    pgdata: &Path,
+    desired: &Desired,
+) -> Result<Vec<datadir::Floor>, datadir::DataDirError> {
+    if role == Role::Primary {
+        return Ok(Vec::new());
+    }
+    let recorded = datadir::recorded_settings(pgdata).await?;
+    Ok(datadir::standby_floors(&desired.postgresql_conf, &recorded))
 }
 
 /// A new copy of the primary, with this instance's slot made first so that the primary keeps
@@ -339,6 +360,8 @@ struct Instance {
     sources: Sources,
     status: SharedStatus,
     role: Role,
+    /// Settings kept higher than the files ask ([`datadir::standby_floors`]).
+    floors: Vec<datadir::Floor>,
     /// The files as last applied.
     applied: Desired,
     /// Whether the role passwords were set since the server started (primary only).
@@ -382,6 +405,7 @@ impl Instance {
     /// One look at the files and the server; true when the server must restart.
     async fn tick(&mut self) -> bool {
         self.apply_files();
+        self.update_floors().await;
         let Some(client) = self.client().await else {
             self.set_status(InstanceStatus::starting(&self.args.pod_name));
             return false;
@@ -405,6 +429,26 @@ impl Instance {
                 self.set_status(InstanceStatus::starting(&self.args.pod_name));
                 false
             }
+        }
+    }
+
+    /// A replica's floors follow what it has replayed; when they change, so does its file.
+    async fn update_floors(&mut self) {
+        let floors = match floors(self.role, &self.args.pgdata, &self.applied).await {
+            Ok(floors) => floors,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the settings the control file records");
+                return;
+            }
+        };
+        if floors == self.floors {
+            return;
+        }
+        tracing::info!(?floors, "settings kept at the primary's until replayed");
+        self.floors = floors;
+        let desired = self.applied.clone();
+        if let Err(error) = self.write_files(&desired) {
+            tracing::warn!(%error, "cannot write the new settings");
         }
     }
 
@@ -439,7 +483,13 @@ impl Instance {
     fn write_files(&mut self, desired: &Desired) -> anyhow::Result<()> {
         let pgpass_file = self.args.run_dir.join("pgpass");
         datadir::write_file(&pgpass_file, &datadir::pgpass(&desired.replication), 0o600)?;
-        let config = datadir::server_config(desired, &self.args.pod_name, self.role, &pgpass_file);
+        let config = datadir::server_config(
+            desired,
+            &self.args.pod_name,
+            self.role,
+            &pgpass_file,
+            &self.floors,
+        );
         if datadir::write_config(&self.args.pgdata, &config, &desired.pg_hba_conf)? {
             tracing::info!("configuration files changed; reloading");
             self.changed_since_start = true;
