@@ -18,7 +18,7 @@ use axum::routing::post;
 use kube::api::Api;
 use manager_common::{Manager, RUNNING_TIMEOUT, create_cluster};
 use pgkube_crds::PostgreSQLCluster;
-use pgkube_testkit::{TestNamespace, install_crds, testbed, wait_for_cluster_running};
+use pgkube_testkit::{TestNamespace, install_crds, testbed, wait_for_cluster};
 
 type Received = Arc<Mutex<Vec<Bytes>>>;
 
@@ -69,9 +69,23 @@ async fn reconcile_traces_are_exported_by_otlp_and_flushed_on_sigterm() {
 
     let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), namespace.name());
     create_cluster(&clusters, "traced", 1).await;
-    wait_for_cluster_running(&client, namespace.name(), "traced", RUNNING_TIMEOUT)
-        .await
-        .expect("cluster Running");
+    // The pod is on a simulated (kwok) node, where no instance manager answers, so the cluster
+    // never reaches Running; a ready StatefulSet proves the reconciles this test traces.
+    wait_for_cluster(
+        &client,
+        namespace.name(),
+        "traced",
+        "1 ready replica",
+        RUNNING_TIMEOUT,
+        |cluster| {
+            cluster
+                .status
+                .as_ref()
+                .is_some_and(|s| s.ready_replicas == 1)
+        },
+    )
+    .await
+    .expect("cluster reconciled to a ready StatefulSet");
 
     manager.terminate();
     let code = manager.exit_code(Duration::from_secs(30)).await;
