@@ -67,6 +67,7 @@ impl Drop for TestNamespace {
         let Ok(Some(env)) = TestEnv::load() else {
             return;
         };
+        release_pgkube_finalizers(&env, &self.name);
         let result = env
             .kubectl()
             .args(["delete", "namespace", &self.name, "--wait=false"])
@@ -75,5 +76,32 @@ impl Drop for TestNamespace {
         if let Err(error) = result {
             eprintln!("warning: deleting test namespace {}: {error}", self.name);
         }
+    }
+}
+
+/// After a test that panicked, no controller is left to finalize its pgkube objects, and their
+/// finalizers would keep the namespace Terminating forever: drop them.
+fn release_pgkube_finalizers(env: &TestEnv, namespace: &str) {
+    let listed = env
+        .kubectl()
+        .args([
+            "get",
+            "postgresqlclusters,postgresqlbackups,postgresqlrestores",
+        ])
+        .args(["-n", namespace, "-o", "name", "--request-timeout=10s"])
+        .output();
+    let Ok(listed) = listed else {
+        return;
+    };
+    for object in String::from_utf8_lossy(&listed.stdout).lines() {
+        let _ = env
+            .kubectl()
+            .args(["patch", object, "-n", namespace, "--type=merge"])
+            .args([
+                "-p",
+                r#"{"metadata":{"finalizers":null}}"#,
+                "--request-timeout=10s",
+            ])
+            .output();
     }
 }
