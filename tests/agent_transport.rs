@@ -1,5 +1,5 @@
 //! `pgkube agent` over transports the test bed's S3 server does not offer by itself, through a
-//! loopback proxy in front of it ([`agent_common::proxy`]):
+//! loopback proxy in front of it ([`pgkube_testkit::proxy`]):
 //!
 //! - HTTPS with a certificate from a private CA, as with an in-cluster MinIO or Ceph gateway:
 //!   `--s3-ca-bundle` must make the agent trust it, and without it the agent must refuse the
@@ -14,10 +14,10 @@
 
 mod agent_common;
 
-use agent_common::proxy::{Cut, Proxy};
 use agent_common::{
     Agent, Scratch, fingerprint, get_object, object_digest, object_exists, open_multipart_uploads,
 };
+use pgkube_testkit::proxy::{Cut, Proxy};
 use pgkube_testkit::testbed;
 use pgkube_testkit::tokio_postgres::Client;
 

@@ -3,8 +3,6 @@
 
 #![allow(dead_code)] // Each test crate uses its own subset.
 
-pub mod proxy;
-
 use std::path::{Path, PathBuf};
 use std::process::Output;
 

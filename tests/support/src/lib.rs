@@ -31,6 +31,9 @@
 //!   Established and served. Every test that needs the CRDs calls it; it is idempotent.
 //! - [`TestNamespace`], [`TestDatabase`], [`TestBucket`]: fresh, uniquely named resources.
 //! - [`wait_until`]: polling with a timeout and a message naming what was awaited.
+//! - [`proxy::Proxy`]: a loopback proxy in front of a test bed server: HTTPS termination,
+//!   request recording and transfers broken half way for the S3 server; plain TCP for any
+//!   server, the API server included; and a network partition for all of them.
 //! - End-to-end clusters on the test bed's real node [`LOCAL_NODE`]:
 //!   - [`local_node_scheduling`]: the `nodeSelector` `pgkube.io/testbed-node: local` and the
 //!     toleration of the taint `pgkube.io/testbed-node=local:NoSchedule` that put a pod there
@@ -77,6 +80,7 @@ mod env;
 mod http;
 mod names;
 mod namespace;
+pub mod proxy;
 mod service;
 mod wait;
 

@@ -1,14 +1,24 @@
-//! A loopback TCP proxy in front of the test bed's S3 server, for what the server cannot do on
-//! its own: speak HTTPS with a certificate from a private CA, and break transfers half way.
+//! A loopback TCP proxy in front of one of the test bed's servers, for what the servers cannot
+//! do on their own:
 //!
-//! It records the head (request line and headers) of every request clients sent, decrypted, so
-//! a test can check what really went over the wire.
+//! - in front of the S3 server ([`Proxy::https`], [`Proxy::recording`], [`Proxy::cutting`]):
+//!   speak HTTPS with a certificate from a private CA, and break transfers half way. It records
+//!   the head (request line and headers) of every request clients sent, decrypted, so a test
+//!   can check what really went over the wire.
+//! - in front of any TCP server, the API server included ([`Proxy::tcp`]): bytes pass through
+//!   untouched (TLS stays end to end; the API server's certificate is for 127.0.0.1, as is the
+//!   proxy), until [`Proxy::partition`] cuts the clients off.
+//!
+//! [`Proxy::partition`] works with every kind: it cuts the network as a partition does.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use tokio::sync::watch;
+use tokio::task::JoinSet;
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -33,8 +43,10 @@ pub struct Cut {
 }
 
 pub struct Proxy {
-    /// `http(s)://127.0.0.1:<port>`.
+    /// `http(s)://127.0.0.1:<port>` (`tcp://` for [`Proxy::tcp`]).
     pub endpoint: String,
+    /// Where the proxy listens.
+    pub address: SocketAddr,
     /// PEM file of the CA that signed the proxy's certificate (HTTPS proxies only).
     pub ca_bundle: Option<PathBuf>,
     shared: Arc<Shared>,
@@ -45,8 +57,20 @@ struct Shared {
     upstream: SocketAddr,
     tls: Option<TlsAcceptor>,
     cut: Option<Cut>,
+    /// Whether request heads are parsed and recorded (not for opaque streams such as TLS).
+    record: bool,
     heads: Mutex<Vec<String>>,
     cuts: AtomicUsize,
+    /// Set once by [`Proxy::partition`].
+    partitioned: watch::Sender<bool>,
+}
+
+/// What the proxy forwards, and how.
+struct Mode {
+    tls: Option<TlsAcceptor>,
+    cut: Option<Cut>,
+    record: bool,
+    scheme: &'static str,
 }
 
 impl Proxy {
@@ -56,43 +80,63 @@ impl Proxy {
         let (ca_pem, config) = certificates();
         let ca_bundle = work.join("ca.pem");
         std::fs::write(&ca_bundle, ca_pem).expect("writing the CA bundle");
-        let acceptor = TlsAcceptor::from(Arc::new(config));
-        Proxy::start(upstream_endpoint, Some(acceptor), None, Some(ca_bundle)).await
+        let mode = Mode {
+            tls: Some(TlsAcceptor::from(Arc::new(config))),
+            cut: None,
+            record: true,
+            scheme: "https",
+        };
+        Proxy::start(upstream_address(upstream_endpoint), mode, Some(ca_bundle)).await
     }
 
     /// Plain HTTP in front of `upstream_endpoint`, only recording.
     pub async fn recording(upstream_endpoint: &str) -> Proxy {
-        Proxy::start(upstream_endpoint, None, None, None).await
+        Proxy::start(upstream_address(upstream_endpoint), http(None), None).await
     }
 
     /// Plain HTTP in front of `upstream_endpoint`, breaking the exchanges `cut` describes.
     pub async fn cutting(upstream_endpoint: &str, cut: Cut) -> Proxy {
-        Proxy::start(upstream_endpoint, None, Some(cut), None).await
+        Proxy::start(upstream_address(upstream_endpoint), http(Some(cut)), None).await
     }
 
-    async fn start(
-        upstream_endpoint: &str,
-        tls: Option<TlsAcceptor>,
-        cut: Option<Cut>,
-        ca_bundle: Option<PathBuf>,
-    ) -> Proxy {
+    /// Any TCP server at `upstream`: bytes pass through as they are, nothing is recorded.
+    pub async fn tcp(upstream: SocketAddr) -> Proxy {
+        let mode = Mode {
+            tls: None,
+            cut: None,
+            record: false,
+            scheme: "tcp",
+        };
+        Proxy::start(upstream, mode, None).await
+    }
+
+    async fn start(upstream: SocketAddr, mode: Mode, ca_bundle: Option<PathBuf>) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("binding");
-        let port = listener.local_addr().expect("local address").port();
-        let scheme = if tls.is_some() { "https" } else { "http" };
+        let address = listener.local_addr().expect("local address");
         let shared = Arc::new(Shared {
-            upstream: upstream_address(upstream_endpoint),
-            tls,
-            cut,
+            upstream,
+            tls: mode.tls,
+            cut: mode.cut,
+            record: mode.record,
             heads: Mutex::new(Vec::new()),
             cuts: AtomicUsize::new(0),
+            partitioned: watch::Sender::new(false),
         });
         let task = tokio::spawn(serve(listener, shared.clone()));
         Proxy {
-            endpoint: format!("{scheme}://127.0.0.1:{port}"),
+            endpoint: format!("{}://{address}", mode.scheme),
+            address,
             ca_bundle,
             shared,
             task,
         }
+    }
+
+    /// Cuts the clients off from the server as a network partition does: from now on nothing
+    /// is forwarded either way on any connection, yet none is closed, and new connections are
+    /// accepted but never answered. Clients notice by their own timeouts only.
+    pub fn partition(&self) {
+        self.shared.partitioned.send_replace(true);
     }
 
     /// The heads of all requests so far whose request line contains `needle`, in the order they
@@ -122,12 +166,21 @@ impl Drop for Proxy {
     }
 }
 
+fn http(cut: Option<Cut>) -> Mode {
+    Mode {
+        tls: None,
+        cut,
+        record: true,
+        scheme: "http",
+    }
+}
+
 /// `ip:port` of an `http://ip:port` endpoint.
 fn upstream_address(endpoint: &str) -> SocketAddr {
     let authority = endpoint.trim_start_matches("http://").trim_end_matches('/');
     authority
         .parse()
-        .unwrap_or_else(|e| panic!("S3 endpoint {endpoint} is not http://ip:port: {e}"))
+        .unwrap_or_else(|e| panic!("endpoint {endpoint} is not http://ip:port: {e}"))
 }
 
 /// A fresh CA (as PEM) and a server configuration with a certificate for 127.0.0.1 it signed.
@@ -156,24 +209,59 @@ fn certificates() -> (String, ServerConfig) {
     (ca.pem(), config)
 }
 
+/// Accepts connections until the proxy is dropped, which aborts this task and with it (its
+/// JoinSet dropped) every connection.
 async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    let mut connections = JoinSet::new();
     while let Ok((client, _)) = listener.accept().await {
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            let Ok(server) = TcpStream::connect(shared.upstream).await else {
-                return;
-            };
-            match &shared.tls {
-                // A client that rejects the certificate ends the handshake: nothing to forward.
-                Some(acceptor) => {
-                    if let Ok(tls) = acceptor.accept(client).await {
-                        forward(tls, server, &shared).await;
-                    }
-                }
-                None => forward(client, server, &shared).await,
-            }
-        });
+        while connections.try_join_next().is_some() {}
+        connections.spawn(connection(client, shared.clone()));
     }
+}
+
+async fn connection(mut client: TcpStream, shared: Arc<Shared>) {
+    if *shared.partitioned.borrow() {
+        return hold_silently().await;
+    }
+    let Ok(server) = TcpStream::connect(shared.upstream).await else {
+        return;
+    };
+    match &shared.tls {
+        // A client that rejects the certificate ends the handshake: nothing to forward.
+        Some(acceptor) => {
+            if let Ok(mut tls) = acceptor.accept(client).await {
+                relay(&mut tls, server, &shared).await;
+            }
+        }
+        None => relay(&mut client, server, &shared).await,
+    }
+}
+
+/// Forwards until either side closes; once the proxy is partitioned, drops the server side and
+/// keeps the client's connection open without a byte more.
+async fn relay<C>(client: &mut C, server: TcpStream, shared: &Shared)
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut partitioned = shared.partitioned.subscribe();
+    let partition = async {
+        // The sender lives as long as the proxy: an error means it is going away.
+        if partitioned.wait_for(|cut| *cut).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    let cut_off = tokio::select! {
+        () = forward(&mut *client, server, shared) => false,
+        () = partition => true,
+    };
+    if cut_off {
+        hold_silently().await;
+    }
+}
+
+/// Keeps a partitioned client's connection (owned by the caller) open until the proxy goes.
+async fn hold_silently() {
+    std::future::pending::<()>().await;
 }
 
 /// Copies both ways until either side closes or an exchange is cut.
@@ -195,7 +283,12 @@ where
                 Ok(read) => read,
             };
             let data = &buffer[..read];
-            for head in heads.push(data) {
+            let new_heads = if shared.record {
+                heads.push(data)
+            } else {
+                Vec::new()
+            };
+            for head in new_heads {
                 if let Some(cut) = &shared.cut
                     && is_cut(&head, cut)
                     && shared.take_cut(cut.times)
