@@ -37,15 +37,15 @@ pub struct RunArgs {
         value_parser = parse_duration)]
     pub leader_elect_lease_duration: Duration,
 
-    /// The leader renews the Lease at the latest this long after its previous renewal; must be
-    /// shorter than the lease duration (the difference absorbs clock skew and API latency).
-    /// Whole seconds.
+    /// The leader steps down (stops its controllers and exits) when it could not renew the
+    /// Lease for this long, by its own clock; must be shorter than the lease duration (the
+    /// difference absorbs clock drift and the time stepping down takes). Whole seconds.
     #[arg(long, env = "PGKUBE_LEADER_ELECT_RENEW_DEADLINE", default_value = "10s",
         value_parser = parse_duration)]
     pub leader_elect_renew_deadline: Duration,
 
-    /// How often a follower checks whether the Lease is free (a released Lease is taken over
-    /// within about this long).
+    /// How often the leader renews the Lease and a follower checks whether it is free (a
+    /// released Lease is taken over within about this long).
     #[arg(long, env = "PGKUBE_LEADER_ELECT_RETRY_PERIOD", default_value = "2s",
         value_parser = parse_duration)]
     pub leader_elect_retry_period: Duration,
@@ -139,9 +139,9 @@ pub enum BindAddress {
 pub struct LeaseTimings {
     /// Validity of the Lease after a renewal, whole seconds.
     pub duration_seconds: u64,
-    /// How long before expiry the leader renews (lease duration minus renew deadline).
-    pub renew_margin_seconds: u64,
-    /// How often a follower looks at the Lease.
+    /// How long the leader may go without renewing before it steps down.
+    pub renew_deadline: Duration,
+    /// How often the leader renews and a follower looks at the Lease.
     pub retry_period: Duration,
 }
 
@@ -176,7 +176,7 @@ impl RunArgs {
         }
         Ok(LeaseTimings {
             duration_seconds: duration,
-            renew_margin_seconds: duration - renew,
+            renew_deadline: Duration::from_secs(renew),
             retry_period: retry,
         })
     }
@@ -287,7 +287,7 @@ mod tests {
             args.lease_timings(),
             Ok(LeaseTimings {
                 duration_seconds: 15,
-                renew_margin_seconds: 5,
+                renew_deadline: Duration::from_secs(10),
                 retry_period: Duration::from_secs(2)
             })
         );

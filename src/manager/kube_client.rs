@@ -1,5 +1,14 @@
-//! The Kubernetes client of the manager: configuration from KUBECONFIG / ~/.kube/config or
-//! the pod's service account, and the client-side rate limit in its service stack.
+//! The Kubernetes clients of the manager, both from one configuration (KUBECONFIG /
+//! ~/.kube/config or the pod's service account):
+//!
+//! - the controllers' client, with the client-side rate limit (`--kube-api-qps`,
+//!   `--kube-api-burst`) in its service stack;
+//! - the leader election client, without it. Renewing the Lease must never wait behind a
+//!   busy manager's reconciles: a renewal queued in the rate limiter past the renew deadline
+//!   would make the leader step down, or, worse, find the Lease taken after it expired.
+//!   It has connections of its own too (a separate pool), so a renewal never waits for a
+//!   connection that watches or slow reconciles keep busy. Each of its requests is bounded by a
+//!   timeout in [`super::leader`].
 
 use std::num::NonZeroU32;
 
@@ -22,11 +31,22 @@ pub enum ClientError {
     Build(kube::Error),
 }
 
-/// Builds the client: inferred configuration, rate limited to `qps` with bursts of `burst`.
-pub async fn connect(qps: f64, burst: NonZeroU32) -> Result<kube::Client, ClientError> {
-    let config = Config::infer()
-        .await
-        .map_err(ClientError::NoConfiguration)?;
+/// The inferred client configuration.
+pub async fn infer_config() -> Result<Config, ClientError> {
+    Config::infer().await.map_err(ClientError::NoConfiguration)
+}
+
+/// The controllers' client: rate limited to `qps` with bursts of `burst`.
+pub fn rate_limited(
+    config: Config,
+    qps: f64,
+    burst: NonZeroU32,
+) -> Result<kube::Client, ClientError> {
     let builder = ClientBuilder::try_from(config).map_err(ClientError::Build)?;
     Ok(builder.with_layer(&RateLimitLayer::new(qps, burst)).build())
+}
+
+/// The leader election client: not rate limited, its own connections.
+pub fn unlimited(config: Config) -> Result<kube::Client, ClientError> {
+    kube::Client::try_from(config).map_err(ClientError::Build)
 }

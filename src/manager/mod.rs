@@ -1,11 +1,13 @@
 //! `pgkube run`: the manager process.
 //!
-//! Start-up: telemetry, Kubernetes client (rate limited), a check that the CRDs are installed,
-//! the health and metrics endpoints. Then, with `--leader-elect`, wait for the Lease (standing
-//! by as a ready follower) and run the controllers only while leading; without it, run them at
-//! once. SIGTERM/SIGINT stops taking work, lets in-flight reconciles finish within the grace
-//! period, releases the Lease and exits 0. A lost Lease stops the controllers and exits non-zero
-//! so the pod restarts as a follower.
+//! Start-up: telemetry, Kubernetes clients (the controllers' one rate limited, leader election's
+//! one not), a check that the CRDs are installed, the health and metrics endpoints. Then, with
+//! `--leader-elect`, wait for the Lease (standing by as a ready follower) and run the
+//! controllers only while leading; without it, run them at once. SIGTERM/SIGINT stops taking
+//! work, lets in-flight reconciles finish within the grace period (while still renewing),
+//! releases the Lease and exits 0. Leadership lost (not renewed within the renew deadline, or
+//! taken) stops the controllers at once, even during the grace period, logs "stepped down" and
+//! exits non-zero so the pod restarts as a follower.
 
 mod args;
 mod endpoints;
@@ -48,30 +50,24 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
 async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
     let lease_timings = args.lease_timings()?;
     let burst = NonZeroU32::new(args.kube_api_burst).unwrap_or(NonZeroU32::MIN);
-    let client = kube_client::connect(args.kube_api_qps, burst).await?;
+    let config = kube_client::infer_config().await?;
+    let client = kube_client::rate_limited(config.clone(), args.kube_api_qps, burst)?;
     let settings = args.settings();
     // Before leader election, so that a follower fails as fast as a leader would.
     pgkube_controllers::ensure_crds_installed(&client, &settings.watch_namespaces).await?;
 
     let mut registry = Registry::default();
     let metrics = Arc::new(pgkube_controllers::Metrics::register(&mut registry));
-    let election = args.leader_elect.then(|| {
-        let namespace = args::lease_namespace(
-            args.leader_elect_namespace.as_deref(),
-            std::env::var("POD_NAMESPACE").ok().as_deref(),
-            std::fs::read_to_string(args::SERVICE_ACCOUNT_NAMESPACE_FILE)
-                .ok()
-                .as_deref(),
-        );
-        LeaderElection::new(
-            client.clone(),
-            namespace,
-            args.leader_elect_id.clone(),
-            leader::identity(std::env::var("HOSTNAME").ok()),
+    let election = if args.leader_elect {
+        Some(leader_election(
+            &args,
+            config,
             lease_timings,
             &mut registry,
-        )
-    });
+        )?)
+    } else {
+        None
+    };
 
     let shutdown = CancellationToken::new();
     let endpoints_stop = CancellationToken::new();
@@ -98,13 +94,37 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
         None => {
             let mut controllers = spawn_controllers(context, readiness.clone(), shutdown.clone());
             tokio::select! {
-                () = shutdown.cancelled() => finish_in_flight(controllers, args.shutdown_grace_period).await,
+                () = shutdown.cancelled() => finish_in_flight(&mut controllers, args.shutdown_grace_period).await,
                 stopped = &mut controllers => controllers_outcome(stopped),
             }
         }
     };
     endpoints_stop.cancel();
     outcome
+}
+
+/// The candidate for the Lease, on a client of its own (see `kube_client`).
+fn leader_election(
+    args: &RunArgs,
+    config: kube::Config,
+    timings: args::LeaseTimings,
+    registry: &mut Registry,
+) -> anyhow::Result<LeaderElection> {
+    let namespace = args::lease_namespace(
+        args.leader_elect_namespace.as_deref(),
+        std::env::var("POD_NAMESPACE").ok().as_deref(),
+        std::fs::read_to_string(args::SERVICE_ACCOUNT_NAMESPACE_FILE)
+            .ok()
+            .as_deref(),
+    );
+    Ok(LeaderElection::new(
+        kube_client::unlimited(config)?,
+        namespace,
+        args.leader_elect_id.clone(),
+        leader::identity(std::env::var("HOSTNAME").ok()),
+        timings,
+        registry,
+    ))
 }
 
 /// Starts `/healthz`+`/readyz` and `/metrics` unless disabled.
@@ -147,22 +167,37 @@ async fn run_as_candidate(
         return Ok(());
     };
     let mut controllers = spawn_controllers(context, readiness.clone(), shutdown.clone());
-    tokio::select! {
-        () = shutdown.cancelled() => {}
-        stopped = &mut controllers => {
-            release(leadership).await;
-            return controllers_outcome(stopped);
-        }
-        lost = leadership.lost() => {
-            // Another manager may already be reconciling: stop at once, no grace period.
-            shutdown.cancel();
-            controllers.abort();
-            return Err(lost.into());
-        }
-    }
-    let finished = finish_in_flight(controllers, grace_period).await;
+    let stopped = tokio::select! {
+        () = shutdown.cancelled() => None,
+        stopped = &mut controllers => Some(stopped),
+        lost = leadership.lost() => return step_down(controllers, lost, shutdown).await,
+    };
+    let finished = match stopped {
+        Some(stopped) => controllers_outcome(stopped),
+        // The grace period is no licence to reconcile without the Lease.
+        None => tokio::select! {
+            finished = finish_in_flight(&mut controllers, grace_period) => finished,
+            lost = leadership.lost() => return step_down(controllers, lost, shutdown).await,
+        },
+    };
     release(leadership).await;
     finished
+}
+
+/// Stops the controllers at once, with no grace period: the renew deadline has passed, and
+/// another manager may take over once the Lease expires (the lease duration minus the renew
+/// deadline is all the time there is). Only then logs "stepped down".
+async fn step_down(
+    controllers: ControllersTask,
+    lost: leader::LeaderError,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    shutdown.cancel();
+    controllers.abort();
+    // An aborted task ends at its next await point; its JoinError is the expected Cancelled.
+    let _ = controllers.await;
+    tracing::error!(error = %lost, "stepped down");
+    Err(lost.into())
 }
 
 async fn release(leadership: Leadership) {
@@ -192,11 +227,11 @@ fn spawn_controllers(
 
 /// Waits for the controllers to stop after shutdown was requested, at most `grace_period`.
 async fn finish_in_flight(
-    mut controllers: ControllersTask,
+    controllers: &mut ControllersTask,
     grace_period: Duration,
 ) -> anyhow::Result<()> {
     tracing::info!(grace_period = ?grace_period, "shutting down: waiting for in-flight reconciles");
-    match tokio::time::timeout(grace_period, &mut controllers).await {
+    match tokio::time::timeout(grace_period, &mut *controllers).await {
         Ok(stopped) => controllers_outcome(stopped),
         Err(_elapsed) => {
             controllers.abort();
