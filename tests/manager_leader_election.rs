@@ -1,6 +1,9 @@
 //! Leader election of real `pgkube run` processes on the test bed's API server: exactly one of
 //! two managers leads and runs the controllers; after kill -9 of the leader the other takes over
-//! once the Lease expires; a graceful stop (SIGTERM) releases the Lease at once and exits 0.
+//! once the Lease expires; a graceful stop (SIGTERM) releases the Lease at once and exits 0; a
+//! leader cut off from the API server (a partitioned proxy in front of it) steps down before
+//! the other takes over; a leader whose controllers' client is throttled to a standstill keeps
+//! renewing the Lease (leader election has a client of its own).
 
 mod manager_common;
 
@@ -8,8 +11,9 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use manager_common::Manager;
+use manager_common::{KubeconfigFile, Manager, api_server_address};
 use pgkube_testkit::http_get;
+use pgkube_testkit::proxy::Proxy;
 use pgkube_testkit::{TestNamespace, install_crds, testbed, wait_until};
 
 /// Short timings so the test runs in seconds: a dead leader's Lease expires 5 s after its last
@@ -29,6 +33,16 @@ const TAKEOVER_SLACK: Duration = Duration::from_secs(5);
 const LEASE_NAME: &str = "pgkube-leader-test";
 
 fn candidate(env: &pgkube_testkit::TestEnv, name: &str, namespace: &str) -> Manager {
+    candidate_with(env, name, namespace, &[], &[])
+}
+
+fn candidate_with(
+    env: &pgkube_testkit::TestEnv,
+    name: &str,
+    namespace: &str,
+    extra_flags: &[&str],
+    vars: &[(&str, &str)],
+) -> Manager {
     let mut flags = vec![
         "--leader-elect",
         "--leader-elect-id",
@@ -37,7 +51,8 @@ fn candidate(env: &pgkube_testkit::TestEnv, name: &str, namespace: &str) -> Mana
         namespace,
     ];
     flags.extend_from_slice(LEASE_FLAGS);
-    Manager::start(env, name, &flags)
+    flags.extend_from_slice(extra_flags);
+    Manager::start_with_env(env, name, &flags, vars)
 }
 
 /// The host name part of the Lease's holder identity (`<host>_<random>`), if held.
@@ -186,4 +201,149 @@ async fn one_leader_takes_over_after_kill_and_hands_over_on_sigterm() {
 
     drop(third);
     namespace.cleanup().await;
+}
+
+/// The leader reaches the API server through a proxy, which is then partitioned: its renewals
+/// hang. It must stop its controllers ("stepped down", after they stopped) by its own clock,
+/// within the renew deadline, before the other candidate, which sees the Lease unchanged for
+/// the lease duration, becomes the leader. Both times come from the managers' logs on the same
+/// machine.
+#[tokio::test]
+async fn a_leader_cut_off_from_the_api_server_steps_down_before_another_takes_over() {
+    let Some(env) = testbed() else { return };
+    let client = env.kube_client().await;
+    install_crds(&client).await;
+    let namespace = TestNamespace::create(&client, "manager-partition").await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace.name());
+    let proxy = Proxy::tcp(api_server_address(&env)).await;
+    let kubeconfig = KubeconfigFile::via(&env, proxy.address);
+    let kubeconfig_path = kubeconfig.path.to_string_lossy().into_owned();
+
+    // The proxied candidate starts alone, so that it leads.
+    let vars = [("KUBECONFIG", kubeconfig_path.as_str())];
+    let mut cut_off = candidate_with(&env, "manager-cut-off", namespace.name(), &[], &vars);
+    wait_for_holder(&leases, &["manager-cut-off"], Duration::from_secs(60)).await;
+    wait_for_log(&cut_off, "starting controllers").await;
+    let other = candidate(&env, "manager-other", namespace.name());
+    wait_until(
+        "manager-other to stand by",
+        Duration::from_secs(30),
+        || async { Ok((leader_status(&other).await? == Some(0)).then_some(())) },
+    )
+    .await
+    .expect("manager-other follows");
+
+    proxy.partition();
+    let took_over = wait_for_holder(
+        &leases,
+        &["manager-other"],
+        LEASE_DURATION + TAKEOVER_SLACK + Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(took_over, "manager-other");
+    wait_for_log(&other, "became the leader").await;
+    wait_for_log(&other, "starting controllers").await;
+    let stepped_down = cut_off.logged_at("stepped down").unwrap_or_else(|| {
+        panic!(
+            "the cut-off leader never stepped down:\n{}",
+            cut_off.output().join("\n")
+        )
+    });
+    let became_leader = other.logged_at("became the leader").expect("logged");
+    eprintln!("stepped down at {stepped_down}, the other became the leader at {became_leader}");
+    assert!(
+        stepped_down < became_leader,
+        "the new leader led from {became_leader}, the old one until {stepped_down}"
+    );
+    let reason = cut_off.log_line("stepped down").expect("logged")["fields"]["error"].clone();
+    assert!(
+        reason
+            .as_str()
+            .is_some_and(|r| r.contains("renew deadline")),
+        "stepped down for another reason: {reason}"
+    );
+    let code = cut_off.exit_code(Duration::from_secs(30)).await;
+    assert_ne!(
+        code,
+        Some(0),
+        "a leader that lost the Lease must not exit 0"
+    );
+
+    drop(other);
+    namespace.cleanup().await;
+}
+
+/// The controllers' client may send 3 requests (the start-up check of the 3 CRDs in one
+/// namespace), then one every 1000 s: the controllers' watches queue behind the rate limit for
+/// the whole test. Renewals, on leader election's own client, must not: the leader keeps the
+/// Lease for several lease durations while a follower waits for it.
+#[tokio::test]
+async fn a_leader_whose_controllers_are_throttled_keeps_renewing_its_lease() {
+    let Some(env) = testbed() else { return };
+    let client = env.kube_client().await;
+    install_crds(&client).await;
+    let namespace = TestNamespace::create(&client, "manager-throttled").await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), namespace.name());
+    let throttled = [
+        "--kube-api-qps",
+        "0.001",
+        "--kube-api-burst",
+        "3",
+        "--watch-namespaces",
+        namespace.name(),
+    ];
+    let leader = candidate_with(&env, "manager-throttled", namespace.name(), &throttled, &[]);
+    wait_for_holder(&leases, &["manager-throttled"], Duration::from_secs(60)).await;
+    wait_for_log(&leader, "starting controllers").await;
+    let follower = candidate(&env, "manager-waiting", namespace.name());
+    wait_until(
+        "manager-waiting to stand by",
+        Duration::from_secs(30),
+        || async { Ok((leader_status(&follower).await? == Some(0)).then_some(())) },
+    )
+    .await
+    .expect("manager-waiting follows");
+
+    let first_renewal = renew_time(&leases).await;
+    tokio::time::sleep(3 * LEASE_DURATION).await;
+    assert_eq!(
+        holder(&leases).await.expect("lease").as_deref(),
+        Some("manager-throttled"),
+        "the throttled leader lost the Lease:\n{}",
+        leader.output().join("\n")
+    );
+    assert!(renew_time(&leases).await > first_renewal, "no renewal");
+    assert!(
+        !leader.logged("stepped down"),
+        "{}",
+        leader.output().join("\n")
+    );
+    assert!(
+        !leader.logged("controller caches synced"),
+        "the controllers were not throttled; the test proves nothing"
+    );
+    assert_eq!(leader_status(&leader).await.expect("metrics"), Some(1));
+
+    drop(follower);
+    drop(leader);
+    namespace.cleanup().await;
+}
+
+async fn renew_time(leases: &Api<Lease>) -> k8s_openapi::jiff::Timestamp {
+    let lease = leases.get(LEASE_NAME).await.expect("the Lease");
+    lease
+        .spec
+        .and_then(|spec| spec.renew_time)
+        .expect("renewed")
+        .0
+}
+
+async fn wait_for_log(manager: &Manager, message: &str) {
+    wait_until(
+        &format!("{} to log {message:?}", manager.name),
+        Duration::from_secs(30),
+        || async { Ok(manager.logged(message).then_some(())) },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}\noutput:\n{}", manager.output().join("\n")));
 }

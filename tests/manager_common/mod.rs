@@ -1,16 +1,20 @@
 //! Shared by the `manager_*` integration tests: runs the real `pgkube run` binary against the
-//! test bed, collects its JSON log lines, finds its endpoints, and speaks minimal HTTP to them.
+//! test bed, collects its JSON log lines (with their times), finds its endpoints, and writes
+//! kubeconfigs that reach the API server another way (through a proxy).
 
 #![allow(dead_code)] // each test file uses a different part
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use kube::api::{Api, PostParams};
+use kube::config::Kubeconfig;
 use pgkube_crds::PostgreSQLCluster;
-use pgkube_testkit::{TestEnv, wait_until};
+use pgkube_testkit::{TestEnv, unique_name, wait_until};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -107,10 +111,24 @@ impl Manager {
 
     /// Whether a JSON log line has this `message`.
     pub fn logged(&self, message: &str) -> bool {
+        self.log_line(message).is_some()
+    }
+
+    /// The first JSON log line with this `message`.
+    pub fn log_line(&self, message: &str) -> Option<serde_json::Value> {
         self.output()
             .iter()
             .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-            .any(|line| line["fields"]["message"] == message)
+            .find(|line| line["fields"]["message"] == message)
+    }
+
+    /// When the process logged `message` first, by its own log timestamp.
+    pub fn logged_at(&self, message: &str) -> Option<DateTime<Utc>> {
+        let line = self.log_line(message)?;
+        let timestamp = line["timestamp"].as_str()?;
+        let parsed = DateTime::parse_from_rfc3339(timestamp)
+            .unwrap_or_else(|e| panic!("log timestamp {timestamp:?}: {e}"));
+        Some(parsed.with_timezone(&Utc))
     }
 
     /// The address the endpoint (`health probes` or `metrics`) is bound to.
@@ -171,5 +189,50 @@ async fn collect_lines<R: tokio::io::AsyncRead + Unpin>(
     let mut reader = reader.lines();
     while let Ok(Some(line)) = reader.next_line().await {
         lines.lock().expect("lock").push(line);
+    }
+}
+
+/// The API server's `ip:port`, from the test bed's kubeconfig.
+pub fn api_server_address(env: &TestEnv) -> SocketAddr {
+    let server = test_bed_server(env);
+    let authority = server.trim_start_matches("https://").trim_end_matches('/');
+    authority
+        .parse()
+        .unwrap_or_else(|e| panic!("API server {server} is not https://ip:port: {e}"))
+}
+
+fn test_bed_server(env: &TestEnv) -> String {
+    let kubeconfig = Kubeconfig::read_from(&env.kubeconfig)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", env.kubeconfig.display()));
+    kubeconfig
+        .clusters
+        .iter()
+        .find_map(|named| named.cluster.as_ref()?.server.clone())
+        .expect("test bed kubeconfig names a server")
+}
+
+/// A copy of the test bed's admin kubeconfig in a file of its own, removed on drop.
+pub struct KubeconfigFile {
+    pub path: PathBuf,
+}
+
+impl KubeconfigFile {
+    /// The test bed's kubeconfig, reaching the API server at `address` (a proxy in front of
+    /// it on 127.0.0.1, which the API server's certificate names too).
+    pub fn via(env: &TestEnv, address: SocketAddr) -> KubeconfigFile {
+        let text = std::fs::read_to_string(&env.kubeconfig)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", env.kubeconfig.display()));
+        let server = test_bed_server(env);
+        assert_eq!(text.matches(&server).count(), 1, "one server in {text}");
+        let path = std::env::temp_dir().join(unique_name("pgkube-kubeconfig"));
+        std::fs::write(&path, text.replace(&server, &format!("https://{address}")))
+            .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+        KubeconfigFile { path }
+    }
+}
+
+impl Drop for KubeconfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
     }
 }
