@@ -83,7 +83,7 @@ async fn the_sample_runs_scales_up_and_down_and_keeps_its_password() {
             .iter()
             .any(|f| f == "db.example.com/cleanup")
     );
-    let became_running = events_with_reason(&running, "my-cluster", "Running").await;
+    let became_running = common::events_with_reason(&running, "my-cluster", "Running").await;
     assert_eq!(
         became_running.len(),
         1,
@@ -414,7 +414,7 @@ async fn storage_shrink_and_major_upgrade_are_held_back_while_the_rest_is_reconc
             .message
             .contains("100Gi")
     );
-    let warnings = events_with_reason(&running, "steady", "StorageShrinkRefused").await;
+    let warnings = common::events_with_reason(&running, "steady", "StorageShrinkRefused").await;
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert_eq!(warnings[0].type_.as_deref(), Some("Warning"));
     let after = statefulsets
@@ -774,7 +774,7 @@ async fn the_old_client_service_goes_and_instance_troubles_show_in_the_status() 
     let status = broken.status.clone().expect("status");
     assert_eq!(status.phase, Some(ClusterPhase::Running));
     assert_eq!(status.instances[1].role, InstanceRole::Unknown);
-    let warnings = events_with_reason(&running, "roles", "ReplicaNotStreaming").await;
+    let warnings = common::events_with_reason(&running, "roles", "ReplicaNotStreaming").await;
     assert_eq!(warnings[0].type_.as_deref(), Some("Warning"));
     // Unreachable, it keeps its label; readiness decides whether it gets traffic.
     assert_eq!(roles(&running).await[1].1.as_deref(), Some("replica"));
@@ -785,7 +785,7 @@ async fn the_old_client_service_goes_and_instance_troubles_show_in_the_status() 
 
     running.instances.heal("roles-postgresql-1");
     wait_for_condition(&running, "roles", "ReplicasStreaming", "True").await;
-    let recovered = events_with_reason(&running, "roles", "ReplicasStreaming").await;
+    let recovered = common::events_with_reason(&running, "roles", "ReplicasStreaming").await;
     assert_eq!(recovered[0].type_.as_deref(), Some("Normal"));
 
     running.instances.answer("roles-postgresql-0", None);
@@ -930,31 +930,6 @@ async fn the_designated_primary_follows_the_status_and_a_scale_down_keeps_it() {
     running.stop().await;
 }
 
-/// Events about `name` with `reason` in the test namespace, once there is at least one.
-async fn events_with_reason(
-    running: &Running,
-    name: &str,
-    reason: &str,
-) -> Vec<k8s_openapi::api::events::v1::Event> {
-    let events: Api<k8s_openapi::api::events::v1::Event> = running.api();
-    wait_until(
-        &format!("an Event {reason} about {name}"),
-        TIMEOUT,
-        || async {
-            let list = events.list(&ListParams::default()).await?;
-            let matching: Vec<_> = list
-                .items
-                .into_iter()
-                .filter(|e| e.reason.as_deref() == Some(reason))
-                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-                .collect();
-            Ok((!matching.is_empty()).then_some(matching))
-        },
-    )
-    .await
-    .expect("Event published")
-}
-
 /// A reconcile that keeps failing the same way publishes one ReconcileFailed Event, not one per
 /// retry; once the cause is gone the cluster runs.
 #[tokio::test]
@@ -1007,7 +982,7 @@ async fn a_repeated_failure_publishes_one_event() {
         "one Event for {} failed attempts: {event_writes:?}",
         attempts()
     );
-    let failed = events_with_reason(&running, "clash", "ReconcileFailed").await;
+    let failed = common::events_with_reason(&running, "clash", "ReconcileFailed").await;
     assert_eq!(failed.len(), 1, "{failed:?}");
     assert!(failed[0].series.is_none(), "no repeats: {:?}", failed[0]);
     assert!(
@@ -1110,7 +1085,7 @@ async fn a_new_image_repository_rolls_the_pods_and_the_cluster_runs_again() {
         !seen.contains(&ClusterPhase::Degraded),
         "a planned roll is not a degradation: {seen:?}"
     );
-    let upgrading = events_with_reason(&running, "roll", "Upgrading").await;
+    let upgrading = common::events_with_reason(&running, "roll", "Upgrading").await;
     assert_eq!(upgrading[0].type_.as_deref(), Some("Normal"));
 
     // The new image is the desired state now: no more writes once settled.

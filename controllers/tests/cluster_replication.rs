@@ -485,3 +485,87 @@ async fn parameter_changes_reload_or_restart_postgres_inside_the_pod() {
     assert_eq!(restart_counts(&running, &cluster).await, restarts_before);
     running.stop().await;
 }
+
+/// A replica whose slot is dropped on the primary cannot stream: the status says so, with an
+/// Event; once its pod starts again, it finds its slot gone, clones the primary afresh and
+/// streams again.
+#[tokio::test]
+async fn a_replica_that_cannot_stream_is_reported_and_a_new_clone_recovers_it() {
+    let Some(running) = Running::start("replication-broken", RESYNC).await else {
+        return;
+    };
+    let cluster = TestCluster::builder("pg")
+        .replicas(2)
+        .timeout(CLUSTER_TIMEOUT)
+        .start(&running.namespace)
+        .await
+        .expect("a 2-instance cluster becomes Running");
+    wait_replicas_caught_up(&cluster, 1).await;
+    let primary = cluster.sql().await.expect("login through rw");
+    primary
+        .batch_execute("CREATE TABLE items (id int PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 10);")
+        .await
+        .expect("rows");
+
+    // The WAL sender is cut and the slot dropped before the replica reconnects (it retries
+    // every 5 s).
+    wait_until("the replica's slot dropped", CHANGE_TIMEOUT, || async {
+        primary
+            .execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_replication",
+                &[],
+            )
+            .await?;
+        let dropped = primary
+            .execute(
+                "SELECT pg_drop_replication_slot('pgkube_pg_postgresql_1')",
+                &[],
+            )
+            .await;
+        Ok(dropped.is_ok().then_some(()))
+    })
+    .await
+    .expect("the slot can be dropped between two connection attempts");
+    let broken = cluster
+        .wait_condition("ReplicasStreaming", "False", CHANGE_TIMEOUT)
+        .await
+        .expect("the status reports the replica");
+    let condition = broken
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "ReplicasStreaming"))
+        .cloned()
+        .expect("condition");
+    assert!(
+        condition.message.contains("pg-postgresql-1"),
+        "{condition:?}"
+    );
+    let warnings = common::events_with_reason(&running, "pg", "ReplicaNotStreaming").await;
+    assert!(!warnings.is_empty());
+
+    running
+        .api::<Pod>()
+        .delete("pg-postgresql-1", &Default::default())
+        .await
+        .expect("replica pod deleted");
+    cluster
+        .wait_condition("ReplicasStreaming", "True", CLUSTER_TIMEOUT)
+        .await
+        .expect("the replica streams again");
+    wait_replicas_caught_up(&cluster, 1).await;
+    primary
+        .execute("INSERT INTO items VALUES (11)", &[])
+        .await
+        .expect("a row after the new clone");
+    let replica = cluster
+        .sql_via(ClusterService::ReadOnly)
+        .await
+        .expect("login through ro");
+    let seen = wait_until("the new row on the replica", CHANGE_TIMEOUT, || async {
+        Ok(count(&replica).await.ok().filter(|n| *n == 11))
+    })
+    .await
+    .expect("the new clone replays");
+    assert_eq!(seen, 11);
+    running.stop().await;
+}

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use kube::api::PostParams;
+use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 use pgkube_controllers::cluster::instances::{
     FetchError, HttpInstanceStatus, InstanceAddress, InstanceReport, InstanceStatusSource, Lsn,
@@ -360,4 +360,29 @@ pub fn condition(
         .iter()
         .find(|c| c.type_ == type_)
         .cloned()
+}
+
+/// Events about `name` with `reason` in the test namespace, once there is at least one.
+pub async fn events_with_reason(
+    running: &Running,
+    name: &str,
+    reason: &str,
+) -> Vec<k8s_openapi::api::events::v1::Event> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = running.api();
+    wait_until(
+        &format!("an Event {reason} about {name}"),
+        Duration::from_secs(120),
+        || async {
+            let list = events.list(&ListParams::default()).await?;
+            let matching: Vec<_> = list
+                .items
+                .into_iter()
+                .filter(|e| e.reason.as_deref() == Some(reason))
+                .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+                .collect();
+            Ok((!matching.is_empty()).then_some(matching))
+        },
+    )
+    .await
+    .expect("Event published")
 }
