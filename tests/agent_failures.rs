@@ -94,7 +94,7 @@ async fn wrong_credentials_region_or_bucket_fail_clearly_without_revealing_secre
         .await;
     outcome.assert_failed();
     assert!(
-        outcome.message().contains("HTTP 400") && outcome.message().contains("--s3-region"),
+        outcome.message().contains("HTTP 400") && outcome.message().contains("check the region"),
         "{}",
         outcome.message()
     );

@@ -3,7 +3,8 @@
 //! The manager (`pgkube run`) checks that the CRDs are installed ([`ensure_crds_installed`]),
 //! builds a [`Context`] and calls [`run`], which drives every controller until the shutdown
 //! future resolves. Each controller lives in its own module and reports through the shared
-//! [`Metrics`].
+//! [`Metrics`]. [`storage`] is the project's one S3 client, which the backup agent in the binary
+//! uses too.
 
 pub mod cluster;
 pub mod crd_check;
@@ -11,6 +12,7 @@ pub mod metrics;
 pub mod names;
 mod quantity;
 pub mod scheduling;
+pub mod storage;
 
 use std::future::Future;
 use std::sync::Arc;

@@ -238,20 +238,11 @@ async fn write_manifest(
         reason: error.to_string(),
     })?;
     let sha256 = hex::encode(Sha256::digest(&bytes));
-    let mut request = store
-        .client
-        .put_object()
-        .bucket(&store.bucket)
-        .key(key)
+    store
+        .s3
+        .put_object(key)
         .content_type("application/json")
-        .body(ByteStream::from(bytes));
-    if let Some(algorithm) = &store.encryption.algorithm {
-        request = request.server_side_encryption(algorithm.clone());
-    }
-    if let Some(kms_key_id) = &store.encryption.kms_key_id {
-        request = request.ssekms_key_id(kms_key_id);
-    }
-    request
+        .body(ByteStream::from(bytes))
         .send()
         .await
         .map_err(|error| s3_error("PutObject", key, error))?;

@@ -40,9 +40,10 @@ impl<'a> ObjectReader<'a> {
     /// Starts reading `key`; `None` when the object does not exist.
     pub async fn open(store: &'a Store, key: &'a str) -> Result<Option<Self>, AgentError> {
         let response = store
+            .s3
             .client
             .get_object()
-            .bucket(&store.bucket)
+            .bucket(&store.s3.name)
             .key(key)
             .send()
             .await;
@@ -81,7 +82,7 @@ impl<'a> ObjectReader<'a> {
                         // Every byte arrived; only the end of the response was lost.
                         return Ok(None);
                     }
-                    if self.resumes + 1 >= self.store.max_attempts {
+                    if self.resumes + 1 >= self.store.s3.max_attempts {
                         return Err(AgentError::S3 {
                             operation: "GetObject",
                             key: self.key.to_string(),
@@ -109,9 +110,10 @@ impl<'a> ObjectReader<'a> {
     async fn resume(&self) -> Result<ByteStream, AgentError> {
         let mut request = self
             .store
+            .s3
             .client
             .get_object()
-            .bucket(&self.store.bucket)
+            .bucket(&self.store.s3.name)
             .key(self.key)
             .range(format!("bytes={}-", self.offset));
         if let Some(etag) = &self.etag {

@@ -7,6 +7,7 @@
 
 use std::path::PathBuf;
 
+use pgkube_controllers::storage::StorageError;
 use thiserror::Error;
 
 #[derive(Debug, Error)]
@@ -59,4 +60,23 @@ pub enum AgentError {
         .0.join(", ")
     )]
     DatabasesExist(Vec<String>),
+}
+
+/// The shared S3 client's errors keep the agent's wording: the same variants, the same lines.
+impl From<StorageError> for AgentError {
+    fn from(error: StorageError) -> Self {
+        match error {
+            StorageError::Settings(reason) => Self::Settings(reason),
+            StorageError::ReadFile { path, source } => Self::ReadFile { path, source },
+            StorageError::S3 {
+                operation,
+                key,
+                reason,
+            } => Self::S3 {
+                operation,
+                key,
+                reason,
+            },
+        }
+    }
 }

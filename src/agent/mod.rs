@@ -27,9 +27,13 @@
 //! ...) are passed to the PostgreSQL tools; `PGKUBE_PGPASSWORD_FILE` names a file holding the
 //! password (a mounted Secret). Passwords never go on a command line.
 //!
-//! S3: `--s3-*` flags or the matching `PGKUBE_S3_*` variables (see [`storage::S3Args`]); the keys
-//! come from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` or from the files named by
-//! `PGKUBE_S3_ACCESS_KEY_ID_FILE` / `PGKUBE_S3_SECRET_ACCESS_KEY_FILE`, never from flags.
+//! S3: `--s3-*` flags or the matching `PGKUBE_S3_*` variables (see [`storage::S3Args`]), turned
+//! into the options of the project's shared S3 client ([`pgkube_controllers::storage`]). The keys
+//! come from `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` (with `AWS_SESSION_TOKEN` for
+//! temporary keys) or from the files named by `PGKUBE_S3_ACCESS_KEY_ID_FILE` /
+//! `PGKUBE_S3_SECRET_ACCESS_KEY_FILE` / `PGKUBE_S3_SESSION_TOKEN_FILE`, never from flags; without
+//! any key, the AWS SDK's default chain finds credentials (profile files, web identity / IRSA,
+//! container credentials, instance metadata).
 //!
 //! # Result
 //!
@@ -118,7 +122,10 @@ pub(crate) fn init_logging() {
     let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     for quiet in [
         "aws_config",
+        "aws_credential_types",
         "aws_sdk_s3",
+        // Web identity's AssumeRoleWithWebIdentity request carries the service account's token.
+        "aws_sdk_sts",
         "aws_sigv4",
         "aws_smithy_runtime",
         "aws_smithy_runtime_api",

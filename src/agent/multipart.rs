@@ -118,19 +118,10 @@ impl MultipartUpload {
         key: &str,
         parts_in_flight: usize,
     ) -> Result<Self, AgentError> {
-        let mut request = store
-            .client
-            .create_multipart_upload()
-            .bucket(&store.bucket)
-            .key(key)
-            .content_type("application/octet-stream");
-        if let Some(algorithm) = &store.encryption.algorithm {
-            request = request.server_side_encryption(algorithm.clone());
-        }
-        if let Some(kms_key_id) = &store.encryption.kms_key_id {
-            request = request.ssekms_key_id(kms_key_id);
-        }
-        let created = request
+        let created = store
+            .s3
+            .create_multipart_upload(key)
+            .content_type("application/octet-stream")
             .send()
             .await
             .map_err(|error| s3_error("CreateMultipartUpload", key, error))?;
@@ -211,9 +202,10 @@ impl MultipartUpload {
             .build();
         let completed = self
             .store
+            .s3
             .client
             .complete_multipart_upload()
-            .bucket(&self.store.bucket)
+            .bucket(&self.store.s3.name)
             .key(&self.key)
             .upload_id(&self.upload_id)
             .multipart_upload(completion)
@@ -242,9 +234,10 @@ impl MultipartUpload {
     pub async fn abort(self) {
         let aborted = self
             .store
+            .s3
             .client
             .abort_multipart_upload()
-            .bucket(&self.store.bucket)
+            .bucket(&self.store.s3.name)
             .key(&self.key)
             .upload_id(&self.upload_id)
             .send()
@@ -323,15 +316,16 @@ async fn upload_part(
     let length = data.len();
     // A `Bytes` body can be replayed, so the SDK's retries resend the part as is.
     let request = store
+        .s3
         .client
         .upload_part()
-        .bucket(&store.bucket)
+        .bucket(&store.s3.name)
         .key(&key)
         .upload_id(&upload_id)
         .part_number(part_number)
         .content_length(i64::try_from(length).unwrap_or(i64::MAX))
         .body(ByteStream::from(data.clone()));
-    let sent = if store.sign_payloads {
+    let sent = if store.s3.sign_payloads {
         request.send().await
     } else {
         request.customize().disable_payload_signing().send().await

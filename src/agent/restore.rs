@@ -108,9 +108,10 @@ pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
 async fn read_manifest(store: &Store) -> Result<Manifest, AgentError> {
     let key = store.manifest_key();
     let response = store
+        .s3
         .client
         .get_object()
-        .bucket(&store.bucket)
+        .bucket(&store.s3.name)
         .key(&key)
         .send()
         .await;

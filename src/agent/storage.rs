@@ -1,38 +1,45 @@
-//! S3 settings, the S3 client, and the key layout of a backup.
+//! The agent's S3 settings (`--s3-*` flags) and the key layout of a backup.
 //!
-//! The client is built for S3-compatible stores as well as AWS: checksums are computed and
-//! validated only when an operation requires them (newer SDK defaults send CRC headers that
-//! Garage, Ceph RGW and older MinIO reject), path-style addressing is a switch, and a custom CA
-//! bundle can be trusted in addition to the system roots. Transient errors (throttling, 5xx,
-//! connection resets) are retried by the SDK's standard retry strategy with exponential backoff.
-//!
-//! Part uploads carry a SigV4 payload hash (a SHA-256 of every part, computed by the SDK and again
-//! by the store) only over plain HTTP, where it is the only strong check that the store received
-//! the bytes sent. Over HTTPS, TLS already authenticates every byte in transit, so parts are sent
-//! as `UNSIGNED-PAYLOAD` and neither side spends a SHA-256 pass on them. Either way the object's
-//! size is checked after the upload and its SHA-256 (computed by the agent) goes in the manifest.
+//! The client itself is the project's shared one ([`pgkube_controllers::storage`]): this module
+//! turns the flags and the credential variables into its [`S3Options`] and adds where a backup's
+//! objects go under the bucket.
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::path::PathBuf;
 
-use aws_config::BehaviorVersion;
-use aws_config::retry::RetryConfig;
-use aws_config::timeout::TimeoutConfig;
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::http::HttpResponse;
-use aws_sdk_s3::config::{
-    Credentials, Region, RequestChecksumCalculation, ResponseChecksumValidation,
-};
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::types::ServerSideEncryption;
-use aws_smithy_http_client::tls::{self, TlsContext, TrustStore};
 use clap::Args;
-use rustls_pki_types::CertificateDer;
-use rustls_pki_types::pem::PemObject;
+use pgkube_controllers::storage::{
+    self, CaBundle, CredentialSource, Encryption, S3Bucket, S3Options,
+};
 
 use super::error::AgentError;
 
-/// S3 settings. Credentials are deliberately not flags: see [`static_credentials`].
+pub use pgkube_controllers::storage::{error_chain, one_line};
+
+/// [`storage::s3_error`] as the agent's error: one line, without credentials.
+pub fn s3_error<E>(
+    operation: &'static str,
+    key: &str,
+    error: SdkError<E, HttpResponse>,
+) -> AgentError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    storage::s3_error(operation, key, error).into()
+}
+
+/// [`storage::secret_from_env_or_file`] as the agent's error.
+pub fn secret_from_env_or_file(
+    variable: &str,
+    file_variable: &str,
+) -> Result<Option<String>, AgentError> {
+    Ok(storage::secret_from_env_or_file(variable, file_variable)?)
+}
+
+/// S3 settings. Credentials are deliberately not flags: see [`CredentialSource::from_env`].
 #[derive(Args, Debug)]
 pub struct S3Args {
     /// S3 endpoint URL (for example https://s3.example.com); AWS's own when absent.
@@ -80,23 +87,53 @@ pub struct S3Args {
     pub max_attempts: u32,
 }
 
-/// What every write must carry to honour the server-side encryption setting.
-#[derive(Clone, Debug, Default)]
-pub struct Encryption {
-    pub algorithm: Option<ServerSideEncryption>,
-    pub kms_key_id: Option<String>,
+impl S3Args {
+    /// The shared client's options: these flags, plus the keys from the environment (or the
+    /// default chain without them).
+    pub fn options(&self) -> Result<S3Options, AgentError> {
+        if self.bucket.is_empty() {
+            return Err(AgentError::Settings("--s3-bucket is empty".into()));
+        }
+        let ca_bundle = match &self.ca_bundle {
+            Some(path) => Some(CaBundle::from_file(path, "--s3-ca-bundle")?),
+            None => None,
+        };
+        Ok(S3Options {
+            endpoint: self.endpoint.clone(),
+            region: self.region.clone(),
+            bucket: self.bucket.clone(),
+            force_path_style: self.force_path_style,
+            ca_bundle,
+            encryption: self.encryption()?,
+            max_attempts: self.max_attempts,
+            credentials: CredentialSource::from_env()?,
+        })
+    }
+
+    fn encryption(&self) -> Result<Encryption, AgentError> {
+        let algorithm = match self.server_side_encryption.as_deref() {
+            None | Some("") => None,
+            Some(value @ ("AES256" | "aws:kms" | "aws:kms:dsse")) => {
+                Some(ServerSideEncryption::from(value))
+            }
+            Some(other) => {
+                return Err(AgentError::Settings(format!(
+                    "--s3-sse must be AES256, aws:kms or aws:kms:dsse, not {other:?}"
+                )));
+            }
+        };
+        Ok(Encryption {
+            algorithm,
+            kms_key_id: self.sse_kms_key_id.clone().filter(|id| !id.is_empty()),
+        })
+    }
 }
 
-/// A ready S3 client plus where the backup lives.
+/// The bucket, and where this backup's objects go in it.
 #[derive(Clone, Debug)]
 pub struct Store {
-    pub client: Client,
-    pub bucket: String,
-    pub encryption: Encryption,
-    /// Whether part uploads sign their payload's SHA-256 (plain HTTP endpoints only).
-    pub sign_payloads: bool,
-    /// Attempts per request (`--s3-max-attempts`); also how often a broken download resumes.
-    pub max_attempts: u32,
+    /// The shared client and the bucket.
+    pub s3: S3Bucket,
     backup_root: String,
 }
 
@@ -104,16 +141,9 @@ impl Store {
     /// Builds the client and validates the settings. Makes no request.
     pub async fn connect(args: &S3Args, backup_name: &str) -> Result<Self, AgentError> {
         validate_backup_name(backup_name)?;
-        if args.bucket.is_empty() {
-            return Err(AgentError::Settings("--s3-bucket is empty".into()));
-        }
-        let client = build_client(args).await?;
+        let s3 = S3Bucket::connect(&args.options()?).await?;
         Ok(Self {
-            client,
-            bucket: args.bucket.clone(),
-            encryption: encryption(args)?,
-            sign_payloads: !is_https(args.endpoint.as_deref()),
-            max_attempts: args.max_attempts.max(1),
+            s3,
             backup_root: backup_root(&args.prefix, backup_name),
         })
     }
@@ -122,11 +152,7 @@ impl Store {
     /// no server-side encryption, signed payloads, 3 attempts per request.
     pub fn with_client(client: Client, bucket: &str, backup_name: &str) -> Self {
         Self {
-            client,
-            bucket: bucket.to_string(),
-            encryption: Encryption::default(),
-            sign_payloads: true,
-            max_attempts: 3,
+            s3: S3Bucket::with_client(client, bucket),
             backup_root: backup_root("", backup_name),
         }
     }
@@ -149,215 +175,8 @@ impl Store {
 
     /// Size of an object, or `None` when it does not exist.
     pub async fn object_size(&self, key: &str) -> Result<Option<u64>, AgentError> {
-        match self
-            .client
-            .head_object()
-            .bucket(&self.bucket)
-            .key(key)
-            .send()
-            .await
-        {
-            Ok(head) => Ok(Some(
-                head.content_length()
-                    .and_then(|length| u64::try_from(length).ok())
-                    .unwrap_or(0),
-            )),
-            Err(SdkError::ServiceError(service)) if service.err().is_not_found() => Ok(None),
-            Err(error) => Err(s3_error("HeadObject", key, error)),
-        }
+        Ok(self.s3.object_size(key).await?)
     }
-}
-
-/// Reduces an SDK error to one line without credentials: the service's code and message when
-/// the store answered with them, the HTTP status and its usual cause when it did not (answers
-/// to HEAD have no body), otherwise the transport failure (connection refused, timeout, ...).
-pub fn s3_error<E>(
-    operation: &'static str,
-    key: &str,
-    error: SdkError<E, HttpResponse>,
-) -> AgentError
-where
-    E: ProvideErrorMetadata + std::error::Error + 'static,
-{
-    let reason = match &error {
-        SdkError::ServiceError(service) => {
-            let err = service.err();
-            match (err.code(), err.message()) {
-                (Some(code), Some(message)) => format!("{code}: {message}"),
-                (Some(code), None) => code.to_string(),
-                _ => status_reason(service.raw().status().as_u16()),
-            }
-        }
-        _ => error_chain(&error),
-    };
-    AgentError::S3 {
-        operation,
-        key: key.to_string(),
-        reason: one_line(&reason),
-    }
-}
-
-/// What a bare HTTP status from an S3 store usually means.
-fn status_reason(status: u16) -> String {
-    let cause = match status {
-        301 | 307 => "the bucket is in another region or behind another endpoint",
-        400 => "bad request: check --s3-region and the endpoint",
-        401 | 403 => "access denied: check the access key, the secret key and the bucket's policy",
-        404 => "not found: check the bucket name",
-        500..=599 => "the store failed (retries exhausted)",
-        _ => "unexpected answer",
-    };
-    format!("HTTP {status}, no S3 error code ({cause})")
-}
-
-/// `outer: cause: root cause`, each error's Display once (no Debug dumps).
-pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut parts: Vec<String> = vec![error.to_string()];
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let text = cause.to_string();
-        if !parts.iter().any(|part| part.contains(&text)) {
-            parts.push(text);
-        }
-        source = cause.source();
-    }
-    parts.join(": ")
-}
-
-pub fn one_line(text: &str) -> String {
-    text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-async fn build_client(args: &S3Args) -> Result<Client, AgentError> {
-    let retry = RetryConfig::standard()
-        .with_max_attempts(args.max_attempts.max(1))
-        .with_initial_backoff(Duration::from_millis(200))
-        .with_max_backoff(Duration::from_secs(20));
-    let timeouts = TimeoutConfig::builder()
-        .connect_timeout(Duration::from_secs(10))
-        .read_timeout(Duration::from_secs(120))
-        .build();
-    let mut loader = aws_config::defaults(BehaviorVersion::latest())
-        .region(Region::new(args.region.clone()))
-        .retry_config(retry)
-        .timeout_config(timeouts);
-    if let Some(credentials) = static_credentials()? {
-        loader = loader.credentials_provider(credentials);
-    }
-    if let Some(path) = &args.ca_bundle {
-        loader = loader.http_client(https_client_trusting(path)?);
-    }
-    let shared = loader.load().await;
-    let mut config = aws_sdk_s3::config::Builder::from(&shared)
-        .force_path_style(args.force_path_style)
-        .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
-        .response_checksum_validation(ResponseChecksumValidation::WhenRequired);
-    if let Some(endpoint) = &args.endpoint {
-        config = config.endpoint_url(endpoint);
-    }
-    Ok(Client::from_conf(config.build()))
-}
-
-/// Whether requests go over TLS: AWS's own endpoint (no endpoint given) or an `https://` URL.
-fn is_https(endpoint: Option<&str>) -> bool {
-    endpoint.is_none_or(|url| {
-        url.trim_start()
-            .get(..8)
-            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"))
-    })
-}
-
-/// Static keys from files (mounted Secrets) or the standard AWS variables. `None` leaves the
-/// SDK's default chain (web identity, instance profile, ...) in charge.
-fn static_credentials() -> Result<Option<Credentials>, AgentError> {
-    let access_key = secret_from_env_or_file("AWS_ACCESS_KEY_ID", "PGKUBE_S3_ACCESS_KEY_ID_FILE")?;
-    let secret_key =
-        secret_from_env_or_file("AWS_SECRET_ACCESS_KEY", "PGKUBE_S3_SECRET_ACCESS_KEY_FILE")?;
-    match (access_key, secret_key) {
-        (Some(access_key), Some(secret_key)) => Ok(Some(Credentials::new(
-            access_key, secret_key, None, None, "pgkube",
-        ))),
-        (None, None) => Ok(None),
-        _ => Err(AgentError::Settings(
-            "S3 access key id and secret access key must be given together".into(),
-        )),
-    }
-}
-
-/// The value of `file_variable`'s file (trailing newline removed) or else of `variable`.
-pub fn secret_from_env_or_file(
-    variable: &str,
-    file_variable: &str,
-) -> Result<Option<String>, AgentError> {
-    if let Some(path) = std::env::var_os(file_variable) {
-        let path = PathBuf::from(path);
-        let content = std::fs::read_to_string(&path)
-            .map_err(|source| AgentError::ReadFile { path, source })?;
-        return Ok(Some(content.trim_end_matches(['\r', '\n']).to_string()));
-    }
-    Ok(std::env::var(variable)
-        .ok()
-        .filter(|value| !value.is_empty()))
-}
-
-fn https_client_trusting(
-    ca_bundle: &Path,
-) -> Result<aws_sdk_s3::config::SharedHttpClient, AgentError> {
-    let pem = std::fs::read(ca_bundle).map_err(|source| AgentError::ReadFile {
-        path: ca_bundle.to_path_buf(),
-        source,
-    })?;
-    check_pem_certificates(ca_bundle, &pem)?;
-    let context = TlsContext::builder()
-        .with_trust_store(TrustStore::default().with_pem_certificate(pem))
-        .build()
-        .map_err(|error| AgentError::Settings(format!("--s3-ca-bundle: {error}")))?;
-    Ok(aws_smithy_http_client::Builder::new()
-        .tls_provider(tls::Provider::Rustls(
-            tls::rustls_provider::CryptoMode::AwsLc,
-        ))
-        .tls_context(context)
-        .build_https())
-}
-
-/// The TLS stack skips what it cannot parse, so a wrong file (a key, a DER file, an empty
-/// Secret key) would only show later as an untrusted certificate. Refuse it up front instead.
-fn check_pem_certificates(path: &Path, pem: &[u8]) -> Result<(), AgentError> {
-    let mut count = 0;
-    for certificate in CertificateDer::pem_slice_iter(pem) {
-        certificate.map_err(|error| {
-            AgentError::Settings(format!(
-                "--s3-ca-bundle {} is not valid PEM: {error}",
-                path.display()
-            ))
-        })?;
-        count += 1;
-    }
-    if count == 0 {
-        return Err(AgentError::Settings(format!(
-            "--s3-ca-bundle {} holds no PEM certificate",
-            path.display()
-        )));
-    }
-    Ok(())
-}
-
-fn encryption(args: &S3Args) -> Result<Encryption, AgentError> {
-    let algorithm = match args.server_side_encryption.as_deref() {
-        None | Some("") => None,
-        Some(value @ ("AES256" | "aws:kms" | "aws:kms:dsse")) => {
-            Some(ServerSideEncryption::from(value))
-        }
-        Some(other) => {
-            return Err(AgentError::Settings(format!(
-                "--s3-sse must be AES256, aws:kms or aws:kms:dsse, not {other:?}"
-            )));
-        }
-    };
-    Ok(Encryption {
-        algorithm,
-        kms_key_id: args.sse_kms_key_id.clone().filter(|id| !id.is_empty()),
-    })
 }
 
 fn validate_backup_name(name: &str) -> Result<(), AgentError> {
@@ -404,23 +223,37 @@ fn escape_key_segment(name: &str) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_ca_bundle_without_a_certificate_is_refused() {
-        let path = Path::new("ca.pem");
-        for content in [
-            "",
-            "not a certificate\n",
-            "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
-        ] {
-            let error = check_pem_certificates(path, content.as_bytes()).expect_err(content);
-            assert_eq!(
-                error.to_string(),
-                "invalid settings: --s3-ca-bundle ca.pem holds no PEM certificate"
-            );
+    fn args() -> S3Args {
+        S3Args {
+            endpoint: Some("https://127.0.0.1:9".into()),
+            region: "us-east-1".into(),
+            bucket: "b".into(),
+            prefix: String::new(),
+            force_path_style: true,
+            ca_bundle: None,
+            server_side_encryption: None,
+            sse_kms_key_id: None,
+            max_attempts: 3,
         }
-        let broken = "-----BEGIN CERTIFICATE-----\n!!!\n-----END CERTIFICATE-----\n";
-        let error = check_pem_certificates(path, broken.as_bytes()).expect_err("broken");
-        assert!(error.to_string().contains("is not valid PEM"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_ca_bundle_without_a_certificate_is_refused_naming_the_flag() {
+        let path = std::env::temp_dir().join(format!("pgkube-not-a-ca-{}.pem", std::process::id()));
+        std::fs::write(&path, "not a certificate\n").expect("writing the bundle");
+        let args = S3Args {
+            ca_bundle: Some(path.clone()),
+            ..args()
+        };
+        let error = Store::connect(&args, "b1").await.expect_err("refused");
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "invalid settings: --s3-ca-bundle {} holds no PEM certificate",
+                path.display()
+            )
+        );
+        let _ = std::fs::remove_file(path);
     }
 
     #[test]
@@ -448,30 +281,24 @@ mod tests {
     }
 
     #[test]
-    fn payloads_are_signed_only_without_tls() {
-        assert!(is_https(None));
-        assert!(is_https(Some("https://s3.example.com")));
-        assert!(is_https(Some("HTTPS://S3.EXAMPLE.COM:9000")));
-        assert!(!is_https(Some("http://garage.storage:3900")));
-        assert!(!is_https(Some("httpsx")));
+    fn unknown_encryption_is_a_settings_error() {
+        let mut args = S3Args {
+            server_side_encryption: Some("rot13".into()),
+            ..args()
+        };
+        assert!(matches!(args.encryption(), Err(AgentError::Settings(_))));
+        args.server_side_encryption = Some("AES256".into());
+        let chosen = args.encryption().map(|e| e.algorithm);
+        assert!(matches!(chosen, Ok(Some(ServerSideEncryption::Aes256))));
     }
 
     #[test]
-    fn unknown_encryption_is_a_settings_error() {
-        let mut args = S3Args {
-            endpoint: None,
-            region: "us-east-1".into(),
-            bucket: "b".into(),
-            prefix: String::new(),
-            force_path_style: true,
-            ca_bundle: None,
-            server_side_encryption: Some("rot13".into()),
-            sse_kms_key_id: None,
-            max_attempts: 3,
+    fn an_empty_bucket_is_refused_naming_the_flag() {
+        let args = S3Args {
+            bucket: String::new(),
+            ..args()
         };
-        assert!(matches!(encryption(&args), Err(AgentError::Settings(_))));
-        args.server_side_encryption = Some("AES256".into());
-        let chosen = encryption(&args).map(|e| e.algorithm);
-        assert!(matches!(chosen, Ok(Some(ServerSideEncryption::Aes256))));
+        let error = args.options().expect_err("empty bucket");
+        assert_eq!(error.to_string(), "invalid settings: --s3-bucket is empty");
     }
 }

@@ -64,6 +64,37 @@ fn percent_decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// How the agent is given its S3 keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeysVia {
+    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` (and `AWS_SESSION_TOKEN`).
+    Env,
+    /// Files named by `PGKUBE_S3_ACCESS_KEY_ID_FILE`, `PGKUBE_S3_SECRET_ACCESS_KEY_FILE` (and
+    /// `PGKUBE_S3_SESSION_TOKEN_FILE`), as mounted Secrets are.
+    Files,
+    /// No key for the agent at all: the AWS SDK's default chain finds them in a shared
+    /// credentials file (`AWS_SHARED_CREDENTIALS_FILE`, profile `default`).
+    Profile,
+}
+
+/// Every variable through which the SDK's default chain could find credentials on the machine
+/// running the tests; the agent gets none of them unless a test asks.
+const AMBIENT_CREDENTIAL_VARIABLES: &[&str] = &[
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_ROLE_ARN",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "PGKUBE_S3_ACCESS_KEY_ID_FILE",
+    "PGKUBE_S3_SECRET_ACCESS_KEY_FILE",
+    "PGKUBE_S3_SESSION_TOKEN_FILE",
+];
+
 /// One invocation of `pgkube agent backup|restore` with the test bed's settings.
 pub struct Agent {
     pub login: PgLogin,
@@ -71,6 +102,9 @@ pub struct Agent {
     pub s3_region: String,
     pub access_key: String,
     pub secret_key: String,
+    /// Sent with the keys, as temporary keys must be.
+    pub session_token: Option<String>,
+    pub keys_via: KeysVia,
     pub bucket: String,
     pub prefix: String,
     pub work_dir: PathBuf,
@@ -140,6 +174,8 @@ impl Agent {
             s3_region: env.s3_region.clone(),
             access_key: env.s3_access_key.clone(),
             secret_key: env.s3_secret_key.clone(),
+            session_token: None,
+            keys_via: KeysVia::Env,
             bucket: bucket.to_string(),
             prefix: prefix.to_string(),
             work_dir: work_dir.to_path_buf(),
@@ -180,12 +216,11 @@ impl Agent {
             .env("PGHOST", &self.login.host)
             .env("PGPORT", &self.login.port)
             .env("PGUSER", &self.login.user)
-            .env("AWS_ACCESS_KEY_ID", &self.access_key)
-            .env("AWS_SECRET_ACCESS_KEY", &self.secret_key)
             .env("RUST_LOG", "debug")
             .env_remove("PGPASSWORD")
             .env_remove("PGKUBE_PGPASSWORD_FILE")
             .env_remove("PGDATABASE");
+        self.pass_s3_keys(&mut command);
         if self.password_in_file {
             let file = self.work_dir.join("pgpassword");
             std::fs::write(&file, format!("{}\n", self.login.password)).expect("password file");
@@ -215,6 +250,59 @@ impl Agent {
             stderr,
             report,
             termination,
+        }
+    }
+
+    /// The keys as [`Agent::keys_via`] says, and nothing else the default chain could use (no
+    /// instance metadata either: tests stay on loopback).
+    fn pass_s3_keys(&self, command: &mut tokio::process::Command) {
+        for variable in AMBIENT_CREDENTIAL_VARIABLES {
+            command.env_remove(variable);
+        }
+        command.env("AWS_EC2_METADATA_DISABLED", "true");
+        let token = self.session_token.as_deref();
+        match self.keys_via {
+            KeysVia::Env => {
+                command
+                    .env("AWS_ACCESS_KEY_ID", &self.access_key)
+                    .env("AWS_SECRET_ACCESS_KEY", &self.secret_key);
+                if let Some(token) = token {
+                    command.env("AWS_SESSION_TOKEN", token);
+                }
+            }
+            KeysVia::Files => {
+                let file = |name: &str, value: &str| {
+                    let path = self.work_dir.join(name);
+                    std::fs::write(&path, format!("{value}\n")).expect("writing a key file");
+                    path
+                };
+                command
+                    .env(
+                        "PGKUBE_S3_ACCESS_KEY_ID_FILE",
+                        file("access-key-id", &self.access_key),
+                    )
+                    .env(
+                        "PGKUBE_S3_SECRET_ACCESS_KEY_FILE",
+                        file("secret-access-key", &self.secret_key),
+                    );
+                if let Some(token) = token {
+                    command.env("PGKUBE_S3_SESSION_TOKEN_FILE", file("session-token", token));
+                }
+            }
+            KeysVia::Profile => {
+                let mut profile = format!(
+                    "[default]\naws_access_key_id = {}\naws_secret_access_key = {}\n",
+                    self.access_key, self.secret_key
+                );
+                if let Some(token) = token {
+                    profile.push_str(&format!("aws_session_token = {token}\n"));
+                }
+                let credentials = self.work_dir.join("aws-credentials");
+                std::fs::write(&credentials, profile).expect("writing the credentials file");
+                command
+                    .env("AWS_SHARED_CREDENTIALS_FILE", credentials)
+                    .env("AWS_CONFIG_FILE", self.work_dir.join("no-aws-config"));
+            }
         }
     }
 

@@ -1,0 +1,253 @@
+//! The S3 client: its options, and a ready client bound to one bucket.
+
+use std::time::Duration;
+
+use aws_config::retry::RetryConfig;
+use aws_config::timeout::TimeoutConfig;
+use aws_config::{BehaviorVersion, SdkConfig};
+use aws_sdk_s3::Client;
+use aws_sdk_s3::config::{Region, RequestChecksumCalculation, ResponseChecksumValidation};
+use aws_sdk_s3::error::SdkError;
+use aws_sdk_s3::operation::create_multipart_upload::builders::CreateMultipartUploadFluentBuilder;
+use aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder;
+use aws_sdk_s3::types::ServerSideEncryption;
+
+use super::credentials::CredentialSource;
+use super::error::{StorageError, s3_error};
+use super::tls::CaBundle;
+
+/// Everything that decides how the client talks to the store.
+#[derive(Clone, Debug)]
+pub struct S3Options {
+    /// Endpoint URL (`https://minio.example:9000`); AWS's own when `None`.
+    pub endpoint: Option<String>,
+    /// Region to sign for; most S3-compatible stores accept whatever they were configured with.
+    pub region: String,
+    /// Bucket every request of the [`S3Bucket`] goes to.
+    pub bucket: String,
+    /// Address buckets as `<endpoint>/<bucket>` instead of `<bucket>.<endpoint>`.
+    pub force_path_style: bool,
+    /// Extra CAs to trust for the endpoint.
+    pub ca_bundle: Option<CaBundle>,
+    /// What every object written must be encrypted with.
+    pub encryption: Encryption,
+    /// Attempts per request, the first one included, before a transient error is fatal.
+    pub max_attempts: u32,
+    pub credentials: CredentialSource,
+}
+
+impl Default for S3Options {
+    fn default() -> Self {
+        Self {
+            endpoint: None,
+            region: "us-east-1".into(),
+            bucket: String::new(),
+            force_path_style: false,
+            ca_bundle: None,
+            encryption: Encryption::default(),
+            max_attempts: 6,
+            credentials: CredentialSource::DefaultChain,
+        }
+    }
+}
+
+/// Server-side encryption that every write must request.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Encryption {
+    pub algorithm: Option<ServerSideEncryption>,
+    /// KMS key for `aws:kms`; the store's default key when `None`.
+    pub kms_key_id: Option<String>,
+}
+
+/// A ready client and the bucket it works in.
+#[derive(Clone, Debug)]
+pub struct S3Bucket {
+    pub client: Client,
+    /// The bucket's name.
+    pub name: String,
+    pub encryption: Encryption,
+    /// Whether part uploads sign their payload's SHA-256: over plain HTTP only (see the module
+    /// documentation).
+    pub sign_payloads: bool,
+    /// Attempts per request ([`S3Options::max_attempts`], at least 1); callers that resume
+    /// transfers themselves use it too.
+    pub max_attempts: u32,
+}
+
+impl S3Bucket {
+    /// Builds the client and validates the options. Makes no request.
+    pub async fn connect(options: &S3Options) -> Result<Self, StorageError> {
+        if options.bucket.is_empty() {
+            return Err(StorageError::Settings("the S3 bucket name is empty".into()));
+        }
+        Ok(Self {
+            client: build_client(options).await?,
+            name: options.bucket.clone(),
+            encryption: options.encryption.clone(),
+            sign_payloads: !is_https(options.endpoint.as_deref()),
+            max_attempts: options.max_attempts.max(1),
+        })
+    }
+
+    /// A bucket over a ready client (for tests that bring their own, such as the test bed's):
+    /// no server-side encryption, signed payloads, 3 attempts per request.
+    pub fn with_client(client: Client, name: &str) -> Self {
+        Self {
+            client,
+            name: name.to_string(),
+            encryption: Encryption::default(),
+            sign_payloads: true,
+            max_attempts: 3,
+        }
+    }
+
+    /// Size of an object, or `None` when it does not exist.
+    pub async fn object_size(&self, key: &str) -> Result<Option<u64>, StorageError> {
+        let head = self
+            .client
+            .head_object()
+            .bucket(&self.name)
+            .key(key)
+            .send()
+            .await;
+        match head {
+            Ok(head) => Ok(Some(
+                head.content_length()
+                    .and_then(|length| u64::try_from(length).ok())
+                    .unwrap_or(0),
+            )),
+            Err(SdkError::ServiceError(service)) if service.err().is_not_found() => Ok(None),
+            Err(error) => Err(s3_error("HeadObject", key, error)),
+        }
+    }
+
+    /// A PutObject of `key` that requests the bucket's server-side encryption.
+    pub fn put_object(&self, key: &str) -> PutObjectFluentBuilder {
+        self.client
+            .put_object()
+            .bucket(&self.name)
+            .key(key)
+            .set_server_side_encryption(self.encryption.algorithm.clone())
+            .set_ssekms_key_id(self.encryption.kms_key_id.clone())
+    }
+
+    /// A CreateMultipartUpload of `key` that requests the bucket's server-side encryption.
+    pub fn create_multipart_upload(&self, key: &str) -> CreateMultipartUploadFluentBuilder {
+        self.client
+            .create_multipart_upload()
+            .bucket(&self.name)
+            .key(key)
+            .set_server_side_encryption(self.encryption.algorithm.clone())
+            .set_ssekms_key_id(self.encryption.kms_key_id.clone())
+    }
+}
+
+async fn build_client(options: &S3Options) -> Result<Client, StorageError> {
+    let shared = shared_config(options).await?;
+    let mut config = aws_sdk_s3::config::Builder::from(&shared)
+        .force_path_style(options.force_path_style)
+        .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+        .response_checksum_validation(ResponseChecksumValidation::WhenRequired);
+    if let Some(endpoint) = &options.endpoint {
+        config = config.endpoint_url(endpoint);
+    }
+    Ok(Client::from_conf(config.build()))
+}
+
+/// Region, retries, timeouts, credentials and the HTTPS client: what any AWS client would share.
+async fn shared_config(options: &S3Options) -> Result<SdkConfig, StorageError> {
+    let retry = RetryConfig::standard()
+        .with_max_attempts(options.max_attempts.max(1))
+        .with_initial_backoff(Duration::from_millis(200))
+        .with_max_backoff(Duration::from_secs(20));
+    let timeouts = TimeoutConfig::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .read_timeout(Duration::from_secs(120))
+        .build();
+    let mut loader = aws_config::defaults(BehaviorVersion::latest())
+        .region(Region::new(options.region.clone()))
+        .retry_config(retry)
+        .timeout_config(timeouts);
+    // Without a provider the loader builds the default chain, over the same HTTP client (so web
+    // identity's STS requests trust the CA bundle's CAs too, beside the system roots).
+    if let Some(credentials) = options.credentials.static_credentials() {
+        loader = loader.credentials_provider(credentials);
+    }
+    if let Some(bundle) = &options.ca_bundle {
+        loader = loader.http_client(bundle.https_client()?);
+    }
+    Ok(loader.load().await)
+}
+
+/// Whether requests go over TLS: AWS's own endpoint (no endpoint given) or an `https://` URL.
+pub fn is_https(endpoint: Option<&str>) -> bool {
+    endpoint.is_none_or(|url| {
+        url.trim_start()
+            .get(..8)
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("https://"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_s3::config::ProvideCredentials;
+
+    use super::super::credentials::StaticKeys;
+    use super::*;
+
+    #[test]
+    fn payloads_are_signed_only_without_tls() {
+        assert!(is_https(None));
+        assert!(is_https(Some("https://s3.example.com")));
+        assert!(is_https(Some("HTTPS://S3.EXAMPLE.COM:9000")));
+        assert!(!is_https(Some("http://garage.storage:3900")));
+        assert!(!is_https(Some("httpsx")));
+    }
+
+    fn options(credentials: CredentialSource) -> S3Options {
+        S3Options {
+            endpoint: Some("http://127.0.0.1:9".into()),
+            bucket: "backups".into(),
+            credentials,
+            ..S3Options::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_client_signs_with_the_static_keys_and_their_session_token() {
+        let keys = CredentialSource::Static(StaticKeys {
+            access_key_id: "ASIA".into(),
+            secret_access_key: "SK".into(),
+            session_token: Some("TOKEN".into()),
+        });
+        let shared = shared_config(&options(keys)).await.expect("config");
+        let provider = shared.credentials_provider().expect("a provider");
+        let credentials = provider.provide_credentials().await.expect("credentials");
+        assert_eq!(credentials.access_key_id(), "ASIA");
+        assert_eq!(credentials.session_token(), Some("TOKEN"));
+        let bucket = S3Bucket::connect(&options(CredentialSource::DefaultChain)).await;
+        assert!(bucket.expect("connect").sign_payloads);
+    }
+
+    #[tokio::test]
+    async fn without_keys_the_client_uses_the_default_chain() {
+        let shared = shared_config(&options(CredentialSource::DefaultChain))
+            .await
+            .expect("config");
+        // Asking the chain for credentials would reach for instance metadata, off loopback:
+        // its type is what this test can check.
+        let provider = format!("{:?}", shared.credentials_provider().expect("a provider"));
+        assert!(provider.contains("DefaultCredentialsChain"), "{provider}");
+    }
+
+    #[tokio::test]
+    async fn an_empty_bucket_name_is_refused() {
+        let error = S3Bucket::connect(&S3Options::default())
+            .await
+            .expect_err("no bucket");
+        assert_eq!(
+            error.to_string(),
+            "invalid settings: the S3 bucket name is empty"
+        );
+    }
+}
