@@ -36,7 +36,9 @@ pub struct BackupArgs {
     #[arg(long = "database", value_name = "NAME")]
     databases: Vec<String>,
 
-    /// Size of each multipart-upload part in MiB (S3 needs at least 5; 10,000 parts at most).
+    /// Size in MiB of the first 900 multipart-upload parts of each object (S3 needs at least 5).
+    /// The size doubles every 900 parts, up to S3's 5 GiB, so that objects up to S3's 5 TiB
+    /// limit fit in its 10,000 parts.
     #[arg(long, env = "PGKUBE_PART_SIZE_MIB", default_value_t = 8,
           value_parser = clap::value_parser!(u64).range(5..=4096))]
     part_size_mib: u64,
@@ -48,7 +50,7 @@ pub struct BackupArgs {
     dump_compression: Option<u8>,
 
     /// Parts uploaded concurrently while the next one is read; memory is about
-    /// (parts-in-flight + 1) x part size.
+    /// (parts-in-flight + 1) x the current part size.
     #[arg(long, env = "PGKUBE_PARTS_IN_FLIGHT", default_value_t = 2,
           value_parser = clap::value_parser!(u64).range(1..=16))]
     parts_in_flight: u64,

@@ -33,7 +33,8 @@
 //! temporary keys) or from the files named by `PGKUBE_S3_ACCESS_KEY_ID_FILE` /
 //! `PGKUBE_S3_SECRET_ACCESS_KEY_FILE` / `PGKUBE_S3_SESSION_TOKEN_FILE`, never from flags; without
 //! any key, the AWS SDK's default chain finds credentials (profile files, web identity / IRSA,
-//! container credentials, instance metadata).
+//! container credentials, instance metadata). Parts grow with the part count
+//! ([`part_size::PartSizes`]) so that a dump as large as S3 allows fits in 10,000 parts.
 //!
 //! # Result
 //!
@@ -47,6 +48,7 @@ mod download;
 mod error;
 mod manifest;
 pub mod multipart;
+pub mod part_size;
 mod postgres;
 mod report;
 mod restore;

@@ -2,10 +2,11 @@
 //!
 //! Memory stays bounded whatever the stream's length: one part is being filled from the reader
 //! while at most `parts_in_flight` earlier parts are being uploaded, so the agent holds at most
-//! `(parts_in_flight + 1) * part_size` bytes of data. Those buffers come from a [`PartBuffers`]
-//! pool and are reused from part to part and object to object, so the part memory is allocated
-//! once per backup, not once per part. The SHA-256 and the byte count are computed on the fly, in
-//! stream order.
+//! `(parts_in_flight + 1) x` the current part size. The part size grows with the part count
+//! ([`PartSizes`]) so that any stream S3 can store fits in its 10,000 parts. The buffers come from
+//! a [`PartBuffers`] pool and are reused from part to part and object to object, so the part
+//! memory is allocated once per backup and part size, not once per part. The SHA-256 and the
+//! byte count are computed on the fly, in stream order.
 //!
 //! The caller decides whether the upload is kept: [`MultipartUpload::send`] only uploads parts,
 //! [`MultipartUpload::complete`] makes the object visible and checks its stored size, and
@@ -22,70 +23,93 @@ use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
 use super::error::AgentError;
+use super::part_size::{MAX_PARTS, PartSizes};
 use super::storage::{Store, s3_error};
 
-/// S3's limits: every part but the last is at least 5 MiB, and an upload has at most 10,000.
-pub const MIN_PART_SIZE: usize = 5 * 1024 * 1024;
-const MAX_PARTS: i32 = 10_000;
+pub use super::part_size::MIN_PART_SIZE;
 
 /// The part buffers of a backup, reused from one part (and one object) to the next.
 ///
 /// Why a pool: a fresh part-sized buffer per part is filled on one worker thread and freed on
 /// another after its upload, which leaves it to the allocator (glibc keeps per-thread arenas)
 /// whether peak memory stays flat over thousands of parts. With a pool the same
-/// `parts_in_flight + 1` buffers carry every part, so the part memory is fixed by construction.
+/// `parts_in_flight + 1` buffers carry every part of a given size. When the part size changes
+/// (it doubled, or a new object starts small again), the buffers of the old size are dropped
+/// as they come back, so the pool never holds more than `parts_in_flight + 1` buffers of the
+/// current size.
 pub struct PartBuffers {
-    part_size: usize,
+    sizes: PartSizes,
     keep: usize,
+    /// Free buffers, all fit for `current`.
     free: Vec<BytesMut>,
+    /// The part size last asked for.
+    current: usize,
     allocated: usize,
 }
 
 impl PartBuffers {
-    /// A pool of `part_size` buffers (raised to S3's minimum), enough for `parts_in_flight`
-    /// uploads plus the part being filled.
+    /// A pool for parts of `part_size` (raised to S3's minimum) that double as
+    /// [`PartSizes::new`] has them, enough for `parts_in_flight` uploads plus the part being
+    /// filled.
     pub fn new(part_size: usize, parts_in_flight: usize) -> Self {
+        Self::with_sizes(PartSizes::new(part_size), parts_in_flight)
+    }
+
+    /// A pool for parts of the given schedule.
+    pub fn with_sizes(sizes: PartSizes, parts_in_flight: usize) -> Self {
         let keep = parts_in_flight.max(1) + 1;
         Self {
-            part_size: part_size.max(MIN_PART_SIZE),
+            sizes,
             keep,
             free: Vec::with_capacity(keep),
+            current: sizes.first(),
             allocated: 0,
         }
     }
 
-    pub fn part_size(&self) -> usize {
-        self.part_size
+    /// The size of every part number.
+    pub fn sizes(&self) -> PartSizes {
+        self.sizes
     }
 
     /// How many buffers were allocated so far: with every buffer returned, never more than
-    /// `parts_in_flight + 1`, however many parts went through.
+    /// `parts_in_flight + 1` per part size used, however many parts went through.
     pub fn allocated(&self) -> usize {
         self.allocated
     }
 
-    /// An empty buffer with room for one whole part.
-    fn take(&mut self) -> BytesMut {
+    /// An empty buffer with room for one part of `size` bytes.
+    fn take(&mut self, size: usize) -> BytesMut {
+        if size != self.current {
+            self.current = size;
+            self.free.retain(|buffer| fits(buffer, size));
+        }
         self.free.pop().unwrap_or_else(|| {
             self.allocated += 1;
-            BytesMut::with_capacity(self.part_size)
+            BytesMut::with_capacity(size)
         })
     }
 
     /// Takes an uploaded part back for reuse. The SDK has dropped its copies by the time the
     /// upload returns, so the part is normally unique; if something still holds it, it is left
-    /// to be freed and a new buffer is allocated later.
+    /// to be freed and a new buffer is allocated later. A part of another size than the current
+    /// one is freed too.
     fn recycle(&mut self, part: Bytes) {
         if self.free.len() >= self.keep {
             return;
         }
         if let Ok(mut buffer) = part.try_into_mut()
-            && buffer.capacity() >= self.part_size
+            && fits(&buffer, self.current)
         {
             buffer.clear();
             self.free.push(buffer);
         }
     }
+}
+
+/// Whether `buffer` can carry a part of `size` bytes without wasting half its memory or more.
+fn fits(buffer: &BytesMut, size: usize) -> bool {
+    buffer.capacity() >= size && buffer.capacity() - size < size
 }
 
 /// How the stream was cut up and what it contained.
@@ -150,24 +174,20 @@ impl MultipartUpload {
         let mut parts = Vec::new();
         // Dropping the set (on an early return) cancels the uploads still running.
         let mut uploads = JoinSet::new();
-        let mut part_number = 0i32;
+        let mut part_number = 0u32;
         loop {
+            let part_size = buffers.sizes().size_of(part_number + 1);
             let data = self
-                .read_part(reader, &mut hasher, buffers.take(), buffers.part_size())
+                .read_part(reader, &mut hasher, buffers.take(part_size), part_size)
                 .await?;
-            let at_end = data.len() < buffers.part_size();
+            let at_end = data.len() < part_size;
             // An empty stream still needs one (empty) part; otherwise skip the empty tail.
             if data.is_empty() && part_number > 0 {
                 buffers.recycle(data.freeze());
                 break;
             }
             part_number += 1;
-            if part_number > MAX_PARTS {
-                return Err(AgentError::Settings(format!(
-                    "{} needs more than {MAX_PARTS} parts; raise --part-size-mib",
-                    self.key
-                )));
-            }
+            self.check_part_count(part_number, buffers.sizes())?;
             size += data.len() as u64;
             while uploads.len() >= self.parts_in_flight {
                 parts.push(self.next_finished(&mut uploads, buffers).await?);
@@ -176,7 +196,8 @@ impl MultipartUpload {
                 self.store.clone(),
                 self.key.clone(),
                 self.upload_id.clone(),
-                part_number,
+                // At most MAX_PARTS, checked above.
+                i32::try_from(part_number).unwrap_or(i32::MAX),
                 data.freeze(),
             ));
             if at_end {
@@ -192,6 +213,19 @@ impl MultipartUpload {
             sha256: hex::encode(hasher.finalize()),
             parts,
         })
+    }
+
+    /// Refuses a part beyond S3's 10,000: the stream is larger than an object can be.
+    fn check_part_count(&self, part_number: u32, sizes: PartSizes) -> Result<(), AgentError> {
+        if part_number <= MAX_PARTS {
+            return Ok(());
+        }
+        Err(AgentError::Settings(format!(
+            "{} needs more than {MAX_PARTS} parts: the stream is larger than S3 stores in one \
+             object ({} bytes in {MAX_PARTS} parts of growing size)",
+            self.key,
+            sizes.capacity(MAX_PARTS)
+        )))
     }
 
     /// Makes the object visible, then checks that the store holds exactly the bytes sent.
@@ -344,14 +378,16 @@ async fn upload_part(
 mod tests {
     use super::*;
 
+    const MIB: usize = 1024 * 1024;
+
     #[test]
     fn a_returned_part_is_reused_and_a_part_still_shared_is_not() {
         let mut buffers = PartBuffers::new(MIN_PART_SIZE, 1);
-        let mut first = buffers.take();
+        let mut first = buffers.take(MIN_PART_SIZE);
         first.put_slice(b"part one");
         let address = first.as_ptr();
         buffers.recycle(first.freeze());
-        let reused = buffers.take();
+        let reused = buffers.take(MIN_PART_SIZE);
         assert_eq!(reused.as_ptr(), address, "the same allocation comes back");
         assert!(reused.is_empty());
         assert_eq!(buffers.allocated(), 1);
@@ -359,7 +395,7 @@ mod tests {
         let shared = reused.freeze();
         let still_held = shared.clone();
         buffers.recycle(shared);
-        let fresh = buffers.take();
+        let fresh = buffers.take(MIN_PART_SIZE);
         assert_ne!(
             fresh.as_ptr(),
             still_held.as_ptr(),
@@ -371,7 +407,9 @@ mod tests {
     #[test]
     fn the_pool_keeps_no_more_than_it_can_use() {
         let mut buffers = PartBuffers::new(MIN_PART_SIZE, 2);
-        let taken: Vec<Bytes> = (0..5).map(|_| buffers.take().freeze()).collect();
+        let taken: Vec<Bytes> = (0..5)
+            .map(|_| buffers.take(MIN_PART_SIZE).freeze())
+            .collect();
         for part in taken {
             buffers.recycle(part);
         }
@@ -380,5 +418,45 @@ mod tests {
             3,
             "parts in flight plus the one being filled"
         );
+    }
+
+    /// Drives the pool as `send` does over a schedule that doubles every 3 parts, then over a
+    /// second object that starts small again: the bytes held never exceed
+    /// `(parts_in_flight + 1) x` the current part size.
+    #[test]
+    fn memory_stays_within_the_bound_as_the_part_size_grows() {
+        let parts_in_flight = 2;
+        let sizes = PartSizes::new(MIN_PART_SIZE).doubling_every(3);
+        let mut buffers = PartBuffers::with_sizes(sizes, parts_in_flight);
+        for object in 0..2 {
+            let mut in_flight: Vec<Bytes> = Vec::new();
+            for part_number in 1..=12 {
+                let size = sizes.size_of(part_number);
+                let filling = buffers.take(size);
+                assert!(
+                    filling.capacity() >= size,
+                    "object {object} part {part_number}"
+                );
+                let held: usize = in_flight.iter().map(Bytes::len).sum::<usize>()
+                    + buffers.free.iter().map(BytesMut::capacity).sum::<usize>()
+                    + filling.capacity();
+                assert!(
+                    held <= (parts_in_flight + 1) * size,
+                    "object {object} part {part_number}: {} MiB held",
+                    held / MIB
+                );
+                while in_flight.len() >= parts_in_flight {
+                    buffers.recycle(in_flight.remove(0));
+                }
+                let mut part = filling;
+                part.resize(size, 0);
+                in_flight.push(part.freeze());
+            }
+            for part in in_flight {
+                buffers.recycle(part);
+            }
+        }
+        // Each of the 4 sizes of each object needed its buffers once.
+        assert!(buffers.allocated() <= 2 * 4 * (parts_in_flight + 1));
     }
 }
