@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
-use pgkube_testkit::{http_get, unique_name};
+use pgkube_testkit::{http_get, processes_with_args, unique_name};
 use serde_json::Value;
 
 /// The PostgreSQL major the tests run (Debian's).
@@ -250,24 +250,9 @@ fn write_credentials(dir: &Path, username: &str, password: &str) {
     std::fs::rename(&partial, dir.join("password")).expect("password in place");
 }
 
-/// The processes whose command line names `pgdata` (the postmaster runs as `postgres -D <pgdata>`).
+/// The postgres processes of `pgdata` (the postmaster runs as `postgres -D <pgdata>`).
 fn postgres_processes_of(pgdata: &Path) -> Vec<u32> {
-    let wanted = pgdata.to_string_lossy().into_owned();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|cmdline| {
-                    let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-                    cmdline.contains("postgres") && cmdline.contains(&wanted)
-                })
-                .unwrap_or(false)
-        })
-        .collect()
+    processes_with_args(&["postgres", &pgdata.to_string_lossy()])
 }
 
 fn kill_postgres_of(pgdata: &Path) {

@@ -12,11 +12,36 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{Patch, PatchParams};
 use pgkube_crds::InstanceRole;
 use pgkube_testkit::tokio_postgres;
-use pgkube_testkit::{ClusterService, TestCluster, replication_secret_name, wait_until};
+use pgkube_testkit::{
+    ClusterService, TestCluster, processes_with_env, replication_secret_name, wait_until,
+};
 
 const RESYNC: Duration = Duration::from_secs(30);
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(300);
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Starts a cluster of `replicas` instances on the real node and waits until it runs.
+async fn start(running: &Running, replicas: i32) -> TestCluster {
+    TestCluster::builder("pg")
+        .replicas(replicas)
+        .timeout(CLUSTER_TIMEOUT)
+        .start(&running.namespace)
+        .await
+        .unwrap_or_else(|error| panic!("a {replicas}-instance cluster becomes Running: {error:#}"))
+}
+
+/// Merges `spec` into the cluster's spec.
+async fn patch_spec(cluster: &TestCluster, spec: serde_json::Value) {
+    cluster
+        .api()
+        .patch(
+            cluster.name(),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "spec": spec })),
+        )
+        .await
+        .expect("spec changed");
+}
 
 async fn count(sql: &tokio_postgres::Client) -> anyhow::Result<i64> {
     Ok(sql
@@ -77,37 +102,12 @@ async fn wait_replicas_caught_up(cluster: &TestCluster, replicas: usize) {
     .expect("replicas catch up");
 }
 
-/// The pods whose processes carry `POD_NAME=<pod>` in their environment (the instance manager
-/// and the postgres processes it starts inherit it), on this machine.
-fn processes_of_pod(pod: &str) -> Vec<u32> {
-    let wanted = format!("POD_NAME={pod}");
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|environ| {
-                environ
-                    .split(|byte| *byte == 0)
-                    .any(|variable| variable == wanted.as_bytes())
-            })
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn three_instances_one_primary_rows_written_through_rw_are_read_through_ro() {
     let Some(running) = Running::start("replication", RESYNC).await else {
         return;
     };
-    let cluster = TestCluster::builder("pg")
-        .replicas(3)
-        .timeout(CLUSTER_TIMEOUT)
-        .start(&running.namespace)
-        .await
-        .expect("a 3-instance cluster becomes Running");
+    let cluster = start(&running, 3).await;
     wait_replicas_caught_up(&cluster, 2).await;
 
     let status = cluster
@@ -216,12 +216,7 @@ async fn scaling_three_to_one_to_three_keeps_the_data_and_drops_the_slots() {
     let Some(running) = Running::start("replication-scale", RESYNC).await else {
         return;
     };
-    let cluster = TestCluster::builder("pg")
-        .replicas(3)
-        .timeout(CLUSTER_TIMEOUT)
-        .start(&running.namespace)
-        .await
-        .expect("a 3-instance cluster becomes Running");
+    let cluster = start(&running, 3).await;
     wait_replicas_caught_up(&cluster, 2).await;
     let primary = cluster.sql().await.expect("login through rw");
     primary
@@ -229,21 +224,7 @@ async fn scaling_three_to_one_to_three_keeps_the_data_and_drops_the_slots() {
         .await
         .expect("rows");
 
-    let scale = |replicas: i32| {
-        let cluster = cluster.clone();
-        async move {
-            cluster
-                .api()
-                .patch(
-                    cluster.name(),
-                    &PatchParams::default(),
-                    &Patch::Merge(serde_json::json!({ "spec": { "replicas": replicas } })),
-                )
-                .await
-                .expect("replicas changed");
-        }
-    };
-    scale(1).await;
+    patch_spec(&cluster, serde_json::json!({ "replicas": 1 })).await;
     wait_until("one pod left", CHANGE_TIMEOUT, || async {
         Ok((cluster.pods().await?.len() == 1).then_some(()))
     })
@@ -253,7 +234,11 @@ async fn scaling_three_to_one_to_three_keeps_the_data_and_drops_the_slots() {
         wait_until(
             &format!("no process of {removed} left"),
             CHANGE_TIMEOUT,
-            || async { Ok(processes_of_pod(removed).is_empty().then_some(())) },
+            || async {
+                Ok(processes_with_env(&format!("POD_NAME={removed}"))
+                    .is_empty()
+                    .then_some(()))
+            },
         )
         .await
         .expect("the instance manager stops postgres and exits");
@@ -275,7 +260,7 @@ async fn scaling_three_to_one_to_three_keeps_the_data_and_drops_the_slots() {
         .await
         .expect("writes while alone");
 
-    scale(3).await;
+    patch_spec(&cluster, serde_json::json!({ "replicas": 3 })).await;
     cluster
         .wait_running(CLUSTER_TIMEOUT)
         .await
@@ -302,12 +287,7 @@ async fn rotated_passwords_work_without_a_restart() {
     let Some(running) = Running::start("replication-rotate", RESYNC).await else {
         return;
     };
-    let cluster = TestCluster::builder("pg")
-        .replicas(2)
-        .timeout(CLUSTER_TIMEOUT)
-        .start(&running.namespace)
-        .await
-        .expect("a 2-instance cluster becomes Running");
+    let cluster = start(&running, 2).await;
     wait_replicas_caught_up(&cluster, 1).await;
     let restarts_before = restart_counts(&running, &cluster).await;
     let (user, old_password) = cluster.credentials().await.expect("credentials");
@@ -387,12 +367,7 @@ async fn parameter_changes_reload_or_restart_postgres_inside_the_pod() {
     let Some(running) = Running::start("replication-params", RESYNC).await else {
         return;
     };
-    let cluster = TestCluster::builder("pg")
-        .replicas(2)
-        .timeout(CLUSTER_TIMEOUT)
-        .start(&running.namespace)
-        .await
-        .expect("a 2-instance cluster becomes Running");
+    let cluster = start(&running, 2).await;
     let pods_before = cluster.pods().await.expect("pods");
     let restarts_before = restart_counts(&running, &cluster).await;
     let started: String = cluster
@@ -403,22 +378,6 @@ async fn parameter_changes_reload_or_restart_postgres_inside_the_pod() {
         .await
         .expect("start time")
         .get(0);
-    let set = |parameters: serde_json::Value| {
-        let cluster = cluster.clone();
-        async move {
-            cluster
-                .api()
-                .patch(
-                    cluster.name(),
-                    &PatchParams::default(),
-                    &Patch::Merge(serde_json::json!({
-                        "spec": { "postgresql": { "parameters": parameters } }
-                    })),
-                )
-                .await
-                .expect("parameters changed");
-        }
-    };
     let show = |via: ClusterService, name: &'static str| {
         let cluster = cluster.clone();
         async move {
@@ -432,7 +391,11 @@ async fn parameter_changes_reload_or_restart_postgres_inside_the_pod() {
         }
     };
 
-    set(serde_json::json!({ "work_mem": "12MB" })).await;
+    patch_spec(
+        &cluster,
+        serde_json::json!({ "postgresql": { "parameters": { "work_mem": "12MB" } } }),
+    )
+    .await;
     let (_, started_after_reload) =
         wait_until("work_mem = 12MB on the primary", CHANGE_TIMEOUT, || async {
             Ok(show(ClusterService::ReadWrite, "work_mem")
@@ -455,7 +418,12 @@ async fn parameter_changes_reload_or_restart_postgres_inside_the_pod() {
     .await
     .expect("the reload reaches the replica");
 
-    set(serde_json::json!({ "work_mem": "12MB", "max_connections": "90" })).await;
+    let parameters = serde_json::json!({ "work_mem": "12MB", "max_connections": "90" });
+    patch_spec(
+        &cluster,
+        serde_json::json!({ "postgresql": { "parameters": parameters } }),
+    )
+    .await;
     for via in [ClusterService::ReadWrite, ClusterService::ReadOnly] {
         wait_until(
             &format!("max_connections = 90 through {via:?}"),
@@ -494,12 +462,7 @@ async fn a_replica_that_cannot_stream_is_reported_and_a_new_clone_recovers_it() 
     let Some(running) = Running::start("replication-broken", RESYNC).await else {
         return;
     };
-    let cluster = TestCluster::builder("pg")
-        .replicas(2)
-        .timeout(CLUSTER_TIMEOUT)
-        .start(&running.namespace)
-        .await
-        .expect("a 2-instance cluster becomes Running");
+    let cluster = start(&running, 2).await;
     wait_replicas_caught_up(&cluster, 1).await;
     let primary = cluster.sql().await.expect("login through rw");
     primary

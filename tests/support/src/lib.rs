@@ -80,6 +80,7 @@ mod env;
 mod http;
 mod names;
 mod namespace;
+mod process;
 pub mod proxy;
 mod service;
 mod wait;
@@ -97,6 +98,7 @@ pub use env::{SKIP_ENV_VAR, TestEnv, testbed};
 pub use http::http_get;
 pub use names::unique_name;
 pub use namespace::TestNamespace;
+pub use process::{processes_with_args, processes_with_env};
 pub use service::{pod_addresses, service_addresses};
 pub use wait::wait_until;
 
