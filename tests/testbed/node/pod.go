@@ -23,6 +23,11 @@ type podRuntime struct {
 	ip  string
 	dir string
 
+	// publishing makes taking a status and handing it to virtual-kubelet one step: without it,
+	// a status taken before a change could be handed over after the status taken after it,
+	// and virtual-kubelet keeps the last one it was given (a finished pod stayed Running).
+	publishing sync.Mutex
+
 	mu          sync.Mutex
 	pod         *corev1.Pod
 	init        []*containerRuntime
@@ -153,6 +158,8 @@ func setCondition(status *corev1.PodStatus, kind corev1.PodConditionType, value 
 // that a newer pod of the same name has replaced keeps quiet: virtual-kubelet knows pods by
 // name, and its status would land on the new pod.
 func (r *podRuntime) changed() {
+	r.publishing.Lock()
+	defer r.publishing.Unlock()
 	if !r.p.isCurrent(r) {
 		return
 	}
