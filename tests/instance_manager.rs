@@ -193,6 +193,7 @@ impl Bed {
             .env("PGKUBE_STATUS_PORT", instance.status.port().to_string())
             .env("PGKUBE_SHUTDOWN_TIMEOUT", "20s")
             .env("PGKUBE_WATCH_PERIOD", "500ms")
+            .env("PGKUBE_SLOT_DROP_GRACE", "1s")
             .env("LANG", "C.UTF-8");
         instance.child = Some(command.spawn().expect("pgkube instance run starts"));
     }

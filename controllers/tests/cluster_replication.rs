@@ -19,6 +19,9 @@ use pgkube_testkit::{
 const RESYNC: Duration = Duration::from_secs(30);
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(300);
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(180);
+/// The instance manager's grace period before dropping a removed instance's slot (2 min), and
+/// some.
+const SLOT_DROP_TIMEOUT: Duration = Duration::from_secs(240);
 
 /// Starts a cluster of `replicas` instances on the real node and waits until it runs.
 async fn start(running: &Running, replicas: i32) -> TestCluster {
@@ -243,9 +246,10 @@ async fn scaling_three_to_one_to_three_keeps_the_data_and_drops_the_slots() {
         .await
         .expect("the instance manager stops postgres and exits");
     }
+    // The primary waits 2 minutes before it drops the slot of a removed instance.
     wait_until(
         "the removed replicas' slots dropped",
-        CHANGE_TIMEOUT,
+        SLOT_DROP_TIMEOUT,
         || async { Ok(slots(&primary).await?.is_empty().then_some(())) },
     )
     .await

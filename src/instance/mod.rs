@@ -19,7 +19,8 @@
 //! 4. Every `--watch-period`: re-reads the files; reloads the server when its configuration
 //!    changed and restarts it when a changed setting needs a restart; sets the role passwords
 //!    when a Secret changed (on the primary, without a restart); drops the slots of instances no
-//!    longer in the cluster; refreshes the status served by the [`endpoint`].
+//!    longer in the cluster, after a grace period ([`slots`]); refreshes the status served by
+//!    the [`endpoint`].
 //! 5. On SIGTERM or SIGINT: a fast shutdown, immediate once `--shutdown-timeout` has passed,
 //!    then exits. SIGQUIT asks for an immediate shutdown; SIGHUP is passed on (reload). If
 //!    postgres exits by itself, so does the manager, with an error: the kubelet restarts the
@@ -29,6 +30,7 @@ mod datadir;
 mod desired;
 mod endpoint;
 mod server;
+mod slots;
 mod sql;
 
 use std::net::{IpAddr, SocketAddr};
@@ -113,6 +115,13 @@ pub struct RunArgs {
     #[arg(long, env = "PGKUBE_SHUTDOWN_TIMEOUT", default_value = "50s",
         value_parser = humantime::parse_duration)]
     shutdown_timeout: Duration,
+
+    /// How long the primary waits before it drops the slot of an instance no longer in the
+    /// cluster: longer than a kubelet takes to refresh the mounted ConfigMap, so that the new
+    /// replica of a scale-up keeps the slot it made before the primary learns of it.
+    #[arg(long, env = "PGKUBE_SLOT_DROP_GRACE", default_value = "2m",
+        value_parser = humantime::parse_duration)]
+    slot_drop_grace: Duration,
 
     /// How often the mounted files and the server are looked at.
     #[arg(long, env = "PGKUBE_WATCH_PERIOD", default_value = "2s",
@@ -222,6 +231,7 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         }
     };
     let server = Server::start(&args.pgdata).context("cannot start postgres")?;
+    let slot_reaper = slots::SlotReaper::new(args.slot_drop_grace);
     let mut instance = Instance {
         args,
         sources,
@@ -232,6 +242,7 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         credentials_applied: false,
         changed_since_start: false,
         reload_pending: false,
+        slot_reaper,
         client: None,
     };
     let result = instance.run(server, &mut signals).await;
@@ -371,6 +382,8 @@ struct Instance {
     changed_since_start: bool,
     /// The files changed and the server has not re-read them yet.
     reload_pending: bool,
+    /// On the primary: when the slots of removed instances go.
+    slot_reaper: slots::SlotReaper,
     client: Option<Arc<tokio_postgres::Client>>,
 }
 
@@ -518,7 +531,12 @@ impl Instance {
             tracing::info!("role passwords set from the Secrets");
             self.credentials_applied = true;
         }
-        sql::drop_removed_slots(client, &self.applied.topology.replica_slots()).await?;
+        let wanted = self.applied.topology.replica_slots();
+        let unwanted = sql::unwanted_slots(client, &wanted).await?;
+        for slot in self.slot_reaper.due(&unwanted, std::time::Instant::now()) {
+            sql::drop_slot(client, &slot).await?;
+            self.slot_reaper.dropped(&slot);
+        }
         Ok(())
     }
 

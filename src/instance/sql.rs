@@ -145,9 +145,9 @@ pub async fn apply_credentials(
     Ok(())
 }
 
-/// On the primary: drops the slots pgkube made for instances that are no longer in the
-/// cluster. A slot still in use (its replica not yet stopped) is left for the next pass.
-pub async fn drop_removed_slots(
+/// On the primary: the slots pgkube made that no instance uses now and that are not in
+/// `wanted` (see [`super::slots`] for when they are dropped).
+pub async fn unwanted_slots(
     client: &Client,
     wanted: &[String],
 ) -> Result<Vec<String>, tokio_postgres::Error> {
@@ -157,18 +157,23 @@ pub async fn drop_removed_slots(
             &[],
         )
         .await?;
-    let mut dropped = Vec::new();
+    let mut unwanted = Vec::new();
     for row in rows {
         let slot: String = row.try_get(0)?;
         if is_managed_slot(&slot) && !wanted.contains(&slot) {
-            client
-                .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
-                .await?;
-            tracing::info!(%slot, "replication slot of a removed instance dropped");
-            dropped.push(slot);
+            unwanted.push(slot);
         }
     }
-    Ok(dropped)
+    Ok(unwanted)
+}
+
+/// On the primary: drops `slot`.
+pub async fn drop_slot(client: &Client, slot: &str) -> Result<(), tokio_postgres::Error> {
+    client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+        .await?;
+    tracing::info!(%slot, "replication slot of a removed instance dropped");
+    Ok(())
 }
 
 /// On the primary, as the replication role: whether `slot` exists.
