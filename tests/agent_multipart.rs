@@ -43,19 +43,7 @@ async fn streams_of_many_parts_reuse_the_same_few_buffers() {
         assert_eq!(size, stream.len() as u64, "{name}");
         assert_eq!(sha256, hex::encode(Sha256::digest(&stream)), "{name}");
         assert_eq!(buffers.allocated(), parts_in_flight + 1, "{name}");
-        let stored = bucket
-            .client()
-            .get_object()
-            .bucket(bucket.name())
-            .key(&key)
-            .send()
-            .await
-            .expect("get")
-            .body
-            .collect()
-            .await
-            .expect("body")
-            .into_bytes();
+        let stored = bucket.object(&key).await.expect("the stored object");
         assert!(
             stored == stream.as_slice(),
             "{name}: the stored object is the stream"
@@ -114,18 +102,7 @@ async fn parts_that_grow_with_the_part_count_make_one_object() {
             index + 1
         );
     }
-    let stored = s3
-        .get_object()
-        .bucket(bucket.name())
-        .key(&key)
-        .send()
-        .await
-        .expect("get")
-        .body
-        .collect()
-        .await
-        .expect("body")
-        .into_bytes();
+    let stored = bucket.object(&key).await.expect("the stored object");
     assert!(
         stored == stream.as_slice(),
         "the stored object is the stream"

@@ -8,7 +8,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Running, SimulatedInstances, condition};
+use common::{Running, SimulatedInstances};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
@@ -18,7 +18,7 @@ use kube::runtime::WatchStreamExt;
 use kube::{Api, ResourceExt};
 use pgkube_controllers::cluster::instances::ReportedRole;
 use pgkube_crds::{ClusterPhase, InstanceRole, PostgreSQLCluster, PostgresVersion};
-use pgkube_testkit::wait_until;
+use pgkube_testkit::{condition, wait_until};
 use serde_json::json;
 
 const RESYNC: Duration = Duration::from_secs(30);

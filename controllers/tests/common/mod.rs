@@ -348,20 +348,6 @@ impl Running {
     }
 }
 
-/// A condition of a cluster's status.
-pub fn condition(
-    cluster: &PostgreSQLCluster,
-    type_: &str,
-) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition> {
-    cluster
-        .status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .cloned()
-}
-
 /// Events about `name` with `reason` in the test namespace, once there is at least one.
 pub async fn events_with_reason(
     running: &Running,

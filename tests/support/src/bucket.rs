@@ -40,6 +40,18 @@ impl TestBucket {
         self.env.s3_client()
     }
 
+    /// The whole content of object `key`.
+    pub async fn object(&self, key: &str) -> anyhow::Result<Vec<u8>> {
+        let object = self
+            .client()
+            .get_object()
+            .bucket(&self.name)
+            .key(key)
+            .send()
+            .await?;
+        Ok(object.body.collect().await?.into_bytes().to_vec())
+    }
+
     pub async fn cleanup(mut self) {
         self.cleaned_up = true;
         if let Err(error) = delete_bucket(&self.env.s3_client(), &self.name).await {

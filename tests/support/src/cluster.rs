@@ -432,7 +432,7 @@ fn instance_pod(pod: &Pod) -> InstancePod {
 }
 
 /// Condition `type_` of a cluster's status.
-fn condition(cluster: &PostgreSQLCluster, type_: &str) -> Option<Condition> {
+pub fn condition(cluster: &PostgreSQLCluster, type_: &str) -> Option<Condition> {
     cluster
         .status
         .as_ref()?

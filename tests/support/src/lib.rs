@@ -89,8 +89,9 @@ pub use bucket::TestBucket;
 pub use cluster::{
     CLUSTER_RUNNING_TIMEOUT, ClusterService, InstancePod, LOCAL_NODE, LOCAL_NODE_LABEL,
     LOCAL_NODE_LABEL_VALUE, MAX_CLUSTER_NAME, NodeScheduling, PASSWORD_KEY, ROLE_LABEL,
-    TestCluster, TestClusterBuilder, USERNAME_KEY, credentials_secret_name, describe_cluster,
-    local_node_scheduling, replication_secret_name, wait_for_cluster, wait_for_cluster_running,
+    TestCluster, TestClusterBuilder, USERNAME_KEY, condition, credentials_secret_name,
+    describe_cluster, local_node_scheduling, replication_secret_name, wait_for_cluster,
+    wait_for_cluster_running,
 };
 pub use crds::{CRD_FIELD_MANAGER, install_crds};
 pub use database::TestDatabase;
