@@ -9,13 +9,13 @@ use tracing::info;
 
 use super::CommonArgs;
 use super::error::AgentError;
-use super::manifest::{
-    DATABASE_FORMAT, DatabaseObject, GLOBALS_FORMAT, MANIFEST_VERSION, Manifest, StoredObject,
-};
 use super::multipart::{MultipartUpload, PartBuffers};
 use super::postgres::{Postgres, conninfo_for};
 use super::report::Report;
 use super::storage::{Store, s3_error};
+use pgkube_controllers::storage::manifest::{
+    DATABASE_FORMAT, DatabaseObject, GLOBALS_FORMAT, MANIFEST_VERSION, Manifest, StoredObject,
+};
 
 const MIB: u64 = 1024 * 1024;
 

@@ -68,6 +68,7 @@ impl From<StorageError> for AgentError {
         match error {
             StorageError::Settings(reason) => Self::Settings(reason),
             StorageError::ReadFile { path, source } => Self::ReadFile { path, source },
+            StorageError::Manifest { key, reason } => Self::Manifest { key, reason },
             StorageError::S3 {
                 operation,
                 key,

@@ -19,7 +19,7 @@
 //! `<db-name>` keeps ASCII letters, digits, `_` and `-`; every other byte of the name is written
 //! as `%XX`, so any database name gives one safe key segment. A backup without `manifest.json` is
 //! incomplete and must never be restored; the manifest is the single source of truth for keys,
-//! sizes and checksums (see [`manifest::Manifest`]).
+//! sizes and checksums (see [`pgkube_controllers::storage::manifest::Manifest`]).
 //!
 //! # Settings
 //!
@@ -46,7 +46,6 @@
 mod backup;
 mod download;
 mod error;
-mod manifest;
 pub mod multipart;
 pub mod part_size;
 mod postgres;

@@ -26,10 +26,10 @@ use tracing::{info, warn};
 use super::CommonArgs;
 use super::download::ObjectReader;
 use super::error::AgentError;
-use super::manifest::{DatabaseObject, Manifest, StoredObject};
 use super::postgres::{Postgres, conninfo_for};
 use super::report::Report;
 use super::storage::{Store, s3_error};
+use pgkube_controllers::storage::manifest::{DatabaseObject, Manifest, StoredObject};
 
 /// Largest globals script restore accepts; real ones are a few kilobytes.
 const GLOBALS_LIMIT: u64 = 16 * 1024 * 1024;
@@ -134,7 +134,7 @@ async fn read_manifest(store: &Store) -> Result<Manifest, AgentError> {
             reason: format!("reading it: {error}"),
         })?
         .into_bytes();
-    Manifest::parse(&key, &bytes)
+    Ok(Manifest::parse(&key, &bytes)?)
 }
 
 /// The databases to restore, in manifest order.
@@ -325,7 +325,9 @@ fn now() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::manifest::{DATABASE_FORMAT, GLOBALS_FORMAT, MANIFEST_VERSION};
+    use pgkube_controllers::storage::manifest::{
+        DATABASE_FORMAT, GLOBALS_FORMAT, MANIFEST_VERSION,
+    };
 
     fn object(key: &str) -> StoredObject {
         StoredObject {

@@ -20,6 +20,10 @@ pub enum StorageError {
         source: std::io::Error,
     },
 
+    /// A backup manifest cannot be parsed or has a layout this version does not read.
+    #[error("manifest {key} is unusable: {reason}")]
+    Manifest { key: String, reason: String },
+
     /// A request failed, retries included; `reason` is one line (see [`s3_error`]).
     #[error("S3 {operation} of {key} failed: {reason}")]
     S3 {

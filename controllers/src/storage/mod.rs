@@ -25,6 +25,7 @@
 mod client;
 mod credentials;
 mod error;
+pub mod manifest;
 mod tls;
 
 pub use client::{Encryption, S3Bucket, S3Options, is_https};

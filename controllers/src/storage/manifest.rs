@@ -1,11 +1,12 @@
-//! The backup manifest: `<prefix>/<backup-name>/manifest.json`, written last.
+//! The backup manifest: `<prefix>/<backup-name>/manifest.json`, written last by the agent,
+//! read by restores, by the backup controller's verification and by retention.
 //!
 //! Its presence means every object it lists was uploaded completely and its stored size was
 //! checked. Restore trusts only what it lists: keys, sizes and SHA-256 checksums.
 
 use serde::{Deserialize, Serialize};
 
-use super::error::AgentError;
+use super::error::StorageError;
 
 /// Version of this manifest layout; bumped on incompatible changes.
 pub const MANIFEST_VERSION: u32 = 1;
@@ -53,14 +54,14 @@ impl Manifest {
         self.globals.size + self.databases.iter().map(|db| db.object.size).sum::<u64>()
     }
 
-    pub fn parse(key: &str, bytes: &[u8]) -> Result<Self, AgentError> {
+    pub fn parse(key: &str, bytes: &[u8]) -> Result<Self, StorageError> {
         let manifest: Self =
-            serde_json::from_slice(bytes).map_err(|error| AgentError::Manifest {
+            serde_json::from_slice(bytes).map_err(|error| StorageError::Manifest {
                 key: key.to_string(),
                 reason: error.to_string(),
             })?;
         if manifest.manifest_version != MANIFEST_VERSION {
-            return Err(AgentError::Manifest {
+            return Err(StorageError::Manifest {
                 key: key.to_string(),
                 reason: format!(
                     "manifest version {} is not supported (this agent reads {MANIFEST_VERSION})",
