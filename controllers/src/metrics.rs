@@ -5,6 +5,7 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -22,10 +23,41 @@ pub struct ControllerLabels {
     pub controller: &'static str,
 }
 
+/// Labels of the per-cluster backup metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClusterLabels {
+    pub namespace: String,
+    pub cluster: String,
+}
+
+/// Labels of `pgkube_backups_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BackupResultLabels {
+    pub namespace: String,
+    pub cluster: String,
+    /// `completed` or `failed`.
+    pub result: &'static str,
+}
+
+/// Labels of `pgkube_backup_skipped_ticks_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SkippedTickLabels {
+    pub namespace: String,
+    pub cluster: String,
+    /// Why the scheduled time made no backup, for example `BackupRunning` or `RestoreRunning`.
+    pub reason: &'static str,
+}
+
 /// The controllers' metrics.
 pub struct Metrics {
     reconcile_total: Family<ReconcileResultLabels, Counter>,
     reconcile_duration: Family<ControllerLabels, Histogram>,
+    backups_total: Family<BackupResultLabels, Counter>,
+    backup_duration: Histogram,
+    last_backup_time: Family<ClusterLabels, Gauge>,
+    last_backup_size: Family<ClusterLabels, Gauge>,
+    skipped_ticks: Family<SkippedTickLabels, Counter>,
+    pruned_objects: Family<ClusterLabels, Counter>,
 }
 
 impl Metrics {
@@ -47,10 +79,62 @@ impl Metrics {
             "Duration of reconciles in seconds",
             reconcile_duration.clone(),
         );
+        let backup = BackupMetrics::register(registry);
         Self {
             reconcile_total,
             reconcile_duration,
+            backups_total: backup.total,
+            backup_duration: backup.duration,
+            last_backup_time: backup.last_time,
+            last_backup_size: backup.last_size,
+            skipped_ticks: backup.skipped_ticks,
+            pruned_objects: backup.pruned_objects,
         }
+    }
+
+    /// Records a backup that ended: Completed (`size` bytes stored, finished at `finished`,
+    /// a Unix time in seconds) or Failed (`size` and `finished` are then `None`).
+    pub fn observe_backup(
+        &self,
+        cluster: &ClusterLabels,
+        took: Option<Duration>,
+        completed: Option<(i64, i64)>,
+    ) {
+        let result = if completed.is_some() {
+            "completed"
+        } else {
+            "failed"
+        };
+        self.backups_total
+            .get_or_create(&BackupResultLabels {
+                namespace: cluster.namespace.clone(),
+                cluster: cluster.cluster.clone(),
+                result,
+            })
+            .inc();
+        if let Some(took) = took {
+            self.backup_duration.observe(took.as_secs_f64());
+        }
+        if let Some((finished, size)) = completed {
+            self.last_backup_time.get_or_create(cluster).set(finished);
+            self.last_backup_size.get_or_create(cluster).set(size);
+        }
+    }
+
+    /// Records a scheduled time that made no backup, and why.
+    pub fn observe_skipped_tick(&self, cluster: &ClusterLabels, reason: &'static str) {
+        self.skipped_ticks
+            .get_or_create(&SkippedTickLabels {
+                namespace: cluster.namespace.clone(),
+                cluster: cluster.cluster.clone(),
+                reason,
+            })
+            .inc();
+    }
+
+    /// Records objects a retention pass deleted from a cluster's backup storage.
+    pub fn observe_pruned(&self, cluster: &ClusterLabels, objects: u64) {
+        self.pruned_objects.get_or_create(cluster).inc_by(objects);
     }
 
     /// Records one finished reconcile of `controller`.
@@ -62,6 +146,61 @@ impl Metrics {
         self.reconcile_duration
             .get_or_create(&ControllerLabels { controller })
             .observe(took.as_secs_f64());
+    }
+}
+
+/// The backup metrics' families, registered under their names.
+struct BackupMetrics {
+    total: Family<BackupResultLabels, Counter>,
+    duration: Histogram,
+    last_time: Family<ClusterLabels, Gauge>,
+    last_size: Family<ClusterLabels, Gauge>,
+    skipped_ticks: Family<SkippedTickLabels, Counter>,
+    pruned_objects: Family<ClusterLabels, Counter>,
+}
+
+impl BackupMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            total: Family::default(),
+            // 1 s doubling 16 times: 1 s to about 9 hours.
+            duration: Histogram::new(exponential_buckets(1.0, 2.0, 16)),
+            last_time: Family::default(),
+            last_size: Family::default(),
+            skipped_ticks: Family::default(),
+            pruned_objects: Family::default(),
+        };
+        registry.register(
+            "pgkube_backups",
+            "Backups that ended, by cluster and result (completed or failed)",
+            metrics.total.clone(),
+        );
+        registry.register(
+            "pgkube_backup_duration_seconds",
+            "Time from a backup's start to its end, verification included",
+            metrics.duration.clone(),
+        );
+        registry.register(
+            "pgkube_backup_last_success_timestamp_seconds",
+            "Unix time at which the cluster's newest completed backup finished",
+            metrics.last_time.clone(),
+        );
+        registry.register(
+            "pgkube_backup_last_success_size_bytes",
+            "Bytes stored by the cluster's newest completed backup",
+            metrics.last_size.clone(),
+        );
+        registry.register(
+            "pgkube_backup_skipped_ticks",
+            "Scheduled backup times that made no backup, by reason",
+            metrics.skipped_ticks.clone(),
+        );
+        registry.register(
+            "pgkube_backup_pruned_objects",
+            "Objects deleted from backup storage by retention",
+            metrics.pruned_objects.clone(),
+        );
+        metrics
     }
 }
 

@@ -7,6 +7,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::{LocalReference, S3Storage, conditions_schema};
 
+/// Label on every PostgreSQLBackup pgkube creates, and on backup Jobs: the cluster's name (as a
+/// label value, see the controllers' `names::label_value`).
+pub const CLUSTER_LABEL: &str = "db.example.com/cluster";
+/// Label on the PostgreSQLBackups the cron engine creates: `"true"`.
+pub const SCHEDULED_LABEL: &str = "db.example.com/scheduled";
+/// Annotation on a scheduled PostgreSQLBackup: the scheduled time it stands for, RFC 3339 UTC.
+pub const SCHEDULED_TIME_ANNOTATION: &str = "db.example.com/scheduled-time";
+/// The finalizer the backup controller puts on backups whose deletion policy is `Delete`: it
+/// removes the stored objects before the PostgreSQLBackup goes.
+pub const BACKUP_DATA_FINALIZER: &str = "db.example.com/backup-data";
+
 /// What to back up and what happens to the data when this object is deleted. Immutable.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
