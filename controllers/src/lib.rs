@@ -10,7 +10,9 @@ pub mod cluster;
 pub mod crd_check;
 pub mod metrics;
 pub mod names;
+pub mod pod;
 mod quantity;
+pub mod retention;
 pub mod scheduling;
 pub mod storage;
 

@@ -17,11 +17,10 @@ use k8s_openapi::api::apps::v1::{
     StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
-    EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, SeccompProfile,
-    Secret, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume,
-    VolumeMount, VolumeResourceRequirements,
+    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
+    EnvVarSource, HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaim,
+    PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, Secret,
+    SecretVolumeSource, Service, ServicePort, ServiceSpec, Volume, VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -32,6 +31,9 @@ use serde::Serialize;
 use super::memory::MemorySettings;
 use super::validate::ValidatedCluster;
 use crate::names::{self, DNS_LABEL_MAX, DNS_SUBDOMAIN_MAX, NameKind, STATEFULSET_NAME_MAX};
+use crate::pod::{
+    install_pgkube_container, mount, restricted_security_context, runtime_default_seccomp,
+};
 
 pub use super::instances::STATUS_PORT;
 
@@ -349,51 +351,15 @@ fn volumes(names: &ChildNames) -> Vec<Volume> {
     ]
 }
 
-fn mount(volume: &str, path: &str, read_only: bool) -> VolumeMount {
-    VolumeMount {
-        name: volume.to_owned(),
-        mount_path: path.to_owned(),
-        read_only: read_only.then_some(true),
-        ..VolumeMount::default()
-    }
-}
-
-fn runtime_default_seccomp() -> SeccompProfile {
-    SeccompProfile {
-        type_: "RuntimeDefault".to_owned(),
-        ..SeccompProfile::default()
-    }
-}
-
-/// Restricted: no privilege escalation, no capability, not root, the runtime's seccomp profile.
-fn restricted_security_context() -> SecurityContext {
-    SecurityContext {
-        allow_privilege_escalation: Some(false),
-        run_as_non_root: Some(true),
-        capabilities: Some(Capabilities {
-            drop: Some(vec!["ALL".to_owned()]),
-            ..Capabilities::default()
-        }),
-        seccomp_profile: Some(runtime_default_seccomp()),
-        ..SecurityContext::default()
-    }
-}
-
-/// Copies the instance manager from pgkube's image (whose entrypoint is `pgkube`) into the
-/// `controller` volume.
+/// Copies the instance manager from pgkube's image into the `controller` volume.
 fn install_container(image: &str) -> Container {
-    Container {
-        name: "install-instance-manager".to_owned(),
-        image: Some(image.to_owned()),
-        args: Some(
-            ["instance", "install", INSTANCE_MANAGER]
-                .map(str::to_owned)
-                .to_vec(),
-        ),
-        security_context: Some(restricted_security_context()),
-        volume_mounts: Some(vec![mount(CONTROLLER_VOLUME, CONTROLLER_MOUNT, false)]),
-        ..Container::default()
-    }
+    install_pgkube_container(
+        "install-instance-manager",
+        image,
+        CONTROLLER_VOLUME,
+        CONTROLLER_MOUNT,
+        INSTANCE_MANAGER,
+    )
 }
 
 fn postgres_container(cluster: &ValidatedCluster, image_repository: &str) -> Container {
