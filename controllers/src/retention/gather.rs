@@ -1,0 +1,166 @@
+//! What a retention pass reads before it decides: every key under the cluster's root
+//! (ListObjectsV2, page by page), every backup's manifest (GetObject, a few at a time) and the
+//! open multipart uploads under the root (ListMultipartUploads, page by page).
+//!
+//! Any failure here fails the pass before anything is deleted. A manifest that is gone by the
+//! time it is read is not a failure: it is reported as [`ManifestReading::Vanished`].
+
+use std::collections::BTreeMap;
+
+use aws_sdk_s3::error::SdkError;
+use chrono::{DateTime, Utc};
+use futures::{StreamExt, TryStreamExt};
+
+use super::RequestCount;
+use super::layout::Layout;
+use super::plan::{ManifestReading, OpenUpload};
+use crate::storage::{S3Bucket, StorageError, error_chain, one_line, s3_error};
+
+/// Manifests read at once.
+const CONCURRENT_MANIFEST_READS: usize = 16;
+
+/// Every key under `root`, all pages.
+pub async fn list_keys(
+    bucket: &S3Bucket,
+    root: &str,
+    requests: &mut RequestCount,
+) -> Result<Vec<String>, StorageError> {
+    let mut keys = Vec::new();
+    let mut continuation: Option<String> = None;
+    loop {
+        requests.add(1);
+        let page = bucket
+            .client
+            .list_objects_v2()
+            .bucket(&bucket.name)
+            .prefix(root)
+            .set_continuation_token(continuation.take())
+            .send()
+            .await
+            .map_err(|error| s3_error("ListObjectsV2", root, error))?;
+        let listed = page.contents().iter().filter_map(|object| object.key());
+        keys.extend(listed.map(str::to_owned));
+        continuation = next_token(page.is_truncated(), page.next_continuation_token())
+            .map_err(|reason| truncated_listing("ListObjectsV2", root, reason))?;
+        if continuation.is_none() {
+            return Ok(keys);
+        }
+    }
+}
+
+/// The marker of the next page, when the store says there is one. A truncated page without
+/// a marker is an error: going on with part of the listing could delete part of a backup.
+fn next_token(truncated: Option<bool>, token: Option<&str>) -> Result<Option<String>, String> {
+    match (truncated, token) {
+        (Some(true), Some(token)) if !token.is_empty() => Ok(Some(token.to_owned())),
+        (Some(true), _) => Err("the page is truncated but names no next page".to_owned()),
+        _ => Ok(None),
+    }
+}
+
+fn truncated_listing(operation: &'static str, root: &str, reason: String) -> StorageError {
+    StorageError::S3 {
+        operation,
+        key: root.to_owned(),
+        reason,
+    }
+}
+
+/// Reads the manifest of every backup directory that has one, by backup name.
+pub async fn read_manifests(
+    bucket: &S3Bucket,
+    layout: &Layout,
+    requests: &mut RequestCount,
+) -> Result<BTreeMap<String, ManifestReading>, StorageError> {
+    let readings: BTreeMap<String, ManifestReading> = futures::stream::iter(layout.manifest_keys())
+        .map(|(name, key)| async move {
+            let reading = read_manifest(bucket, key).await?;
+            Ok::<_, StorageError>((name.to_owned(), reading))
+        })
+        .buffer_unordered(CONCURRENT_MANIFEST_READS)
+        .try_collect()
+        .await?;
+    requests.add(readings.len() as u64);
+    Ok(readings)
+}
+
+async fn read_manifest(bucket: &S3Bucket, key: &str) -> Result<ManifestReading, StorageError> {
+    let answer = bucket
+        .client
+        .get_object()
+        .bucket(&bucket.name)
+        .key(key)
+        .send()
+        .await;
+    let object = match answer {
+        Ok(object) => object,
+        Err(SdkError::ServiceError(service)) if service.err().is_no_such_key() => {
+            return Ok(ManifestReading::Vanished);
+        }
+        Err(error) => return Err(s3_error("GetObject", key, error)),
+    };
+    let bytes = object
+        .body
+        .collect()
+        .await
+        .map_err(|error| StorageError::S3 {
+            operation: "GetObject",
+            key: key.to_owned(),
+            reason: one_line(&error_chain(&error)),
+        })?;
+    Ok(ManifestReading::from_bytes(key, &bytes.into_bytes()))
+}
+
+/// Every multipart upload under `root` that was started and neither completed nor aborted.
+pub async fn list_open_uploads(
+    bucket: &S3Bucket,
+    root: &str,
+    requests: &mut RequestCount,
+) -> Result<Vec<OpenUpload>, StorageError> {
+    let mut uploads = Vec::new();
+    let (mut key_marker, mut upload_id_marker) = (None, None);
+    loop {
+        requests.add(1);
+        let page = bucket
+            .client
+            .list_multipart_uploads()
+            .bucket(&bucket.name)
+            .prefix(root)
+            .set_key_marker(key_marker.take())
+            .set_upload_id_marker(upload_id_marker.take())
+            .send()
+            .await
+            .map_err(|error| s3_error("ListMultipartUploads", root, error))?;
+        uploads.extend(page.uploads().iter().filter_map(open_upload));
+        key_marker = next_token(page.is_truncated(), page.next_key_marker())
+            .map_err(|reason| truncated_listing("ListMultipartUploads", root, reason))?;
+        if key_marker.is_none() {
+            return Ok(uploads);
+        }
+        upload_id_marker = page.next_upload_id_marker().map(str::to_owned);
+    }
+}
+
+fn open_upload(upload: &aws_sdk_s3::types::MultipartUpload) -> Option<OpenUpload> {
+    Some(OpenUpload {
+        key: upload.key()?.to_owned(),
+        upload_id: upload.upload_id()?.to_owned(),
+        initiated: upload
+            .initiated()
+            .and_then(|time| DateTime::<Utc>::from_timestamp(time.secs(), time.subsec_nanos())),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_is_followed_only_when_the_store_says_there_is_more_and_where() {
+        assert_eq!(next_token(Some(true), Some("t")), Ok(Some("t".into())));
+        assert_eq!(next_token(Some(false), Some("t")), Ok(None));
+        assert_eq!(next_token(None, Some("t")), Ok(None));
+        assert!(next_token(Some(true), Some("")).is_err());
+        assert!(next_token(Some(true), None).is_err());
+    }
+}
