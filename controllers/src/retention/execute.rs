@@ -178,7 +178,187 @@ pub async fn abort_uploads(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
     use super::*;
+
+    /// A loopback stand-in for a store's DeleteObjects, for what Garage cannot be made to do:
+    /// refuse some keys. It answers each request with an error for every key in `refused` and
+    /// records the keys of each request, in order.
+    struct RefusingStore {
+        endpoint: String,
+        batches: Arc<Mutex<Vec<Vec<String>>>>,
+    }
+
+    impl RefusingStore {
+        async fn start(refused: &[&str]) -> Self {
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("binding");
+            let endpoint = format!("http://{}", listener.local_addr().expect("address"));
+            let batches = Arc::new(Mutex::new(Vec::new()));
+            let refused: Arc<BTreeSet<String>> =
+                Arc::new(refused.iter().map(|key| key.to_string()).collect());
+            let recorded = batches.clone();
+            tokio::spawn(async move {
+                while let Ok((stream, _)) = listener.accept().await {
+                    let (refused, recorded) = (refused.clone(), recorded.clone());
+                    tokio::spawn(serve(stream, refused, recorded));
+                }
+            });
+            Self { endpoint, batches }
+        }
+
+        fn bucket(&self) -> S3Bucket {
+            let config = aws_sdk_s3::Config::builder()
+                .behavior_version(BehaviorVersion::latest())
+                .endpoint_url(&self.endpoint)
+                .region(Region::new("test"))
+                .credentials_provider(Credentials::new("AK", "SK", None, None, "test"))
+                .force_path_style(true)
+                .build();
+            S3Bucket::with_client(aws_sdk_s3::Client::from_conf(config), "backups")
+        }
+
+        fn batches(&self) -> Vec<Vec<String>> {
+            self.batches.lock().expect("batches").clone()
+        }
+    }
+
+    async fn serve(
+        mut stream: TcpStream,
+        refused: Arc<BTreeSet<String>>,
+        recorded: Arc<Mutex<Vec<Vec<String>>>>,
+    ) {
+        while let Some(body) = read_request(&mut stream).await {
+            let keys = xml_values(&body, "Key");
+            let errors: String = keys
+                .iter()
+                .filter(|key| refused.contains(*key))
+                .map(|key| {
+                    format!(
+                        "<Error><Key>{key}</Key><Code>AccessDenied</Code>\
+                         <Message>Access Denied</Message></Error>"
+                    )
+                })
+                .collect();
+            recorded.lock().expect("batches").push(keys);
+            let answer = format!("<?xml version=\"1.0\"?><DeleteResult>{errors}</DeleteResult>");
+            let response = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: application/xml\r\ncontent-length: {}\r\n\r\n{answer}",
+                answer.len()
+            );
+            if stream.write_all(response.as_bytes()).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// The body of the next request on `stream`, `None` once the client closed it.
+    async fn read_request(stream: &mut TcpStream) -> Option<String> {
+        let mut buffer = Vec::new();
+        let head_end = loop {
+            if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                break end + 4;
+            }
+            let mut chunk = [0u8; 4096];
+            let read = stream.read(&mut chunk).await.ok().filter(|n| *n > 0)?;
+            buffer.extend_from_slice(&chunk[..read]);
+        };
+        let head = String::from_utf8_lossy(&buffer[..head_end]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length:"))
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or(0);
+        while buffer.len() < head_end + length {
+            let mut chunk = [0u8; 4096];
+            let read = stream.read(&mut chunk).await.ok().filter(|n| *n > 0)?;
+            buffer.extend_from_slice(&chunk[..read]);
+        }
+        Some(String::from_utf8_lossy(&buffer[head_end..head_end + length]).into_owned())
+    }
+
+    fn xml_values(xml: &str, tag: &str) -> Vec<String> {
+        let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+        xml.split(&open)
+            .skip(1)
+            .filter_map(|rest| rest.split_once(&close).map(|(value, _)| value.to_owned()))
+            .collect()
+    }
+
+    fn expired(name: &str) -> ExpiredBackup {
+        ExpiredBackup {
+            name: name.into(),
+            manifest_key: format!("ns/a/{name}/manifest.json"),
+            data_keys: vec![
+                format!("ns/a/{name}/globals.sql"),
+                format!("ns/a/{name}/databases/app.dump"),
+            ],
+        }
+    }
+
+    #[tokio::test]
+    async fn refused_keys_fail_the_pass_by_name_and_a_kept_manifest_keeps_its_data() {
+        let store = RefusingStore::start(&["ns/a/b1/manifest.json", "ns/a/b3/globals.sql"]).await;
+        let plan = Plan {
+            expired: vec![expired("b1"), expired("b2"), expired("b3")],
+            ..Plan::default()
+        };
+        let mut requests = RequestCount::default();
+
+        let error = delete_expired(&store.bucket(), &plan, &mut requests)
+            .await
+            .expect_err("two keys were refused");
+
+        assert_eq!(
+            error.to_string(),
+            "S3 DeleteObjects of ns/a/b1/manifest.json failed: 2 keys not deleted: \
+             ns/a/b1/manifest.json (AccessDenied: Access Denied), \
+             ns/a/b3/globals.sql (AccessDenied: Access Denied)"
+        );
+        // The manifests first, then the data of b2 and b3 only: b1's manifest is still there.
+        let batches = store.batches();
+        assert_eq!(batches.len(), 2, "{batches:?}");
+        assert_eq!(
+            batches[0],
+            [
+                "ns/a/b1/manifest.json",
+                "ns/a/b2/manifest.json",
+                "ns/a/b3/manifest.json"
+            ]
+        );
+        assert_eq!(
+            batches[1],
+            [
+                "ns/a/b2/globals.sql",
+                "ns/a/b2/databases/app.dump",
+                "ns/a/b3/globals.sql",
+                "ns/a/b3/databases/app.dump"
+            ]
+        );
+        assert_eq!(requests.0, 2);
+    }
+
+    #[tokio::test]
+    async fn a_pass_without_refusals_reports_what_it_deleted() {
+        let store = RefusingStore::start(&[]).await;
+        let plan = Plan {
+            expired: vec![expired("b1"), expired("b2")],
+            ..Plan::default()
+        };
+        let mut requests = RequestCount::default();
+
+        let deletion = delete_expired(&store.bucket(), &plan, &mut requests)
+            .await
+            .expect("nothing refused");
+
+        assert_eq!(deletion.deleted_backups, ["b1", "b2"]);
+        assert_eq!(deletion.deleted_objects, 6);
+        assert_eq!(store.batches().len(), 2);
+    }
 
     fn failures(keys: &[&str]) -> KeyFailures {
         KeyFailures(

@@ -19,7 +19,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::{DateTime, TimeDelta, Utc};
 
 use super::RetentionPolicy;
-use super::layout::Layout;
+use super::layout::{BackupDir, Layout};
 use crate::storage::manifest::Manifest;
 
 /// The most keys S3 takes in one DeleteObjects request.
@@ -126,65 +126,87 @@ pub fn plan(
     let newest_good = newest_good(&finished, &policy.failed_backups);
     let cutoff = retention_cutoff(now, policy.retention_days);
     let mut plan = Plan {
-        newest_good: newest_good.clone(),
+        newest_good: newest_good.map(|backup| backup.name.to_owned()),
         skipped: skipped_backups(layout, manifests),
         stale_uploads: stale_uploads(&policy.root(), uploads, now),
         ..Plan::default()
     };
-    for (name, finished_at) in oldest_first(finished) {
-        let expired = cutoff.is_some_and(|cutoff| finished_at < cutoff);
-        if expired && newest_good.as_deref() != Some(name) {
-            plan.expired.push(expired_backup(layout, name));
+    for backup in oldest_first(&finished) {
+        let expired = cutoff.is_some_and(|cutoff| backup.at < cutoff);
+        if expired && plan.newest_good.as_deref() != Some(backup.name) {
+            plan.expired.push(backup.expired());
         } else {
-            plan.kept.push(name.to_owned());
+            plan.kept.push(backup.name.to_owned());
         }
     }
     plan
 }
 
-/// Backups with a listed, readable manifest, and when they finished.
+/// A backup directory with a readable manifest, and when it finished.
+#[derive(Clone, Copy)]
+struct Finished<'a> {
+    name: &'a str,
+    manifest_key: &'a str,
+    dir: &'a BackupDir,
+    at: DateTime<Utc>,
+}
+
+impl<'a> Finished<'a> {
+    /// The order of backups: by finish time, then by name.
+    fn order(&self) -> (DateTime<Utc>, &'a str) {
+        (self.at, self.name)
+    }
+
+    fn expired(&self) -> ExpiredBackup {
+        ExpiredBackup {
+            name: self.name.to_owned(),
+            manifest_key: self.manifest_key.to_owned(),
+            data_keys: self.dir.data_keys.clone(),
+        }
+    }
+}
+
 fn finished_backups<'a>(
     layout: &'a Layout,
     manifests: &BTreeMap<String, ManifestReading>,
-) -> Vec<(&'a str, DateTime<Utc>)> {
+) -> Vec<Finished<'a>> {
     layout
-        .manifest_keys()
-        .filter_map(|(name, _)| match manifests.get(name) {
-            Some(ManifestReading::Finished(time)) => Some((name, *time)),
-            _ => None,
+        .backups
+        .iter()
+        .filter_map(|(name, dir)| {
+            let manifest_key = dir.manifest_key.as_deref()?;
+            match manifests.get(name) {
+                Some(ManifestReading::Finished(at)) => Some(Finished {
+                    name,
+                    manifest_key,
+                    dir,
+                    at: *at,
+                }),
+                _ => None,
+            }
         })
         .collect()
 }
 
 /// The latest to finish of the backups not known as failed; the greater name on a tie.
-fn newest_good(finished: &[(&str, DateTime<Utc>)], failed: &BTreeSet<String>) -> Option<String> {
+fn newest_good<'a>(finished: &[Finished<'a>], failed: &BTreeSet<String>) -> Option<Finished<'a>> {
     finished
         .iter()
-        .filter(|(name, _)| !failed.contains(*name))
-        .max_by_key(|(name, time)| (*time, *name))
-        .map(|(name, _)| (*name).to_owned())
+        .filter(|backup| !failed.contains(backup.name))
+        .max_by_key(|backup| backup.order())
+        .copied()
 }
 
-fn oldest_first(
-    mut finished: Vec<(&str, DateTime<Utc>)>,
-) -> impl Iterator<Item = (&str, DateTime<Utc>)> {
-    finished.sort_by_key(|(name, time)| (*time, *name));
-    finished.into_iter()
+fn oldest_first<'a>(finished: &[Finished<'a>]) -> Vec<Finished<'a>> {
+    let mut sorted = finished.to_vec();
+    sorted.sort_by_key(|backup| backup.order());
+    sorted
 }
 
 /// Backups that finished before this time are expired; `None` when it is before any
 /// representable time (nothing expires).
 fn retention_cutoff(now: DateTime<Utc>, retention_days: u32) -> Option<DateTime<Utc>> {
     now.checked_sub_signed(TimeDelta::try_days(i64::from(retention_days))?)
-}
-
-fn expired_backup(layout: &Layout, name: &str) -> ExpiredBackup {
-    let dir = &layout.backups[name];
-    ExpiredBackup {
-        name: name.to_owned(),
-        manifest_key: dir.manifest_key.clone().unwrap_or_default(),
-        data_keys: dir.data_keys.clone(),
-    }
 }
 
 /// Backup directories without a usable manifest, each with the reason, as short lines.
