@@ -66,9 +66,19 @@ async fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// The test bed, or `None` (after the testkit said why) when it is not running.
+/// The test bed, or `None` (after the testkit said why, without a backtrace) when it is not
+/// running.
 fn find_testbed() -> Option<TestEnv> {
-    std::panic::catch_unwind(testbed).ok().flatten()
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!(
+            "{}",
+            info.payload_as_str().unwrap_or("test bed unavailable")
+        );
+    }));
+    let env = std::panic::catch_unwind(testbed).ok().flatten();
+    std::panic::set_hook(default_hook);
+    env
 }
 
 fn manifest_json(name: &str, finished_at: DateTime<Utc>) -> Vec<u8> {
