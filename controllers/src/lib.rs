@@ -6,6 +6,7 @@
 //! [`Metrics`]. [`storage`] is the project's one S3 client, which the backup agent in the binary
 //! uses too.
 
+pub mod backup;
 pub mod cluster;
 pub mod crd_check;
 pub mod metrics;
@@ -20,7 +21,11 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kube::{Api, Client, Resource};
+use opentelemetry::trace::TraceContextExt;
 use tokio::sync::watch;
+use tracing::{Span, field};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 
 pub use crd_check::{CrdCheckError, ensure_crds_installed};
 pub use metrics::Metrics;
@@ -41,6 +46,14 @@ pub struct Settings {
     /// How often a settled object is reconciled again although nothing changed (a safety net
     /// for missed watch events; it costs reads, never writes).
     pub resync_interval: Duration,
+    /// How long a backup may wait (Pending) for its cluster to be ready, or for the cluster's
+    /// other backups, before it fails.
+    pub backup_pending_deadline: Duration,
+    /// The backup Job's `activeDeadlineSeconds`: a backup still running after this fails.
+    pub backup_active_deadline: Duration,
+    /// The manager's own `OTEL_*` environment, passed on to backup Jobs so that the agent
+    /// exports its spans where the manager does.
+    pub otel_env: Vec<(String, String)>,
     /// How the cluster controller asks each PostgreSQL pod's instance manager for its status:
     /// HTTP to the pod's address by default. Tests substitute an answer for pods that never
     /// run (simulated nodes).
@@ -55,6 +68,9 @@ impl Default for Settings {
             postgres_image_repository: "postgres".to_owned(),
             agent_image: "ghcr.io/pgkube/pgkube:latest".to_owned(),
             resync_interval: Duration::from_secs(300),
+            backup_pending_deadline: Duration::from_secs(3600),
+            backup_active_deadline: Duration::from_secs(6 * 3600),
+            otel_env: Vec::new(),
             instance_status: Arc::new(cluster::instances::HttpInstanceStatus::default()),
         }
     }
@@ -94,6 +110,54 @@ impl ShutdownSignal {
     }
 }
 
+/// The namespaces the controllers watch, one per Controller: `[None]` for all namespaces.
+pub(crate) fn watched_namespaces(settings: &Settings) -> Vec<Option<String>> {
+    if settings.watch_namespaces.is_empty() {
+        vec![None]
+    } else {
+        settings
+            .watch_namespaces
+            .iter()
+            .cloned()
+            .map(Some)
+            .collect()
+    }
+}
+
+/// `K` in `namespace`, or in all namespaces.
+pub(crate) fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Records the OpenTelemetry trace id into `span` when there is a valid one (there is none when
+/// no OpenTelemetry layer is installed), so JSON logs of the reconcile carry it.
+pub(crate) fn record_trace_id(span: &Span) {
+    let context = span.context();
+    let span_context = context.span().span_context().clone();
+    if span_context.is_valid() {
+        span.record("trace_id", field::display(span_context.trace_id()));
+    }
+}
+
+/// Event notes are limited to 1 kB.
+pub(crate) fn truncate_note(mut note: String) -> String {
+    if note.len() > 1024 {
+        let mut end = 1021;
+        while !note.is_char_boundary(end) {
+            end -= 1;
+        }
+        note.truncate(end);
+        note.push_str("...");
+    }
+    note
+}
+
 /// Runs every controller until `shutdown` resolves; in-flight reconciles finish first.
 /// `on_ready` is called once all watch caches have synced (the manager's `/readyz`).
 ///
@@ -106,6 +170,8 @@ pub async fn run(
 ) {
     let shutdown = ShutdownSignal::from_future(shutdown);
     let clusters = cluster::ClusterControllers::new(&context);
+    let backups = backup::BackupControllers::new(&context);
+    let backup_stores = backups.stores();
     let stores = clusters.stores();
     let ready = async move {
         for store in stores {
@@ -114,7 +180,12 @@ pub async fn run(
                 return;
             }
         }
+        for store in backup_stores {
+            if store.wait_until_ready().await.is_err() {
+                return;
+            }
+        }
         on_ready();
     };
-    futures::future::join(ready, clusters.run(shutdown)).await;
+    futures::future::join3(ready, clusters.run(shutdown.clone()), backups.run(shutdown)).await;
 }

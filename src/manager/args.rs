@@ -103,6 +103,17 @@ pub struct RunArgs {
     )]
     pub agent_image: String,
 
+    /// How long a backup may wait for its cluster to be ready (or for the cluster's other
+    /// backups) before it fails.
+    #[arg(long, env = "PGKUBE_BACKUP_PENDING_DEADLINE", default_value = "1h",
+        value_parser = parse_duration)]
+    pub backup_pending_deadline: Duration,
+
+    /// How long a backup Job may run (its `activeDeadlineSeconds`) before the backup fails.
+    #[arg(long, env = "PGKUBE_BACKUP_ACTIVE_DEADLINE", default_value = "6h",
+        value_parser = parse_duration)]
+    pub backup_active_deadline: Duration,
+
     /// How long in-flight reconciles may take to finish after SIGTERM or SIGINT.
     #[arg(long, env = "PGKUBE_SHUTDOWN_GRACE_PERIOD", default_value = "30s",
         value_parser = parse_duration)]
@@ -193,9 +204,20 @@ impl RunArgs {
             max_concurrent_reconciles: self.max_concurrent_reconciles,
             postgres_image_repository: self.postgres_image_repository.clone(),
             agent_image: self.agent_image.clone(),
+            backup_pending_deadline: self.backup_pending_deadline,
+            backup_active_deadline: self.backup_active_deadline,
+            otel_env: otel_env(std::env::vars()),
             ..pgkube_controllers::Settings::default()
         }
     }
+}
+
+/// The `OTEL_*` variables among `vars`, sorted by name: backup Jobs get the same, so that the
+/// agent exports its spans where the manager does.
+fn otel_env(vars: impl Iterator<Item = (String, String)>) -> Vec<(String, String)> {
+    let mut otel: Vec<_> = vars.filter(|(name, _)| name.starts_with("OTEL_")).collect();
+    otel.sort();
+    otel
 }
 
 fn whole_seconds(duration: Duration) -> Result<u64, ArgsError> {
@@ -254,6 +276,27 @@ fn parse_positive_f64(text: &str) -> Result<f64, String> {
 mod tests {
     use super::*;
     use clap::Parser;
+
+    #[test]
+    fn backup_jobs_get_the_managers_otel_variables_only() {
+        let vars = [
+            ("PATH", "/usr/bin"),
+            ("OTEL_SERVICE_NAME", "pgkube"),
+            ("AWS_SECRET_ACCESS_KEY", "secret"),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318"),
+        ]
+        .map(|(name, value)| (name.to_owned(), value.to_owned()));
+        assert_eq!(
+            otel_env(vars.into_iter()),
+            [
+                (
+                    "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
+                    "https://collector:4318".to_owned()
+                ),
+                ("OTEL_SERVICE_NAME".to_owned(), "pgkube".to_owned()),
+            ]
+        );
+    }
 
     #[derive(Parser)]
     struct TestCli {

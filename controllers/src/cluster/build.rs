@@ -56,7 +56,7 @@ pub const PASSWORD_KEY: &str = "password";
 /// The role replicas connect as.
 pub const REPLICATION_USER: &str = "streaming_replica";
 /// uid and gid of `postgres` in the official image.
-const POSTGRES_UID: i64 = 999;
+pub const POSTGRES_UID: i64 = 999;
 /// Superuser of the official image.
 const SUPERUSER: &str = "postgres";
 const DATA_MOUNT: &str = "/var/lib/postgresql/data";

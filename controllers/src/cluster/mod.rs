@@ -23,6 +23,7 @@
 //! collector through their owner references, and backup data is never touched.
 
 mod apply;
+pub mod backups;
 pub mod build;
 mod drift;
 pub mod instances;
@@ -45,18 +46,18 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
-use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
-use opentelemetry::trace::TraceContextExt;
-use pgkube_crds::{CLEANUP_FINALIZER, ClusterPhase, PostgreSQLCluster, PostgreSQLClusterStatus};
+use pgkube_crds::{
+    CLEANUP_FINALIZER, ClusterPhase, PostgreSQLBackup, PostgreSQLCluster, PostgreSQLClusterStatus,
+};
 use rand::Rng;
 use rand::distr::Alphanumeric;
 use serde_json::json;
 use tracing::{Instrument, Span, field, info_span, instrument};
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
-use crate::{Context, ShutdownSignal};
+use crate::{Context, ShutdownSignal, api, record_trace_id, truncate_note};
 use build::ChildNames;
 use status::{Issue, Observation};
 use validate::LiveFacts;
@@ -107,9 +108,12 @@ pub struct ClusterContext {
     /// Consecutive failures per `namespace/name`, for the backoff and to publish an error
     /// Event only when the error changes; cleared on success.
     failures: Mutex<HashMap<String, Failures>>,
+    /// Every PostgreSQLBackup the controllers watch, for the backup fields of the status.
+    backups: Vec<Store<PostgreSQLBackup>>,
 }
 
 impl ClusterContext {
+    /// A context that sees no backups (see [`ClusterContext::with_backups`]).
     pub fn new(base: Context) -> Self {
         let reporter = Reporter {
             controller: "pgkube".to_owned(),
@@ -120,7 +124,27 @@ impl ClusterContext {
             base,
             recorder,
             failures: Mutex::default(),
+            backups: Vec::new(),
         }
+    }
+
+    /// The same context, reading the cluster's backups from `stores`.
+    pub fn with_backups(self, stores: Vec<Store<PostgreSQLBackup>>) -> Self {
+        Self {
+            backups: stores,
+            ..self
+        }
+    }
+
+    /// The backups of `cluster` as the caches have them.
+    fn backups_of(&self, cluster: &PostgreSQLCluster) -> Vec<Arc<PostgreSQLBackup>> {
+        let namespace = cluster.namespace();
+        let name = cluster.name_any();
+        self.backups
+            .iter()
+            .flat_map(Store::state)
+            .filter(|backup| backup.namespace() == namespace && backup.spec.cluster.name == name)
+            .collect()
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, Failures>> {
@@ -160,29 +184,19 @@ pub struct ClusterControllers {
 
 impl ClusterControllers {
     pub fn new(context: &Context) -> Self {
-        let namespaces: Vec<Option<&str>> = if context.settings.watch_namespaces.is_empty() {
-            vec![None]
-        } else {
-            context
-                .settings
-                .watch_namespaces
-                .iter()
-                .map(|ns| Some(ns.as_str()))
-                .collect()
-        };
-        let controllers = namespaces
-            .into_iter()
+        let (controllers, backups): (Vec<_>, Vec<_>) = crate::watched_namespaces(&context.settings)
+            .iter()
             .map(|namespace| {
                 controller(
                     &context.client,
-                    namespace,
+                    namespace.as_deref(),
                     context.settings.max_concurrent_reconciles,
                 )
             })
-            .collect();
+            .unzip();
         Self {
             controllers,
-            context: Arc::new(ClusterContext::new(context.clone())),
+            context: Arc::new(ClusterContext::new(context.clone()).with_backups(backups)),
         }
     }
 
@@ -207,23 +221,25 @@ impl ClusterControllers {
     }
 }
 
-fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
-{
-    match namespace {
-        Some(namespace) => Api::namespaced(client.clone(), namespace),
-        None => Api::all(client.clone()),
-    }
-}
-
+/// The controller of one namespace (or all), and its cache of backups: a backup's change
+/// reconciles its cluster, whose status tells of its last good backup.
 fn controller(
     client: &Client,
     namespace: Option<&str>,
     concurrency: u16,
-) -> Controller<PostgreSQLCluster> {
+) -> (Controller<PostgreSQLCluster>, Store<PostgreSQLBackup>) {
     let ours = || watcher::Config::default().labels(MANAGED_BY_SELECTOR);
-    Controller::new(
+    let (backups, writer) = reflector::store();
+    let backup_changes = reflector(
+        writer,
+        watcher::watcher(
+            api::<PostgreSQLBackup>(client, namespace),
+            watcher::Config::default(),
+        ),
+    )
+    .default_backoff()
+    .touched_objects();
+    let controller = Controller::new(
         api::<PostgreSQLCluster>(client, namespace),
         watcher::Config::default(),
     )
@@ -233,6 +249,11 @@ fn controller(
     .owns(api::<ConfigMap>(client, namespace), ours())
     .owns(api::<Secret>(client, namespace), ours())
     .owns(api::<PodDisruptionBudget>(client, namespace), ours())
+    .watches_stream(backup_changes, |backup: PostgreSQLBackup| {
+        let namespace = backup.namespace()?;
+        Some(ObjectRef::new(&backup.spec.cluster.name).within(&namespace))
+    });
+    (controller, backups)
 }
 
 /// Reconciles one cluster: the finalizer first, then apply or cleanup.
@@ -346,16 +367,6 @@ fn trigger(cluster: &PostgreSQLCluster) -> &'static str {
     }
 }
 
-/// Records the OpenTelemetry trace id into `span` when there is a valid one (there is none when
-/// no OpenTelemetry layer is installed), so JSON logs of the reconcile carry it.
-fn record_trace_id(span: &Span) {
-    let context = span.context();
-    let span_context = context.span().span_context().clone();
-    if span_context.is_valid() {
-        span.record("trace_id", field::display(span_context.trace_id()));
-    }
-}
-
 /// Deletion: children go with the cluster through owner references and the garbage collector;
 /// backup data and PostgreSQLBackup objects are never deleted here. Nothing here reads the
 /// spec, so an invalid spec cannot block deletion.
@@ -404,6 +415,8 @@ async fn reconcile_cluster(
             outcome
         }
     };
+    let backups = context.backups_of(cluster);
+    let backups: Vec<&PostgreSQLBackup> = backups.iter().map(AsRef::as_ref).collect();
     let observation = Observation {
         generation: cluster.metadata.generation,
         desired_replicas: outcome.desired_replicas,
@@ -413,6 +426,7 @@ async fn reconcile_cluster(
         statefulset_name: &names.statefulset,
         primary: &primary,
         instances: &instances,
+        backups: &backups,
     };
     let new_status = Box::pin(write_status(cluster, context, observation))
         .instrument(info_span!("status"))
@@ -620,19 +634,6 @@ async fn write_status(
         }
     }
     Ok(new_status)
-}
-
-/// Event notes are limited to 1 kB.
-fn truncate_note(mut note: String) -> String {
-    if note.len() > 1024 {
-        let mut end = 1021;
-        while !note.is_char_boundary(end) {
-            end -= 1;
-        }
-        note.truncate(end);
-        note.push_str("...");
-    }
-    note
 }
 
 /// A random 32-character alphanumeric password.

@@ -1,5 +1,5 @@
-//! Status (pure): phase, ready replicas, version, primary, instances and the Ready,
-//! Progressing and ReplicasStreaming conditions from what was observed, and the Events that a
+//! Status (pure): phase, ready replicas, version, primary, instances, the last successful
+//! backup and the Ready, Progressing, ReplicasStreaming and BackupComplete conditions from what was observed, and the Events that a
 //! change of them deserves.
 //!
 //! The cluster is Running only when its StatefulSet is ready *and* the designated primary's
@@ -11,8 +11,11 @@
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use pgkube_crds::{ClusterPhase, InstanceRole, InstanceStatus, PostgreSQLClusterStatus};
+use pgkube_crds::{
+    ClusterPhase, InstanceRole, InstanceStatus, PostgreSQLBackup, PostgreSQLClusterStatus,
+};
 
+use super::backups::summarize;
 use super::build::VERSION_ANNOTATION;
 use super::instances::{Lsn, ObservedInstance, ReportedRole};
 use super::roles::pod_name;
@@ -46,6 +49,8 @@ pub struct Observation<'a> {
     pub primary: &'a str,
     /// The pods and what their instance managers reported.
     pub instances: &'a [ObservedInstance],
+    /// The cluster's PostgreSQLBackups, as the watch cache has them.
+    pub backups: &'a [&'a PostgreSQLBackup],
 }
 
 /// An Event to publish about the cluster.
@@ -84,12 +89,15 @@ pub fn compute(observation: Observation<'_>, now: Timestamp) -> PostgreSQLCluste
         desired: observation.desired_replicas,
         primary_problem: primary_problem.as_deref(),
     };
-    let conditions = vec![
-        ready_condition(observation, &replicas, phase),
-        progressing_condition(observation, &replicas, phase),
-        streaming_condition(observation),
+    let backups = summarize(observation.backups, Time(now));
+    let conditions = [
+        Some(ready_condition(observation, &replicas, phase)),
+        Some(progressing_condition(observation, &replicas, phase)),
+        Some(streaming_condition(observation)),
+        backups.condition,
     ]
     .into_iter()
+    .flatten()
     .map(|condition| keep_transition_time(condition, observation.previous, now))
     .collect();
     PostgreSQLClusterStatus {
@@ -100,6 +108,7 @@ pub fn compute(observation: Observation<'_>, now: Timestamp) -> PostgreSQLCluste
         instances: instance_statuses(observation),
         observed_generation: observation.generation,
         conditions,
+        last_successful_backup: backups.last_successful,
         ..PostgreSQLClusterStatus::default()
     }
 }
@@ -209,6 +218,7 @@ pub fn changed(new: &PostgreSQLClusterStatus, previous: Option<&PostgreSQLCluste
         || new.current_primary != previous.current_primary
         || new.instances != previous.instances
         || new.observed_generation != previous.observed_generation
+        || new.last_successful_backup != previous.last_successful_backup
         || !new.conditions.iter().all(same_condition)
 }
 
@@ -599,6 +609,7 @@ mod tests {
             statefulset_name: STATEFULSET,
             primary: PRIMARY,
             instances: &HEALTHY[..count],
+            backups: &[],
         }
     }
 
@@ -745,6 +756,7 @@ mod tests {
         }
         let observation = Observation {
             instances: &instances,
+            backups: &[],
             ..observe(3, Some(&sts), None)
         };
         let status = compute(observation, now());
@@ -792,6 +804,7 @@ mod tests {
         ];
         let observation = Observation {
             instances: &unreachable,
+            backups: &[],
             ..observe(2, Some(&sts), None)
         };
         let creating = compute(observation, now());
@@ -829,6 +842,7 @@ mod tests {
         // Unreachable instances give the same status every time: an idle cluster writes nothing.
         let observation = Observation {
             instances: &unreachable,
+            backups: &[],
             ..observe(2, Some(&sts), Some(&creating))
         };
         let again = compute(observation, now());
@@ -841,6 +855,7 @@ mod tests {
         assert_eq!(running.phase, Some(ClusterPhase::Running));
         let observation = Observation {
             instances: &unreachable,
+            backups: &[],
             ..observe(2, Some(&sts), Some(&running))
         };
         let degraded = compute(observation, now());
@@ -873,6 +888,7 @@ mod tests {
             let instances = [observed(PRIMARY, Ok(report))];
             let observation = Observation {
                 instances: &instances,
+                backups: &[],
                 ..observe(1, Some(&sts), None)
             };
             let status = compute(observation, now());
@@ -902,6 +918,7 @@ mod tests {
         ];
         let observation = Observation {
             instances: &instances,
+            backups: &[],
             ..observe(5, Some(&sts), None)
         };
         let status = compute(observation, now());
@@ -936,6 +953,7 @@ mod tests {
         instances[1] = observed("db-postgresql-1", Err(Unavailable::Unreachable));
         let observation = Observation {
             instances: &instances,
+            backups: &[],
             ..observe(3, Some(&sts), Some(&streaming))
         };
         let broken = compute(observation, now());
@@ -990,6 +1008,7 @@ mod tests {
         let observation = Observation {
             primary: "db-postgresql-2",
             instances: &HEALTHY[..1],
+            backups: &[],
             ..observe(3, Some(&sts), Some(&previous))
         };
         let status = compute(observation, now());

@@ -72,6 +72,7 @@
 //! # }
 //! ```
 
+mod backup;
 mod bucket;
 mod cluster;
 mod crds;
@@ -85,6 +86,10 @@ pub mod proxy;
 mod service;
 mod wait;
 
+pub use backup::{
+    ACCESS_KEY_ID_KEY, SECRET_ACCESS_KEY_KEY, backup_config, create_backup, create_s3_secret,
+    list_objects, test_storage, wait_backup_ended,
+};
 pub use bucket::TestBucket;
 pub use cluster::{
     CLUSTER_RUNNING_TIMEOUT, ClusterService, InstancePod, LOCAL_NODE, LOCAL_NODE_LABEL,

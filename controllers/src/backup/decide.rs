@@ -1,0 +1,330 @@
+//! What a backup needs next, decided from what was read (pure).
+//!
+//! A new backup waits (phase Pending, with a reason) while its cluster is missing, has no
+//! storage, is not ready, or while another backup of the same cluster is unfinished: a cluster
+//! runs one backup at a time, the oldest first. A backup that waited longer than the pending
+//! deadline fails, so that nothing stays Pending forever. Then the storage is recorded in the
+//! status and the Job is created; from there the Job decides (see `follow`).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use kube::ResourceExt;
+use pgkube_crds::{BackupPhase, ClusterPhase, PostgreSQLBackup, PostgreSQLCluster, S3Storage};
+
+/// The next step for a backup that has not started its Job yet, or is past it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Next {
+    /// Completed or Failed: nothing more to do.
+    Finished,
+    /// The Job exists: follow it.
+    Follow,
+    /// Stay Pending, and look again later.
+    Wait(Reason),
+    /// Waited too long: Failed.
+    Fail(Reason),
+    /// Record `storage` (its prefix resolved) and create the Job.
+    Start(S3Storage),
+}
+
+/// Why a backup waits or failed: a CamelCase reason and a sentence.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reason {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Reason {
+    fn new(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+/// Decides the next step of `backup`. `cluster` is its cluster as read now (`None`: not
+/// found); `siblings` are the backups of the same namespace as the cache has them.
+pub fn next(
+    backup: &PostgreSQLBackup,
+    cluster: Option<&PostgreSQLCluster>,
+    siblings: &[&PostgreSQLBackup],
+    now: DateTime<Utc>,
+    pending_deadline: Duration,
+) -> Next {
+    match phase(backup) {
+        Some(BackupPhase::Completed | BackupPhase::Failed) => return Next::Finished,
+        Some(BackupPhase::Running) => return Next::Follow,
+        Some(BackupPhase::Pending) | None => {}
+    }
+    match blocker(backup, cluster, siblings) {
+        Ok(storage) => Next::Start(storage),
+        Err(reason) if waited(backup, now) > pending_deadline => Next::Fail(Reason::new(
+            "PendingTimeout",
+            format!(
+                "waited more than {}s to start: {}",
+                pending_deadline.as_secs(),
+                reason.message
+            ),
+        )),
+        Err(reason) => Next::Wait(reason),
+    }
+}
+
+pub fn phase(backup: &PostgreSQLBackup) -> Option<BackupPhase> {
+    backup.status.as_ref().and_then(|status| status.phase)
+}
+
+/// Whether the backup has ended, one way or the other.
+pub fn is_finished(backup: &PostgreSQLBackup) -> bool {
+    matches!(
+        phase(backup),
+        Some(BackupPhase::Completed | BackupPhase::Failed)
+    )
+}
+
+/// The storage to start with, or what stands in the way.
+fn blocker(
+    backup: &PostgreSQLBackup,
+    cluster: Option<&PostgreSQLCluster>,
+    siblings: &[&PostgreSQLBackup],
+) -> Result<S3Storage, Reason> {
+    let cluster_name = &backup.spec.cluster.name;
+    let Some(cluster) = cluster else {
+        return Err(Reason::new(
+            "ClusterNotFound",
+            format!("PostgreSQLCluster {cluster_name} does not exist"),
+        ));
+    };
+    let Some(storage) = cluster.spec.backup.as_ref().and_then(|b| b.s3.as_ref()) else {
+        return Err(Reason::new(
+            "NoStorage",
+            format!("PostgreSQLCluster {cluster_name} has no spec.backup.s3 to write to"),
+        ));
+    };
+    let status = cluster.status.as_ref();
+    let running = status.and_then(|s| s.phase) == Some(ClusterPhase::Running);
+    if !running || status.and_then(|s| s.current_primary.as_ref()).is_none() {
+        return Err(Reason::new(
+            "ClusterNotReady",
+            format!("PostgreSQLCluster {cluster_name} is not Running with a primary yet"),
+        ));
+    }
+    if let Some(first) = first_unfinished(backup, siblings) {
+        return Err(Reason::new(
+            "WaitingForBackup",
+            format!("backup {first} of the same cluster runs first (one backup at a time)"),
+        ));
+    }
+    let mut storage = storage.clone();
+    storage.prefix = Some(resolved_prefix(&storage, backup));
+    Ok(storage)
+}
+
+/// The backup of the same cluster that goes before `backup`, if one is unfinished: a Running
+/// one, or an older unfinished one (by creation time, then name), so that exactly one of a
+/// cluster's unfinished backups may start.
+fn first_unfinished(backup: &PostgreSQLBackup, siblings: &[&PostgreSQLBackup]) -> Option<String> {
+    let key = |b: &PostgreSQLBackup| (b.creation_timestamp().map(|t| t.0), b.name_any());
+    siblings
+        .iter()
+        .filter(|other| other.spec.cluster.name == backup.spec.cluster.name)
+        .filter(|other| other.name_any() != backup.name_any())
+        .filter(|other| other.metadata.deletion_timestamp.is_none() && !is_finished(other))
+        .filter(|other| phase(other) == Some(BackupPhase::Running) || key(other) < key(backup))
+        .map(|other| other.name_any())
+        .min()
+}
+
+/// The key prefix of the cluster's backups: the storage's own, or `<namespace>/<cluster>`.
+pub fn resolved_prefix(storage: &S3Storage, backup: &PostgreSQLBackup) -> String {
+    match storage.prefix.as_deref().map(|p| p.trim_matches('/')) {
+        Some(prefix) if !prefix.is_empty() => prefix.to_owned(),
+        _ => format!(
+            "{}/{}",
+            backup.namespace().unwrap_or_default(),
+            backup.spec.cluster.name
+        ),
+    }
+}
+
+/// How long the backup has existed.
+fn waited(backup: &PostgreSQLBackup, now: DateTime<Utc>) -> Duration {
+    backup
+        .creation_timestamp()
+        .and_then(|created| {
+            let created = DateTime::<Utc>::from_timestamp(created.0.as_second(), 0)?;
+            (now - created).to_std().ok()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use pgkube_crds::{
+        BackupConfig, LocalReference, PostgreSQLBackupSpec, PostgreSQLBackupStatus,
+        PostgreSQLClusterSpec, PostgreSQLClusterStatus,
+    };
+
+    use super::*;
+
+    const DEADLINE: Duration = Duration::from_secs(600);
+
+    fn at(seconds: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + seconds, 0).expect("time")
+    }
+
+    fn backup(name: &str, created: i64, phase: Option<BackupPhase>) -> PostgreSQLBackup {
+        let mut backup = PostgreSQLBackup::new(
+            name,
+            PostgreSQLBackupSpec {
+                cluster: LocalReference {
+                    name: "main".to_owned(),
+                },
+                method: Default::default(),
+                deletion_policy: Default::default(),
+            },
+        );
+        backup.metadata.namespace = Some("db".to_owned());
+        let created =
+            k8s_openapi::jiff::Timestamp::from_second(at(created).timestamp()).expect("timestamp");
+        backup.metadata.creation_timestamp = Some(Time(created));
+        backup.status = phase.map(|phase| PostgreSQLBackupStatus {
+            phase: Some(phase),
+            ..PostgreSQLBackupStatus::default()
+        });
+        backup
+    }
+
+    fn cluster(phase: ClusterPhase, with_storage: bool) -> PostgreSQLCluster {
+        let mut spec: PostgreSQLClusterSpec =
+            serde_json::from_value(serde_json::json!({"storage": "1Gi"})).expect("spec");
+        if with_storage {
+            let backup: BackupConfig = serde_json::from_value(serde_json::json!({
+                "schedule": "0 3 * * *",
+                "s3": {"bucket": "backups", "credentials": {
+                    "accessKeyId": {"name": "s3", "key": "id"},
+                    "secretAccessKey": {"name": "s3", "key": "secret"}}}
+            }))
+            .expect("backup config");
+            spec.backup = Some(backup);
+        }
+        let mut cluster = PostgreSQLCluster::new("main", spec);
+        cluster.status = Some(PostgreSQLClusterStatus {
+            phase: Some(phase),
+            current_primary: Some("main-postgresql-0".to_owned()),
+            ..PostgreSQLClusterStatus::default()
+        });
+        cluster
+    }
+
+    fn reason(next: &Next) -> Option<&'static str> {
+        match next {
+            Next::Wait(reason) | Next::Fail(reason) => Some(reason.reason),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_backup_of_a_ready_cluster_starts_with_the_resolved_prefix() {
+        let b = backup("b1", 0, None);
+        let ready = cluster(ClusterPhase::Running, true);
+        let Next::Start(storage) = next(&b, Some(&ready), &[], at(5), DEADLINE) else {
+            panic!("should start");
+        };
+        assert_eq!(storage.prefix.as_deref(), Some("db/main"));
+        assert_eq!(storage.bucket, "backups");
+    }
+
+    #[test]
+    fn a_backup_waits_with_a_reason_then_fails_after_the_deadline() {
+        let b = backup("b1", 0, Some(BackupPhase::Pending));
+        let cases = [
+            (None, "ClusterNotFound"),
+            (Some(cluster(ClusterPhase::Running, false)), "NoStorage"),
+            (
+                Some(cluster(ClusterPhase::Creating, true)),
+                "ClusterNotReady",
+            ),
+        ];
+        for (cluster, expected) in cases {
+            let waiting = next(&b, cluster.as_ref(), &[], at(60), DEADLINE);
+            assert!(matches!(waiting, Next::Wait(_)), "{waiting:?}");
+            assert_eq!(reason(&waiting), Some(expected));
+            let late = next(&b, cluster.as_ref(), &[], at(601), DEADLINE);
+            assert_eq!(reason(&late), Some("PendingTimeout"), "{late:?}");
+            let Next::Fail(failure) = late else {
+                panic!("fails")
+            };
+            assert!(
+                failure
+                    .message
+                    .starts_with("waited more than 600s to start: "),
+                "{}",
+                failure.message
+            );
+        }
+    }
+
+    #[test]
+    fn a_cluster_runs_one_backup_at_a_time_oldest_first() {
+        let ready = cluster(ClusterPhase::Running, true);
+        let old = backup("old", 0, None);
+        let new = backup("new", 10, None);
+        let siblings = [&old, &new];
+        assert!(matches!(
+            next(&old, Some(&ready), &siblings, at(20), DEADLINE),
+            Next::Start(_)
+        ));
+        assert_eq!(
+            reason(&next(&new, Some(&ready), &siblings, at(20), DEADLINE)),
+            Some("WaitingForBackup")
+        );
+        // A running backup blocks even an older pending one.
+        let running = backup("running", 30, Some(BackupPhase::Running));
+        assert_eq!(
+            reason(&next(
+                &old,
+                Some(&ready),
+                &[&old, &running],
+                at(40),
+                DEADLINE
+            )),
+            Some("WaitingForBackup")
+        );
+        // Finished ones and other clusters' do not count.
+        let done = backup("done", 0, Some(BackupPhase::Completed));
+        let mut other = backup("other", 0, Some(BackupPhase::Running));
+        other.spec.cluster.name = "another".to_owned();
+        assert!(matches!(
+            next(&new, Some(&ready), &[&done, &other, &new], at(40), DEADLINE),
+            Next::Start(_)
+        ));
+    }
+
+    #[test]
+    fn finished_and_running_backups_do_not_start_again() {
+        let ready = cluster(ClusterPhase::Running, true);
+        for (phase, expected) in [
+            (BackupPhase::Completed, Next::Finished),
+            (BackupPhase::Failed, Next::Finished),
+            (BackupPhase::Running, Next::Follow),
+        ] {
+            let b = backup("b", 0, Some(phase));
+            assert_eq!(next(&b, Some(&ready), &[], at(10_000), DEADLINE), expected);
+        }
+    }
+
+    #[test]
+    fn a_storage_prefix_is_used_without_its_slashes() {
+        let b = backup("b", 0, None);
+        let mut storage = S3Storage {
+            prefix: Some("team/pg/".to_owned()),
+            ..S3Storage::default()
+        };
+        assert_eq!(resolved_prefix(&storage, &b), "team/pg");
+        storage.prefix = Some(String::new());
+        assert_eq!(resolved_prefix(&storage, &b), "db/main");
+    }
+}

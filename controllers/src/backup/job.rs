@@ -1,0 +1,558 @@
+//! The Job that runs one backup: built from the backup, its cluster and its storage, without
+//! talking to the API server.
+//!
+//! The pod has two containers:
+//! - an init container from pgkube's image copies `pgkube` into an emptyDir;
+//! - the main container runs `<postgres image repository>:<cluster major>`, so that `pg_dump`
+//!   is the server's major version, with `/pgkube/pgkube agent backup` as its command.
+//!
+//! It connects to the primary through the cluster's `-rw` Service as the superuser; the
+//! password and the S3 keys are files from Secret volumes, never arguments or environment
+//! values. The result is the agent's JSON line in the termination message; on a crash the end
+//! of the log takes its place (`FallbackToLogsOnError`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath, PodSecurityContext, PodSpec,
+    PodTemplateSpec, ProjectedVolumeSource, SecretKeySelector, SecretProjection,
+    SecretVolumeSource, Volume, VolumeProjection,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::{Resource, ResourceExt};
+use pgkube_crds::{CLUSTER_LABEL, PostgreSQLBackup, PostgreSQLCluster, S3Storage};
+
+use crate::cluster::build::{ChildNames, POSTGRES_PORT, POSTGRES_UID};
+use crate::names::{self, DNS_LABEL_MAX, NameKind};
+use crate::pod::{
+    install_pgkube_container, mount, restricted_security_context, runtime_default_seccomp,
+};
+use crate::scheduling::Scheduling;
+
+/// Label on backup Jobs and their pods: the backup's name (as a label value).
+pub const BACKUP_LABEL: &str = "db.example.com/backup";
+/// `app.kubernetes.io/component` of backup Jobs, which the controller watches.
+pub const COMPONENT: &str = "backup";
+
+const AGENT_VOLUME: &str = "pgkube";
+const AGENT_MOUNT: &str = "/pgkube";
+const AGENT: &str = "/pgkube/pgkube";
+const SUPERUSER_VOLUME: &str = "superuser";
+const SUPERUSER_MOUNT: &str = "/etc/pgkube/superuser";
+const S3_VOLUME: &str = "s3";
+const S3_MOUNT: &str = "/etc/pgkube/s3";
+const ACCESS_KEY_ID_FILE: &str = "access-key-id";
+const SECRET_ACCESS_KEY_FILE: &str = "secret-access-key";
+const CA_BUNDLE_FILE: &str = "ca.crt";
+/// A failed backup is not retried by the Job: the agent starts from scratch anyway, and the
+/// next scheduled run (or a new PostgreSQLBackup) is the retry, with the failure on record.
+const BACKOFF_LIMIT: i32 = 0;
+/// A finished Job is kept a day for `kubectl logs`, then the Job controller deletes it. The
+/// backup's status keeps everything the controller read from it.
+const TTL_AFTER_FINISHED_SECONDS: i32 = 86_400;
+
+/// What a backup Job is made of.
+pub struct JobInput<'a> {
+    pub backup: &'a PostgreSQLBackup,
+    pub cluster: &'a PostgreSQLCluster,
+    /// The storage recorded in the backup's status.
+    pub storage: &'a S3Storage,
+    /// The key prefix the backup goes under (the storage's, or `<namespace>/<cluster>`).
+    pub prefix: &'a str,
+    pub postgres_image_repository: &'a str,
+    pub agent_image: &'a str,
+    /// The Job's `activeDeadlineSeconds`.
+    pub active_deadline: Duration,
+    /// The reconcile's trace context as a W3C `traceparent`, for the agent's spans to join.
+    pub trace_parent: Option<String>,
+    /// The manager's own `OTEL_*` variables, passed on so that the agent exports where the
+    /// manager does.
+    pub otel_env: &'a [(String, String)],
+}
+
+/// The Job's name: `<backup>-backup`, a DNS label (its pods carry it in the `job-name` label,
+/// which allows 63 characters).
+pub fn job_name(backup: &str) -> String {
+    names::child_name(backup, "-backup", NameKind::DnsLabel, DNS_LABEL_MAX)
+}
+
+/// The backup Job, owned by the backup.
+pub fn build(input: &JobInput<'_>) -> Job {
+    let backup_name = input.backup.name_any();
+    let labels = job_labels(input);
+    let mut pod = PodSpec {
+        restart_policy: Some("Never".to_owned()),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(POSTGRES_UID),
+            run_as_group: Some(POSTGRES_UID),
+            fs_group: Some(POSTGRES_UID),
+            seccomp_profile: Some(runtime_default_seccomp()),
+            ..PodSecurityContext::default()
+        }),
+        // The Job's pods need no API access.
+        automount_service_account_token: Some(false),
+        init_containers: Some(vec![install_pgkube_container(
+            "install-agent",
+            input.agent_image,
+            AGENT_VOLUME,
+            AGENT_MOUNT,
+            AGENT,
+        )]),
+        containers: vec![agent_container(input)],
+        volumes: Some(volumes(input)),
+        ..PodSpec::default()
+    };
+    Scheduling::of(&input.cluster.spec).apply_to(&mut pod);
+    Job {
+        metadata: ObjectMeta {
+            name: Some(job_name(&backup_name)),
+            namespace: input.backup.namespace(),
+            labels: Some(labels.clone()),
+            owner_references: owner(input.backup).map(|owner| vec![owner]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(JobSpec {
+            backoff_limit: Some(BACKOFF_LIMIT),
+            active_deadline_seconds: Some(
+                i64::try_from(input.active_deadline.as_secs()).unwrap_or(i64::MAX),
+            ),
+            ttl_seconds_after_finished: Some(TTL_AFTER_FINISHED_SECONDS),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(pod),
+            },
+            ..JobSpec::default()
+        }),
+        ..Job::default()
+    }
+}
+
+fn job_labels(input: &JobInput<'_>) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".to_owned(), "pgkube".to_owned()),
+        (
+            "app.kubernetes.io/component".to_owned(),
+            COMPONENT.to_owned(),
+        ),
+        (
+            "app.kubernetes.io/managed-by".to_owned(),
+            "pgkube".to_owned(),
+        ),
+        (
+            CLUSTER_LABEL.to_owned(),
+            names::label_value(&input.cluster.name_any()),
+        ),
+        (
+            BACKUP_LABEL.to_owned(),
+            names::label_value(&input.backup.name_any()),
+        ),
+    ])
+}
+
+/// The backup as the Job's controlling owner: deleting the backup deletes its Job.
+fn owner(backup: &PostgreSQLBackup) -> Option<OwnerReference> {
+    backup.controller_owner_ref(&())
+}
+
+fn agent_container(input: &JobInput<'_>) -> Container {
+    Container {
+        name: "backup".to_owned(),
+        image: Some(format!(
+            "{}:{}",
+            input.postgres_image_repository, input.cluster.spec.version
+        )),
+        command: Some([AGENT, "agent", "backup"].map(str::to_owned).to_vec()),
+        env: Some(agent_env(input)),
+        termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
+        security_context: Some(restricted_security_context()),
+        volume_mounts: Some(vec![
+            mount(AGENT_VOLUME, AGENT_MOUNT, true),
+            mount(SUPERUSER_VOLUME, SUPERUSER_MOUNT, true),
+            mount(S3_VOLUME, S3_MOUNT, true),
+        ]),
+        ..Container::default()
+    }
+}
+
+fn value(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: Some(value.into()),
+        ..EnvVar::default()
+    }
+}
+
+/// The agent's settings. Nothing secret: the password and the keys are files.
+fn agent_env(input: &JobInput<'_>) -> Vec<EnvVar> {
+    let cluster = input.cluster.name_any();
+    let names = ChildNames::for_cluster(&cluster);
+    let storage = input.storage;
+    let mut env = vec![
+        value("PGKUBE_BACKUP_NAME", input.backup.name_any()),
+        value("PGKUBE_CLUSTER", cluster),
+        value(
+            "PGKUBE_NAMESPACE",
+            input.backup.namespace().unwrap_or_default(),
+        ),
+        value("PGHOST", names.rw_service),
+        value("PGPORT", POSTGRES_PORT.to_string()),
+        EnvVar {
+            name: "PGUSER".to_owned(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: names.secret.clone(),
+                    key: "username".to_owned(),
+                    optional: None,
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        },
+        value(
+            "PGKUBE_PGPASSWORD_FILE",
+            format!("{SUPERUSER_MOUNT}/password"),
+        ),
+        value("PGKUBE_S3_BUCKET", &storage.bucket),
+        value("PGKUBE_S3_PREFIX", input.prefix),
+        value("PGKUBE_S3_REGION", &storage.region),
+        value(
+            "PGKUBE_S3_ACCESS_KEY_ID_FILE",
+            format!("{S3_MOUNT}/{ACCESS_KEY_ID_FILE}"),
+        ),
+        value(
+            "PGKUBE_S3_SECRET_ACCESS_KEY_FILE",
+            format!("{S3_MOUNT}/{SECRET_ACCESS_KEY_FILE}"),
+        ),
+    ];
+    if let Some(endpoint) = &storage.endpoint {
+        env.push(value("PGKUBE_S3_ENDPOINT", endpoint));
+    }
+    if storage.force_path_style {
+        env.push(value("PGKUBE_S3_FORCE_PATH_STYLE", "true"));
+    }
+    if storage.ca_bundle.is_some() {
+        env.push(value(
+            "PGKUBE_S3_CA_BUNDLE",
+            format!("{S3_MOUNT}/{CA_BUNDLE_FILE}"),
+        ));
+    }
+    if let Some(encryption) = storage.server_side_encryption {
+        let algorithm = serde_json::to_value(encryption)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        env.push(value("PGKUBE_S3_SSE", algorithm));
+    }
+    if let Some(trace_parent) = &input.trace_parent {
+        env.push(value("TRACEPARENT", trace_parent));
+    }
+    env.extend(
+        input
+            .otel_env
+            .iter()
+            .map(|(name, setting)| value(name, setting)),
+    );
+    env
+}
+
+fn volumes(input: &JobInput<'_>) -> Vec<Volume> {
+    let names = ChildNames::for_cluster(&input.cluster.name_any());
+    vec![
+        Volume {
+            name: AGENT_VOLUME.to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        },
+        Volume {
+            name: SUPERUSER_VOLUME.to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(names.secret),
+                items: Some(vec![key_to_path("password", "password")]),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+        Volume {
+            name: S3_VOLUME.to_owned(),
+            projected: Some(ProjectedVolumeSource {
+                sources: Some(s3_sources(input.storage)),
+                ..ProjectedVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+    ]
+}
+
+fn key_to_path(key: &str, path: &str) -> KeyToPath {
+    KeyToPath {
+        key: key.to_owned(),
+        path: path.to_owned(),
+        mode: None,
+    }
+}
+
+/// The S3 keys (and CA bundle) as files, each from the Secret key the storage names.
+fn s3_sources(storage: &S3Storage) -> Vec<VolumeProjection> {
+    let from = |selector: &SecretKeySelector, path: &str| VolumeProjection {
+        secret: Some(SecretProjection {
+            name: selector.name.clone(),
+            items: Some(vec![key_to_path(&selector.key, path)]),
+            optional: None,
+        }),
+        ..VolumeProjection::default()
+    };
+    let credentials = &storage.credentials;
+    let mut sources = vec![
+        from(&credentials.access_key_id, ACCESS_KEY_ID_FILE),
+        from(&credentials.secret_access_key, SECRET_ACCESS_KEY_FILE),
+    ];
+    if let Some(ca_bundle) = &storage.ca_bundle {
+        sources.push(from(ca_bundle, CA_BUNDLE_FILE));
+    }
+    sources
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pgkube_crds::{LocalReference, PostgreSQLBackupSpec, PostgreSQLClusterSpec, S3Credentials};
+
+    fn selector(name: &str, key: &str) -> SecretKeySelector {
+        SecretKeySelector {
+            name: name.to_owned(),
+            key: key.to_owned(),
+            optional: None,
+        }
+    }
+
+    fn storage() -> S3Storage {
+        S3Storage {
+            bucket: "backups".to_owned(),
+            prefix: None,
+            endpoint: Some("https://s3.example:9000".to_owned()),
+            region: "garage".to_owned(),
+            force_path_style: true,
+            ca_bundle: Some(selector("s3-ca", "ca.pem")),
+            credentials: S3Credentials {
+                access_key_id: selector("s3-keys", "id"),
+                secret_access_key: selector("s3-keys", "secret"),
+            },
+            server_side_encryption: None,
+        }
+    }
+
+    fn cluster() -> PostgreSQLCluster {
+        let mut spec: PostgreSQLClusterSpec =
+            serde_json::from_value(serde_json::json!({"storage": "1Gi", "version": "15"}))
+                .expect("spec");
+        spec.node_selector = BTreeMap::from([("disk".to_owned(), "ssd".to_owned())]);
+        let mut cluster = PostgreSQLCluster::new("main", spec);
+        cluster.metadata.namespace = Some("db".to_owned());
+        cluster
+    }
+
+    fn backup() -> PostgreSQLBackup {
+        let mut backup = PostgreSQLBackup::new(
+            "nightly",
+            PostgreSQLBackupSpec {
+                cluster: LocalReference {
+                    name: "main".to_owned(),
+                },
+                method: Default::default(),
+                deletion_policy: Default::default(),
+            },
+        );
+        backup.metadata.namespace = Some("db".to_owned());
+        backup.metadata.uid = Some("0000-uid".to_owned());
+        backup
+    }
+
+    fn job() -> Job {
+        let (backup, cluster, storage) = (backup(), cluster(), storage());
+        let otel = [(
+            "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
+            "http://collector:4317".to_owned(),
+        )];
+        build(&JobInput {
+            backup: &backup,
+            cluster: &cluster,
+            storage: &storage,
+            prefix: "db/main",
+            postgres_image_repository: "registry.local/postgres",
+            agent_image: "registry.local/pgkube:1.2",
+            active_deadline: Duration::from_secs(3600),
+            trace_parent: Some(
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned(),
+            ),
+            otel_env: &otel,
+        })
+    }
+
+    fn env_of(container: &Container) -> BTreeMap<String, EnvVar> {
+        container
+            .env
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|var| (var.name.clone(), var))
+            .collect()
+    }
+
+    #[test]
+    fn the_job_is_owned_by_the_backup_and_never_retries_or_outlives_its_deadline() {
+        let job = job();
+        assert_eq!(job.metadata.name.as_deref(), Some("nightly-backup"));
+        let owner = &job.metadata.owner_references.as_ref().expect("owner")[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str()),
+            ("PostgreSQLBackup", "nightly")
+        );
+        assert_eq!(owner.controller, Some(true));
+        let spec = job.spec.expect("spec");
+        assert_eq!(spec.backoff_limit, Some(0));
+        assert_eq!(spec.active_deadline_seconds, Some(3600));
+        assert_eq!(spec.ttl_seconds_after_finished, Some(86_400));
+    }
+
+    #[test]
+    fn the_agent_runs_in_the_clusters_postgres_image_after_an_init_container_copies_it() {
+        let pod = job().spec.expect("spec").template.spec.expect("pod");
+        let init = pod.init_containers.expect("init");
+        assert_eq!(init[0].image.as_deref(), Some("registry.local/pgkube:1.2"));
+        assert_eq!(
+            init[0].args.as_deref(),
+            Some(
+                &[
+                    "instance".to_owned(),
+                    "install".to_owned(),
+                    AGENT.to_owned()
+                ][..]
+            )
+        );
+        let main = &pod.containers[0];
+        assert_eq!(main.image.as_deref(), Some("registry.local/postgres:15"));
+        assert_eq!(
+            main.command.as_deref(),
+            Some(&[AGENT.to_owned(), "agent".to_owned(), "backup".to_owned()][..])
+        );
+        assert_eq!(main.args, None, "nothing on the command line");
+        assert_eq!(
+            main.termination_message_policy.as_deref(),
+            Some("FallbackToLogsOnError")
+        );
+        assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(
+            pod.node_selector,
+            Some(BTreeMap::from([("disk".to_owned(), "ssd".to_owned())]))
+        );
+    }
+
+    #[test]
+    fn every_container_is_restricted() {
+        let pod = job().spec.expect("spec").template.spec.expect("pod");
+        let pod_context = pod.security_context.expect("pod security context");
+        assert_eq!(pod_context.run_as_non_root, Some(true));
+        for container in pod
+            .init_containers
+            .expect("init")
+            .iter()
+            .chain(&pod.containers)
+        {
+            let context = container
+                .security_context
+                .as_ref()
+                .expect("security context");
+            assert_eq!(
+                context.allow_privilege_escalation,
+                Some(false),
+                "{}",
+                container.name
+            );
+            assert_eq!(
+                context.capabilities.as_ref().and_then(|c| c.drop.clone()),
+                Some(vec!["ALL".to_owned()])
+            );
+            assert_eq!(context.run_as_non_root, Some(true));
+        }
+    }
+
+    #[test]
+    fn it_connects_through_the_rw_service_with_secrets_as_files() {
+        let pod = job().spec.expect("spec").template.spec.expect("pod");
+        let env = env_of(&pod.containers[0]);
+        let plain = |name: &str| env.get(name).and_then(|v| v.value.clone());
+        assert_eq!(plain("PGHOST").as_deref(), Some("main-rw"));
+        assert_eq!(plain("PGKUBE_S3_PREFIX").as_deref(), Some("db/main"));
+        assert_eq!(
+            plain("PGKUBE_S3_ENDPOINT").as_deref(),
+            Some("https://s3.example:9000")
+        );
+        assert_eq!(plain("PGKUBE_S3_FORCE_PATH_STYLE").as_deref(), Some("true"));
+        assert_eq!(
+            plain("PGKUBE_PGPASSWORD_FILE").as_deref(),
+            Some("/etc/pgkube/superuser/password")
+        );
+        assert_eq!(
+            plain("TRACEPARENT").as_deref(),
+            Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")
+        );
+        assert_eq!(
+            plain("OTEL_EXPORTER_OTLP_ENDPOINT").as_deref(),
+            Some("http://collector:4317")
+        );
+        for name in ["PGPASSWORD", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
+            assert!(
+                !env.contains_key(name),
+                "{name} must not be in the environment"
+            );
+        }
+        // The keys come from the Secret keys the storage names.
+        let volumes = pod.volumes.expect("volumes");
+        let s3 = volumes
+            .iter()
+            .find(|v| v.name == S3_VOLUME)
+            .expect("s3 volume");
+        let sources = s3
+            .projected
+            .as_ref()
+            .and_then(|p| p.sources.clone())
+            .expect("sources");
+        let projected: Vec<(String, String, String)> = sources
+            .iter()
+            .filter_map(|source| source.secret.as_ref())
+            .flat_map(|secret| {
+                secret
+                    .items
+                    .iter()
+                    .flatten()
+                    .map(|item| (secret.name.clone(), item.key.clone(), item.path.clone()))
+            })
+            .collect();
+        assert_eq!(
+            projected,
+            [
+                (
+                    "s3-keys".to_owned(),
+                    "id".to_owned(),
+                    ACCESS_KEY_ID_FILE.to_owned()
+                ),
+                (
+                    "s3-keys".to_owned(),
+                    "secret".to_owned(),
+                    SECRET_ACCESS_KEY_FILE.to_owned()
+                ),
+                (
+                    "s3-ca".to_owned(),
+                    "ca.pem".to_owned(),
+                    CA_BUNDLE_FILE.to_owned()
+                ),
+            ]
+        );
+    }
+}

@@ -1,0 +1,510 @@
+//! The PostgreSQLBackup controller.
+//!
+//! Each reconcile of a backup that has not ended:
+//! 1. **decide** ([`decide`], pure): wait (Pending, with a reason) while the cluster is missing,
+//!    has no storage or is not ready, or while another backup of the cluster goes first; fail
+//!    once the pending deadline has passed; otherwise start.
+//! 2. **start**: create the Job ([`job`]), owned by the backup, then record Running with the
+//!    resolved storage in the status, so that verification, deletion and restores use the
+//!    storage the backup was written to, whatever the cluster's spec says later.
+//! 3. **follow** ([`follow`]): when the Job completed, read the agent's result from its pod's
+//!    termination message and [`verify`] the manifest and objects in storage; only then
+//!    Completed. When it failed (or passed its deadline): Failed with the pod's reason.
+//!
+//! Every phase ends: Pending has a deadline, the Job has `activeDeadlineSeconds`, and a Job
+//! that disappears before it ended fails the backup (unless its manifest is in storage and
+//! checks out).
+//!
+//! Deletion: with `deletionPolicy: Delete` the finalizer [`pgkube_crds::BACKUP_DATA_FINALIZER`] keeps the
+//! object until its stored objects are deleted (the manifest first, so a half-deleted backup
+//! never looks complete); a failure keeps the finalizer and says why. `Retain` backups carry no
+//! finalizer and their data stays.
+//!
+//! The status is written with server-side apply under [`STATUS_FIELD_MANAGER`], only when it
+//! changed, with an Event per change of phase.
+
+mod access;
+pub mod decide;
+pub mod follow;
+pub mod job;
+mod remove;
+mod status;
+pub mod verify;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use opentelemetry::trace::TraceContextExt;
+use pgkube_crds::{BackupPhase, DeletionPolicy, PostgreSQLBackup, PostgreSQLCluster, S3Storage};
+use serde_json::json;
+use tracing::{Instrument, Span, field, info_span, instrument};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::metrics::ClusterLabels;
+use crate::{Context, ShutdownSignal};
+use decide::Next;
+use follow::JobState;
+use status::Change;
+
+/// Name of this controller in metrics, spans and logs.
+pub const CONTROLLER: &str = "backup";
+/// Field manager of the backups' status and of their Jobs.
+pub const STATUS_FIELD_MANAGER: &str = "pgkube-backup";
+/// How soon a waiting backup looks again.
+const WAIT_REQUEUE: Duration = Duration::from_secs(15);
+/// How soon a running backup looks again if no Job event came first.
+const FOLLOW_REQUEUE: Duration = Duration::from_secs(30);
+/// Retry delays after errors.
+const BACKOFF_BASE: Duration = Duration::from_secs(2);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// Labels of the Jobs this controller makes, the only ones it watches.
+const JOB_SELECTOR: &str = "app.kubernetes.io/managed-by=pgkube,app.kubernetes.io/component=backup";
+
+/// Errors of one reconcile; each is retried with a backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot {action} {kind} {name}: {source}")]
+    Kube {
+        action: &'static str,
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("cannot reach the backup's storage: {0}")]
+    Access(#[from] access::AccessError),
+    #[error("cannot check the backup in storage: {0}")]
+    Storage(#[source] crate::storage::StorageError),
+    #[error("cannot delete the backup's data: {0}")]
+    Remove(#[source] crate::storage::StorageError),
+    #[error("the backup has no namespace")]
+    MissingNamespace,
+}
+
+fn kube_error(
+    action: &'static str,
+    kind: &'static str,
+    name: &str,
+) -> impl FnOnce(kube::Error) -> Error {
+    let name = name.to_owned();
+    move |source| Error::Kube {
+        action,
+        kind,
+        name,
+        source,
+    }
+}
+
+/// State shared by the backup controller's reconciles.
+pub struct BackupContext {
+    pub base: Context,
+    recorder: Recorder,
+    /// Every backup the controllers watch: a backup's siblings come from here.
+    stores: Vec<Store<PostgreSQLBackup>>,
+    failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+}
+
+/// One Controller per watched namespace (or one for all).
+pub struct BackupControllers {
+    controllers: Vec<Controller<PostgreSQLBackup>>,
+    context: Arc<BackupContext>,
+}
+
+impl BackupControllers {
+    pub fn new(context: &Context) -> Self {
+        let namespaces = crate::watched_namespaces(&context.settings);
+        let controllers: Vec<_> = namespaces
+            .iter()
+            .map(|namespace| {
+                controller(
+                    &context.client,
+                    namespace.as_deref(),
+                    context.settings.max_concurrent_reconciles,
+                )
+            })
+            .collect();
+        let stores = controllers.iter().map(Controller::store).collect();
+        let reporter = Reporter {
+            controller: "pgkube".to_owned(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Self {
+            controllers,
+            context: Arc::new(BackupContext {
+                recorder: Recorder::new(context.client.clone(), reporter),
+                base: context.clone(),
+                stores,
+                failures: std::sync::Mutex::default(),
+            }),
+        }
+    }
+
+    /// The backup caches; all ready means every backup is known.
+    pub fn stores(&self) -> Vec<Store<PostgreSQLBackup>> {
+        self.context.stores.clone()
+    }
+
+    /// Runs until `shutdown` fires; reconciles in flight finish first.
+    pub async fn run(self, shutdown: ShutdownSignal) {
+        let runs = self.controllers.into_iter().map(|controller| {
+            controller
+                .graceful_shutdown_on(shutdown.clone().wait())
+                .run(reconcile, error_policy, self.context.clone())
+                .for_each(|result| async move {
+                    if let Err(error) = result {
+                        tracing::debug!(controller = CONTROLLER, %error, "reconcile stream");
+                    }
+                })
+        });
+        futures::future::join_all(runs).await;
+    }
+}
+
+fn controller(
+    client: &Client,
+    namespace: Option<&str>,
+    concurrency: u16,
+) -> Controller<PostgreSQLBackup> {
+    let backups = crate::api::<PostgreSQLBackup>(client, namespace);
+    let jobs = crate::api::<Job>(client, namespace);
+    Controller::new(backups, watcher::Config::default())
+        .with_config(ControllerConfig::default().concurrency(concurrency))
+        .owns(jobs, watcher::Config::default().labels(JOB_SELECTOR))
+}
+
+/// Reconciles one backup.
+#[instrument(
+    name = "reconcile",
+    parent = None,
+    skip_all,
+    fields(
+        controller = CONTROLLER,
+        namespace = backup.namespace().unwrap_or_default(),
+        name = backup.name_any(),
+        phase = field::Empty,
+        trace_id = field::Empty,
+    )
+)]
+pub async fn reconcile(
+    backup: Arc<PostgreSQLBackup>,
+    context: Arc<BackupContext>,
+) -> Result<Action, Error> {
+    crate::record_trace_id(&Span::current());
+    let started = Instant::now();
+    let result = reconcile_backup(&backup, &context).await;
+    context
+        .base
+        .metrics
+        .observe_reconcile(CONTROLLER, result.is_ok(), started.elapsed());
+    match &result {
+        Ok(action) => {
+            context.failures().remove(&key(&backup));
+            tracing::debug!(?action, "reconciled");
+        }
+        Err(error) => tracing::warn!(%error, "reconcile failed"),
+    }
+    result
+}
+
+impl BackupContext {
+    fn failures(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u32>> {
+        self.failures
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+fn key(backup: &PostgreSQLBackup) -> String {
+    format!(
+        "{}/{}",
+        backup.namespace().unwrap_or_default(),
+        backup.name_any()
+    )
+}
+
+/// Retries after a delay that doubles with each consecutive failure, and says why in a
+/// Warning Event.
+pub fn error_policy(
+    backup: Arc<PostgreSQLBackup>,
+    error: &Error,
+    context: Arc<BackupContext>,
+) -> Action {
+    let failures = {
+        let mut failures = context.failures();
+        let count = failures.entry(key(&backup)).or_default();
+        *count = count.saturating_add(1);
+        *count
+    };
+    let recorder = context.recorder.clone();
+    let reference = backup.object_ref(&());
+    let note = crate::truncate_note(error.to_string());
+    tokio::spawn(async move {
+        let event = KubeEvent {
+            type_: EventType::Warning,
+            reason: "ReconcileFailed".to_owned(),
+            note: Some(note),
+            action: "Reconcile".to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = recorder.publish(&event, &reference).await {
+            tracing::warn!(%error, "cannot publish the error Event");
+        }
+    });
+    let factor = 2u32.saturating_pow(failures.saturating_sub(1));
+    Action::requeue(BACKOFF_BASE.saturating_mul(factor).min(BACKOFF_MAX))
+}
+
+async fn reconcile_backup(
+    backup: &PostgreSQLBackup,
+    context: &BackupContext,
+) -> Result<Action, Error> {
+    let namespace = backup.namespace().ok_or(Error::MissingNamespace)?;
+    if backup.metadata.deletion_timestamp.is_some() {
+        return remove::on_deletion(backup, context, &namespace).await;
+    }
+    if backup.spec.deletion_policy == DeletionPolicy::Delete {
+        remove::ensure_finalizer(backup, &context.base.client, &namespace).await?;
+    }
+    let cluster = read_cluster(backup, context, &namespace).await?;
+    let siblings: Vec<Arc<PostgreSQLBackup>> = context
+        .stores
+        .iter()
+        .flat_map(Store::state)
+        .filter(|other| other.namespace().as_deref() == Some(namespace.as_str()))
+        .collect();
+    let siblings: Vec<&PostgreSQLBackup> = siblings.iter().map(AsRef::as_ref).collect();
+    let next = info_span!("decide").in_scope(|| {
+        decide::next(
+            backup,
+            cluster.as_ref(),
+            &siblings,
+            Utc::now(),
+            context.base.settings.backup_pending_deadline,
+        )
+    });
+    Span::current().record("phase", field::debug(decide::phase(backup)));
+    match next {
+        Next::Finished => Ok(Action::await_change()),
+        Next::Wait(reason) => {
+            status::write(context, backup, Change::Pending(reason)).await?;
+            Ok(Action::requeue(WAIT_REQUEUE))
+        }
+        Next::Fail(reason) => {
+            status::write(context, backup, Change::Failed(reason)).await?;
+            Ok(Action::await_change())
+        }
+        Next::Start(storage) => {
+            let cluster = cluster.as_ref().ok_or(Error::MissingNamespace)?;
+            start(context, backup, cluster, storage, &namespace).await
+        }
+        Next::Follow => follow_job(context, backup, &namespace).await,
+    }
+}
+
+/// The backup's cluster as the API server has it now (its readiness matters), or `None`.
+async fn read_cluster(
+    backup: &PostgreSQLBackup,
+    context: &BackupContext,
+    namespace: &str,
+) -> Result<Option<PostgreSQLCluster>, Error> {
+    if decide::is_finished(backup) {
+        return Ok(None);
+    }
+    let name = &backup.spec.cluster.name;
+    Api::<PostgreSQLCluster>::namespaced(context.base.client.clone(), namespace)
+        .get_opt(name)
+        .await
+        .map_err(kube_error("read", "PostgreSQLCluster", name))
+}
+
+/// Creates the Job (an existing one of that name is this backup's: it is owned by it), then
+/// records Running with the storage.
+async fn start(
+    context: &BackupContext,
+    backup: &PostgreSQLBackup,
+    cluster: &PostgreSQLCluster,
+    storage: S3Storage,
+    namespace: &str,
+) -> Result<Action, Error> {
+    let settings = &context.base.settings;
+    let prefix = storage.prefix.clone().unwrap_or_default();
+    let desired = info_span!("build").in_scope(|| {
+        job::build(&job::JobInput {
+            backup,
+            cluster,
+            storage: &storage,
+            prefix: &prefix,
+            postgres_image_repository: &settings.postgres_image_repository,
+            agent_image: &settings.agent_image,
+            active_deadline: settings.backup_active_deadline,
+            trace_parent: trace_parent(&Span::current()),
+            otel_env: &settings.otel_env,
+        })
+    });
+    let name = desired.name_any();
+    let created = Api::<Job>::namespaced(context.base.client.clone(), namespace)
+        .create(&PostParams::default(), &desired)
+        .instrument(info_span!("apply"))
+        .await;
+    match created {
+        Ok(_) => tracing::info!(job = %name, "backup Job created"),
+        Err(kube::Error::Api(response)) if response.code == 409 => {
+            tracing::info!(job = %name, "backup Job already exists");
+        }
+        Err(source) => return Err(kube_error("create", "Job", &name)(source)),
+    }
+    status::write(context, backup, Change::Running { storage, job: name }).await?;
+    Ok(Action::requeue(FOLLOW_REQUEUE))
+}
+
+/// Follows the Job of a running backup to its end.
+async fn follow_job(
+    context: &BackupContext,
+    backup: &PostgreSQLBackup,
+    namespace: &str,
+) -> Result<Action, Error> {
+    let client = &context.base.client;
+    let name = backup
+        .status
+        .as_ref()
+        .and_then(|s| s.job_name.clone())
+        .unwrap_or_else(|| job::job_name(&backup.name_any()));
+    // A GET, not the cache: a Job missing from a cache that lags would fail the backup.
+    let found = Api::<Job>::namespaced(client.clone(), namespace)
+        .get_opt(&name)
+        .await
+        .map_err(kube_error("read", "Job", &name))?;
+    let state = match &found {
+        Some(job) => {
+            let pods = job_pods(client, namespace, &name).await?;
+            follow::job_state(job, &pods)
+        }
+        None => JobState::Failed(format!("the backup Job {name} was deleted before it ended")),
+    };
+    match state {
+        JobState::Running => Ok(Action::requeue(FOLLOW_REQUEUE)),
+        JobState::Succeeded(result) => complete(context, backup, namespace, result).await,
+        JobState::Failed(reason) => {
+            let change = Change::Failed(decide::Reason {
+                reason: if found.is_some() {
+                    "JobFailed"
+                } else {
+                    "JobDeleted"
+                },
+                message: reason,
+            });
+            status::write(context, backup, change).await?;
+            Ok(Action::await_change())
+        }
+    }
+}
+
+/// The Job's pods, for their termination messages.
+async fn job_pods(client: &Client, namespace: &str, job: &str) -> Result<Vec<Pod>, Error> {
+    let selector = format!("batch.kubernetes.io/job-name={job}");
+    Api::<Pod>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map(|list| list.items)
+        .map_err(kube_error("list", "Pod", job))
+}
+
+/// Verifies what the agent reported, then Completed (or Failed when it does not check out).
+async fn complete(
+    context: &BackupContext,
+    backup: &PostgreSQLBackup,
+    namespace: &str,
+    result: Option<follow::AgentResult>,
+) -> Result<Action, Error> {
+    let Some(result) = result else {
+        let reason = decide::Reason {
+            reason: "NoResult",
+            message: "the backup Job succeeded but its pod left no readable result".to_owned(),
+        };
+        status::write(context, backup, Change::Failed(reason)).await?;
+        return Ok(Action::await_change());
+    };
+    let storage = backup
+        .status
+        .as_ref()
+        .and_then(|s| s.storage.clone())
+        .unwrap_or_default();
+    let bucket = access::connect(&context.base.client, namespace, &storage).await?;
+    let verified = verify::verify(&bucket, &backup.name_any(), &result)
+        .instrument(info_span!("verify"))
+        .await;
+    let change = match verified {
+        Ok(verified) => Change::Completed(verified),
+        Err(verify::VerifyError::Storage(error)) => {
+            // The store did not answer: try again rather than fail a backup that may be fine.
+            return Err(Error::Storage(error));
+        }
+        Err(error) => Change::Failed(decide::Reason {
+            reason: "VerificationFailed",
+            message: error.to_string(),
+        }),
+    };
+    status::write(context, backup, change).await?;
+    Ok(Action::await_change())
+}
+
+/// The W3C `traceparent` of `span`'s OpenTelemetry context, if it has a valid one.
+fn trace_parent(span: &Span) -> Option<String> {
+    let context = span.context();
+    let span_context = context.span().span_context().clone();
+    span_context.is_valid().then(|| {
+        format!(
+            "00-{}-{}-{:02x}",
+            span_context.trace_id(),
+            span_context.span_id(),
+            span_context.trace_flags().to_u8()
+        )
+    })
+}
+
+/// The backup's cluster, as metric labels.
+fn cluster_labels(backup: &PostgreSQLBackup) -> ClusterLabels {
+    ClusterLabels {
+        namespace: backup.namespace().unwrap_or_default(),
+        cluster: backup.spec.cluster.name.clone(),
+    }
+}
+
+/// Patches the status of `backup` with server-side apply.
+async fn patch_status(
+    client: &Client,
+    backup: &PostgreSQLBackup,
+    status: &pgkube_crds::PostgreSQLBackupStatus,
+) -> Result<(), Error> {
+    let name = backup.name_any();
+    let namespace = backup.namespace().ok_or(Error::MissingNamespace)?;
+    let body = json!({
+        "apiVersion": PostgreSQLBackup::api_version(&()),
+        "kind": PostgreSQLBackup::kind(&()),
+        "status": status,
+    });
+    Api::<PostgreSQLBackup>::namespaced(client.clone(), &namespace)
+        .patch_status(
+            &name,
+            &PatchParams::apply(STATUS_FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map(|_| ())
+        .map_err(kube_error("write status of", "PostgreSQLBackup", &name))
+}
+
+/// Whether a backup's phase is one that ended.
+fn ended(phase: Option<BackupPhase>) -> bool {
+    matches!(phase, Some(BackupPhase::Completed | BackupPhase::Failed))
+}

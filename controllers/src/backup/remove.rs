@@ -1,0 +1,195 @@
+//! Deleting a backup whose deletion policy is `Delete`: its stored objects go first (the
+//! manifest before the rest, so that a half-deleted backup never looks complete), then the
+//! finalizer, then the object. `Retain` backups have no finalizer: their data stays.
+
+use aws_sdk_s3::types::{Delete, ObjectIdentifier};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event as KubeEvent, EventType};
+use kube::{Api, Client, Resource, ResourceExt};
+use pgkube_crds::{BACKUP_DATA_FINALIZER, PostgreSQLBackup};
+use serde_json::json;
+
+use super::{BackupContext, Error, access, kube_error};
+use crate::storage::{S3Bucket, StorageError, s3_error};
+
+/// S3's DeleteObjects takes at most this many keys.
+const DELETE_BATCH: usize = 1000;
+
+/// Adds the finalizer to a `Delete` backup that lacks it.
+pub async fn ensure_finalizer(
+    backup: &PostgreSQLBackup,
+    client: &Client,
+    namespace: &str,
+) -> Result<(), Error> {
+    if has_finalizer(backup) {
+        return Ok(());
+    }
+    let mut finalizers = backup.finalizers().to_vec();
+    finalizers.push(BACKUP_DATA_FINALIZER.to_owned());
+    set_finalizers(backup, client, namespace, finalizers).await
+}
+
+fn has_finalizer(backup: &PostgreSQLBackup) -> bool {
+    backup
+        .finalizers()
+        .iter()
+        .any(|f| f == BACKUP_DATA_FINALIZER)
+}
+
+/// A merge patch of the finalizers, guarded by the resourceVersion so that a concurrent
+/// change of the list is never overwritten.
+async fn set_finalizers(
+    backup: &PostgreSQLBackup,
+    client: &Client,
+    namespace: &str,
+    finalizers: Vec<String>,
+) -> Result<(), Error> {
+    let name = backup.name_any();
+    let patch = json!({
+        "metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": backup.resource_version(),
+        }
+    });
+    Api::<PostgreSQLBackup>::namespaced(client.clone(), namespace)
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+        .map_err(kube_error(
+            "update the finalizers of",
+            "PostgreSQLBackup",
+            &name,
+        ))
+}
+
+/// A backup being deleted: with the finalizer, delete its data, then release it.
+pub async fn on_deletion(
+    backup: &PostgreSQLBackup,
+    context: &BackupContext,
+    namespace: &str,
+) -> Result<Action, Error> {
+    if !has_finalizer(backup) {
+        return Ok(Action::await_change());
+    }
+    if let Err(error) = delete_data(backup, context, namespace).await {
+        let note = crate::truncate_note(format!(
+            "the backup's data could not be deleted, so the PostgreSQLBackup stays until it is: {error}"
+        ));
+        let event = KubeEvent {
+            type_: EventType::Warning,
+            reason: "DeleteFailed".to_owned(),
+            note: Some(note),
+            action: "Delete".to_owned(),
+            secondary: None,
+        };
+        if let Err(error) = context
+            .recorder
+            .publish(&event, &backup.object_ref(&()))
+            .await
+        {
+            tracing::warn!(%error, "cannot publish an Event");
+        }
+        return Err(error);
+    }
+    let finalizers = backup
+        .finalizers()
+        .iter()
+        .filter(|f| *f != BACKUP_DATA_FINALIZER)
+        .cloned()
+        .collect();
+    set_finalizers(backup, &context.base.client, namespace, finalizers).await?;
+    Ok(Action::await_change())
+}
+
+/// Deletes every object under the backup's directory. A backup that never started has none.
+async fn delete_data(
+    backup: &PostgreSQLBackup,
+    context: &BackupContext,
+    namespace: &str,
+) -> Result<(), Error> {
+    let Some(storage) = backup.status.as_ref().and_then(|s| s.storage.clone()) else {
+        tracing::info!("the backup never started: no data to delete");
+        return Ok(());
+    };
+    let prefix = super::decide::resolved_prefix(&storage, backup);
+    let directory = format!("{prefix}/{}/", backup.name_any());
+    let bucket = access::connect(&context.base.client, namespace, &storage).await?;
+    let deleted = delete_directory(&bucket, &directory)
+        .await
+        .map_err(Error::Remove)?;
+    tracing::info!(%directory, deleted, "backup data deleted");
+    Ok(())
+}
+
+/// Deletes every key under `directory` (which ends with `/`), `manifest.json` first; returns
+/// how many keys were deleted.
+pub async fn delete_directory(bucket: &S3Bucket, directory: &str) -> Result<usize, StorageError> {
+    let mut keys = list_keys(bucket, directory).await?;
+    // The manifest first: once it is gone, the rest is an incomplete backup nobody restores.
+    keys.sort_by_key(|key| !key.ends_with("/manifest.json"));
+    let (manifests, others): (Vec<String>, Vec<String>) = keys
+        .into_iter()
+        .partition(|key| key.ends_with("/manifest.json"));
+    delete_keys(bucket, &manifests).await?;
+    delete_keys(bucket, &others).await?;
+    Ok(manifests.len() + others.len())
+}
+
+async fn list_keys(bucket: &S3Bucket, prefix: &str) -> Result<Vec<String>, StorageError> {
+    let mut keys = Vec::new();
+    let mut pages = bucket
+        .client
+        .list_objects_v2()
+        .bucket(&bucket.name)
+        .prefix(prefix)
+        .into_paginator()
+        .send();
+    while let Some(page) = pages.next().await {
+        let page = page.map_err(|error| s3_error("ListObjectsV2", prefix, error))?;
+        keys.extend(
+            page.contents()
+                .iter()
+                .filter_map(|o| o.key().map(str::to_owned)),
+        );
+    }
+    Ok(keys)
+}
+
+async fn delete_keys(bucket: &S3Bucket, keys: &[String]) -> Result<(), StorageError> {
+    for batch in keys.chunks(DELETE_BATCH) {
+        let Some(first) = batch.first() else { continue };
+        let objects = batch
+            .iter()
+            .map(|key| ObjectIdentifier::builder().key(key).build())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| StorageError::Settings(error.to_string()))?;
+        let delete = Delete::builder()
+            .set_objects(Some(objects))
+            .quiet(true)
+            .build()
+            .map_err(|error| StorageError::Settings(error.to_string()))?;
+        let output = bucket
+            .client
+            .delete_objects()
+            .bucket(&bucket.name)
+            .delete(delete)
+            .send()
+            .await
+            .map_err(|error| s3_error("DeleteObjects", first, error))?;
+        if let Some(error) = output.errors().first() {
+            return Err(StorageError::S3 {
+                operation: "DeleteObjects",
+                key: error.key().unwrap_or(first).to_owned(),
+                reason: format!(
+                    "{} {} ({} of {} keys not deleted)",
+                    error.code().unwrap_or("error"),
+                    error.message().unwrap_or(""),
+                    output.errors().len(),
+                    batch.len()
+                ),
+            });
+        }
+    }
+    Ok(())
+}

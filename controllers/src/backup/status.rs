@@ -1,0 +1,251 @@
+//! The backup's status for each change of its state, written only when it differs, with an
+//! Event when the phase changes and the backup metrics when it ends.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::events::{Event as KubeEvent, EventType};
+use kube::{Resource, ResourceExt};
+use pgkube_crds::{BackupPhase, PostgreSQLBackup, PostgreSQLBackupStatus, S3Storage};
+
+use super::decide::Reason;
+use super::verify::Verified;
+use super::{BackupContext, Error, cluster_labels, ended, patch_status};
+
+/// Type of the backup's one condition: True once Completed.
+pub const COMPLETED_CONDITION: &str = "Completed";
+
+/// What happened to the backup.
+pub enum Change {
+    Pending(Reason),
+    Running { storage: S3Storage, job: String },
+    Completed(Verified),
+    Failed(Reason),
+}
+
+/// Writes the status for `change` if it differs from the current one; publishes an Event and
+/// records the metrics when the phase changes.
+pub async fn write(
+    context: &BackupContext,
+    backup: &PostgreSQLBackup,
+    change: Change,
+) -> Result<(), Error> {
+    let previous = backup.status.clone().unwrap_or_default();
+    let now = Timestamp::now();
+    let new = next_status(&previous, change, now);
+    if same(&new, &previous) {
+        return Ok(());
+    }
+    patch_status(&context.base.client, backup, &new).await?;
+    tracing::info!(phase = ?new.phase, message = new.message.as_deref().unwrap_or(""), "status updated");
+    if new.phase != previous.phase || new.message != previous.message {
+        publish_event(context, backup, &new).await;
+    }
+    if ended(new.phase) && !ended(previous.phase) {
+        record_metrics(context, backup, &new);
+    }
+    Ok(())
+}
+
+/// The status after `change` (pure).
+pub fn next_status(
+    previous: &PostgreSQLBackupStatus,
+    change: Change,
+    now: Timestamp,
+) -> PostgreSQLBackupStatus {
+    let mut status = previous.clone();
+    let (phase, condition_status, reason, message) = match change {
+        Change::Pending(reason) => (BackupPhase::Pending, "False", reason.reason, reason.message),
+        Change::Running { storage, job } => {
+            status.storage = Some(storage);
+            status.job_name = Some(job.clone());
+            status.start_time = Some(Time(now));
+            let message = format!("backup Job {job} is running");
+            (BackupPhase::Running, "False", "Running", message)
+        }
+        Change::Completed(verified) => {
+            status.object_key = Some(verified.manifest_key.clone());
+            status.size_bytes = Some(i64::try_from(verified.size).unwrap_or(i64::MAX));
+            status.checksum = Some(verified.checksum.clone());
+            status.postgres_version = Some(verified.postgresql_version.clone());
+            status.start_time = parse_time(&verified.started_at).or(status.start_time);
+            status.completion_time = parse_time(&verified.finished_at).or(Some(Time(now)));
+            let message = format!(
+                "{} bytes verified in storage under {}",
+                verified.size, verified.manifest_key
+            );
+            (BackupPhase::Completed, "True", "Completed", message)
+        }
+        Change::Failed(reason) => {
+            status.completion_time = Some(Time(now));
+            (BackupPhase::Failed, "False", reason.reason, reason.message)
+        }
+    };
+    status.phase = Some(phase);
+    status.message = Some(message.clone());
+    let condition = Condition {
+        type_: COMPLETED_CONDITION.to_owned(),
+        status: condition_status.to_owned(),
+        reason: reason.to_owned(),
+        message,
+        observed_generation: None,
+        last_transition_time: Time(now),
+    };
+    let unchanged = previous
+        .conditions
+        .iter()
+        .find(|c| c.type_ == COMPLETED_CONDITION)
+        .filter(|c| c.status == condition.status && c.reason == condition.reason);
+    status.conditions = vec![match unchanged {
+        Some(previous) => Condition {
+            last_transition_time: previous.last_transition_time.clone(),
+            ..condition
+        },
+        None => condition,
+    }];
+    status
+}
+
+/// Equal but for transition times: no write.
+fn same(new: &PostgreSQLBackupStatus, previous: &PostgreSQLBackupStatus) -> bool {
+    new.phase == previous.phase
+        && new.message == previous.message
+        && new.storage == previous.storage
+        && new.job_name == previous.job_name
+        && new.object_key == previous.object_key
+        && new.size_bytes == previous.size_bytes
+        && new.checksum == previous.checksum
+        && new.conditions.len() == previous.conditions.len()
+        && new
+            .conditions
+            .iter()
+            .zip(&previous.conditions)
+            .all(|(a, b)| {
+                a.type_ == b.type_
+                    && a.status == b.status
+                    && a.reason == b.reason
+                    && a.message == b.message
+            })
+}
+
+fn parse_time(text: &str) -> Option<Time> {
+    text.parse::<Timestamp>().ok().map(Time)
+}
+
+async fn publish_event(
+    context: &BackupContext,
+    backup: &PostgreSQLBackup,
+    status: &PostgreSQLBackupStatus,
+) {
+    let condition = status.conditions.first();
+    let event = KubeEvent {
+        type_: if status.phase == Some(BackupPhase::Failed) {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: condition.map(|c| c.reason.clone()).unwrap_or_default(),
+        note: status.message.clone().map(crate::truncate_note),
+        action: "Backup".to_owned(),
+        secondary: None,
+    };
+    if let Err(error) = context
+        .recorder
+        .publish(&event, &backup.object_ref(&()))
+        .await
+    {
+        tracing::warn!(%error, "cannot publish an Event");
+    }
+}
+
+fn record_metrics(
+    context: &BackupContext,
+    backup: &PostgreSQLBackup,
+    status: &PostgreSQLBackupStatus,
+) {
+    let seconds = |time: &Option<Time>| time.as_ref().map(|t| t.0.as_second());
+    let took = match (
+        seconds(&status.start_time),
+        seconds(&status.completion_time),
+    ) {
+        (Some(start), Some(end)) if end >= start => Some(std::time::Duration::from_secs(
+            u64::try_from(end - start).unwrap_or(0),
+        )),
+        _ => None,
+    };
+    let completed = (status.phase == Some(BackupPhase::Completed))
+        .then(|| Some((seconds(&status.completion_time)?, status.size_bytes?)))
+        .flatten();
+    context
+        .base
+        .metrics
+        .observe_backup(&cluster_labels(backup), took, completed);
+    tracing::info!(backup = %backup.name_any(), phase = ?status.phase, "backup ended");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(second: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + second).expect("time")
+    }
+
+    #[test]
+    fn a_completed_backup_records_what_was_verified() {
+        let running = next_status(
+            &PostgreSQLBackupStatus::default(),
+            Change::Running {
+                storage: S3Storage::default(),
+                job: "b1-backup".to_owned(),
+            },
+            at(0),
+        );
+        assert_eq!(running.phase, Some(BackupPhase::Running));
+        assert_eq!(running.job_name.as_deref(), Some("b1-backup"));
+        let verified = Verified {
+            manifest_key: "db/main/b1/manifest.json".to_owned(),
+            size: 4242,
+            checksum: "sha256:ab".to_owned(),
+            postgresql_version: "15.14".to_owned(),
+            started_at: "2027-01-15T08:00:00Z".to_owned(),
+            finished_at: "2027-01-15T08:01:00Z".to_owned(),
+        };
+        let done = next_status(&running, Change::Completed(verified), at(90));
+        assert_eq!(done.phase, Some(BackupPhase::Completed));
+        assert_eq!(done.size_bytes, Some(4242));
+        assert_eq!(done.object_key.as_deref(), Some("db/main/b1/manifest.json"));
+        assert_eq!(done.postgres_version.as_deref(), Some("15.14"));
+        assert_eq!(
+            done.completion_time
+                .clone()
+                .map(|t| t.0.to_string())
+                .as_deref(),
+            Some("2027-01-15T08:01:00Z")
+        );
+        let condition = &done.conditions[0];
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("True", "Completed")
+        );
+        assert!(!same(&done, &running));
+    }
+
+    #[test]
+    fn waiting_again_for_the_same_reason_writes_nothing() {
+        let reason = || Reason {
+            reason: "ClusterNotReady",
+            message: "not yet".to_owned(),
+        };
+        let first = next_status(
+            &PostgreSQLBackupStatus::default(),
+            Change::Pending(reason()),
+            at(0),
+        );
+        let again = next_status(&first, Change::Pending(reason()), at(30));
+        assert!(same(&again, &first));
+        assert_eq!(
+            again.conditions[0].last_transition_time,
+            first.conditions[0].last_transition_time
+        );
+    }
+}

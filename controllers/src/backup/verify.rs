@@ -1,0 +1,136 @@
+//! A backup is Completed only once its storage shows it: the manifest the agent reported is
+//! there with the checksum the agent reported, and every object it lists is there with the size
+//! it lists.
+
+use sha2::{Digest, Sha256};
+
+use super::follow::AgentResult;
+use crate::storage::manifest::Manifest;
+use crate::storage::{S3Bucket, StorageError, s3_error};
+
+/// What the controller records about a verified backup.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verified {
+    pub manifest_key: String,
+    /// Bytes of all the objects the manifest lists.
+    pub size: u64,
+    /// `sha256:<hex>` of the manifest's bytes.
+    pub checksum: String,
+    pub postgresql_version: String,
+    pub started_at: String,
+    pub finished_at: String,
+}
+
+/// Why a backup the agent reported as done does not check out.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error("the agent's result has no {0}")]
+    Incomplete(&'static str),
+    #[error("manifest {key} does not match the agent's result: {reason}")]
+    Mismatch { key: String, reason: String },
+    #[error("object {key} is missing from storage")]
+    MissingObject { key: String },
+    #[error("object {key} has {actual} bytes in storage, the manifest says {expected}")]
+    WrongSize {
+        key: String,
+        expected: u64,
+        actual: u64,
+    },
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+}
+
+/// Checks the manifest and the objects of the backup the agent reported.
+pub async fn verify(
+    bucket: &S3Bucket,
+    backup_name: &str,
+    result: &AgentResult,
+) -> Result<Verified, VerifyError> {
+    let key = result
+        .manifest_key
+        .clone()
+        .ok_or(VerifyError::Incomplete("manifest key"))?;
+    let reported_sha256 = result
+        .manifest_sha256
+        .as_deref()
+        .ok_or(VerifyError::Incomplete("manifest checksum"))?;
+    let bytes = read_object(bucket, &key).await?;
+    let sha256 = hex::encode(Sha256::digest(&bytes));
+    let mismatch = |reason: String| VerifyError::Mismatch {
+        key: key.clone(),
+        reason,
+    };
+    if sha256 != reported_sha256 {
+        return Err(mismatch(format!(
+            "its SHA-256 is {sha256}, the agent wrote {reported_sha256}"
+        )));
+    }
+    let manifest = Manifest::parse(&key, &bytes)?;
+    if manifest.backup_name != backup_name {
+        return Err(mismatch(format!(
+            "it belongs to backup {}",
+            manifest.backup_name
+        )));
+    }
+    check_objects(bucket, &manifest).await?;
+    if let Some(size) = result.size.filter(|size| *size != manifest.total_size()) {
+        return Err(mismatch(format!(
+            "it lists {} bytes, the agent reported {size}",
+            manifest.total_size()
+        )));
+    }
+    Ok(Verified {
+        manifest_key: key,
+        size: manifest.total_size(),
+        checksum: format!("sha256:{sha256}"),
+        postgresql_version: manifest.postgresql_version,
+        started_at: manifest.started_at,
+        finished_at: manifest.finished_at,
+    })
+}
+
+/// Every object the manifest lists is stored with the size it lists.
+async fn check_objects(bucket: &S3Bucket, manifest: &Manifest) -> Result<(), VerifyError> {
+    let objects = std::iter::once(&manifest.globals)
+        .chain(manifest.databases.iter().map(|database| &database.object));
+    for object in objects {
+        match bucket.object_size(&object.key).await? {
+            None => {
+                return Err(VerifyError::MissingObject {
+                    key: object.key.clone(),
+                });
+            }
+            Some(actual) if actual != object.size => {
+                return Err(VerifyError::WrongSize {
+                    key: object.key.clone(),
+                    expected: object.size,
+                    actual,
+                });
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// The bytes of a (small) object.
+async fn read_object(bucket: &S3Bucket, key: &str) -> Result<Vec<u8>, VerifyError> {
+    let object = bucket
+        .client
+        .get_object()
+        .bucket(&bucket.name)
+        .key(key)
+        .send()
+        .await
+        .map_err(|error| s3_error("GetObject", key, error))?;
+    let bytes = object
+        .body
+        .collect()
+        .await
+        .map_err(|error| StorageError::S3 {
+            operation: "GetObject",
+            key: key.to_owned(),
+            reason: format!("reading the body: {error}"),
+        })?;
+    Ok(bytes.into_bytes().to_vec())
+}

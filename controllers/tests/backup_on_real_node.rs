@@ -1,0 +1,328 @@
+//! End to end on the test bed's real node: PostgreSQLBackups of a running PostgreSQL 15
+//! cluster, whose backup Jobs really run (`pgkube agent backup` in the `postgres:15` image's
+//! emulation, copied in by an init container) against the real Garage.
+
+mod common;
+
+use std::time::Duration;
+
+use common::Running;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{DeleteParams, Patch, PatchParams};
+use pgkube_crds::{BackupPhase, DeletionPolicy, PostgreSQLBackup};
+use pgkube_testkit::{
+    SECRET_ACCESS_KEY_KEY, TestBucket, TestCluster, backup_config, condition, create_backup,
+    create_s3_secret, list_objects, test_storage, wait_backup_ended, wait_until,
+};
+use sha2::{Digest, Sha256};
+
+const RESYNC: Duration = Duration::from_secs(30);
+const CLUSTER_TIMEOUT: Duration = Duration::from_secs(300);
+const BACKUP_TIMEOUT: Duration = Duration::from_secs(180);
+/// A schedule that never comes during a test (1 January, 00:00), so that only the tests'
+/// own backups run.
+const NEVER: &str = "0 0 1 1 *";
+const S3_SECRET: &str = "s3-keys";
+
+/// A running cluster whose backups go to a fresh bucket; the cluster has some data.
+struct Fixture {
+    running: Running,
+    cluster: TestCluster,
+    bucket: TestBucket,
+}
+
+impl Fixture {
+    async fn start(prefix: &str) -> Option<Fixture> {
+        let running = Running::start(prefix, RESYNC).await?;
+        let env = pgkube_testkit::testbed()?;
+        let bucket = TestBucket::create(&env, "backups").await;
+        create_s3_secret(
+            &running.client,
+            &env,
+            running.namespace.name(),
+            S3_SECRET,
+            None,
+        )
+        .await
+        .expect("S3 Secret");
+        let storage = test_storage(&env, bucket.name(), S3_SECRET);
+        let cluster = TestCluster::builder("pg")
+            .spec(|spec| spec.backup = Some(backup_config(storage, NEVER)))
+            .timeout(CLUSTER_TIMEOUT)
+            .start(&running.namespace)
+            .await
+            .unwrap_or_else(|error| panic!("the cluster becomes Running: {error:#}"));
+        let sql = cluster.sql().await.expect("SQL");
+        sql.batch_execute(
+            "CREATE TABLE items (id int PRIMARY KEY, name text);
+             INSERT INTO items SELECT i, 'item ' || i FROM generate_series(1, 1000) i;",
+        )
+        .await
+        .expect("data written");
+        // On its own: CREATE DATABASE cannot run in the implicit transaction of a batch.
+        sql.batch_execute("CREATE DATABASE shop")
+            .await
+            .expect("database created");
+        Some(Fixture {
+            running,
+            cluster,
+            bucket,
+        })
+    }
+
+    fn namespace(&self) -> &str {
+        self.running.namespace.name()
+    }
+
+    async fn backup(&self, name: &str, policy: DeletionPolicy) -> PostgreSQLBackup {
+        create_backup(
+            &self.running.client,
+            self.namespace(),
+            name,
+            self.cluster.name(),
+            policy,
+        )
+        .await
+        .expect("backup created");
+        wait_backup_ended(&self.running.client, self.namespace(), name, BACKUP_TIMEOUT)
+            .await
+            .unwrap_or_else(|error| panic!("{error:#}"))
+    }
+
+    /// The stored objects of backup `name`, by key, with their sizes.
+    async fn objects_of(&self, name: &str) -> std::collections::BTreeMap<String, i64> {
+        let prefix = format!("{}/{}/{name}/", self.namespace(), self.cluster.name());
+        list_objects(&self.bucket.client(), self.bucket.name(), &prefix)
+            .await
+            .expect("listing")
+    }
+
+    async fn stop(self) {
+        self.cluster
+            .delete(Duration::from_secs(120))
+            .await
+            .expect("cluster deleted");
+        self.running.stop().await;
+        self.bucket.cleanup().await;
+    }
+}
+
+fn phase(backup: &PostgreSQLBackup) -> Option<BackupPhase> {
+    backup.status.as_ref().and_then(|s| s.phase)
+}
+
+#[tokio::test]
+async fn an_on_demand_backup_completes_with_the_size_and_checksum_of_its_stored_objects() {
+    let Some(fixture) = Fixture::start("backup-e2e").await else {
+        return;
+    };
+    let backup = fixture.backup("first", DeletionPolicy::Retain).await;
+    let status = backup.status.clone().expect("status");
+    assert_eq!(phase(&backup), Some(BackupPhase::Completed), "{status:?}");
+
+    let objects = fixture.objects_of("first").await;
+    let manifest_key = status.object_key.clone().expect("object key");
+    assert!(objects.contains_key(&manifest_key), "{objects:?}");
+    let data: i64 = objects
+        .iter()
+        .filter(|(key, _)| **key != manifest_key)
+        .map(|(_, size)| size)
+        .sum();
+    assert_eq!(
+        status.size_bytes,
+        Some(data),
+        "size = the stored dumps' bytes"
+    );
+    assert!(
+        objects
+            .keys()
+            .any(|key| key.ends_with("/databases/shop.dump")),
+        "every database is dumped: {objects:?}"
+    );
+    let manifest = fixture
+        .bucket
+        .object(&manifest_key)
+        .await
+        .expect("manifest");
+    let checksum = format!("sha256:{}", hex::encode(Sha256::digest(&manifest)));
+    assert_eq!(status.checksum.as_deref(), Some(checksum.as_str()));
+    assert!(
+        status
+            .postgres_version
+            .as_deref()
+            .is_some_and(|v| v.starts_with("15")),
+        "{status:?}"
+    );
+    assert!(status.start_time.is_some() && status.completion_time.is_some());
+    let recorded = status.storage.clone().expect("storage recorded");
+    assert_eq!(recorded.bucket, fixture.bucket.name());
+    assert_eq!(
+        recorded.prefix.as_deref(),
+        Some(format!("{}/pg", fixture.namespace()).as_str())
+    );
+
+    // The Job ran as the issue asks, and is owned by the backup.
+    let job = fixture
+        .running
+        .api::<Job>()
+        .get(status.job_name.as_deref().expect("job name"))
+        .await
+        .expect("job");
+    let owner = &job.metadata.owner_references.clone().expect("owner")[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("PostgreSQLBackup", "first")
+    );
+
+    // The cluster tells of its last good backup.
+    let cluster = fixture
+        .cluster
+        .wait_condition("BackupComplete", "True", Duration::from_secs(60))
+        .await
+        .expect("BackupComplete");
+    assert_eq!(
+        cluster
+            .status
+            .as_ref()
+            .and_then(|s| s.last_successful_backup.as_deref()),
+        Some("first")
+    );
+    fixture.stop().await;
+}
+
+#[tokio::test]
+async fn a_wrong_s3_key_fails_the_backup_clearly_and_the_next_one_succeeds_once_fixed() {
+    let Some(fixture) = Fixture::start("backup-key").await else {
+        return;
+    };
+    let secrets = fixture.running.api::<Secret>();
+    let set_key = |key: &str| serde_json::json!({ "stringData": { SECRET_ACCESS_KEY_KEY: key } });
+    secrets
+        .patch(
+            S3_SECRET,
+            &PatchParams::default(),
+            &Patch::Merge(set_key("wrong-key")),
+        )
+        .await
+        .expect("key broken");
+    let failed = fixture.backup("broken", DeletionPolicy::Retain).await;
+    assert_eq!(phase(&failed), Some(BackupPhase::Failed));
+    let message = failed
+        .status
+        .clone()
+        .and_then(|s| s.message)
+        .unwrap_or_default();
+    assert!(
+        message.contains("S3")
+            && (message.contains("Signature")
+                || message.contains("Forbidden")
+                || message.contains("403")
+                || message.contains("InvalidAccessKeyId")),
+        "the reason names the S3 refusal: {message}"
+    );
+    let cluster = fixture
+        .cluster
+        .wait_condition("BackupComplete", "False", Duration::from_secs(60))
+        .await
+        .expect("BackupComplete False");
+    let condition = condition(&cluster, "BackupComplete").expect("condition");
+    assert_eq!(condition.reason, "BackupFailed");
+    assert!(
+        condition.message.contains("broken"),
+        "{}",
+        condition.message
+    );
+
+    let env = pgkube_testkit::testbed().expect("test bed");
+    secrets
+        .patch(
+            S3_SECRET,
+            &PatchParams::default(),
+            &Patch::Merge(set_key(&env.s3_secret_key)),
+        )
+        .await
+        .expect("key fixed");
+    let fixed = fixture.backup("fixed", DeletionPolicy::Retain).await;
+    assert_eq!(
+        phase(&fixed),
+        Some(BackupPhase::Completed),
+        "{:?}",
+        fixed.status
+    );
+    fixture
+        .cluster
+        .wait_condition("BackupComplete", "True", Duration::from_secs(60))
+        .await
+        .expect("BackupComplete True again");
+    fixture.stop().await;
+}
+
+#[tokio::test]
+async fn deleting_a_delete_backup_removes_its_data_while_retain_and_cluster_deletion_keep_it() {
+    let Some(fixture) = Fixture::start("backup-delete").await else {
+        return;
+    };
+    let doomed = fixture.backup("doomed", DeletionPolicy::Delete).await;
+    let kept = fixture.backup("kept", DeletionPolicy::Retain).await;
+    assert_eq!(
+        phase(&doomed),
+        Some(BackupPhase::Completed),
+        "{:?}",
+        doomed.status
+    );
+    assert_eq!(
+        phase(&kept),
+        Some(BackupPhase::Completed),
+        "{:?}",
+        kept.status
+    );
+    assert!(!fixture.objects_of("doomed").await.is_empty());
+    let kept_objects = fixture.objects_of("kept").await;
+    assert!(!kept_objects.is_empty());
+
+    let backups = fixture.running.api::<PostgreSQLBackup>();
+    for name in ["doomed", "kept"] {
+        backups
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("backup deleted");
+    }
+    wait_until(
+        "both backups to be gone",
+        Duration::from_secs(60),
+        || async {
+            let left = backups.list(&Default::default()).await?.items.len();
+            Ok((left == 0).then_some(()))
+        },
+    )
+    .await
+    .expect("backups gone");
+    assert!(
+        fixture.objects_of("doomed").await.is_empty(),
+        "a Delete backup's objects go with it"
+    );
+    assert_eq!(
+        fixture.objects_of("kept").await,
+        kept_objects,
+        "a Retain backup's objects stay"
+    );
+
+    // Deleting the cluster never deletes backup data.
+    let Fixture {
+        running,
+        cluster,
+        bucket,
+    } = fixture;
+    cluster
+        .delete(Duration::from_secs(120))
+        .await
+        .expect("cluster deleted");
+    let prefix = format!("{}/pg/kept/", running.namespace.name());
+    let after = list_objects(&bucket.client(), bucket.name(), &prefix)
+        .await
+        .expect("listing");
+    assert_eq!(after, kept_objects, "the cluster's deletion left the data");
+    running.stop().await;
+    bucket.cleanup().await;
+}
