@@ -14,6 +14,7 @@ pub mod names;
 pub mod pod;
 mod quantity;
 pub mod retention;
+pub mod schedule;
 pub mod scheduling;
 pub mod storage;
 
@@ -170,6 +171,7 @@ pub async fn run(
 ) {
     let shutdown = ShutdownSignal::from_future(shutdown);
     let clusters = cluster::ClusterControllers::new(&context);
+    let scheduler = schedule::BackupScheduler::new(&context);
     let backups = backup::BackupControllers::new(&context);
     let backup_stores = backups.stores();
     let stores = clusters.stores();
@@ -187,5 +189,11 @@ pub async fn run(
         }
         on_ready();
     };
-    futures::future::join3(ready, clusters.run(shutdown.clone()), backups.run(shutdown)).await;
+    futures::future::join4(
+        ready,
+        clusters.run(shutdown.clone()),
+        backups.run(shutdown.clone()),
+        scheduler.run(shutdown),
+    )
+    .await;
 }

@@ -170,7 +170,13 @@ pub struct BackupConfig {
     #[schemars(regex(pattern = r"^\s*([0-9A-Za-z*?/,-]+\s+){4}[0-9A-Za-z*?/,-]+\s*$"))]
     pub schedule: String,
     /// IANA time zone the schedule is read in, for example `Europe/Paris`. Defaults to UTC.
+    /// A name of the right form that is not in the time zone database shows in the cluster's
+    /// `BackupScheduled` condition.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = 64),
+        regex(pattern = r"^[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+)*$")
+    )]
     pub time_zone: Option<String>,
     /// Backups older than this many days are deleted; the newest completed backup is always kept.
     #[serde(default = "default_retention_days")]
