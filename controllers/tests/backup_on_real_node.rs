@@ -326,3 +326,227 @@ async fn deleting_a_delete_backup_removes_its_data_while_retain_and_cluster_dele
     running.stop().await;
     bucket.cleanup().await;
 }
+
+/// A manifest for backup `name` of the fixture's cluster that finished `days_ago` days ago,
+/// listing one globals object of `globals_size` bytes.
+fn manifest(namespace: &str, name: &str, days_ago: i64, globals_size: u64) -> Vec<u8> {
+    use pgkube_controllers::storage::manifest::{Manifest, StoredObject};
+    let finished = chrono::Utc::now() - chrono::Duration::days(days_ago);
+    let manifest = Manifest {
+        manifest_version: 1,
+        cluster: "pg".to_owned(),
+        namespace: namespace.to_owned(),
+        backup_name: name.to_owned(),
+        postgresql_version: "15".to_owned(),
+        started_at: finished.to_rfc3339(),
+        finished_at: finished.to_rfc3339(),
+        format: "pg_dump-custom".to_owned(),
+        globals: StoredObject {
+            key: format!("{namespace}/pg/{name}/globals.sql"),
+            size: globals_size,
+            sha256: "00".repeat(32),
+            format: "pg_dumpall-globals-sql".to_owned(),
+        },
+        databases: Vec::new(),
+    };
+    serde_json::to_vec(&manifest).expect("manifest JSON")
+}
+
+async fn put(bucket: &TestBucket, key: &str, body: Vec<u8>) {
+    bucket
+        .client()
+        .put_object()
+        .bucket(bucket.name())
+        .key(key)
+        .body(body.into())
+        .send()
+        .await
+        .unwrap_or_else(|error| panic!("putting {key}: {error:?}"));
+}
+
+#[tokio::test]
+async fn a_completed_backup_prunes_expired_backups_and_their_objects_but_nothing_else() {
+    let Some(fixture) = Fixture::start("backup-prune").await else {
+        return;
+    };
+    let namespace = fixture.namespace().to_owned();
+    // An expired backup of this cluster, with its PostgreSQLBackup object...
+    let ancient = format!("{namespace}/pg/ancient/");
+    put(
+        &fixture.bucket,
+        &format!("{ancient}globals.sql"),
+        b"-- globals".to_vec(),
+    )
+    .await;
+    put(
+        &fixture.bucket,
+        &format!("{ancient}manifest.json"),
+        manifest(&namespace, "ancient", 30, 10),
+    )
+    .await;
+    create_backup(
+        &fixture.running.client,
+        &namespace,
+        "ancient",
+        "pg",
+        DeletionPolicy::Retain,
+    )
+    .await
+    .expect("backup object");
+    let backups = fixture.running.api::<PostgreSQLBackup>();
+    backups
+        .patch_status(
+            "ancient",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": {"phase": "Completed"}})),
+        )
+        .await
+        .expect("marked Completed");
+    // ...an unfinished one (no manifest) and keys that are not this cluster's.
+    let untouchable = [
+        format!("{namespace}/pg/partial/globals.sql"),
+        format!("{namespace}/pg-other/old/manifest.json"),
+        "foreign/key".to_owned(),
+    ];
+    for key in &untouchable {
+        put(&fixture.bucket, key, b"keep".to_vec()).await;
+    }
+
+    let fresh = fixture.backup("fresh", DeletionPolicy::Retain).await;
+    assert_eq!(
+        phase(&fresh),
+        Some(BackupPhase::Completed),
+        "{:?}",
+        fresh.status
+    );
+    wait_until(
+        "the expired backup object to go",
+        Duration::from_secs(60),
+        || async { Ok(backups.get_opt("ancient").await?.is_none().then_some(())) },
+    )
+    .await
+    .expect("expired PostgreSQLBackup removed");
+    let everything = list_objects(&fixture.bucket.client(), fixture.bucket.name(), "")
+        .await
+        .expect("listing");
+    assert!(
+        !everything.keys().any(|key| key.starts_with(&ancient)),
+        "the expired backup's objects are gone: {everything:?}"
+    );
+    for key in &untouchable {
+        assert!(everything.contains_key(key), "{key} stays: {everything:?}");
+    }
+    assert!(
+        !fixture.objects_of("fresh").await.is_empty(),
+        "the new backup stays"
+    );
+    fixture.stop().await;
+}
+
+#[tokio::test]
+async fn an_agent_killed_mid_upload_fails_the_backup_without_a_manifest_and_retention_aborts_its_upload()
+ {
+    use pgkube_controllers::retention::{RetentionPolicy, prune};
+    use pgkube_controllers::storage::S3Bucket;
+
+    let Some(fixture) = Fixture::start("backup-kill").await else {
+        return;
+    };
+    let sql = fixture.cluster.sql().await.expect("SQL");
+    // Enough data that the upload takes several parts (md5 text compresses about 2:1).
+    sql.batch_execute(
+        "CREATE TABLE bulk AS SELECT i, md5(i::text) || md5((i * 7)::text) AS a, \
+         md5((i * 13)::text) AS b FROM generate_series(1, 1500000) i",
+    )
+    .await
+    .expect("bulk data");
+    create_backup(
+        &fixture.running.client,
+        fixture.namespace(),
+        "killed",
+        "pg",
+        DeletionPolicy::Retain,
+    )
+    .await
+    .expect("backup created");
+    let s3 = fixture.bucket.client();
+    let directory = format!("{}/pg/killed/", fixture.namespace());
+    let open_uploads = || async {
+        let listing = s3
+            .list_multipart_uploads()
+            .bucket(fixture.bucket.name())
+            .prefix(&directory)
+            .send()
+            .await?;
+        Ok::<_, anyhow::Error>(listing.uploads().len())
+    };
+    wait_until(
+        "a multipart upload to start",
+        Duration::from_secs(120),
+        || async { Ok((open_uploads().await? > 0).then_some(())) },
+    )
+    .await
+    .expect("upload started");
+    // The agent, not its pg_dump child: with the agent gone (PID 1 of its container), the
+    // container ends and its other processes with it.
+    let agents: Vec<u32> = pgkube_testkit::processes_with_env("PGKUBE_BACKUP_NAME=killed")
+        .into_iter()
+        .filter(|pid| pgkube_testkit::processes_with_args(&["agent", "backup"]).contains(pid))
+        .collect();
+    assert_eq!(
+        agents.len(),
+        1,
+        "one agent runs on this machine: {agents:?}"
+    );
+    let status = std::process::Command::new("kill")
+        .args(["-9", &agents[0].to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -9 {}", agents[0]);
+
+    let failed = wait_backup_ended(
+        &fixture.running.client,
+        fixture.namespace(),
+        "killed",
+        BACKUP_TIMEOUT,
+    )
+    .await
+    .expect("the backup ends");
+    assert_eq!(
+        phase(&failed),
+        Some(BackupPhase::Failed),
+        "{:?}",
+        failed.status
+    );
+    let objects = fixture.objects_of("killed").await;
+    assert!(
+        !objects.keys().any(|key| key.ends_with("manifest.json")),
+        "no manifest for a killed backup: {objects:?}"
+    );
+    assert!(
+        open_uploads().await.expect("uploads") > 0,
+        "the killed agent left its upload open"
+    );
+
+    // Retention aborts uploads older than a day: run a pass as if two days had passed.
+    let bucket = S3Bucket::with_client(s3.clone(), fixture.bucket.name());
+    let policy = RetentionPolicy {
+        prefix: format!("{}/pg", fixture.namespace()),
+        retention_days: 7,
+        failed_backups: ["killed".to_owned()].into(),
+    };
+    let report = prune(
+        &bucket,
+        &policy,
+        chrono::Utc::now() + chrono::Duration::days(2),
+    )
+    .await
+    .expect("retention pass");
+    assert!(report.aborted_uploads > 0, "{report:?}");
+    assert_eq!(
+        open_uploads().await.expect("uploads"),
+        0,
+        "no upload left open"
+    );
+    fixture.stop().await;
+}

@@ -136,15 +136,20 @@ fn first_unfinished(backup: &PostgreSQLBackup, siblings: &[&PostgreSQLBackup]) -
         .min()
 }
 
-/// The key prefix of the cluster's backups: the storage's own, or `<namespace>/<cluster>`.
+/// The key prefix of the backup's cluster: see [`cluster_prefix`].
 pub fn resolved_prefix(storage: &S3Storage, backup: &PostgreSQLBackup) -> String {
+    cluster_prefix(
+        storage,
+        &backup.namespace().unwrap_or_default(),
+        &backup.spec.cluster.name,
+    )
+}
+
+/// The key prefix of a cluster's backups: the storage's own, or `<namespace>/<cluster>`.
+pub fn cluster_prefix(storage: &S3Storage, namespace: &str, cluster: &str) -> String {
     match storage.prefix.as_deref().map(|p| p.trim_matches('/')) {
         Some(prefix) if !prefix.is_empty() => prefix.to_owned(),
-        _ => format!(
-            "{}/{}",
-            backup.namespace().unwrap_or_default(),
-            backup.spec.cluster.name
-        ),
+        _ => format!("{namespace}/{cluster}"),
     }
 }
 

@@ -15,6 +15,9 @@
 //! that disappears before it ended fails the backup (unless its manifest is in storage and
 //! checks out).
 //!
+//! After each completed backup, and every hour, a retention pass ([`retention_pass`]) prunes the
+//! cluster's expired backups.
+//!
 //! Deletion: with `deletionPolicy: Delete` the finalizer [`pgkube_crds::BACKUP_DATA_FINALIZER`] keeps the
 //! object until its stored objects are deleted (the manifest first, so a half-deleted backup
 //! never looks complete); a failure keeps the finalizer and says why. `Retain` backups carry no
@@ -28,6 +31,7 @@ pub mod decide;
 pub mod follow;
 pub mod job;
 mod remove;
+pub mod retention_pass;
 mod status;
 pub mod verify;
 
@@ -154,8 +158,10 @@ impl BackupControllers {
         self.context.stores.clone()
     }
 
-    /// Runs until `shutdown` fires; reconciles in flight finish first.
+    /// Runs until `shutdown` fires; reconciles in flight finish first. The hourly retention
+    /// passes run alongside.
     pub async fn run(self, shutdown: ShutdownSignal) {
+        let hourly = retention_pass::hourly(self.context.clone(), shutdown.clone());
         let runs = self.controllers.into_iter().map(|controller| {
             controller
                 .graceful_shutdown_on(shutdown.clone().wait())
@@ -166,7 +172,7 @@ impl BackupControllers {
                     }
                 })
         });
-        futures::future::join_all(runs).await;
+        futures::future::join(futures::future::join_all(runs), hourly).await;
     }
 }
 
@@ -454,8 +460,28 @@ async fn complete(
             message: error.to_string(),
         }),
     };
+    let completed = matches!(change, Change::Completed(_));
     status::write(context, backup, change).await?;
+    if completed {
+        prune_after_backup(context, backup, namespace).await;
+    }
     Ok(Action::await_change())
+}
+
+/// The retention pass that follows each completed backup. Its failure does not fail the
+/// backup: the pass says why in an Event, and the hourly pass tries again.
+async fn prune_after_backup(context: &BackupContext, backup: &PostgreSQLBackup, namespace: &str) {
+    let name = &backup.spec.cluster.name;
+    match Api::<PostgreSQLCluster>::namespaced(context.base.client.clone(), namespace)
+        .get_opt(name)
+        .await
+    {
+        Ok(Some(cluster)) => {
+            retention_pass::run(context, &cluster).await;
+        }
+        Ok(None) => tracing::info!(cluster = %name, "the cluster is gone: no retention pass"),
+        Err(error) => tracing::warn!(%error, "cannot read the cluster for a retention pass"),
+    }
 }
 
 /// The W3C `traceparent` of `span`'s OpenTelemetry context, if it has a valid one.

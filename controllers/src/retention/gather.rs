@@ -72,10 +72,16 @@ pub async fn read_manifests(
     layout: &Layout,
     requests: &mut RequestCount,
 ) -> Result<BTreeMap<String, ManifestReading>, StorageError> {
-    let readings: BTreeMap<String, ManifestReading> = futures::stream::iter(layout.manifest_keys())
+    // Owned names and keys: a stream of futures borrowing `&str`s from an iterator is not
+    // `Send` for every lifetime (a rustc limitation), and the controllers need a `Send` pass.
+    let manifests: Vec<(String, String)> = layout
+        .manifest_keys()
+        .map(|(name, key)| (name.to_owned(), key.to_owned()))
+        .collect();
+    let readings: BTreeMap<String, ManifestReading> = futures::stream::iter(manifests)
         .map(|(name, key)| async move {
-            let reading = read_manifest(bucket, key).await?;
-            Ok::<_, StorageError>((name.to_owned(), reading))
+            let reading = read_manifest(bucket, &key).await?;
+            Ok::<_, StorageError>((name, reading))
         })
         .buffer_unordered(CONCURRENT_MANIFEST_READS)
         .try_collect()

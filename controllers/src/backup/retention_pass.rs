@@ -1,0 +1,211 @@
+//! Retention for a cluster, as the controllers run it: after each completed backup and every
+//! hour, a [`retention::prune`](crate::retention::prune) pass over the cluster's prefix with its
+//! `retentionDays`, then the PostgreSQLBackup objects of the backups it deleted are removed, and
+//! an Event and the metrics tell what the pass did.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use kube::api::{DeleteParams, ListParams};
+use kube::runtime::events::{Event as KubeEvent, EventType};
+use kube::{Api, Resource, ResourceExt};
+use pgkube_crds::{BackupPhase, PostgreSQLBackup, PostgreSQLCluster};
+use tracing::{Instrument, info_span};
+
+use super::{BackupContext, Error, access, kube_error};
+use crate::metrics::ClusterLabels;
+use crate::retention::{self, PruneReport, RetentionPolicy};
+
+/// How often every cluster with backups gets a pass, besides the pass after each backup.
+pub const HOURLY: Duration = Duration::from_secs(3600);
+
+/// One pass for `cluster`, with an Event saying what it did or why it failed. A cluster
+/// without `spec.backup.s3` has nothing to prune.
+pub async fn run(context: &BackupContext, cluster: &PostgreSQLCluster) -> Option<PruneReport> {
+    let span = info_span!("retention", cluster = %cluster.name_any());
+    let outcome = pass(context, cluster).instrument(span).await;
+    let (warning, reason, note) = match &outcome {
+        Ok(None) => return None,
+        Ok(Some(report)) => (false, "RetentionPass", describe(report)),
+        Err(error) => (
+            true,
+            "RetentionFailed",
+            format!("retention pass failed, nothing more was deleted: {error}"),
+        ),
+    };
+    let event = KubeEvent {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.to_owned(),
+        note: Some(crate::truncate_note(note)),
+        action: "Prune".to_owned(),
+        secondary: None,
+    };
+    if let Err(error) = context
+        .recorder
+        .publish(&event, &cluster.object_ref(&()))
+        .await
+    {
+        tracing::warn!(%error, "cannot publish an Event");
+    }
+    if let Err(error) = &outcome {
+        tracing::warn!(%error, "retention pass failed");
+    }
+    outcome.ok().flatten()
+}
+
+async fn pass(
+    context: &BackupContext,
+    cluster: &PostgreSQLCluster,
+) -> Result<Option<PruneReport>, Error> {
+    let Some(config) = cluster.spec.backup.as_ref() else {
+        return Ok(None);
+    };
+    let Some(storage) = config.s3.as_ref() else {
+        return Ok(None);
+    };
+    let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
+    let name = cluster.name_any();
+    let backups = backups_of(context, &namespace, &name);
+    let policy = RetentionPolicy {
+        prefix: super::decide::cluster_prefix(storage, &namespace, &name),
+        retention_days: u32::try_from(config.retention_days).unwrap_or(1),
+        failed_backups: backups
+            .iter()
+            .filter(|b| b.status.as_ref().and_then(|s| s.phase) == Some(BackupPhase::Failed))
+            .map(|b| b.name_any())
+            .collect(),
+    };
+    let bucket = access::connect(&context.base.client, &namespace, storage).await?;
+    let report = retention::prune(&bucket, &policy, Utc::now())
+        .await
+        .map_err(Error::Storage)?;
+    context.base.metrics.observe_pruned(
+        &ClusterLabels {
+            namespace: namespace.clone(),
+            cluster: name.clone(),
+        },
+        report.deleted_objects,
+    );
+    remove_objects(context, &namespace, &backups, &report.deleted_backups).await?;
+    Ok(Some(report))
+}
+
+/// The cluster's backups as the caches have them.
+fn backups_of(
+    context: &BackupContext,
+    namespace: &str,
+    cluster: &str,
+) -> Vec<Arc<PostgreSQLBackup>> {
+    context
+        .stores
+        .iter()
+        .flat_map(|store| store.state())
+        .filter(|b| b.namespace().as_deref() == Some(namespace) && b.spec.cluster.name == cluster)
+        .collect()
+}
+
+/// Deletes the PostgreSQLBackup objects of the backups whose data the pass deleted.
+async fn remove_objects(
+    context: &BackupContext,
+    namespace: &str,
+    backups: &[Arc<PostgreSQLBackup>],
+    deleted: &[String],
+) -> Result<(), Error> {
+    let deleted: BTreeSet<&str> = deleted.iter().map(String::as_str).collect();
+    let api = Api::<PostgreSQLBackup>::namespaced(context.base.client.clone(), namespace);
+    for backup in backups
+        .iter()
+        .filter(|b| deleted.contains(b.name_any().as_str()))
+    {
+        let name = backup.name_any();
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => tracing::info!(backup = %name, "expired backup removed"),
+            Err(kube::Error::Api(response)) if response.code == 404 => {}
+            Err(source) => return Err(kube_error("delete", "PostgreSQLBackup", &name)(source)),
+        }
+    }
+    Ok(())
+}
+
+/// The Event's note: what the pass deleted and kept.
+fn describe(report: &PruneReport) -> String {
+    let kept = report
+        .newest_good
+        .as_deref()
+        .map_or_else(String::new, |name| {
+            format!("; newest good backup {name} kept")
+        });
+    let skipped = if report.skipped.is_empty() {
+        String::new()
+    } else {
+        format!("; left alone: {}", report.skipped.join(", "))
+    };
+    format!(
+        "deleted {} expired backup(s) ({} objects), aborted {} stale upload(s), kept {}{kept}{skipped}",
+        report.deleted_backups.len(),
+        report.deleted_objects,
+        report.aborted_uploads,
+        report.kept_backups,
+    )
+}
+
+/// Every hour, a pass for each cluster with backup storage in the watched namespaces. Runs
+/// only where the controllers run: on the leader.
+pub async fn hourly(context: Arc<BackupContext>, shutdown: crate::ShutdownSignal) {
+    let stop = shutdown.wait();
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => return,
+            () = tokio::time::sleep(HOURLY) => {}
+        }
+        for cluster in clusters_with_storage(&context).await {
+            run(&context, &cluster).await;
+        }
+    }
+}
+
+async fn clusters_with_storage(context: &BackupContext) -> Vec<PostgreSQLCluster> {
+    let mut clusters = Vec::new();
+    for namespace in crate::watched_namespaces(&context.base.settings) {
+        let api = crate::api::<PostgreSQLCluster>(&context.base.client, namespace.as_deref());
+        match api.list(&ListParams::default()).await {
+            Ok(list) => clusters.extend(list.items.into_iter().filter(|c| {
+                c.spec.backup.as_ref().is_some_and(|b| b.s3.is_some())
+                    && c.metadata.deletion_timestamp.is_none()
+            })),
+            Err(error) => {
+                tracing::warn!(%error, "cannot list clusters for the hourly retention pass")
+            }
+        }
+    }
+    clusters
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_event_says_what_was_deleted_and_kept() {
+        let report = PruneReport {
+            newest_good: Some("b9".to_owned()),
+            deleted_backups: vec!["b1".to_owned(), "b2".to_owned()],
+            deleted_objects: 6,
+            aborted_uploads: 1,
+            kept_backups: 3,
+            skipped: vec!["b5: no manifest.json (incomplete backup)".to_owned()],
+            requests: 9,
+        };
+        assert_eq!(
+            describe(&report),
+            "deleted 2 expired backup(s) (6 objects), aborted 1 stale upload(s), kept 3; newest good backup b9 kept; left alone: b5: no manifest.json (incomplete backup)"
+        );
+    }
+}
