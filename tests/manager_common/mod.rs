@@ -152,6 +152,11 @@ impl Manager {
         .unwrap_or_else(|error| panic!("{error}\noutput:\n{}", self.output().join("\n")))
     }
 
+    /// Whether the process has not exited yet.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// Sends SIGTERM.
     pub fn terminate(&self) {
         let status = std::process::Command::new("kill")
