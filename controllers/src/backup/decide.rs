@@ -24,7 +24,7 @@ pub enum Next {
     /// Waited too long: Failed.
     Fail(Reason),
     /// Record `storage` (its prefix resolved) and create the Job.
-    Start(S3Storage),
+    Start(Box<S3Storage>),
 }
 
 /// Why a backup waits or failed: a CamelCase reason and a sentence.
@@ -58,7 +58,7 @@ pub fn next(
         Some(BackupPhase::Pending) | None => {}
     }
     match blocker(backup, cluster, siblings) {
-        Ok(storage) => Next::Start(storage),
+        Ok(storage) => Next::Start(Box::new(storage)),
         Err(reason) if waited(backup, now) > pending_deadline => Next::Fail(Reason::new(
             "PendingTimeout",
             format!(

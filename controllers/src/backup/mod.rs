@@ -311,7 +311,7 @@ async fn reconcile_backup(
         }
         Next::Start(storage) => {
             let cluster = cluster.as_ref().ok_or(Error::MissingNamespace)?;
-            start(context, backup, cluster, storage, &namespace).await
+            start(context, backup, cluster, *storage, &namespace).await
         }
         Next::Follow => follow_job(context, backup, &namespace).await,
     }
