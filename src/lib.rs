@@ -1,6 +1,7 @@
 //! The pgkube library: the backup and restore agent's data path ([`agent`]), which the `pgkube`
 //! binary runs as `pgkube agent ...`, and the instance manager ([`instance`]), PID 1 of every
-//! PostgreSQL container, run as `pgkube instance ...`. It is a library so that integration tests can drive its
+//! PostgreSQL container, run as `pgkube instance ...`; [`telemetry`] sets up logs and traces for
+//! them and for the manager. It is a library so that integration tests can drive its
 //! parts (the multipart upload and its buffer pool, for one) against the test bed's real S3
 //! server; the manager (`pgkube run`) lives in the binary.
 
@@ -9,3 +10,4 @@
 
 pub mod agent;
 pub mod instance;
+pub mod telemetry;

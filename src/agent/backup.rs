@@ -5,7 +5,7 @@ use chrono::{SecondsFormat, Utc};
 use clap::Args;
 use sha2::{Digest, Sha256};
 use tokio::process::Command;
-use tracing::info;
+use tracing::{Span, info, info_span, instrument};
 
 use super::CommonArgs;
 use super::error::AgentError;
@@ -54,6 +54,21 @@ pub struct BackupArgs {
     #[arg(long, env = "PGKUBE_PARTS_IN_FLIGHT", default_value_t = 2,
           value_parser = clap::value_parser!(u64).range(1..=16))]
     parts_in_flight: u64,
+}
+
+impl BackupArgs {
+    /// The root span of a backup, with the backup's name, where it goes and whose it is.
+    pub fn span(&self) -> Span {
+        info_span!(
+            "agent.backup",
+            backup = %self.common.backup_name,
+            cluster = %self.cluster,
+            namespace = %self.namespace,
+            bucket = %self.common.s3.bucket,
+            prefix = %self.common.s3.prefix,
+            otel.status_description = tracing::field::Empty,
+        )
+    }
 }
 
 /// Streams one tool's stdout into one object.
@@ -139,6 +154,7 @@ pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
 }
 
 impl Dumper {
+    #[instrument(name = "globals", skip_all)]
     async fn dump_globals(&mut self) -> Result<StoredObject, AgentError> {
         let mut command = self.postgres.command("pg_dumpall");
         command
@@ -150,6 +166,7 @@ impl Dumper {
             .await
     }
 
+    #[instrument(name = "database", skip(self))]
     async fn dump_database(&mut self, database: &str) -> Result<DatabaseObject, AgentError> {
         let mut command = self.postgres.command("pg_dump");
         command.args(["--format=custom", "--no-password"]);
@@ -230,6 +247,7 @@ fn select_databases(
 }
 
 /// Uploads the manifest in one request and returns the SHA-256 of its bytes.
+#[instrument(name = "manifest", skip_all, fields(%key))]
 async fn write_manifest(
     store: &Store,
     key: &str,

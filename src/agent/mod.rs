@@ -36,6 +36,18 @@
 //! container credentials, instance metadata). Parts grow with the part count
 //! ([`part_size::PartSizes`]) so that a dump as large as S3 allows fits in 10,000 parts.
 //!
+//! # Traces
+//!
+//! Logs go to stderr as text. When the standard `OTEL_*` variables ask for it (the backup
+//! controller gives a Job the manager's own), the agent exports its spans by OTLP, as the
+//! manager does ([`crate::telemetry`]): a root span `agent.backup` or `agent.restore` (backup
+//! name, bucket, prefix; cluster and namespace for a backup; error status and message on
+//! failure) with a child span per step (globals, each database, the manifest; for a restore,
+//! the verification too). Its parent is the reconcile's span that `TRACEPARENT` names (W3C
+//! trace context, set by the controller on the Job), so the agent's spans are part of the
+//! reconcile's trace; without it they start a new trace. Spans are flushed before the process
+//! exits, success or failure, waiting at most [`crate::telemetry::FLUSH_TIMEOUT`].
+//!
 //! # Result
 //!
 //! Both commands print one JSON line on stdout ([`report::Report`]) and write the same line to
@@ -56,7 +68,11 @@ pub mod storage;
 use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
+use tracing::{Instrument, Span, warn};
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 use tracing_subscriber::EnvFilter;
+
+use crate::telemetry::{self, LogOutput, Telemetry};
 
 #[derive(Subcommand)]
 pub enum AgentCommand {
@@ -89,10 +105,17 @@ pub struct CommonArgs {
     s3: storage::S3Args,
 }
 
+/// The service name of the agent's spans, unless `OTEL_SERVICE_NAME` says otherwise.
+const SERVICE_NAME: &str = "pgkube-agent";
+
 /// Runs an agent command on its own Tokio runtime, prints the result line and writes the
 /// termination message. The error returned on failure is the same one-line reason.
+///
+/// The command runs inside one root span (`agent.backup` or `agent.restore`) whose parent is the
+/// reconcile named by `TRACEPARENT` (and `TRACESTATE`), or none (a new trace). Spans are
+/// exported when the `OTEL_*` variables ask for it, and flushed before returning, success or
+/// failure, within [`telemetry::FLUSH_TIMEOUT`].
 pub fn run(command: AgentCommand) -> anyhow::Result<()> {
-    init_logging();
     let termination_message_path = match &command {
         AgentCommand::Backup(args) => args.common.termination_message_path.clone(),
         AgentCommand::Restore(args) => args.common.termination_message_path.clone(),
@@ -100,53 +123,103 @@ pub fn run(command: AgentCommand) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let outcome = runtime.block_on(async {
-        match command {
-            AgentCommand::Backup(args) => backup::run(*args).await,
-            AgentCommand::Restore(args) => restore::run(*args).await,
+    let telemetry = {
+        // The gRPC trace exporter spawns its connection onto the current runtime.
+        let _entered = runtime.enter();
+        init_telemetry()
+    };
+    let span = root_span(&command);
+    let outcome = runtime.block_on(
+        async {
+            match command {
+                AgentCommand::Backup(args) => backup::run(*args).await,
+                AgentCommand::Restore(args) => restore::run(*args).await,
+            }
         }
-    });
+        .instrument(span.clone()),
+    );
     let report = match &outcome {
         Ok(report) => report.clone(),
-        Err(error) => report::Report::failed(error),
+        Err(error) => {
+            // tracing-opentelemetry makes this the span's error status and its message.
+            span.record("otel.status_description", error.to_string());
+            report::Report::failed(error)
+        }
     };
+    // Closing the root span hands it to the exporter, which the shutdown below flushes while
+    // the runtime (and with it a gRPC exporter's connection) still runs.
+    drop(span);
     report.publish(&termination_message_path);
+    if let Some(telemetry) = telemetry {
+        telemetry.shutdown();
+    }
     // The message alone: it already names its causes, and a chain would print them twice.
     outcome
         .map(|_| ())
         .map_err(|error| anyhow::anyhow!(error.to_string()))
 }
 
-/// Logs go to stderr as text. `RUST_LOG` may raise our own verbosity, but the AWS SDK and HTTP
-/// stack stay at `warn` whatever it says: their debug output can include signed requests.
-pub(crate) fn init_logging() {
-    let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    for quiet in [
-        "aws_config",
-        "aws_credential_types",
-        "aws_sdk_s3",
-        // Web identity's AssumeRoleWithWebIdentity request carries the service account's token.
-        "aws_sdk_sts",
-        "aws_sigv4",
-        "aws_smithy_runtime",
-        "aws_smithy_runtime_api",
-        "aws_smithy_http_client",
-        "aws_smithy_types",
-        "hyper",
-        "hyper_util",
-        "rustls",
-        "h2",
-    ] {
-        if let Ok(directive) = format!("{quiet}=warn").parse() {
-            filter = filter.add_directive(directive);
+/// The command's root span, child of the reconcile's span when `TRACEPARENT` names one.
+fn root_span(command: &AgentCommand) -> Span {
+    let span = match command {
+        AgentCommand::Backup(args) => args.span(),
+        AgentCommand::Restore(args) => args.span(),
+    };
+    let variable = |name: &str| std::env::var(name).ok();
+    let traceparent = variable("TRACEPARENT");
+    match telemetry::remote_parent(traceparent.as_deref(), variable("TRACESTATE").as_deref()) {
+        Some(parent) => {
+            if let Err(error) = span.set_parent(parent) {
+                warn!(%error, "cannot join the trace of TRACEPARENT");
+            }
         }
+        None if traceparent.is_some() => {
+            warn!("TRACEPARENT is not a valid W3C traceparent: starting a new trace");
+        }
+        None => {}
     }
+    span
+}
+
+/// Logs on stderr as text and, when the `OTEL_*` variables ask for it, span export. A backup
+/// does not depend on its telemetry: an exporter that cannot be set up is a warning, and the
+/// agent runs without it.
+fn init_telemetry() -> Option<Telemetry> {
+    let exporter = telemetry::tracer_provider_from_env(SERVICE_NAME);
+    let (provider, problem) = match exporter {
+        Ok(provider) => (provider, None),
+        Err(error) => (None, Some(error)),
+    };
+    let installed = telemetry::install(LogOutput::TextStderr, log_filter(), provider, SERVICE_NAME);
+    if let Some(error) = problem {
+        warn!("traces are not exported: {error}");
+    }
+    installed.ok()
+}
+
+/// Logs go to stderr as text, for the agent and the instance manager. `RUST_LOG` may raise our
+/// own verbosity (an invalid one means `info`), but the AWS SDK and HTTP stack stay at `warn`
+/// whatever it says: their debug output can include signed requests.
+pub(crate) fn init_logging() {
     // A second initialisation (if main ever installs a subscriber first) is harmless.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colour codes only on a terminal; Kubernetes keeps stderr as plain log lines.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .try_init();
+    let _ = telemetry::install(LogOutput::TextStderr, log_filter(), None, SERVICE_NAME);
+}
+
+/// `RUST_LOG` (`info` when absent or invalid) with [`telemetry::SECRET_SAFE_DIRECTIVES`].
+fn log_filter() -> EnvFilter {
+    let wanted = std::env::var("RUST_LOG").unwrap_or_default();
+    let wanted = if wanted.trim().is_empty() {
+        "info"
+    } else {
+        wanted.as_str()
+    };
+    telemetry::log_filter(wanted)
+        .or_else(|_| telemetry::log_filter("info"))
+        // Lenient parsing never fails; it is only reached if the fixed directives were wrong.
+        .unwrap_or_else(|_| {
+            EnvFilter::new(format!(
+                "info,{}",
+                telemetry::SECRET_SAFE_DIRECTIVES.join(",")
+            ))
+        })
 }

@@ -21,7 +21,7 @@ use chrono::{SecondsFormat, Utc};
 use clap::Args;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tracing::{info, warn};
+use tracing::{Instrument, Span, info, info_span, instrument, warn};
 
 use super::CommonArgs;
 use super::download::ObjectReader;
@@ -65,14 +65,9 @@ pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
     }
 
     info!(backup = %manifest.backup_name, databases = selected.len(), "verifying objects");
-    let globals = if args.skip_globals {
-        None
-    } else {
-        Some(download_globals(&store, &manifest.globals).await?)
-    };
-    for database in &selected {
-        stream_object(&store, &database.object, &mut tokio::io::sink()).await?;
-    }
+    let globals = verify(&store, &manifest, &selected, args.skip_globals)
+        .instrument(info_span!("verify", objects = selected.len()))
+        .await?;
 
     if let Some(globals) = globals {
         restore_globals(&postgres, &globals).await?;
@@ -103,6 +98,39 @@ pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
         databases: Some(selected.iter().map(|db| db.name.clone()).collect()),
         ..Report::completed()
     })
+}
+
+impl RestoreArgs {
+    /// The root span of a restore, with the backup's name and where it is read from.
+    pub fn span(&self) -> Span {
+        info_span!(
+            "agent.restore",
+            backup = %self.common.backup_name,
+            bucket = %self.common.s3.bucket,
+            prefix = %self.common.s3.prefix,
+            drop_existing = self.drop_existing,
+            otel.status_description = tracing::field::Empty,
+        )
+    }
+}
+
+/// Streams every selected object through its checks before anything changes; the globals
+/// script (unless skipped) is what it keeps.
+async fn verify(
+    store: &Store,
+    manifest: &Manifest,
+    selected: &[&DatabaseObject],
+    skip_globals: bool,
+) -> Result<Option<Vec<u8>>, AgentError> {
+    let globals = if skip_globals {
+        None
+    } else {
+        Some(download_globals(store, &manifest.globals).await?)
+    };
+    for database in selected {
+        stream_object(store, &database.object, &mut tokio::io::sink()).await?;
+    }
+    Ok(globals)
 }
 
 async fn read_manifest(store: &Store) -> Result<Manifest, AgentError> {
@@ -229,6 +257,7 @@ async fn download_globals(store: &Store, globals: &StoredObject) -> Result<Vec<u
     Ok(script)
 }
 
+#[instrument(name = "globals", skip_all)]
 async fn restore_globals(postgres: &Postgres, script: &[u8]) -> Result<(), AgentError> {
     let own_role = postgres.current_role_identifier().await?;
     let script = without_own_role(&String::from_utf8_lossy(script), &own_role);
@@ -276,6 +305,7 @@ fn without_own_role(script: &str, own_role: &str) -> String {
 }
 
 /// `pg_restore --create` from the object, connected to a database other than the target.
+#[instrument(name = "database", skip_all, fields(database = %database.name))]
 async fn restore_database(
     postgres: &Postgres,
     store: &Store,

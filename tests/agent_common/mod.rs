@@ -64,6 +64,17 @@ fn percent_decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Removes the trace context and the `OTEL_*` variables the test process may have, so that a
+/// test decides whether and where the agent exports spans.
+pub fn clear_trace_variables(command: &mut tokio::process::Command) {
+    command.env_remove("TRACEPARENT").env_remove("TRACESTATE");
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("OTEL_") {
+            command.env_remove(name);
+        }
+    }
+}
+
 /// How the agent is given its S3 keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeysVia {
@@ -112,6 +123,9 @@ pub struct Agent {
     pub path_first: Option<PathBuf>,
     /// Pass the PostgreSQL password through PGKUBE_PGPASSWORD_FILE instead of PGPASSWORD.
     pub password_in_file: bool,
+    /// More variables for the agent, set last (`TRACEPARENT`, `OTEL_*`...). Without them the
+    /// agent gets no trace context and no `OTEL_*` variable from the machine running the tests.
+    pub env: Vec<(String, String)>,
 }
 
 /// What one run produced.
@@ -181,6 +195,7 @@ impl Agent {
             work_dir: work_dir.to_path_buf(),
             path_first: None,
             password_in_file: false,
+            env: Vec::new(),
         }
     }
 
@@ -228,6 +243,8 @@ impl Agent {
         } else {
             command.env("PGPASSWORD", &self.login.password);
         }
+        clear_trace_variables(&mut command);
+        command.envs(self.env.iter().map(|(name, value)| (name, value)));
         if let Some(dir) = &self.path_first {
             let path = std::env::var("PATH").unwrap_or_default();
             command.env("PATH", format!("{}:{path}", dir.display()));

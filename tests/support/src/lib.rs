@@ -34,6 +34,8 @@
 //! - [`proxy::Proxy`]: a loopback proxy in front of a test bed server: HTTPS termination,
 //!   request recording and transfers broken half way for the S3 server; plain TCP for any
 //!   server, the API server included; and a network partition for all of them.
+//! - [`otlp::OtlpReceiver`]: a loopback OTLP/HTTP trace receiver, plain or over TLS with a CA
+//!   of its own, that keeps every export request's body for a test to search.
 //! - End-to-end clusters on the test bed's real node [`LOCAL_NODE`]:
 //!   - [`local_node_scheduling`]: the `nodeSelector` `pgkube.io/testbed-node: local` and the
 //!     toleration of the taint `pgkube.io/testbed-node=local:NoSchedule` that put a pod there
@@ -81,6 +83,7 @@ mod env;
 mod http;
 mod names;
 mod namespace;
+pub mod otlp;
 mod process;
 pub mod proxy;
 mod service;

@@ -184,7 +184,7 @@ fn upstream_address(endpoint: &str) -> SocketAddr {
 }
 
 /// A fresh CA (as PEM) and a server configuration with a certificate for 127.0.0.1 it signed.
-fn certificates() -> (String, ServerConfig) {
+pub(crate) fn certificates() -> (String, ServerConfig) {
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca_params
