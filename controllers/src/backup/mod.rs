@@ -323,7 +323,8 @@ async fn read_cluster(
     context: &BackupContext,
     namespace: &str,
 ) -> Result<Option<PostgreSQLCluster>, Error> {
-    if decide::is_finished(backup) {
+    // Only a backup that has not started needs its cluster.
+    if !matches!(decide::phase(backup), None | Some(BackupPhase::Pending)) {
         return Ok(None);
     }
     let name = &backup.spec.cluster.name;

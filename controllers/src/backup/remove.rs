@@ -3,7 +3,10 @@
 //! finalizer, then the object. `Retain` backups have no finalizer: their data stays.
 
 use aws_sdk_s3::types::{Delete, ObjectIdentifier};
-use kube::api::{Patch, PatchParams};
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -13,6 +16,8 @@ use serde_json::json;
 use super::{BackupContext, Error, access, kube_error};
 use crate::storage::{S3Bucket, StorageError, s3_error};
 
+/// How soon to look again while the backup's Job is going away.
+const JOB_GONE_REQUEUE: Duration = Duration::from_secs(2);
 /// S3's DeleteObjects takes at most this many keys.
 const DELETE_BATCH: usize = 1000;
 
@@ -72,6 +77,10 @@ pub async fn on_deletion(
     if !has_finalizer(backup) {
         return Ok(Action::await_change());
     }
+    // A running agent could write more objects after they were deleted: stop its Job first.
+    if job_still_there(backup, context, namespace).await? {
+        return Ok(Action::requeue(JOB_GONE_REQUEUE));
+    }
     if let Err(error) = delete_data(backup, context, namespace).await {
         let note = crate::truncate_note(format!(
             "the backup's data could not be deleted, so the PostgreSQLBackup stays until it is: {error}"
@@ -100,6 +109,31 @@ pub async fn on_deletion(
         .collect();
     set_finalizers(backup, &context.base.client, namespace, finalizers).await?;
     Ok(Action::await_change())
+}
+
+/// Deletes the backup's Job (and, in the foreground, its pods) if it still exists; true until it
+/// is gone.
+async fn job_still_there(
+    backup: &PostgreSQLBackup,
+    context: &BackupContext,
+    namespace: &str,
+) -> Result<bool, Error> {
+    let name = super::job::job_name(&backup.name_any());
+    let jobs = Api::<Job>::namespaced(context.base.client.clone(), namespace);
+    let Some(job) = jobs
+        .get_opt(&name)
+        .await
+        .map_err(kube_error("read", "Job", &name))?
+    else {
+        return Ok(false);
+    };
+    if job.metadata.deletion_timestamp.is_none() {
+        tracing::info!(job = %name, "stopping the backup Job before deleting the data");
+        jobs.delete(&name, &DeleteParams::foreground())
+            .await
+            .map_err(kube_error("delete", "Job", &name))?;
+    }
+    Ok(true)
 }
 
 /// Deletes every object under the backup's directory. A backup that never started has none.
