@@ -135,9 +135,14 @@ pub fn otlp_transport(var: impl Fn(&str) -> Option<String>) -> Option<OtlpTransp
     })
 }
 
-/// The log filter: `filter` followed by [`SECRET_SAFE_DIRECTIVES`].
+/// Directives put before the user's filter, which may override them: the cron engine's timer
+/// crate logs every job it arms at `info`, once per scheduled backup per cluster.
+pub const QUIET_BY_DEFAULT: &[&str] = &["tokio_cron_scheduler=warn"];
+
+/// The log filter: [`QUIET_BY_DEFAULT`], then `filter`, then [`SECRET_SAFE_DIRECTIVES`].
 pub fn log_filter(filter: &str) -> Result<EnvFilter, TelemetryError> {
-    let mut directives = vec![filter.trim()];
+    let mut directives = QUIET_BY_DEFAULT.to_vec();
+    directives.push(filter.trim());
     directives.extend_from_slice(SECRET_SAFE_DIRECTIVES);
     let full = directives
         .into_iter()
@@ -397,6 +402,7 @@ mod tests {
             tracing::debug!(target: "reqwest::connect", "collector HEADER-SECRET");
             tracing::debug!(target: "pgkube::manager", "visible debug line");
             tracing::warn!(target: "aws_sigv4", "visible warning");
+            tracing::info!(target: "tokio_cron_scheduler::job", "Job creator created");
         });
         let bytes = captured.0.lock().expect("lock").clone();
         String::from_utf8_lossy(&bytes).into_owned()
@@ -424,6 +430,14 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_cron_timers_info_lines_are_quiet_unless_asked_for() {
+        assert!(!logged_with_filter("info").contains("Job creator created"));
+        assert!(
+            logged_with_filter("info,tokio_cron_scheduler=info").contains("Job creator created")
+        );
     }
 
     #[test]
