@@ -146,6 +146,33 @@ pub(crate) fn record_trace_id(span: &Span) {
     }
 }
 
+/// Publishes an Event about `reference` (a Warning when `warning`), its note cut to the 1 kB
+/// Events allow. One that cannot be published is logged: never worth failing a reconcile for.
+pub(crate) async fn publish_event(
+    recorder: &kube::runtime::events::Recorder,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+    warning: bool,
+    reason: &str,
+    note: String,
+    action: &str,
+) {
+    use kube::runtime::events::{Event, EventType};
+    let event = Event {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.to_owned(),
+        note: Some(truncate_note(note)),
+        action: action.to_owned(),
+        secondary: None,
+    };
+    if let Err(error) = recorder.publish(&event, reference).await {
+        tracing::warn!(%error, reason, "cannot publish an Event");
+    }
+}
+
 /// Event notes are limited to 1 kB.
 pub(crate) fn truncate_note(mut note: String) -> String {
     if note.len() > 1024 {

@@ -44,7 +44,7 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -253,18 +253,17 @@ pub fn error_policy(
     };
     let recorder = context.recorder.clone();
     let reference = backup.object_ref(&());
-    let note = crate::truncate_note(error.to_string());
+    let note = error.to_string();
     tokio::spawn(async move {
-        let event = KubeEvent {
-            type_: EventType::Warning,
-            reason: "ReconcileFailed".to_owned(),
-            note: Some(note),
-            action: "Reconcile".to_owned(),
-            secondary: None,
-        };
-        if let Err(error) = recorder.publish(&event, &reference).await {
-            tracing::warn!(%error, "cannot publish the error Event");
-        }
+        crate::publish_event(
+            &recorder,
+            &reference,
+            true,
+            "ReconcileFailed",
+            note,
+            "Reconcile",
+        )
+        .await;
     });
     let factor = 2u32.saturating_pow(failures.saturating_sub(1));
     Action::requeue(BACKOFF_BASE.saturating_mul(factor).min(BACKOFF_MAX))
@@ -309,10 +308,11 @@ async fn reconcile_backup(
             status::write(context, backup, Change::Failed(reason)).await?;
             Ok(Action::await_change())
         }
-        Next::Start(storage) => {
-            let cluster = cluster.as_ref().ok_or(Error::MissingNamespace)?;
-            start(context, backup, cluster, *storage, &namespace).await
-        }
+        Next::Start(storage) => match cluster.as_ref() {
+            Some(cluster) => start(context, backup, cluster, *storage, &namespace).await,
+            // `decide` starts only a backup whose cluster it saw; never reached.
+            None => Ok(Action::requeue(WAIT_REQUEUE)),
+        },
         Next::Follow => follow_job(context, backup, &namespace).await,
     }
 }

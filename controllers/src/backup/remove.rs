@@ -2,13 +2,11 @@
 //! manifest before the rest, so that a half-deleted backup never looks complete), then the
 //! finalizer, then the object. `Retain` backups have no finalizer: their data stays.
 
-use aws_sdk_s3::types::{Delete, ObjectIdentifier};
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::{Api, Client, Resource, ResourceExt};
 use pgkube_crds::{BACKUP_DATA_FINALIZER, PostgreSQLBackup};
 use serde_json::json;
@@ -82,23 +80,19 @@ pub async fn on_deletion(
         return Ok(Action::requeue(JOB_GONE_REQUEUE));
     }
     if let Err(error) = delete_data(backup, context, namespace).await {
-        let note = crate::truncate_note(format!(
+        let note = format!(
             "the backup's data could not be deleted, so the PostgreSQLBackup stays until it is: {error}"
-        ));
-        let event = KubeEvent {
-            type_: EventType::Warning,
-            reason: "DeleteFailed".to_owned(),
-            note: Some(note),
-            action: "Delete".to_owned(),
-            secondary: None,
-        };
-        if let Err(error) = context
-            .recorder
-            .publish(&event, &backup.object_ref(&()))
-            .await
-        {
-            tracing::warn!(%error, "cannot publish an Event");
-        }
+        );
+        let reference = backup.object_ref(&());
+        crate::publish_event(
+            &context.recorder,
+            &reference,
+            true,
+            "DeleteFailed",
+            note,
+            "Delete",
+        )
+        .await;
         return Err(error);
     }
     let finalizers = backup
@@ -192,34 +186,14 @@ async fn list_keys(bucket: &S3Bucket, prefix: &str) -> Result<Vec<String>, Stora
 
 async fn delete_keys(bucket: &S3Bucket, keys: &[String]) -> Result<(), StorageError> {
     for batch in keys.chunks(DELETE_BATCH) {
-        let Some(first) = batch.first() else { continue };
-        let objects = batch
-            .iter()
-            .map(|key| ObjectIdentifier::builder().key(key).build())
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|error| StorageError::Settings(error.to_string()))?;
-        let delete = Delete::builder()
-            .set_objects(Some(objects))
-            .quiet(true)
-            .build()
-            .map_err(|error| StorageError::Settings(error.to_string()))?;
-        let output = bucket
-            .client
-            .delete_objects()
-            .bucket(&bucket.name)
-            .delete(delete)
-            .send()
-            .await
-            .map_err(|error| s3_error("DeleteObjects", first, error))?;
-        if let Some(error) = output.errors().first() {
+        let failed = bucket.delete_objects(batch).await?;
+        if let Some((key, reason)) = failed.first() {
             return Err(StorageError::S3 {
                 operation: "DeleteObjects",
-                key: error.key().unwrap_or(first).to_owned(),
+                key: key.clone(),
                 reason: format!(
-                    "{} {} ({} of {} keys not deleted)",
-                    error.code().unwrap_or("error"),
-                    error.message().unwrap_or(""),
-                    output.errors().len(),
+                    "{reason} ({} of {} keys not deleted)",
+                    failed.len(),
                     batch.len()
                 ),
             });

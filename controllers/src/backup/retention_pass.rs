@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use chrono::Utc;
 use kube::api::{DeleteParams, ListParams};
-use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::{Api, Resource, ResourceExt};
 use pgkube_crds::{BackupPhase, PostgreSQLBackup, PostgreSQLCluster};
 use tracing::{Instrument, info_span};
@@ -35,24 +34,16 @@ pub async fn run(context: &BackupContext, cluster: &PostgreSQLCluster) -> Option
             format!("retention pass failed, nothing more was deleted: {error}"),
         ),
     };
-    let event = KubeEvent {
-        type_: if warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        },
-        reason: reason.to_owned(),
-        note: Some(crate::truncate_note(note)),
-        action: "Prune".to_owned(),
-        secondary: None,
-    };
-    if let Err(error) = context
-        .recorder
-        .publish(&event, &cluster.object_ref(&()))
-        .await
-    {
-        tracing::warn!(%error, "cannot publish an Event");
-    }
+    let reference = cluster.object_ref(&());
+    crate::publish_event(
+        &context.recorder,
+        &reference,
+        warning,
+        reason,
+        note,
+        "Prune",
+    )
+    .await;
     if let Err(error) = &outcome {
         tracing::warn!(%error, "retention pass failed");
     }

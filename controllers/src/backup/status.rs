@@ -3,7 +3,6 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::{Resource, ResourceExt};
 use pgkube_crds::{BackupPhase, PostgreSQLBackup, PostgreSQLBackupStatus, S3Storage};
 
@@ -136,25 +135,23 @@ async fn publish_event(
     backup: &PostgreSQLBackup,
     status: &PostgreSQLBackupStatus,
 ) {
-    let condition = status.conditions.first();
-    let event = KubeEvent {
-        type_: if status.phase == Some(BackupPhase::Failed) {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        },
-        reason: condition.map(|c| c.reason.clone()).unwrap_or_default(),
-        note: status.message.clone().map(crate::truncate_note),
-        action: "Backup".to_owned(),
-        secondary: None,
-    };
-    if let Err(error) = context
-        .recorder
-        .publish(&event, &backup.object_ref(&()))
-        .await
-    {
-        tracing::warn!(%error, "cannot publish an Event");
-    }
+    let reason = status
+        .conditions
+        .first()
+        .map(|c| c.reason.clone())
+        .unwrap_or_default();
+    let warning = status.phase == Some(BackupPhase::Failed);
+    let note = status.message.clone().unwrap_or_default();
+    let reference = backup.object_ref(&());
+    crate::publish_event(
+        &context.recorder,
+        &reference,
+        warning,
+        &reason,
+        note,
+        "Backup",
+    )
+    .await;
 }
 
 fn record_metrics(

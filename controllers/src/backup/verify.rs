@@ -6,7 +6,7 @@ use sha2::{Digest, Sha256};
 
 use super::follow::AgentResult;
 use crate::storage::manifest::Manifest;
-use crate::storage::{S3Bucket, StorageError, s3_error};
+use crate::storage::{S3Bucket, StorageError};
 
 /// What the controller records about a verified backup.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,7 +54,10 @@ pub async fn verify(
         .manifest_sha256
         .as_deref()
         .ok_or(VerifyError::Incomplete("manifest checksum"))?;
-    let bytes = read_object(bucket, &key).await?;
+    let bytes = bucket
+        .read_object(&key)
+        .await?
+        .ok_or_else(|| VerifyError::MissingObject { key: key.clone() })?;
     let sha256 = hex::encode(Sha256::digest(&bytes));
     let mismatch = |reason: String| VerifyError::Mismatch {
         key: key.clone(),
@@ -111,26 +114,4 @@ async fn check_objects(bucket: &S3Bucket, manifest: &Manifest) -> Result<(), Ver
         }
     }
     Ok(())
-}
-
-/// The bytes of a (small) object.
-async fn read_object(bucket: &S3Bucket, key: &str) -> Result<Vec<u8>, VerifyError> {
-    let object = bucket
-        .client
-        .get_object()
-        .bucket(&bucket.name)
-        .key(key)
-        .send()
-        .await
-        .map_err(|error| s3_error("GetObject", key, error))?;
-    let bytes = object
-        .body
-        .collect()
-        .await
-        .map_err(|error| StorageError::S3 {
-            operation: "GetObject",
-            key: key.to_owned(),
-            reason: format!("reading the body: {error}"),
-        })?;
-    Ok(bytes.into_bytes().to_vec())
 }

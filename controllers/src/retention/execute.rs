@@ -9,11 +9,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use aws_sdk_s3::error::SdkError;
-use aws_sdk_s3::types::{Delete, ObjectIdentifier};
 
 use super::RequestCount;
 use super::plan::{ExpiredBackup, OpenUpload, Plan};
-use crate::storage::{S3Bucket, StorageError, one_line, s3_error};
+use crate::storage::{S3Bucket, StorageError, s3_error};
 
 /// Keys named in the error of a pass that could not delete everything.
 const KEYS_NAMED_IN_ERRORS: usize = 5;
@@ -105,48 +104,11 @@ async fn delete_batch(
     deletion: &mut Deletion,
     failures: &mut KeyFailures,
 ) -> Result<(), StorageError> {
-    let first_key = keys.first().map(String::as_str).unwrap_or_default();
-    let objects = keys
-        .iter()
-        .map(|key| ObjectIdentifier::builder().key(key).build())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|error| delete_request_error(first_key, &error))?;
-    let delete = Delete::builder()
-        .set_objects(Some(objects))
-        .quiet(true)
-        .build()
-        .map_err(|error| delete_request_error(first_key, &error))?;
     requests.add(1);
-    let answer = bucket
-        .client
-        .delete_objects()
-        .bucket(&bucket.name)
-        .delete(delete)
-        .send()
-        .await
-        .map_err(|error| s3_error("DeleteObjects", first_key, error))?;
-    let failed: Vec<(String, String)> = answer.errors().iter().map(failed_key).collect();
+    let failed = bucket.delete_objects(keys).await?;
     deletion.deleted_objects += (keys.len() - failed.len().min(keys.len())) as u64;
     failures.0.extend(failed);
     Ok(())
-}
-
-fn failed_key(error: &aws_sdk_s3::types::Error) -> (String, String) {
-    let key = error.key().unwrap_or("?").to_owned();
-    let reason = match (error.code(), error.message()) {
-        (Some(code), Some(message)) => format!("{code}: {message}"),
-        (Some(code), None) => code.to_owned(),
-        (None, message) => message.unwrap_or("no reason given").to_owned(),
-    };
-    (key, one_line(&reason))
-}
-
-fn delete_request_error(key: &str, error: &dyn std::error::Error) -> StorageError {
-    StorageError::S3 {
-        operation: "DeleteObjects",
-        key: key.to_owned(),
-        reason: format!("cannot build the request: {error}"),
-    }
 }
 
 /// Aborts each upload; one that is already gone (completed or aborted meanwhile) is not an

@@ -7,14 +7,13 @@
 
 use std::collections::BTreeMap;
 
-use aws_sdk_s3::error::SdkError;
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
 
 use super::RequestCount;
 use super::layout::Layout;
 use super::plan::{ManifestReading, OpenUpload};
-use crate::storage::{S3Bucket, StorageError, error_chain, one_line, s3_error};
+use crate::storage::{S3Bucket, StorageError, s3_error};
 
 /// Manifests read at once.
 const CONCURRENT_MANIFEST_READS: usize = 16;
@@ -91,30 +90,10 @@ pub async fn read_manifests(
 }
 
 async fn read_manifest(bucket: &S3Bucket, key: &str) -> Result<ManifestReading, StorageError> {
-    let answer = bucket
-        .client
-        .get_object()
-        .bucket(&bucket.name)
-        .key(key)
-        .send()
-        .await;
-    let object = match answer {
-        Ok(object) => object,
-        Err(SdkError::ServiceError(service)) if service.err().is_no_such_key() => {
-            return Ok(ManifestReading::Vanished);
-        }
-        Err(error) => return Err(s3_error("GetObject", key, error)),
-    };
-    let bytes = object
-        .body
-        .collect()
-        .await
-        .map_err(|error| StorageError::S3 {
-            operation: "GetObject",
-            key: key.to_owned(),
-            reason: one_line(&error_chain(&error)),
-        })?;
-    Ok(ManifestReading::from_bytes(key, &bytes.into_bytes()))
+    Ok(match bucket.read_object(key).await? {
+        Some(bytes) => ManifestReading::from_bytes(key, &bytes),
+        None => ManifestReading::Vanished,
+    })
 }
 
 /// Every multipart upload under `root` that was started and neither completed nor aborted.

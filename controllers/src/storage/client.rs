@@ -11,9 +11,10 @@ use aws_sdk_s3::error::SdkError;
 use aws_sdk_s3::operation::create_multipart_upload::builders::CreateMultipartUploadFluentBuilder;
 use aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder;
 use aws_sdk_s3::types::ServerSideEncryption;
+use aws_sdk_s3::types::{Delete, ObjectIdentifier};
 
 use super::credentials::CredentialSource;
-use super::error::{StorageError, s3_error};
+use super::error::{StorageError, error_chain, one_line, s3_error};
 use super::tls::CaBundle;
 
 /// Everything that decides how the client talks to the store.
@@ -121,6 +122,68 @@ impl S3Bucket {
         }
     }
 
+    /// The whole content of a (small) object, or `None` when it does not exist.
+    pub async fn read_object(&self, key: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        let answer = self
+            .client
+            .get_object()
+            .bucket(&self.name)
+            .key(key)
+            .send()
+            .await;
+        let object = match answer {
+            Ok(object) => object,
+            Err(SdkError::ServiceError(service)) if service.err().is_no_such_key() => {
+                return Ok(None);
+            }
+            Err(error) => return Err(s3_error("GetObject", key, error)),
+        };
+        let bytes = object
+            .body
+            .collect()
+            .await
+            .map_err(|error| StorageError::S3 {
+                operation: "GetObject",
+                key: key.to_owned(),
+                reason: one_line(&error_chain(&error)),
+            })?;
+        Ok(Some(bytes.into_bytes().to_vec()))
+    }
+
+    /// One quiet DeleteObjects request for `keys` (at most 1000): the keys the store says it
+    /// did not delete, with its reason. DeleteObjects answers 200 even then, so callers must
+    /// look at them.
+    pub async fn delete_objects(
+        &self,
+        keys: &[String],
+    ) -> Result<Vec<(String, String)>, StorageError> {
+        let first_key = keys.first().map(String::as_str).unwrap_or_default();
+        let request_error = |error: &dyn std::error::Error| StorageError::S3 {
+            operation: "DeleteObjects",
+            key: first_key.to_owned(),
+            reason: format!("cannot build the request: {error}"),
+        };
+        let objects = keys
+            .iter()
+            .map(|key| ObjectIdentifier::builder().key(key).build())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| request_error(&error))?;
+        let delete = Delete::builder()
+            .set_objects(Some(objects))
+            .quiet(true)
+            .build()
+            .map_err(|error| request_error(&error))?;
+        let answer = self
+            .client
+            .delete_objects()
+            .bucket(&self.name)
+            .delete(delete)
+            .send()
+            .await
+            .map_err(|error| s3_error("DeleteObjects", first_key, error))?;
+        Ok(answer.errors().iter().map(failed_key).collect())
+    }
+
     /// A PutObject of `key` that requests the bucket's server-side encryption.
     pub fn put_object(&self, key: &str) -> PutObjectFluentBuilder {
         self.client
@@ -177,6 +240,17 @@ async fn shared_config(options: &S3Options) -> Result<SdkConfig, StorageError> {
         loader = loader.http_client(bundle.https_client()?);
     }
     Ok(loader.load().await)
+}
+
+/// A key DeleteObjects did not delete, and the store's reason in one line.
+fn failed_key(error: &aws_sdk_s3::types::Error) -> (String, String) {
+    let key = error.key().unwrap_or("?").to_owned();
+    let reason = match (error.code(), error.message()) {
+        (Some(code), Some(message)) => format!("{code}: {message}"),
+        (Some(code), None) => code.to_owned(),
+        (None, message) => message.unwrap_or("no reason given").to_owned(),
+    };
+    (key, one_line(&reason))
 }
 
 /// Whether requests go over TLS: AWS's own endpoint (no endpoint given) or an `https://` URL.
