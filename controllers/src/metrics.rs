@@ -116,7 +116,18 @@ impl Metrics {
             self.backup_duration.observe(took.as_secs_f64());
         }
         if let Some((finished, size)) = completed {
-            self.last_backup_time.get_or_create(cluster).set(finished);
+            self.record_completed_backup(cluster, finished, size);
+        }
+    }
+
+    /// Sets the cluster's last-success gauges to this completed backup (finished at
+    /// `finished`, a Unix time, `size` bytes stored) if it is the newest seen. The backup
+    /// controller calls it for every Completed backup it reconciles, so a restarted manager
+    /// shows the figures before the next backup ends.
+    pub fn record_completed_backup(&self, cluster: &ClusterLabels, finished: i64, size: i64) {
+        let time = self.last_backup_time.get_or_create(cluster);
+        if finished >= time.get() {
+            time.set(finished);
             self.last_backup_size.get_or_create(cluster).set(size);
         }
     }
@@ -208,6 +219,30 @@ impl BackupMetrics {
 mod tests {
     use super::*;
     use prometheus_client::encoding::text::encode;
+
+    #[test]
+    fn the_last_success_gauges_keep_the_newest_backup() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let cluster = ClusterLabels {
+            namespace: "db".to_owned(),
+            cluster: "main".to_owned(),
+        };
+        metrics.observe_backup(&cluster, Some(Duration::from_secs(70)), Some((2_000, 500)));
+        metrics.record_completed_backup(&cluster, 1_000, 400);
+        metrics.observe_backup(&cluster, None, None);
+        let mut text = String::new();
+        encode(&mut text, &registry).expect("metrics encode");
+        for line in [
+            r#"pgkube_backup_last_success_timestamp_seconds{namespace="db",cluster="main"} 2000"#,
+            r#"pgkube_backup_last_success_size_bytes{namespace="db",cluster="main"} 500"#,
+            r#"pgkube_backups_total{namespace="db",cluster="main",result="completed"} 1"#,
+            r#"pgkube_backups_total{namespace="db",cluster="main",result="failed"} 1"#,
+            "pgkube_backup_duration_seconds_count 1",
+        ] {
+            assert!(text.contains(line), "{line} in:\n{text}");
+        }
+    }
 
     #[test]
     fn both_reconcile_metrics_are_exposed_with_their_labels() {

@@ -299,7 +299,10 @@ async fn reconcile_backup(
     });
     Span::current().record("phase", field::debug(decide::phase(backup)));
     match next {
-        Next::Finished => Ok(Action::await_change()),
+        Next::Finished => {
+            record_if_completed(context, backup);
+            Ok(Action::await_change())
+        }
         Next::Wait(reason) => {
             status::write(context, backup, Change::Pending(reason)).await?;
             Ok(Action::requeue(WAIT_REQUEUE))
@@ -497,6 +500,25 @@ fn trace_parent(span: &Span) -> Option<String> {
             span_context.trace_flags().to_u8()
         )
     })
+}
+
+/// Keeps the last-success gauges right after a restart: every backup is reconciled once when
+/// the controller starts.
+fn record_if_completed(context: &BackupContext, backup: &PostgreSQLBackup) {
+    let Some(status) = backup.status.as_ref() else {
+        return;
+    };
+    if let (Some(BackupPhase::Completed), Some(finished), Some(size)) = (
+        status.phase,
+        status.completion_time.as_ref(),
+        status.size_bytes,
+    ) {
+        context.base.metrics.record_completed_backup(
+            &cluster_labels(backup),
+            finished.0.as_second(),
+            size,
+        );
+    }
 }
 
 /// The backup's cluster, as metric labels.
