@@ -39,6 +39,9 @@ pub struct TestEnv {
     pub s3_region: String,
     /// The test bed's binaries (kubectl, ...).
     pub bin_dir: PathBuf,
+    /// The API server's audit log (JSON lines: requests by the ServiceAccounts of
+    /// `pgkube-system`). `None` for a test bed started before `up` wrote one.
+    pub audit_log: Option<PathBuf>,
 }
 
 impl TestEnv {
@@ -66,6 +69,7 @@ impl TestEnv {
             s3_bucket: get("PGKUBE_TEST_S3_BUCKET")?,
             s3_region: get("PGKUBE_TEST_S3_REGION")?,
             bin_dir: get("PGKUBE_TESTBED_BIN")?.into(),
+            audit_log: values.get("PGKUBE_TEST_AUDIT_LOG").map(PathBuf::from),
         }))
     }
 
