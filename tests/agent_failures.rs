@@ -216,3 +216,30 @@ async fn restore_refuses_missing_corrupted_and_truncated_objects_before_changing
 
     scratch.cleanup().await;
 }
+
+#[tokio::test]
+async fn a_server_that_never_accepts_connections_fails_the_backup_after_the_wait() {
+    let Some(env) = testbed() else { return };
+    let scratch = Scratch::create(&env, "no-server").await;
+    let mut agent = Agent::new(&env, scratch.bucket.name(), "no-server", &scratch.work);
+    // Port 1 on loopback: nothing listens there.
+    agent.env = vec![
+        ("PGPORT".to_owned(), "1".to_owned()),
+        ("PGKUBE_SERVER_WAIT_SECONDS".to_owned(), "3".to_owned()),
+    ];
+    let started = std::time::Instant::now();
+    let outcome = agent.backup("b1", &[]).await;
+    outcome.assert_failed();
+    assert!(
+        outcome
+            .message()
+            .starts_with("pg_isready failed: the server did not accept connections within 3s: "),
+        "{}",
+        outcome.message()
+    );
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(2),
+        "it waited before giving up"
+    );
+    scratch.cleanup().await;
+}

@@ -89,6 +89,9 @@ pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
     if store.object_size(&manifest_key).await?.is_some() {
         return Err(AgentError::BackupExists { key: manifest_key });
     }
+    postgres
+        .wait_until_accepting(args.common.server_wait())
+        .await?;
     let postgresql_version = postgres.server_version().await?;
     let databases = select_databases(postgres.list_databases().await?, &args.databases)?;
     info!(

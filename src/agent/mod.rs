@@ -101,8 +101,19 @@ pub struct CommonArgs {
     )]
     termination_message_path: PathBuf,
 
+    /// How long to wait for the server to accept connections before giving up, in seconds
+    /// (it may be restarting, or its Service not resolving yet, when the Job starts).
+    #[arg(long, env = "PGKUBE_SERVER_WAIT_SECONDS", default_value_t = 120)]
+    server_wait_seconds: u64,
+
     #[command(flatten)]
     s3: storage::S3Args,
+}
+
+impl CommonArgs {
+    fn server_wait(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.server_wait_seconds)
+    }
 }
 
 /// The service name of the agent's spans, unless `OTEL_SERVICE_NAME` says otherwise.

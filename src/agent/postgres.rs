@@ -8,6 +8,7 @@
 //! still only a name.
 
 use std::process::{ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 use tokio::io::AsyncReadExt;
 use tokio::process::{Child, ChildStderr, Command};
@@ -133,6 +134,59 @@ impl Postgres {
                 })
             })
             .collect()
+    }
+
+    /// Waits until the server accepts connections (`pg_isready`), at most `timeout`: a backup
+    /// Job can start while its primary restarts, or before the Service resolves to it. Only
+    /// "rejecting" (starting up) and "no response" are waited out; the query that follows
+    /// reports any other problem (a wrong password, a bad setting) at once.
+    pub async fn wait_until_accepting(&self, timeout: Duration) -> Result<(), AgentError> {
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_millis(500);
+        loop {
+            let answer = self.is_ready().await?;
+            let Some(reason) = answer else {
+                return Ok(());
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(AgentError::Tool {
+                    program: "pg_isready".into(),
+                    reason: format!(
+                        "the server did not accept connections within {}s: {reason}",
+                        timeout.as_secs()
+                    ),
+                });
+            }
+            tracing::info!(%reason, "waiting for the server to accept connections");
+            // The last attempt is at the deadline.
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// `None` when the server accepts connections (or `pg_isready` cannot tell: exit 3, bad
+    /// parameters), else why not.
+    async fn is_ready(&self) -> Result<Option<String>, AgentError> {
+        let mut command = self.command("pg_isready");
+        command
+            .arg("--dbname")
+            .arg(conninfo_for(&self.maintenance_database))
+            .args(["--timeout", "5"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let output = command.output().await.map_err(|source| AgentError::Spawn {
+            program: "pg_isready".into(),
+            source,
+        })?;
+        Ok(match output.status.code() {
+            Some(1 | 2) => Some(one_line(&format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ))),
+            _ => None,
+        })
     }
 
     pub async fn server_version(&self) -> Result<String, AgentError> {

@@ -59,6 +59,9 @@ pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
     let postgres = Postgres::from_env(&args.common.maintenance_database)?;
     let manifest = read_manifest(&store).await?;
     let selected = select_databases(&manifest, &args.databases)?;
+    postgres
+        .wait_until_accepting(args.common.server_wait())
+        .await?;
     let existing = existing_among(&postgres, &selected).await?;
     if !existing.is_empty() && !args.drop_existing {
         return Err(AgentError::DatabasesExist(existing.into_iter().collect()));
