@@ -137,9 +137,9 @@ impl Postgres {
     }
 
     /// Waits until the server accepts connections (`pg_isready`), at most `timeout`: a backup
-    /// Job can start while its primary restarts, or before the Service resolves to it. Only
-    /// "rejecting" (starting up) and "no response" are waited out; the query that follows
-    /// reports any other problem (a wrong password, a bad setting) at once.
+    /// Job can start while its primary restarts, or before the Service resolves to it.
+    /// `pg_isready` does not log in: a wrong password is reported by the query that follows, at
+    /// once.
     pub async fn wait_until_accepting(&self, timeout: Duration) -> Result<(), AgentError> {
         let deadline = Instant::now() + timeout;
         let mut pause = Duration::from_millis(500);
@@ -165,8 +165,10 @@ impl Postgres {
         }
     }
 
-    /// `None` when the server accepts connections (or `pg_isready` cannot tell: exit 3, bad
-    /// parameters), else why not.
+    /// `None` when the server accepts connections, else why not. `pg_isready` exits 1 while
+    /// the server rejects connections (starting, shutting down), 2 when it does not answer and
+    /// 3 when it could not even try, which includes a host name that does not resolve (yet):
+    /// all three are waited out.
     async fn is_ready(&self) -> Result<Option<String>, AgentError> {
         let mut command = self.command("pg_isready");
         command
@@ -180,7 +182,7 @@ impl Postgres {
             source,
         })?;
         Ok(match output.status.code() {
-            Some(1 | 2) => Some(one_line(&format!(
+            Some(1..=3) => Some(one_line(&format!(
                 "{}{}",
                 String::from_utf8_lossy(&output.stdout),
                 String::from_utf8_lossy(&output.stderr)
