@@ -9,7 +9,7 @@ package main
 //   - pods of a headless Service as `hostname.subdomain.ns.svc[.cluster.local]`.
 // Names resolve to pod addresses, not to a ClusterIP: there is no kube-proxy, so a Service
 // works when its port equals its target port. The files are rewritten in place (the mount
-// follows the inode) whenever pods or Services change.
+// follows the inode) whenever pods or Services change, and only when their content does.
 
 import (
 	"context"
@@ -131,13 +131,28 @@ func (p *provider) writeHosts(runtime *podRuntime) error {
 			}
 		}
 	}
-	path := filepath.Join(runtime.dir, "etc", "hosts")
-	// In place, not by rename: the containers' bind mounts hold on to this inode.
-	file, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	return rewriteInPlace(filepath.Join(runtime.dir, "etc", "hosts"), b.String())
+}
+
+// rewriteInPlace makes the file at path hold content, in place, not by rename: the containers'
+// bind mounts hold on to this inode. A pod resolves names all the time while files are
+// rewritten after every pod change, so the file is left alone when it already holds content,
+// and otherwise never truncated before it is written (a reader would find it empty, and a name
+// such as a Service's would not resolve): the new content goes over the old one, then the file
+// is cut to its length.
+func rewriteInPlace(path, content string) error {
+	if current, err := os.ReadFile(path); err == nil && string(current) == content {
+		return nil
+	}
+	file, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o644)
 	if err != nil {
 		return err
 	}
-	if _, err := file.WriteString(b.String()); err != nil {
+	if _, err := file.WriteAt([]byte(content), 0); err != nil {
+		file.Close()
+		return err
+	}
+	if err := file.Truncate(int64(len(content))); err != nil {
 		file.Close()
 		return err
 	}

@@ -410,3 +410,40 @@ func TestStatusUpdatesLeaveThePodsMetadataAlone(t *testing.T) {
 		t.Errorf("status of a replaced pod: %v", err)
 	}
 }
+
+// A hosts file is rewritten in place (same inode), never left empty between two contents, and
+// not written at all when its content stays.
+func TestRewriteInPlaceKeepsTheInodeAndTheContentWhole(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "hosts")
+	long := "127.0.0.1\tlocalhost\n127.1.0.5\tdb-rw db-rw.ns db-rw.ns.svc\n"
+	if err := rewriteInPlace(path, long); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := "127.0.0.1\tlocalhost\n"
+	if err := rewriteInPlace(path, short); err != nil {
+		t.Fatal(err)
+	}
+	after, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !os.SameFile(before, after) {
+		t.Fatal("the file was replaced, not rewritten in place")
+	}
+	if got, _ := os.ReadFile(path); string(got) != short {
+		t.Fatalf("content %q, want %q", got, short)
+	}
+	unchanged := after.ModTime()
+	time.Sleep(20 * time.Millisecond)
+	if err := rewriteInPlace(path, short); err != nil {
+		t.Fatal(err)
+	}
+	again, _ := os.Stat(path)
+	if !again.ModTime().Equal(unchanged) {
+		t.Fatal("an unchanged file was written again")
+	}
+}
