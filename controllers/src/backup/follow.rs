@@ -42,6 +42,19 @@ pub enum JobState {
     Failed(String),
 }
 
+/// Whether the Job has ended (its Complete or Failed condition is True): only then are its
+/// pods' termination messages worth reading.
+pub fn has_ended(job: &Job) -> bool {
+    job.status
+        .as_ref()
+        .and_then(|status| status.conditions.as_ref())
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| (c.type_ == "Complete" || c.type_ == "Failed") && c.status == "True")
+        })
+}
+
 /// The state of `job`, with its pods' termination messages for the details.
 pub fn job_state(job: &Job, pods: &[Pod]) -> JobState {
     let conditions = job
@@ -174,6 +187,9 @@ mod tests {
     #[test]
     fn a_job_without_an_end_condition_is_running() {
         assert_eq!(job_state(&job(None), &[]), JobState::Running);
+        assert!(!has_ended(&job(None)));
+        assert!(has_ended(&job(Some(("Complete", "", "")))));
+        assert!(has_ended(&job(Some(("Failed", "DeadlineExceeded", "")))));
     }
 
     #[test]

@@ -93,6 +93,8 @@ pub enum Error {
     Remove(#[source] crate::storage::StorageError),
     #[error("the backup has no namespace")]
     MissingNamespace,
+    #[error("Job {0} exists and does not belong to this backup; delete or rename it")]
+    NotOurJob(String),
 }
 
 fn kube_error(
@@ -337,8 +339,8 @@ async fn read_cluster(
         .map_err(kube_error("read", "PostgreSQLCluster", name))
 }
 
-/// Creates the Job (an existing one of that name is this backup's: it is owned by it), then
-/// records Running with the storage.
+/// Creates the Job (one that exists already is followed only if this backup owns it: a
+/// restart between the create and the status write), then records Running with the storage.
 async fn start(
     context: &BackupContext,
     backup: &PostgreSQLBackup,
@@ -369,12 +371,39 @@ async fn start(
     match created {
         Ok(_) => tracing::info!(job = %name, "backup Job created"),
         Err(kube::Error::Api(response)) if response.code == 409 => {
+            ensure_owned(context, backup, namespace, &name).await?;
             tracing::info!(job = %name, "backup Job already exists");
         }
         Err(source) => return Err(kube_error("create", "Job", &name)(source)),
     }
     status::write(context, backup, Change::Running { storage, job: name }).await?;
     Ok(Action::requeue(FOLLOW_REQUEUE))
+}
+
+/// Fails unless Job `name` is controlled by `backup` (same UID).
+async fn ensure_owned(
+    context: &BackupContext,
+    backup: &PostgreSQLBackup,
+    namespace: &str,
+    name: &str,
+) -> Result<(), Error> {
+    let job = Api::<Job>::namespaced(context.base.client.clone(), namespace)
+        .get(name)
+        .await
+        .map_err(kube_error("read", "Job", name))?;
+    let owned = job
+        .metadata
+        .owner_references
+        .unwrap_or_default()
+        .iter()
+        .any(|owner| {
+            owner.controller == Some(true) && Some(&owner.uid) == backup.metadata.uid.as_ref()
+        });
+    if owned {
+        Ok(())
+    } else {
+        Err(Error::NotOurJob(name.to_owned()))
+    }
 }
 
 /// Follows the Job of a running backup to its end.
@@ -395,10 +424,11 @@ async fn follow_job(
         .await
         .map_err(kube_error("read", "Job", &name))?;
     let state = match &found {
-        Some(job) => {
+        Some(job) if follow::has_ended(job) => {
             let pods = job_pods(client, namespace, &name).await?;
             follow::job_state(job, &pods)
         }
+        Some(_) => JobState::Running,
         None => JobState::Failed(format!("the backup Job {name} was deleted before it ended")),
     };
     match state {
@@ -450,7 +480,8 @@ async fn complete(
         .and_then(|s| s.storage.clone())
         .unwrap_or_default();
     let bucket = access::connect(&context.base.client, namespace, &storage).await?;
-    let verified = verify::verify(&bucket, &backup.name_any(), &result)
+    let prefix = decide::resolved_prefix(&storage, backup);
+    let verified = verify::verify(&bucket, &prefix, &backup.name_any(), &result)
         .instrument(info_span!("verify"))
         .await;
     let change = match verified {

@@ -41,8 +41,11 @@ pub enum VerifyError {
 }
 
 /// Checks the manifest and the objects of the backup the agent reported.
+/// `prefix` is the one recorded in the backup's status: the manifest must be
+/// `<prefix>/<backup_name>/manifest.json`.
 pub async fn verify(
     bucket: &S3Bucket,
+    prefix: &str,
     backup_name: &str,
     result: &AgentResult,
 ) -> Result<Verified, VerifyError> {
@@ -50,6 +53,13 @@ pub async fn verify(
         .manifest_key
         .clone()
         .ok_or(VerifyError::Incomplete("manifest key"))?;
+    let expected = format!("{prefix}/{backup_name}/manifest.json");
+    if key != expected {
+        return Err(VerifyError::Mismatch {
+            key,
+            reason: format!("the backup's manifest is {expected}"),
+        });
+    }
     let reported_sha256 = result
         .manifest_sha256
         .as_deref()
