@@ -68,9 +68,6 @@ pub const STATUS_FIELD_MANAGER: &str = "pgkube-backup";
 const WAIT_REQUEUE: Duration = Duration::from_secs(15);
 /// How soon a running backup looks again if no Job event came first.
 const FOLLOW_REQUEUE: Duration = Duration::from_secs(30);
-/// Retry delays after errors.
-const BACKOFF_BASE: Duration = Duration::from_secs(2);
-const BACKOFF_MAX: Duration = Duration::from_secs(300);
 /// Labels of the Jobs this controller makes, the only ones it watches.
 const JOB_SELECTOR: &str = "app.kubernetes.io/managed-by=pgkube,app.kubernetes.io/component=backup";
 
@@ -267,8 +264,8 @@ pub fn error_policy(
         )
         .await;
     });
-    let factor = 2u32.saturating_pow(failures.saturating_sub(1));
-    Action::requeue(BACKOFF_BASE.saturating_mul(factor).min(BACKOFF_MAX))
+    // The same retry delays as the cluster controller's.
+    Action::requeue(crate::cluster::backoff(failures))
 }
 
 async fn reconcile_backup(

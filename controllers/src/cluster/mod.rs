@@ -347,8 +347,9 @@ fn publish_error_event(context: &ClusterContext, cluster: &PostgreSQLCluster, no
     });
 }
 
-/// `BACKOFF_BASE * 2^(failures - 1)`, at most `BACKOFF_MAX`.
-fn backoff(failures: u32) -> Duration {
+/// `BACKOFF_BASE * 2^(failures - 1)`, at most `BACKOFF_MAX`: the retry delay of the cluster
+/// and backup controllers after `failures` consecutive failures of one object.
+pub(crate) fn backoff(failures: u32) -> Duration {
     let factor = 2u32.saturating_pow(failures.saturating_sub(1));
     BACKOFF_BASE.saturating_mul(factor).min(BACKOFF_MAX)
 }
