@@ -8,7 +8,8 @@ use kube::{CustomResource, KubeSchema};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
-use crate::common::{S3Storage, conditions_schema};
+use crate::common::{LocalReference, S3Storage, conditions_schema};
+use crate::restore::RestoreSource;
 
 /// Desired state of a PostgreSQL cluster.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -30,6 +31,7 @@ use crate::common::{S3Storage, conditions_schema};
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.bootstrap) == has(oldSelf.bootstrap) && (!has(self.bootstrap) || self.bootstrap == oldSelf.bootstrap)").message("bootstrap is immutable: it can only be set when the cluster is created"))]
 pub struct PostgreSQLClusterSpec {
     /// Number of PostgreSQL instances.
     #[serde(default = "default_replicas")]
@@ -64,6 +66,25 @@ pub struct PostgreSQLClusterSpec {
     /// PostgreSQL server settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub postgresql: Option<PostgreSQLSettings>,
+    /// Start the new cluster from a backup: once its primary is up, the backup is restored
+    /// into it (replacing the databases it contains), and the cluster becomes Ready only after
+    /// the restore succeeded. Immutable: it can only be set at creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<Bootstrap>,
+}
+
+/// The backup a new cluster starts from: a PostgreSQLBackup, or a backup given by its storage
+/// and manifest key (for example one made by another Kubernetes cluster).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.backup) != has(self.source)").message("exactly one of backup and source must be set"))]
+pub struct Bootstrap {
+    /// A Completed PostgreSQLBackup in the same namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<LocalReference>,
+    /// A backup located directly in storage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<RestoreSource>,
 }
 
 /// Parameters pgkube sets itself (where the server listens, where its files are, where it
@@ -217,7 +238,8 @@ pub struct PostgreSQLClusterStatus {
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Standard conditions: Ready, Progressing, ReplicasStreaming, BackupComplete, Restoring.
+    /// Standard conditions: Ready, Progressing, ReplicasStreaming, BackupComplete, Restoring,
+    /// and Bootstrapped for a cluster started from a backup.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,

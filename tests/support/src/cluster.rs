@@ -229,6 +229,7 @@ impl TestCluster {
             tolerations: Vec::new(),
             affinity: None,
             postgresql: None,
+            bootstrap: None,
         };
         local_node_scheduling().apply_to_cluster(&mut spec);
         TestClusterBuilder {
