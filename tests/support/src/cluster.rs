@@ -368,6 +368,20 @@ impl TestCluster {
     /// A SQL connection, as the superuser, to database `postgres` of a ready instance behind
     /// `service` (the first address that accepts it).
     pub async fn sql_via(&self, service: ClusterService) -> anyhow::Result<tokio_postgres::Client> {
+        self.connect_via(service, "postgres").await
+    }
+
+    /// A SQL connection, as the superuser, to database `database` of the primary, through the
+    /// cluster's `-rw` Service.
+    pub async fn sql_to(&self, database: &str) -> anyhow::Result<tokio_postgres::Client> {
+        self.connect_via(ClusterService::ReadWrite, database).await
+    }
+
+    async fn connect_via(
+        &self,
+        service: ClusterService,
+        database: &str,
+    ) -> anyhow::Result<tokio_postgres::Client> {
         let (user, password) = self.credentials().await?;
         let service = service.name(&self.name);
         let addresses = service_addresses(&self.client, &self.namespace, &service).await?;
@@ -377,7 +391,7 @@ impl TestCluster {
         );
         let mut failures = Vec::new();
         for address in addresses {
-            match connect(address, &user, &password).await {
+            match connect(address, &user, &password, database).await {
                 Ok(client) => return Ok(client),
                 Err(error) => failures.push(format!("{address}: {error}")),
             }
@@ -389,11 +403,12 @@ impl TestCluster {
     }
 }
 
-/// Connects to database `postgres` at `address`; the connection runs in the background.
+/// Connects to `database` at `address`; the connection runs in the background.
 async fn connect(
     address: SocketAddr,
     user: &str,
     password: &str,
+    database: &str,
 ) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
     let mut config = tokio_postgres::Config::new();
     config
@@ -401,7 +416,7 @@ async fn connect(
         .port(address.port())
         .user(user)
         .password(password)
-        .dbname("postgres")
+        .dbname(database)
         .connect_timeout(Duration::from_secs(10));
     let (client, connection) = config.connect(NoTls).await?;
     tokio::spawn(async move {

@@ -54,7 +54,14 @@
 //!   - [`service_addresses`]: a Service's ready pods' `IP:port`, resolved as the node agent's DNS
 //!     does (pods matching the selector), since EndpointSlices cannot hold loopback addresses;
 //!   - [`wait_for_cluster_running`], [`wait_for_cluster`] (any status condition) and
-//!     [`describe_cluster`] for clusters made otherwise.
+//!     [`describe_cluster`] for clusters made otherwise;
+//!   - [`TestCluster::sql_to`]: a connection to another database of the primary.
+//! - Backups and restores there: [`create_backup`] and [`wait_backup_ended`];
+//!   [`restore_of_backup`] or [`restore_of_source`] then [`create_restore`], [`wait_restore`]
+//!   and [`wait_restore_ended`] (the error shows the restore's status, as
+//!   [`describe_restore`] does), [`restore_jobs`]; [`put_object`] to plant an object in a
+//!   bucket; [`cluster_digest`]: every table's row count and content checksum in every
+//!   database, to compare a cluster's data before and after a restore.
 //!
 //! ```no_run
 //! # async fn example() -> anyhow::Result<()> {
@@ -86,6 +93,7 @@ mod namespace;
 pub mod otlp;
 mod process;
 pub mod proxy;
+mod restore;
 mod service;
 mod wait;
 
@@ -108,6 +116,11 @@ pub use http::http_get;
 pub use names::unique_name;
 pub use namespace::TestNamespace;
 pub use process::{processes_with_args, processes_with_env};
+pub use restore::{
+    ClusterDigest, DatabaseDigest, RESTORE_CONDITION, RESTORE_LABEL, TableDigest, cluster_digest,
+    create_restore, database_digest, describe_restore, put_object, restore_condition, restore_jobs,
+    restore_of_backup, restore_of_source, restore_reason, wait_restore, wait_restore_ended,
+};
 pub use service::{pod_addresses, service_addresses};
 pub use wait::wait_until;
 
