@@ -6,6 +6,7 @@
 //! [`Metrics`]. [`storage`] is the project's one S3 client, which the backup agent in the binary
 //! uses too.
 
+pub mod agent_job;
 pub mod backup;
 pub mod cluster;
 pub mod crd_check;
@@ -13,6 +14,7 @@ pub mod metrics;
 pub mod names;
 pub mod pod;
 mod quantity;
+pub mod restore;
 pub mod retention;
 pub mod schedule;
 pub mod scheduling;
@@ -52,7 +54,12 @@ pub struct Settings {
     pub backup_pending_deadline: Duration,
     /// The backup Job's `activeDeadlineSeconds`: a backup still running after this fails.
     pub backup_active_deadline: Duration,
-    /// The manager's own `OTEL_*` environment, passed on to backup Jobs so that the agent
+    /// How long a restore may wait (Pending) for its backup, its cluster, or the cluster's
+    /// other restores and running backup, before it fails.
+    pub restore_pending_deadline: Duration,
+    /// The restore Job's `activeDeadlineSeconds`: a restore still running after this fails.
+    pub restore_active_deadline: Duration,
+    /// The manager's own `OTEL_*` environment, passed on to backup and restore Jobs so that the agent
     /// exports its spans where the manager does.
     pub otel_env: Vec<(String, String)>,
     /// How the cluster controller asks each PostgreSQL pod's instance manager for its status:
@@ -71,6 +78,8 @@ impl Default for Settings {
             resync_interval: Duration::from_secs(300),
             backup_pending_deadline: Duration::from_secs(3600),
             backup_active_deadline: Duration::from_secs(6 * 3600),
+            restore_pending_deadline: Duration::from_secs(3600),
+            restore_active_deadline: Duration::from_secs(6 * 3600),
             otel_env: Vec::new(),
             instance_status: Arc::new(cluster::instances::HttpInstanceStatus::default()),
         }
@@ -186,6 +195,22 @@ pub(crate) fn truncate_note(mut note: String) -> String {
     note
 }
 
+/// The W3C `traceparent` of `span`'s OpenTelemetry context, if it has a valid one: what a Job
+/// gets so that the agent's spans join the reconcile's trace.
+pub(crate) fn trace_parent(span: &tracing::Span) -> Option<String> {
+    use opentelemetry::trace::TraceContextExt;
+    let context = span.context();
+    let span_context = context.span().span_context().clone();
+    span_context.is_valid().then(|| {
+        format!(
+            "00-{}-{}-{:02x}",
+            span_context.trace_id(),
+            span_context.span_id(),
+            span_context.trace_flags().to_u8()
+        )
+    })
+}
+
 /// Runs every controller until `shutdown` resolves; in-flight reconciles finish first.
 /// `on_ready` is called once all watch caches have synced (the manager's `/readyz`).
 ///
@@ -200,7 +225,9 @@ pub async fn run(
     let clusters = cluster::ClusterControllers::new(&context);
     let scheduler = schedule::BackupScheduler::new(&context);
     let backups = backup::BackupControllers::new(&context);
+    let restores = restore::RestoreControllers::new(&context);
     let backup_stores = backups.stores();
+    let restore_stores = restores.stores();
     let stores = clusters.stores();
     let ready = async move {
         for store in stores {
@@ -214,12 +241,18 @@ pub async fn run(
                 return;
             }
         }
+        for store in restore_stores {
+            if store.wait_until_ready().await.is_err() {
+                return;
+            }
+        }
         on_ready();
     };
-    futures::future::join4(
+    futures::future::join5(
         ready,
         clusters.run(shutdown.clone()),
         backups.run(shutdown.clone()),
+        restores.run(shutdown.clone()),
         scheduler.run(shutdown),
     )
     .await;

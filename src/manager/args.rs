@@ -114,6 +114,17 @@ pub struct RunArgs {
         value_parser = parse_duration)]
     pub backup_active_deadline: Duration,
 
+    /// How long a restore may wait for its backup, its cluster (to exist, with a ready
+    /// primary), or the cluster's other restores and running backup, before it fails.
+    #[arg(long, env = "PGKUBE_RESTORE_PENDING_DEADLINE", default_value = "1h",
+        value_parser = parse_duration)]
+    pub restore_pending_deadline: Duration,
+
+    /// How long a restore Job may run (its `activeDeadlineSeconds`) before the restore fails.
+    #[arg(long, env = "PGKUBE_RESTORE_ACTIVE_DEADLINE", default_value = "6h",
+        value_parser = parse_duration)]
+    pub restore_active_deadline: Duration,
+
     /// How long in-flight reconciles may take to finish after SIGTERM or SIGINT.
     #[arg(long, env = "PGKUBE_SHUTDOWN_GRACE_PERIOD", default_value = "30s",
         value_parser = parse_duration)]
@@ -206,6 +217,8 @@ impl RunArgs {
             agent_image: self.agent_image.clone(),
             backup_pending_deadline: self.backup_pending_deadline,
             backup_active_deadline: self.backup_active_deadline,
+            restore_pending_deadline: self.restore_pending_deadline,
+            restore_active_deadline: self.restore_active_deadline,
             otel_env: otel_env(std::env::vars()),
             ..pgkube_controllers::Settings::default()
         }

@@ -1,8 +1,8 @@
 //! What a backup needs next, decided from what was read (pure).
 //!
 //! A new backup waits (phase Pending, with a reason) while its cluster is missing, has no
-//! storage, is not ready, or while another backup of the same cluster is unfinished: a cluster
-//! runs one backup at a time, the oldest first. A backup that waited longer than the pending
+//! storage, is not ready, while a restore into the cluster runs, or while another backup of
+//! the same cluster is unfinished: a cluster runs one backup at a time, the oldest first. A backup that waited longer than the pending
 //! deadline fails, so that nothing stays Pending forever. Then the storage is recorded in the
 //! status and the Job is created; from there the Job decides (see `follow`).
 
@@ -10,7 +10,10 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use kube::ResourceExt;
-use pgkube_crds::{BackupPhase, ClusterPhase, PostgreSQLBackup, PostgreSQLCluster, S3Storage};
+use pgkube_crds::{
+    BackupPhase, ClusterPhase, PostgreSQLBackup, PostgreSQLCluster, PostgreSQLRestore,
+    RestorePhase, S3Storage,
+};
 
 /// The next step for a backup that has not started its Job yet, or is past it.
 #[derive(Clone, Debug, PartialEq)]
@@ -35,7 +38,7 @@ pub struct Reason {
 }
 
 impl Reason {
-    fn new(reason: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(reason: &'static str, message: impl Into<String>) -> Self {
         Self {
             reason,
             message: message.into(),
@@ -44,11 +47,13 @@ impl Reason {
 }
 
 /// Decides the next step of `backup`. `cluster` is its cluster as read now (`None`: not
-/// found); `siblings` are the backups of the same namespace as the cache has them.
+/// found); `siblings` are the backups of the same namespace as the cache has them, `restores`
+/// the restores of the namespace.
 pub fn next(
     backup: &PostgreSQLBackup,
     cluster: Option<&PostgreSQLCluster>,
     siblings: &[&PostgreSQLBackup],
+    restores: &[&PostgreSQLRestore],
     now: DateTime<Utc>,
     pending_deadline: Duration,
 ) -> Next {
@@ -57,7 +62,7 @@ pub fn next(
         Some(BackupPhase::Running) => return Next::Follow,
         Some(BackupPhase::Pending) | None => {}
     }
-    match blocker(backup, cluster, siblings) {
+    match blocker(backup, cluster, siblings, restores) {
         Ok(storage) => Next::Start(Box::new(storage)),
         Err(reason) if waited(backup, now) > pending_deadline => Next::Fail(Reason::new(
             "PendingTimeout",
@@ -88,6 +93,7 @@ fn blocker(
     backup: &PostgreSQLBackup,
     cluster: Option<&PostgreSQLCluster>,
     siblings: &[&PostgreSQLBackup],
+    restores: &[&PostgreSQLRestore],
 ) -> Result<S3Storage, Reason> {
     let cluster_name = &backup.spec.cluster.name;
     let Some(cluster) = cluster else {
@@ -108,6 +114,20 @@ fn blocker(
         return Err(Reason::new(
             "ClusterNotReady",
             format!("PostgreSQLCluster {cluster_name} is not Running with a primary yet"),
+        ));
+    }
+    // A backup taken while a restore rewrites the databases would hold half of each.
+    let restoring = restores.iter().find(|r| {
+        &r.spec.cluster.name == cluster_name
+            && r.status.as_ref().and_then(|s| s.phase) == Some(RestorePhase::Running)
+    });
+    if let Some(restore) = restoring {
+        return Err(Reason::new(
+            "WaitingForRestore",
+            format!(
+                "restore {} into the cluster is running; the backup starts once it ends",
+                restore.name_any()
+            ),
         ));
     }
     if let Some(first) = first_unfinished(backup, siblings) {
@@ -235,7 +255,7 @@ mod tests {
     fn a_backup_of_a_ready_cluster_starts_with_the_resolved_prefix() {
         let b = backup("b1", 0, None);
         let ready = cluster(ClusterPhase::Running, true);
-        let Next::Start(storage) = next(&b, Some(&ready), &[], at(5), DEADLINE) else {
+        let Next::Start(storage) = next(&b, Some(&ready), &[], &[], at(5), DEADLINE) else {
             panic!("should start");
         };
         assert_eq!(storage.prefix.as_deref(), Some("db/main"));
@@ -254,10 +274,10 @@ mod tests {
             ),
         ];
         for (cluster, expected) in cases {
-            let waiting = next(&b, cluster.as_ref(), &[], at(60), DEADLINE);
+            let waiting = next(&b, cluster.as_ref(), &[], &[], at(60), DEADLINE);
             assert!(matches!(waiting, Next::Wait(_)), "{waiting:?}");
             assert_eq!(reason(&waiting), Some(expected));
-            let late = next(&b, cluster.as_ref(), &[], at(601), DEADLINE);
+            let late = next(&b, cluster.as_ref(), &[], &[], at(601), DEADLINE);
             assert_eq!(reason(&late), Some("PendingTimeout"), "{late:?}");
             let Next::Fail(failure) = late else {
                 panic!("fails")
@@ -279,11 +299,11 @@ mod tests {
         let new = backup("new", 10, None);
         let siblings = [&old, &new];
         assert!(matches!(
-            next(&old, Some(&ready), &siblings, at(20), DEADLINE),
+            next(&old, Some(&ready), &siblings, &[], at(20), DEADLINE),
             Next::Start(_)
         ));
         assert_eq!(
-            reason(&next(&new, Some(&ready), &siblings, at(20), DEADLINE)),
+            reason(&next(&new, Some(&ready), &siblings, &[], at(20), DEADLINE)),
             Some("WaitingForBackup")
         );
         // A running backup blocks even an older pending one.
@@ -293,6 +313,7 @@ mod tests {
                 &old,
                 Some(&ready),
                 &[&old, &running],
+                &[],
                 at(40),
                 DEADLINE
             )),
@@ -303,7 +324,14 @@ mod tests {
         let mut other = backup("other", 0, Some(BackupPhase::Running));
         other.spec.cluster.name = "another".to_owned();
         assert!(matches!(
-            next(&new, Some(&ready), &[&done, &other, &new], at(40), DEADLINE),
+            next(
+                &new,
+                Some(&ready),
+                &[&done, &other, &new],
+                &[],
+                at(40),
+                DEADLINE
+            ),
             Next::Start(_)
         ));
     }
@@ -317,7 +345,10 @@ mod tests {
             (BackupPhase::Running, Next::Follow),
         ] {
             let b = backup("b", 0, Some(phase));
-            assert_eq!(next(&b, Some(&ready), &[], at(10_000), DEADLINE), expected);
+            assert_eq!(
+                next(&b, Some(&ready), &[], &[], at(10_000), DEADLINE),
+                expected
+            );
         }
     }
 

@@ -26,10 +26,8 @@
 //! The status is written with server-side apply under [`STATUS_FIELD_MANAGER`], only when it
 //! changed, with an Event per change of phase.
 
-mod access;
+pub(crate) mod access;
 pub mod decide;
-pub mod follow;
-pub mod job;
 mod remove;
 pub mod retention_pass;
 mod status;
@@ -41,23 +39,22 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
-use opentelemetry::trace::TraceContextExt;
-use pgkube_crds::{BackupPhase, DeletionPolicy, PostgreSQLBackup, PostgreSQLCluster, S3Storage};
+use pgkube_crds::{
+    BackupPhase, DeletionPolicy, PostgreSQLBackup, PostgreSQLCluster, PostgreSQLRestore, S3Storage,
+};
 use serde_json::json;
 use tracing::{Instrument, Span, field, info_span, instrument};
-use tracing_opentelemetry::OpenTelemetrySpanExt;
 
+use crate::agent_job::{self as job, JobState};
 use crate::metrics::ClusterLabels;
 use crate::{Context, ShutdownSignal};
 use decide::Next;
-use follow::JobState;
 use status::Change;
 
 /// Name of this controller in metrics, spans and logs.
@@ -90,8 +87,8 @@ pub enum Error {
     Remove(#[source] crate::storage::StorageError),
     #[error("the backup has no namespace")]
     MissingNamespace,
-    #[error("Job {0} exists and does not belong to this backup; delete or rename it")]
-    NotOurJob(String),
+    #[error(transparent)]
+    Job(#[from] job::JobError),
 }
 
 fn kube_error(
@@ -280,6 +277,8 @@ async fn reconcile_backup(
         remove::ensure_finalizer(backup, &context.base.client, &namespace).await?;
     }
     let cluster = read_cluster(backup, context, &namespace).await?;
+    let restores = read_restores(backup, context, &namespace).await?;
+    let restores: Vec<&PostgreSQLRestore> = restores.iter().collect();
     let siblings: Vec<Arc<PostgreSQLBackup>> = context
         .stores
         .iter()
@@ -292,6 +291,7 @@ async fn reconcile_backup(
             backup,
             cluster.as_ref(),
             &siblings,
+            &restores,
             Utc::now(),
             context.base.settings.backup_pending_deadline,
         )
@@ -336,6 +336,23 @@ async fn read_cluster(
         .map_err(kube_error("read", "PostgreSQLCluster", name))
 }
 
+/// The restores of the namespace as the API server has them now (a restore that just started
+/// must hold the backup back), read only for a backup that has not started.
+async fn read_restores(
+    backup: &PostgreSQLBackup,
+    context: &BackupContext,
+    namespace: &str,
+) -> Result<Vec<PostgreSQLRestore>, Error> {
+    if !matches!(decide::phase(backup), None | Some(BackupPhase::Pending)) {
+        return Ok(Vec::new());
+    }
+    Api::<PostgreSQLRestore>::namespaced(context.base.client.clone(), namespace)
+        .list(&kube::api::ListParams::default())
+        .await
+        .map(|list| list.items)
+        .map_err(kube_error("list", "PostgreSQLRestore", namespace))
+}
+
 /// Creates the Job (one that exists already is followed only if this backup owns it: a
 /// restart between the create and the status write), then records Running with the storage.
 async fn start(
@@ -349,58 +366,28 @@ async fn start(
     let prefix = storage.prefix.clone().unwrap_or_default();
     let desired = info_span!("build").in_scope(|| {
         job::build(&job::JobInput {
-            backup,
+            task: job::Task::Backup(backup),
             cluster,
             storage: &storage,
             prefix: &prefix,
             postgres_image_repository: &settings.postgres_image_repository,
             agent_image: &settings.agent_image,
             active_deadline: settings.backup_active_deadline,
-            trace_parent: trace_parent(&Span::current()),
+            trace_parent: crate::trace_parent(&Span::current()),
             otel_env: &settings.otel_env,
         })
     });
     let name = desired.name_any();
-    let created = Api::<Job>::namespaced(context.base.client.clone(), namespace)
-        .create(&PostParams::default(), &desired)
-        .instrument(info_span!("apply"))
-        .await;
-    match created {
-        Ok(_) => tracing::info!(job = %name, "backup Job created"),
-        Err(kube::Error::Api(response)) if response.code == 409 => {
-            ensure_owned(context, backup, namespace, &name).await?;
-            tracing::info!(job = %name, "backup Job already exists");
-        }
-        Err(source) => return Err(kube_error("create", "Job", &name)(source)),
-    }
+    job::create(
+        &context.base.client,
+        namespace,
+        &desired,
+        backup.metadata.uid.as_deref(),
+    )
+    .instrument(info_span!("apply"))
+    .await?;
     status::write(context, backup, Change::Running { storage, job: name }).await?;
     Ok(Action::requeue(FOLLOW_REQUEUE))
-}
-
-/// Fails unless Job `name` is controlled by `backup` (same UID).
-async fn ensure_owned(
-    context: &BackupContext,
-    backup: &PostgreSQLBackup,
-    namespace: &str,
-    name: &str,
-) -> Result<(), Error> {
-    let job = Api::<Job>::namespaced(context.base.client.clone(), namespace)
-        .get(name)
-        .await
-        .map_err(kube_error("read", "Job", name))?;
-    let owned = job
-        .metadata
-        .owner_references
-        .unwrap_or_default()
-        .iter()
-        .any(|owner| {
-            owner.controller == Some(true) && Some(&owner.uid) == backup.metadata.uid.as_ref()
-        });
-    if owned {
-        Ok(())
-    } else {
-        Err(Error::NotOurJob(name.to_owned()))
-    }
 }
 
 /// Follows the Job of a running backup to its end.
@@ -415,29 +402,19 @@ async fn follow_job(
         .as_ref()
         .and_then(|s| s.job_name.clone())
         .unwrap_or_else(|| job::job_name(&backup.name_any()));
-    // A GET, not the cache: a Job missing from a cache that lags would fail the backup.
-    let found = Api::<Job>::namespaced(client.clone(), namespace)
-        .get_opt(&name)
-        .await
-        .map_err(kube_error("read", "Job", &name))?;
-    let state = match &found {
-        Some(job) if follow::has_ended(job) => {
-            let pods = job_pods(client, namespace, &name).await?;
-            follow::job_state(job, &pods)
-        }
-        Some(_) => JobState::Running,
-        None => JobState::Failed(format!("the backup Job {name} was deleted before it ended")),
-    };
+    let found = job::state(client, namespace, &name).await?;
+    let deleted = found.is_none();
+    let state = found.unwrap_or_else(|| {
+        JobState::Failed(format!("the backup Job {name} was deleted before it ended"))
+    });
     match state {
         JobState::Running => Ok(Action::requeue(FOLLOW_REQUEUE)),
-        JobState::Succeeded(result) => complete(context, backup, namespace, result).await,
+        JobState::Succeeded(result) => {
+            complete(context, backup, namespace, result.map(|r| *r)).await
+        }
         JobState::Failed(reason) => {
             let change = Change::Failed(decide::Reason {
-                reason: if found.is_some() {
-                    "JobFailed"
-                } else {
-                    "JobDeleted"
-                },
+                reason: if deleted { "JobDeleted" } else { "JobFailed" },
                 message: reason,
             });
             status::write(context, backup, change).await?;
@@ -446,22 +423,12 @@ async fn follow_job(
     }
 }
 
-/// The Job's pods, for their termination messages.
-async fn job_pods(client: &Client, namespace: &str, job: &str) -> Result<Vec<Pod>, Error> {
-    let selector = format!("batch.kubernetes.io/job-name={job}");
-    Api::<Pod>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map(|list| list.items)
-        .map_err(kube_error("list", "Pod", job))
-}
-
 /// Verifies what the agent reported, then Completed (or Failed when it does not check out).
 async fn complete(
     context: &BackupContext,
     backup: &PostgreSQLBackup,
     namespace: &str,
-    result: Option<follow::AgentResult>,
+    result: Option<job::AgentResult>,
 ) -> Result<Action, Error> {
     let Some(result) = result else {
         let reason = decide::Reason {
@@ -514,20 +481,6 @@ async fn prune_after_backup(context: &BackupContext, backup: &PostgreSQLBackup, 
         Ok(None) => tracing::info!(cluster = %name, "the cluster is gone: no retention pass"),
         Err(error) => tracing::warn!(%error, "cannot read the cluster for a retention pass"),
     }
-}
-
-/// The W3C `traceparent` of `span`'s OpenTelemetry context, if it has a valid one.
-fn trace_parent(span: &Span) -> Option<String> {
-    let context = span.context();
-    let span_context = context.span().span_context().clone();
-    span_context.is_valid().then(|| {
-        format!(
-            "00-{}-{}-{:02x}",
-            span_context.trace_id(),
-            span_context.span_id(),
-            span_context.trace_flags().to_u8()
-        )
-    })
 }
 
 /// Keeps the last-success gauges right after a restart: every backup is reconciled once when

@@ -112,7 +112,7 @@ async fn job_still_there(
     context: &BackupContext,
     namespace: &str,
 ) -> Result<bool, Error> {
-    let name = super::job::job_name(&backup.name_any());
+    let name = crate::agent_job::job_name(&backup.name_any());
     let jobs = Api::<Job>::namespaced(context.base.client.clone(), namespace);
     let Some(job) = jobs
         .get_opt(&name)

@@ -4,7 +4,7 @@
 
 use sha2::{Digest, Sha256};
 
-use super::follow::AgentResult;
+use crate::agent_job::AgentResult;
 use crate::storage::manifest::Manifest;
 use crate::storage::{S3Bucket, StorageError};
 

@@ -1,12 +1,12 @@
-//! Following a backup Job to its end (pure): the Job's conditions say whether it ended, and
+//! Following a backup or restore Job to its end (pure): the Job's conditions say whether it ended, and
 //! the agent's result line in its pod's termination message says how.
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use serde::Deserialize;
 
-/// The agent's result line (`pgkube agent backup` prints it and writes it to the termination
-/// message), the fields the controller reads.
+/// The agent's result line (`pgkube agent backup` and `restore` print it and write it to the
+/// termination message), the fields the controllers read.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct AgentResult {
@@ -21,6 +21,8 @@ pub struct AgentResult {
     pub started_at: Option<String>,
     pub finished_at: Option<String>,
     pub size: Option<u64>,
+    /// The databases restored (restores only; left out when the line would be too long).
+    pub databases: Option<Vec<String>>,
 }
 
 impl AgentResult {
@@ -31,13 +33,13 @@ impl AgentResult {
     }
 }
 
-/// Where a backup Job stands.
+/// Where a backup or restore Job stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum JobState {
     /// Not finished yet.
     Running,
     /// Succeeded; the agent's result, when it could be read.
-    Succeeded(Option<AgentResult>),
+    Succeeded(Option<Box<AgentResult>>),
     /// Failed, and why, in one line.
     Failed(String),
 }
@@ -68,7 +70,9 @@ pub fn job_state(job: &Job, pods: &[Pod]) -> JobState {
             .find(|c| c.type_ == type_ && c.status == "True")
     };
     if is_true("Complete").is_some() {
-        let result = termination_message(pods).and_then(|m| AgentResult::parse(&m));
+        let result = termination_message(pods)
+            .and_then(|m| AgentResult::parse(&m))
+            .map(Box::new);
         return JobState::Succeeded(result);
     }
     if let Some(failed) = is_true("Failed") {
@@ -102,7 +106,7 @@ fn failure_reason(
         (Some(reason), Some(message)) => format!("{reason}: {message}"),
         (Some(reason), None) => reason.to_owned(),
         (None, Some(message)) => message.to_owned(),
-        (None, None) => "the backup Job failed".to_owned(),
+        (None, None) => "the Job failed".to_owned(),
     }
 }
 
@@ -117,18 +121,15 @@ fn last_lines(log: &str) -> String {
     tail[..end].to_owned()
 }
 
-/// The termination message of the backup container of the newest terminated pod.
+/// The termination message of the agent's container (the pod's only one; init containers have
+/// their own statuses) of the newest terminated pod.
 fn termination_message(pods: &[Pod]) -> Option<String> {
     pods.iter()
         .filter_map(|pod| {
             let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
             let terminated = statuses
                 .iter()
-                .find(|s| s.name == "backup")?
-                .state
-                .as_ref()?
-                .terminated
-                .as_ref()?;
+                .find_map(|s| s.state.as_ref()?.terminated.as_ref())?;
             Some((terminated.finished_at.clone(), terminated.message.clone()?))
         })
         .max_by(|a, b| a.0.as_ref().map(|t| t.0).cmp(&b.0.as_ref().map(|t| t.0)))

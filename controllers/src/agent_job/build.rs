@@ -1,10 +1,11 @@
-//! The Job that runs one backup: built from the backup, its cluster and its storage, without
-//! talking to the API server.
+//! The Job that runs one backup or one restore: built from the backup (or restore), its
+//! cluster and the storage, without talking to the API server.
 //!
 //! The pod has two containers:
 //! - an init container from pgkube's image copies `pgkube` into an emptyDir;
 //! - the main container runs `<postgres image repository>:<cluster major>`, so that `pg_dump`
-//!   is the server's major version, with `/pgkube/pgkube agent backup` as its command.
+//!   and `pg_restore` are the server's major version, with `/pgkube/pgkube agent backup` (or
+//!   `restore`) as its command.
 //!
 //! It connects to the primary through the cluster's `-rw` Service as the superuser; the
 //! password and the S3 keys are files from Secret volumes, never arguments or environment
@@ -22,7 +23,9 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
-use pgkube_crds::{CLUSTER_LABEL, PostgreSQLBackup, PostgreSQLCluster, S3Storage};
+use pgkube_crds::{
+    CLUSTER_LABEL, PostgreSQLBackup, PostgreSQLCluster, PostgreSQLRestore, S3Storage,
+};
 
 use crate::cluster::build::{ChildNames, POSTGRES_PORT, POSTGRES_UID};
 use crate::names::{self, DNS_LABEL_MAX, NameKind};
@@ -33,8 +36,8 @@ use crate::scheduling::Scheduling;
 
 /// Label on backup Jobs and their pods: the backup's name (as a label value).
 pub const BACKUP_LABEL: &str = "db.example.com/backup";
-/// `app.kubernetes.io/component` of backup Jobs, which the controller watches.
-pub const COMPONENT: &str = "backup";
+/// Label on restore Jobs and their pods: the restore's name (as a label value).
+pub const RESTORE_LABEL: &str = "db.example.com/restore";
 
 const AGENT_VOLUME: &str = "pgkube";
 const AGENT_MOUNT: &str = "/pgkube";
@@ -46,20 +49,98 @@ const S3_MOUNT: &str = "/etc/pgkube/s3";
 const ACCESS_KEY_ID_FILE: &str = "access-key-id";
 const SECRET_ACCESS_KEY_FILE: &str = "secret-access-key";
 const CA_BUNDLE_FILE: &str = "ca.crt";
-/// A failed backup is not retried by the Job: the agent starts from scratch anyway, and the
-/// next scheduled run (or a new PostgreSQLBackup) is the retry, with the failure on record.
+/// A failed backup or restore is not retried by the Job: the agent starts from scratch anyway,
+/// and a new run (scheduled, or a new object) is the retry, with the failure on record.
 const BACKOFF_LIMIT: i32 = 0;
 /// A finished Job is kept a day for `kubectl logs`, then the Job controller deletes it. The
 /// backup's status keeps everything the controller read from it.
 const TTL_AFTER_FINISHED_SECONDS: i32 = 86_400;
 
-/// What a backup Job is made of.
+/// What the Job does.
+pub enum Task<'a> {
+    /// Back up the cluster as this backup.
+    Backup(&'a PostgreSQLBackup),
+    /// Restore the backup called `backup_name` (under the input's prefix) as this restore asks.
+    Restore {
+        restore: &'a PostgreSQLRestore,
+        backup_name: &'a str,
+    },
+}
+
+impl Task<'_> {
+    /// The object the Job belongs to (its controlling owner).
+    fn owner(&self) -> Option<OwnerReference> {
+        match self {
+            Self::Backup(backup) => backup.controller_owner_ref(&()),
+            Self::Restore { restore, .. } => restore.controller_owner_ref(&()),
+        }
+    }
+
+    fn owner_meta(&self) -> &ObjectMeta {
+        match self {
+            Self::Backup(backup) => &backup.metadata,
+            Self::Restore { restore, .. } => &restore.metadata,
+        }
+    }
+
+    /// `backup` or `restore`: the agent's subcommand, the container's name and the Jobs'
+    /// `app.kubernetes.io/component`.
+    pub fn verb(&self) -> &'static str {
+        match self {
+            Self::Backup(_) => "backup",
+            Self::Restore { .. } => "restore",
+        }
+    }
+
+    /// The name of the backup the agent writes or reads.
+    fn backup_name(&self) -> String {
+        match self {
+            Self::Backup(backup) => backup.name_any(),
+            Self::Restore { backup_name, .. } => (*backup_name).to_owned(),
+        }
+    }
+
+    /// The label naming the owner: `db.example.com/backup` or `db.example.com/restore`.
+    fn owner_label(&self) -> &'static str {
+        match self {
+            Self::Backup(_) => BACKUP_LABEL,
+            Self::Restore { .. } => RESTORE_LABEL,
+        }
+    }
+
+    /// The agent's arguments after `agent <verb>`: what to restore, and whether to replace.
+    fn arguments(&self) -> Vec<String> {
+        let Self::Restore { restore, .. } = self else {
+            return Vec::new();
+        };
+        let mut arguments: Vec<String> = restore
+            .spec
+            .databases
+            .iter()
+            .flat_map(|database| ["--database".to_owned(), database.clone()])
+            .collect();
+        if restore.spec.drop_existing {
+            arguments.push("--drop-existing".to_owned());
+        }
+        arguments
+    }
+
+    fn job_name(&self) -> String {
+        let owner = self.owner_meta().name.clone().unwrap_or_default();
+        match self {
+            Self::Backup(_) => job_name(&owner),
+            Self::Restore { .. } => restore_job_name(&owner),
+        }
+    }
+}
+
+/// What a backup or restore Job is made of.
 pub struct JobInput<'a> {
-    pub backup: &'a PostgreSQLBackup,
+    pub task: Task<'a>,
     pub cluster: &'a PostgreSQLCluster,
-    /// The storage recorded in the backup's status.
+    /// The storage the backup is written to or read from.
     pub storage: &'a S3Storage,
-    /// The key prefix the backup goes under (the storage's, or `<namespace>/<cluster>`).
+    /// The key prefix the backup is under (the storage's, or `<namespace>/<cluster>`).
     pub prefix: &'a str,
     pub postgres_image_repository: &'a str,
     pub agent_image: &'a str,
@@ -72,15 +153,19 @@ pub struct JobInput<'a> {
     pub otel_env: &'a [(String, String)],
 }
 
-/// The Job's name: `<backup>-backup`, a DNS label (its pods carry it in the `job-name` label,
-/// which allows 63 characters).
+/// A backup Job's name: `<backup>-backup`, a DNS label (its pods carry it in the `job-name`
+/// label, which allows 63 characters).
 pub fn job_name(backup: &str) -> String {
     names::child_name(backup, "-backup", NameKind::DnsLabel, DNS_LABEL_MAX)
 }
 
-/// The backup Job, owned by the backup.
+/// A restore Job's name: `<restore>-restore`, a DNS label.
+pub fn restore_job_name(restore: &str) -> String {
+    names::child_name(restore, "-restore", NameKind::DnsLabel, DNS_LABEL_MAX)
+}
+
+/// The Job, owned by the backup or restore it runs.
 pub fn build(input: &JobInput<'_>) -> Job {
-    let backup_name = input.backup.name_any();
     let labels = job_labels(input);
     let mut pod = PodSpec {
         restart_policy: Some("Never".to_owned()),
@@ -108,10 +193,10 @@ pub fn build(input: &JobInput<'_>) -> Job {
     Scheduling::of(&input.cluster.spec).apply_to(&mut pod);
     Job {
         metadata: ObjectMeta {
-            name: Some(job_name(&backup_name)),
-            namespace: input.backup.namespace(),
+            name: Some(input.task.job_name()),
+            namespace: input.task.owner_meta().namespace.clone(),
             labels: Some(labels.clone()),
-            owner_references: owner(input.backup).map(|owner| vec![owner]),
+            owner_references: input.task.owner().map(|owner| vec![owner]),
             ..ObjectMeta::default()
         },
         spec: Some(JobSpec {
@@ -138,7 +223,7 @@ fn job_labels(input: &JobInput<'_>) -> BTreeMap<String, String> {
         ("app.kubernetes.io/name".to_owned(), "pgkube".to_owned()),
         (
             "app.kubernetes.io/component".to_owned(),
-            COMPONENT.to_owned(),
+            input.task.verb().to_owned(),
         ),
         (
             "app.kubernetes.io/managed-by".to_owned(),
@@ -149,25 +234,25 @@ fn job_labels(input: &JobInput<'_>) -> BTreeMap<String, String> {
             names::label_value(&input.cluster.name_any()),
         ),
         (
-            BACKUP_LABEL.to_owned(),
-            names::label_value(&input.backup.name_any()),
+            input.task.owner_label().to_owned(),
+            names::label_value(input.task.owner_meta().name.as_deref().unwrap_or_default()),
         ),
     ])
 }
 
-/// The backup as the Job's controlling owner: deleting the backup deletes its Job.
-fn owner(backup: &PostgreSQLBackup) -> Option<OwnerReference> {
-    backup.controller_owner_ref(&())
-}
-
 fn agent_container(input: &JobInput<'_>) -> Container {
     Container {
-        name: "backup".to_owned(),
+        name: input.task.verb().to_owned(),
         image: Some(format!(
             "{}:{}",
             input.postgres_image_repository, input.cluster.spec.version
         )),
-        command: Some([AGENT, "agent", "backup"].map(str::to_owned).to_vec()),
+        command: Some(
+            [AGENT, "agent", input.task.verb()]
+                .map(str::to_owned)
+                .to_vec(),
+        ),
+        args: Some(input.task.arguments()).filter(|arguments| !arguments.is_empty()),
         env: Some(agent_env(input)),
         termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
         security_context: Some(restricted_security_context()),
@@ -194,11 +279,16 @@ fn agent_env(input: &JobInput<'_>) -> Vec<EnvVar> {
     let names = ChildNames::for_cluster(&cluster);
     let storage = input.storage;
     let mut env = vec![
-        value("PGKUBE_BACKUP_NAME", input.backup.name_any()),
+        value("PGKUBE_BACKUP_NAME", input.task.backup_name()),
         value("PGKUBE_CLUSTER", cluster),
         value(
             "PGKUBE_NAMESPACE",
-            input.backup.namespace().unwrap_or_default(),
+            input
+                .task
+                .owner_meta()
+                .namespace
+                .clone()
+                .unwrap_or_default(),
         ),
         value("PGHOST", names.rw_service),
         value("PGPORT", POSTGRES_PORT.to_string()),
@@ -380,7 +470,7 @@ mod tests {
             "http://collector:4317".to_owned(),
         )];
         build(&JobInput {
-            backup: &backup,
+            task: Task::Backup(&backup),
             cluster: &cluster,
             storage: &storage,
             prefix: "db/main",
@@ -554,5 +644,69 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn a_restore_job_runs_agent_restore_with_what_to_restore_owned_by_the_restore() {
+        let (cluster, storage) = (cluster(), storage());
+        let mut restore = PostgreSQLRestore::new(
+            "undo",
+            pgkube_crds::PostgreSQLRestoreSpec {
+                backup: Some(LocalReference {
+                    name: "nightly".to_owned(),
+                }),
+                source: None,
+                cluster: LocalReference {
+                    name: "main".to_owned(),
+                },
+                databases: vec!["app".to_owned(), "shop".to_owned()],
+                drop_existing: true,
+            },
+        );
+        restore.metadata.namespace = Some("db".to_owned());
+        restore.metadata.uid = Some("1111-uid".to_owned());
+        let job = build(&JobInput {
+            task: Task::Restore {
+                restore: &restore,
+                backup_name: "nightly",
+            },
+            cluster: &cluster,
+            storage: &storage,
+            prefix: "db/main",
+            postgres_image_repository: "registry.local/postgres",
+            agent_image: "registry.local/pgkube:1.2",
+            active_deadline: Duration::from_secs(7200),
+            trace_parent: None,
+            otel_env: &[],
+        });
+        assert_eq!(job.metadata.name.as_deref(), Some("undo-restore"));
+        let owner = &job.metadata.owner_references.as_ref().expect("owner")[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("PostgreSQLRestore", "1111-uid")
+        );
+        let labels = job.metadata.labels.clone().expect("labels");
+        assert_eq!(labels["app.kubernetes.io/component"], "restore");
+        assert_eq!(labels[RESTORE_LABEL], "undo");
+        let spec = job.spec.expect("spec");
+        assert_eq!(spec.active_deadline_seconds, Some(7200));
+        let pod = spec.template.spec.expect("pod");
+        let container = &pod.containers[0];
+        assert_eq!(container.name, "restore");
+        assert_eq!(
+            container.command.as_deref(),
+            Some(&["/pgkube/pgkube", "agent", "restore"].map(str::to_owned)[..])
+        );
+        assert_eq!(
+            container.args.as_deref(),
+            Some(
+                &["--database", "app", "--database", "shop", "--drop-existing"].map(str::to_owned)
+                    [..]
+            )
+        );
+        let env = env_of(container);
+        assert_eq!(env["PGKUBE_BACKUP_NAME"].value.as_deref(), Some("nightly"));
+        assert_eq!(env["PGKUBE_S3_PREFIX"].value.as_deref(), Some("db/main"));
+        assert!(!env.contains_key("TRACEPARENT"));
     }
 }

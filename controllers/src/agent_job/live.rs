@@ -1,0 +1,89 @@
+//! The API calls both controllers make about their Jobs: create one (or take over the one a
+//! previous reconcile created), and read where one stands.
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ListParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+
+use super::follow::{self, JobState};
+
+/// Why a Job could not be created or read.
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error("cannot {action} Job {name}: {source}")]
+    Kube {
+        action: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("Job {0} exists and does not belong to this object; delete or rename it")]
+    NotOurs(String),
+}
+
+fn kube_error(action: &'static str, name: &str) -> impl FnOnce(kube::Error) -> JobError {
+    let name = name.to_owned();
+    move |source| JobError::Kube {
+        action,
+        name,
+        source,
+    }
+}
+
+/// Creates `desired`; a Job of that name that exists already is accepted only when the object
+/// of `owner_uid` controls it (a restart between the create and the status write).
+pub async fn create(
+    client: &Client,
+    namespace: &str,
+    desired: &Job,
+    owner_uid: Option<&str>,
+) -> Result<(), JobError> {
+    let name = desired.name_any();
+    let jobs = Api::<Job>::namespaced(client.clone(), namespace);
+    match jobs.create(&PostParams::default(), desired).await {
+        Ok(_) => {
+            tracing::info!(job = %name, "Job created");
+            Ok(())
+        }
+        Err(kube::Error::Api(response)) if response.code == 409 => {
+            let existing = jobs.get(&name).await.map_err(kube_error("read", &name))?;
+            let ours = existing.owner_references().iter().any(|owner| {
+                owner.controller == Some(true) && Some(owner.uid.as_str()) == owner_uid
+            });
+            if ours {
+                tracing::info!(job = %name, "Job already exists");
+                Ok(())
+            } else {
+                Err(JobError::NotOurs(name))
+            }
+        }
+        Err(source) => Err(kube_error("create", &name)(source)),
+    }
+}
+
+/// Where Job `name` stands; `None` when it does not exist. A GET, not a cache: a Job missing
+/// from a cache that lags would fail the backup or restore. Its pods are listed (for their
+/// termination messages) only once it has ended.
+pub async fn state(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<JobState>, JobError> {
+    let found = Api::<Job>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await
+        .map_err(kube_error("read", name))?;
+    let Some(job) = found else {
+        return Ok(None);
+    };
+    if !follow::has_ended(&job) {
+        return Ok(Some(JobState::Running));
+    }
+    let selector = format!("batch.kubernetes.io/job-name={name}");
+    let pods = Api::<Pod>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(kube_error("list the pods of", name))?;
+    Ok(Some(follow::job_state(&job, &pods.items)))
+}

@@ -1,0 +1,486 @@
+//! The PostgreSQLRestore controller.
+//!
+//! Each reconcile of a restore that has not ended:
+//! 1. **decide** ([`decide`], pure): refuse (Failed) a backup that does not exist, failed, or
+//!    comes from a newer PostgreSQL major, and a source that is not a manifest key; wait
+//!    (Pending, with a reason) for the backup to complete, for the target cluster to exist with
+//!    a ready primary, for an earlier restore into it and for a running backup of it; fail once
+//!    the pending deadline has passed.
+//! 2. **check**: read the backup's manifest from storage. A missing manifest, one that cannot
+//!    be parsed, or one from a newer major refuses the restore before any Job exists.
+//! 3. **start**: create the Job (the shared [`crate::agent_job`]), owned by the restore, then
+//!    record Running with the manifest key.
+//! 4. **follow**: Completed with the databases and times the agent reported, or Failed with the
+//!    reason from its pod. The agent verifies every object before it changes anything, so a
+//!    corrupted backup fails with the existing data untouched.
+//!
+//! Every phase ends: Pending has a deadline, the Job has `activeDeadlineSeconds`, and a Job
+//! that disappears before it ended fails the restore. The status is written with server-side
+//! apply under [`STATUS_FIELD_MANAGER`], only when it changed, with an Event per change. The
+//! target cluster learns of its restores by watching them (its `Restoring` condition); the
+//! scheduler skips the cluster's ticks while one is unfinished.
+
+pub mod decide;
+mod status;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::ListParams;
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use pgkube_crds::{PostgreSQLBackup, PostgreSQLCluster, PostgreSQLRestore, RestorePhase};
+use tracing::{Instrument, Span, field, info_span, instrument};
+
+use crate::agent_job::{self as job, JobState};
+use crate::backup::access;
+use crate::backup::decide::Reason;
+use crate::storage::manifest::Manifest;
+use crate::{Context, ShutdownSignal};
+use decide::{Location, Next};
+use status::Change;
+
+/// Name of this controller in metrics, spans and logs.
+pub const CONTROLLER: &str = "restore";
+/// Field manager of the restores' status.
+pub const STATUS_FIELD_MANAGER: &str = "pgkube-restore";
+/// How soon a waiting restore looks again.
+const WAIT_REQUEUE: Duration = Duration::from_secs(15);
+/// How soon a running restore looks again if no Job event came first.
+const FOLLOW_REQUEUE: Duration = Duration::from_secs(30);
+/// Labels of the Jobs this controller makes, the only ones it watches.
+const JOB_SELECTOR: &str =
+    "app.kubernetes.io/managed-by=pgkube,app.kubernetes.io/component=restore";
+
+/// Errors of one reconcile; each is retried with a backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot {action} {kind} {name}: {source}")]
+    Kube {
+        action: &'static str,
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    Job(#[from] job::JobError),
+    #[error("the restore has no namespace")]
+    MissingNamespace,
+}
+
+fn kube_error(
+    action: &'static str,
+    kind: &'static str,
+    name: &str,
+) -> impl FnOnce(kube::Error) -> Error {
+    let name = name.to_owned();
+    move |source| Error::Kube {
+        action,
+        kind,
+        name,
+        source,
+    }
+}
+
+/// State shared by the restore controller's reconciles.
+pub struct RestoreContext {
+    pub base: Context,
+    recorder: Recorder,
+    /// Every restore the controllers watch: a restore's siblings come from here.
+    stores: Vec<Store<PostgreSQLRestore>>,
+    failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+}
+
+/// One Controller per watched namespace (or one for all).
+pub struct RestoreControllers {
+    controllers: Vec<Controller<PostgreSQLRestore>>,
+    context: Arc<RestoreContext>,
+}
+
+impl RestoreControllers {
+    pub fn new(context: &Context) -> Self {
+        let controllers: Vec<_> = crate::watched_namespaces(&context.settings)
+            .iter()
+            .map(|namespace| {
+                controller(
+                    &context.client,
+                    namespace.as_deref(),
+                    context.settings.max_concurrent_reconciles,
+                )
+            })
+            .collect();
+        let stores = controllers.iter().map(Controller::store).collect();
+        let reporter = Reporter {
+            controller: "pgkube".to_owned(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Self {
+            controllers,
+            context: Arc::new(RestoreContext {
+                recorder: Recorder::new(context.client.clone(), reporter),
+                base: context.clone(),
+                stores,
+                failures: std::sync::Mutex::default(),
+            }),
+        }
+    }
+
+    /// The restore caches; all ready means every restore is known.
+    pub fn stores(&self) -> Vec<Store<PostgreSQLRestore>> {
+        self.context.stores.clone()
+    }
+
+    /// Runs until `shutdown` fires; reconciles in flight finish first.
+    pub async fn run(self, shutdown: ShutdownSignal) {
+        let runs = self.controllers.into_iter().map(|controller| {
+            controller
+                .graceful_shutdown_on(shutdown.clone().wait())
+                .run(reconcile, error_policy, self.context.clone())
+                .for_each(|result| async move {
+                    if let Err(error) = result {
+                        tracing::debug!(controller = CONTROLLER, %error, "reconcile stream");
+                    }
+                })
+        });
+        futures::future::join_all(runs).await;
+    }
+}
+
+fn controller(
+    client: &Client,
+    namespace: Option<&str>,
+    concurrency: u16,
+) -> Controller<PostgreSQLRestore> {
+    let restores = crate::api::<PostgreSQLRestore>(client, namespace);
+    let jobs = crate::api::<Job>(client, namespace);
+    Controller::new(restores, watcher::Config::default())
+        .with_config(ControllerConfig::default().concurrency(concurrency))
+        .owns(jobs, watcher::Config::default().labels(JOB_SELECTOR))
+}
+
+/// Reconciles one restore.
+#[instrument(
+    name = "reconcile",
+    parent = None,
+    skip_all,
+    fields(
+        controller = CONTROLLER,
+        namespace = restore.namespace().unwrap_or_default(),
+        name = restore.name_any(),
+        phase = field::Empty,
+        trace_id = field::Empty,
+    )
+)]
+pub async fn reconcile(
+    restore: Arc<PostgreSQLRestore>,
+    context: Arc<RestoreContext>,
+) -> Result<Action, Error> {
+    crate::record_trace_id(&Span::current());
+    let started = Instant::now();
+    let result = reconcile_restore(&restore, &context).await;
+    context
+        .base
+        .metrics
+        .observe_reconcile(CONTROLLER, result.is_ok(), started.elapsed());
+    match &result {
+        Ok(action) => {
+            context.failures().remove(&key(&restore));
+            tracing::debug!(?action, "reconciled");
+        }
+        Err(error) => tracing::warn!(%error, "reconcile failed"),
+    }
+    result
+}
+
+impl RestoreContext {
+    fn failures(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u32>> {
+        self.failures
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+fn key(restore: &PostgreSQLRestore) -> String {
+    format!(
+        "{}/{}",
+        restore.namespace().unwrap_or_default(),
+        restore.name_any()
+    )
+}
+
+/// Retries after a delay that doubles with each consecutive failure, and says why in a
+/// Warning Event.
+pub fn error_policy(
+    restore: Arc<PostgreSQLRestore>,
+    error: &Error,
+    context: Arc<RestoreContext>,
+) -> Action {
+    let failures = {
+        let mut failures = context.failures();
+        let count = failures.entry(key(&restore)).or_default();
+        *count = count.saturating_add(1);
+        *count
+    };
+    let recorder = context.recorder.clone();
+    let reference = restore.object_ref(&());
+    let note = error.to_string();
+    tokio::spawn(async move {
+        crate::publish_event(
+            &recorder,
+            &reference,
+            true,
+            "ReconcileFailed",
+            note,
+            "Reconcile",
+        )
+        .await;
+    });
+    Action::requeue(crate::cluster::backoff(failures))
+}
+
+async fn reconcile_restore(
+    restore: &PostgreSQLRestore,
+    context: &RestoreContext,
+) -> Result<Action, Error> {
+    let namespace = restore.namespace().ok_or(Error::MissingNamespace)?;
+    Span::current().record("phase", field::debug(decide::phase(restore)));
+    if restore.metadata.deletion_timestamp.is_some() {
+        // Its Job goes with it (owner reference); nothing is left to undo.
+        return Ok(Action::await_change());
+    }
+    if !decide::is_unfinished(restore) {
+        return Ok(Action::await_change());
+    }
+    if decide::phase(restore) == Some(RestorePhase::Running) {
+        return follow_job(context, restore, &namespace).await;
+    }
+    let read = Read::read(restore, context, &namespace).await?;
+    match info_span!("decide").in_scope(|| read.decide(restore, context)) {
+        Next::Finished => Ok(Action::await_change()),
+        Next::Follow => follow_job(context, restore, &namespace).await,
+        Next::Wait(reason) => {
+            status::write(context, restore, Change::Pending(reason)).await?;
+            Ok(Action::requeue(WAIT_REQUEUE))
+        }
+        Next::Fail(reason) => {
+            status::write(context, restore, Change::Failed(reason)).await?;
+            Ok(Action::await_change())
+        }
+        Next::Start(location) => match read.cluster.as_ref() {
+            Some(cluster) => start(context, restore, cluster, &location, &namespace).await,
+            // `decide` starts only a restore whose cluster it saw; never reached.
+            None => Ok(Action::requeue(WAIT_REQUEUE)),
+        },
+    }
+}
+
+/// What a restore that has not started is decided from, read now from the API server: the
+/// backup it names, its cluster, and the namespace's backups (a backup that just started must
+/// hold the restore back); its sibling restores come from the cache.
+struct Read {
+    backup: Option<PostgreSQLBackup>,
+    cluster: Option<PostgreSQLCluster>,
+    backups: Vec<PostgreSQLBackup>,
+    restores: Vec<Arc<PostgreSQLRestore>>,
+}
+
+impl Read {
+    async fn read(
+        restore: &PostgreSQLRestore,
+        context: &RestoreContext,
+        namespace: &str,
+    ) -> Result<Self, Error> {
+        let client = &context.base.client;
+        let backup = match &restore.spec.backup {
+            Some(reference) => Api::<PostgreSQLBackup>::namespaced(client.clone(), namespace)
+                .get_opt(&reference.name)
+                .await
+                .map_err(kube_error("read", "PostgreSQLBackup", &reference.name))?,
+            None => None,
+        };
+        let name = &restore.spec.cluster.name;
+        let cluster = Api::<PostgreSQLCluster>::namespaced(client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map_err(kube_error("read", "PostgreSQLCluster", name))?;
+        let backups = Api::<PostgreSQLBackup>::namespaced(client.clone(), namespace)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_error("list", "PostgreSQLBackup", namespace))?
+            .items;
+        let restores = context
+            .stores
+            .iter()
+            .flat_map(Store::state)
+            .filter(|other| other.namespace().as_deref() == Some(namespace))
+            .collect();
+        Ok(Self {
+            backup,
+            cluster,
+            backups,
+            restores,
+        })
+    }
+
+    fn decide(&self, restore: &PostgreSQLRestore, context: &RestoreContext) -> Next {
+        let restores: Vec<&PostgreSQLRestore> = self.restores.iter().map(AsRef::as_ref).collect();
+        let backups: Vec<&PostgreSQLBackup> = self.backups.iter().collect();
+        let facts = decide::Facts {
+            backup: self.backup.as_ref(),
+            cluster: self.cluster.as_ref(),
+            restores: &restores,
+            backups: &backups,
+        };
+        decide::next(
+            restore,
+            facts,
+            Utc::now(),
+            context.base.settings.restore_pending_deadline,
+        )
+    }
+}
+
+/// Checks the manifest, creates the Job (or takes over the one a previous reconcile created),
+/// then records Running.
+async fn start(
+    context: &RestoreContext,
+    restore: &PostgreSQLRestore,
+    cluster: &PostgreSQLCluster,
+    location: &Location,
+    namespace: &str,
+) -> Result<Action, Error> {
+    match check_manifest(context, restore, cluster, location, namespace)
+        .instrument(info_span!("check"))
+        .await
+    {
+        Checked::Usable => {}
+        Checked::Wait(reason) => {
+            status::write(context, restore, Change::Pending(reason)).await?;
+            return Ok(Action::requeue(WAIT_REQUEUE));
+        }
+        Checked::Refused(reason) => {
+            status::write(context, restore, Change::Failed(reason)).await?;
+            return Ok(Action::await_change());
+        }
+    }
+    let settings = &context.base.settings;
+    let desired = info_span!("build").in_scope(|| {
+        job::build(&job::JobInput {
+            task: job::Task::Restore {
+                restore,
+                backup_name: &location.backup_name,
+            },
+            cluster,
+            storage: &location.storage,
+            prefix: &location.prefix,
+            postgres_image_repository: &settings.postgres_image_repository,
+            agent_image: &settings.agent_image,
+            active_deadline: settings.restore_active_deadline,
+            trace_parent: crate::trace_parent(&Span::current()),
+            otel_env: &settings.otel_env,
+        })
+    });
+    let name = desired.name_any();
+    job::create(
+        &context.base.client,
+        namespace,
+        &desired,
+        restore.metadata.uid.as_deref(),
+    )
+    .instrument(info_span!("apply"))
+    .await?;
+    let change = Change::Running {
+        job: name,
+        manifest_key: location.manifest_key.clone(),
+    };
+    status::write(context, restore, change).await?;
+    Ok(Action::requeue(FOLLOW_REQUEUE))
+}
+
+/// What reading the manifest said.
+enum Checked {
+    Usable,
+    /// The storage did not answer (or its Secrets are missing): try again, up to the deadline.
+    Wait(Reason),
+    Refused(Reason),
+}
+
+/// Reads the manifest the restore names and checks that the cluster can restore it.
+async fn check_manifest(
+    context: &RestoreContext,
+    restore: &PostgreSQLRestore,
+    cluster: &PostgreSQLCluster,
+    location: &Location,
+    namespace: &str,
+) -> Checked {
+    let unavailable = |message: String| {
+        let reason = Reason::new("StorageUnavailable", message);
+        let deadline = context.base.settings.restore_pending_deadline;
+        match decide::wait_or_time_out(restore, reason, Utc::now(), deadline) {
+            Ok(wait) => Checked::Wait(wait),
+            Err(refusal) => Checked::Refused(refusal),
+        }
+    };
+    let bucket = match access::connect(&context.base.client, namespace, &location.storage).await {
+        Ok(bucket) => bucket,
+        Err(error) => return unavailable(error.to_string()),
+    };
+    let key = &location.manifest_key;
+    let bytes = match bucket.read_object(key).await {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => {
+            return Checked::Refused(Reason::new(
+                "ManifestNotFound",
+                format!("no manifest at {key} in bucket {}", location.storage.bucket),
+            ));
+        }
+        Err(error) => return unavailable(error.to_string()),
+    };
+    let manifest = match Manifest::parse(key, &bytes) {
+        Ok(manifest) => manifest,
+        Err(error) => {
+            return Checked::Refused(Reason::new("InvalidManifest", error.to_string()));
+        }
+    };
+    match decide::newer_major(&manifest.postgresql_version, cluster) {
+        Some(refusal) => Checked::Refused(refusal),
+        None => Checked::Usable,
+    }
+}
+
+/// Follows the Job of a running restore to its end.
+async fn follow_job(
+    context: &RestoreContext,
+    restore: &PostgreSQLRestore,
+    namespace: &str,
+) -> Result<Action, Error> {
+    let name = restore
+        .status
+        .as_ref()
+        .and_then(|s| s.job_name.clone())
+        .unwrap_or_else(|| job::restore_job_name(&restore.name_any()));
+    let change = match job::state(&context.base.client, namespace, &name).await? {
+        Some(JobState::Running) => return Ok(Action::requeue(FOLLOW_REQUEUE)),
+        Some(JobState::Succeeded(Some(result))) if result.status == "Completed" => {
+            Change::Completed(*result)
+        }
+        Some(JobState::Succeeded(_)) => Change::Failed(Reason::new(
+            "NoResult",
+            "the restore Job succeeded but its pod left no readable result",
+        )),
+        Some(JobState::Failed(reason)) => Change::Failed(Reason::new("JobFailed", reason)),
+        None => Change::Failed(Reason::new(
+            "JobDeleted",
+            format!("the restore Job {name} was deleted before it ended"),
+        )),
+    };
+    status::write(context, restore, change).await?;
+    Ok(Action::await_change())
+}
