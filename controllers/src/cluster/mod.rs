@@ -29,6 +29,7 @@ mod drift;
 pub mod instances;
 mod memory;
 mod read;
+pub mod restores;
 pub mod roles;
 pub mod status;
 pub mod validate;
@@ -51,6 +52,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use pgkube_crds::{
     CLEANUP_FINALIZER, ClusterPhase, PostgreSQLBackup, PostgreSQLCluster, PostgreSQLClusterStatus,
+    PostgreSQLRestore,
 };
 use rand::Rng;
 use rand::distr::Alphanumeric;
@@ -110,6 +112,9 @@ pub struct ClusterContext {
     failures: Mutex<HashMap<String, Failures>>,
     /// Every PostgreSQLBackup the controllers watch, for the backup fields of the status.
     backups: Vec<Store<PostgreSQLBackup>>,
+    /// Every PostgreSQLRestore the controllers watch, for the Restoring and Bootstrapped
+    /// conditions.
+    restores: Vec<Store<PostgreSQLRestore>>,
 }
 
 impl ClusterContext {
@@ -125,6 +130,7 @@ impl ClusterContext {
             recorder,
             failures: Mutex::default(),
             backups: Vec::new(),
+            restores: Vec::new(),
         }
     }
 
@@ -134,6 +140,25 @@ impl ClusterContext {
             backups: stores,
             ..self
         }
+    }
+
+    /// The same context, reading the cluster's restores from `stores`.
+    pub fn with_restores(self, stores: Vec<Store<PostgreSQLRestore>>) -> Self {
+        Self {
+            restores: stores,
+            ..self
+        }
+    }
+
+    /// The restores into `cluster` as the caches have them.
+    fn restores_of(&self, cluster: &PostgreSQLCluster) -> Vec<Arc<PostgreSQLRestore>> {
+        let namespace = cluster.namespace();
+        let name = cluster.name_any();
+        self.restores
+            .iter()
+            .flat_map(Store::state)
+            .filter(|restore| restore.namespace() == namespace && restore.spec.cluster.name == name)
+            .collect()
     }
 
     /// The backups of `cluster` as the caches have them.
@@ -184,19 +209,25 @@ pub struct ClusterControllers {
 
 impl ClusterControllers {
     pub fn new(context: &Context) -> Self {
-        let (controllers, backups): (Vec<_>, Vec<_>) = crate::watched_namespaces(&context.settings)
-            .iter()
-            .map(|namespace| {
-                controller(
-                    &context.client,
-                    namespace.as_deref(),
-                    context.settings.max_concurrent_reconciles,
-                )
-            })
-            .unzip();
+        let mut controllers = Vec::new();
+        let mut backups = Vec::new();
+        let mut restores = Vec::new();
+        for namespace in crate::watched_namespaces(&context.settings) {
+            let watched = controller(
+                &context.client,
+                namespace.as_deref(),
+                context.settings.max_concurrent_reconciles,
+            );
+            controllers.push(watched.controller);
+            backups.push(watched.backups);
+            restores.push(watched.restores);
+        }
+        let context = ClusterContext::new(context.clone())
+            .with_backups(backups)
+            .with_restores(restores);
         Self {
             controllers,
-            context: Arc::new(ClusterContext::new(context.clone()).with_backups(backups)),
+            context: Arc::new(context),
         }
     }
 
@@ -221,14 +252,27 @@ impl ClusterControllers {
     }
 }
 
-/// The controller of one namespace (or all), and its cache of backups: a backup's change
-/// reconciles its cluster, whose status tells of its last good backup.
-fn controller(
-    client: &Client,
-    namespace: Option<&str>,
-    concurrency: u16,
-) -> (Controller<PostgreSQLCluster>, Store<PostgreSQLBackup>) {
+/// The controller of one namespace (or all), with its caches of backups and restores.
+struct Watched {
+    controller: Controller<PostgreSQLCluster>,
+    backups: Store<PostgreSQLBackup>,
+    restores: Store<PostgreSQLRestore>,
+}
+
+/// The controller of one namespace (or all): a backup's or a restore's change reconciles its
+/// cluster, whose status tells of its last good backup and of its restores.
+fn controller(client: &Client, namespace: Option<&str>, concurrency: u16) -> Watched {
     let ours = || watcher::Config::default().labels(MANAGED_BY_SELECTOR);
+    let (restores, restore_writer) = reflector::store();
+    let restore_changes = reflector(
+        restore_writer,
+        watcher::watcher(
+            api::<PostgreSQLRestore>(client, namespace),
+            watcher::Config::default(),
+        ),
+    )
+    .default_backoff()
+    .touched_objects();
     let (backups, writer) = reflector::store();
     let backup_changes = reflector(
         writer,
@@ -252,8 +296,16 @@ fn controller(
     .watches_stream(backup_changes, |backup: PostgreSQLBackup| {
         let namespace = backup.namespace()?;
         Some(ObjectRef::new(&backup.spec.cluster.name).within(&namespace))
+    })
+    .watches_stream(restore_changes, |restore: PostgreSQLRestore| {
+        let namespace = restore.namespace()?;
+        Some(ObjectRef::new(&restore.spec.cluster.name).within(&namespace))
     });
-    (controller, backups)
+    Watched {
+        controller,
+        backups,
+        restores,
+    }
 }
 
 /// Reconciles one cluster: the finalizer first, then apply or cleanup.
@@ -418,6 +470,16 @@ async fn reconcile_cluster(
     };
     let backups = context.backups_of(cluster);
     let backups: Vec<&PostgreSQLBackup> = backups.iter().map(AsRef::as_ref).collect();
+    let restores = context.restores_of(cluster);
+    let restores: Vec<&PostgreSQLRestore> = restores.iter().map(AsRef::as_ref).collect();
+    let bootstrap = restores::bootstrap(cluster, &restores, cluster.status.as_ref());
+    if matches!(bootstrap, Some(restores::Bootstrap::InProgress(_)))
+        && outcome.issue.as_ref().is_none_or(|i| !i.invalid_spec)
+    {
+        ensure_bootstrap_restore(context, cluster, &restores, &namespace)
+            .instrument(info_span!("bootstrap"))
+            .await?;
+    }
     let observation = Observation {
         generation: cluster.metadata.generation,
         desired_replicas: outcome.desired_replicas,
@@ -428,6 +490,8 @@ async fn reconcile_cluster(
         primary: &primary,
         instances: &instances,
         backups: &backups,
+        restores: &restores,
+        bootstrap: bootstrap.as_ref(),
     };
     let new_status = Box::pin(write_status(cluster, context, observation))
         .instrument(info_span!("status"))
@@ -438,6 +502,39 @@ async fn reconcile_cluster(
         !instances.is_empty(),
         context.base.settings.resync_interval,
     )))
+}
+
+/// Creates the cluster's bootstrap restore unless the cache has it. One that exists already
+/// (the cache lags behind a create) is left as it is.
+async fn ensure_bootstrap_restore(
+    context: &ClusterContext,
+    cluster: &PostgreSQLCluster,
+    restores: &[&PostgreSQLRestore],
+    namespace: &str,
+) -> Result<(), Error> {
+    let Some(desired) = restores::bootstrap_restore(cluster) else {
+        return Ok(());
+    };
+    let name = desired.name_any();
+    if restores.iter().any(|r| r.name_any() == name) {
+        return Ok(());
+    }
+    let created = Api::<PostgreSQLRestore>::namespaced(context.base.client.clone(), namespace)
+        .create(&kube::api::PostParams::default(), &desired)
+        .await;
+    match created {
+        Ok(_) => {
+            tracing::info!(restore = %name, "bootstrap restore created");
+            Ok(())
+        }
+        Err(kube::Error::Api(response)) if response.code == 409 => Ok(()),
+        Err(source) => Err(Error::Kube {
+            action: "create",
+            kind: "PostgreSQLRestore".to_owned(),
+            name,
+            source,
+        }),
+    }
 }
 
 /// When to reconcile again although nothing changed.

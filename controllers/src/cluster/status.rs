@@ -1,6 +1,10 @@
 //! Status (pure): phase, ready replicas, version, primary, instances, the last successful
-//! backup and the Ready, Progressing, ReplicasStreaming and BackupComplete conditions from what was observed, and the Events that a
-//! change of them deserves.
+//! backup and the Ready, Progressing, ReplicasStreaming, BackupComplete, Restoring and
+//! Bootstrapped conditions from what was observed, and the Events that a change of them
+//! deserves.
+//!
+//! A cluster bootstrapped from a backup is not Running (nor Ready) before its bootstrap restore
+//! completed, and is Failed when that restore failed.
 //!
 //! The cluster is Running only when its StatefulSet is ready *and* the designated primary's
 //! instance manager reports a ready primary. Everything here comes from reports that only
@@ -13,11 +17,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use pgkube_crds::{
     ClusterPhase, InstanceRole, InstanceStatus, PostgreSQLBackup, PostgreSQLClusterStatus,
+    PostgreSQLRestore,
 };
 
 use super::backups::summarize;
 use super::build::VERSION_ANNOTATION;
 use super::instances::{Lsn, ObservedInstance, ReportedRole};
+use super::restores::{Bootstrap, restoring_condition};
 use super::roles::pod_name;
 
 /// Condition types this controller owns.
@@ -51,6 +57,10 @@ pub struct Observation<'a> {
     pub instances: &'a [ObservedInstance],
     /// The cluster's PostgreSQLBackups, as the watch cache has them.
     pub backups: &'a [&'a PostgreSQLBackup],
+    /// The cluster's PostgreSQLRestores, as the watch cache has them.
+    pub restores: &'a [&'a PostgreSQLRestore],
+    /// Where its bootstrap from a backup stands, if it has one.
+    pub bootstrap: Option<&'a Bootstrap>,
 }
 
 /// An Event to publish about the cluster.
@@ -68,11 +78,14 @@ pub fn compute(observation: Observation<'_>, now: Timestamp) -> PostgreSQLCluste
     let ready_replicas = rollout.as_ref().map_or(0, |r| r.ready);
     let previous_phase = observation.previous.and_then(|s| s.phase);
     let primary_problem = primary_problem(observation);
-    let phase = phase(
-        observation,
-        rollout.as_ref(),
-        previous_phase,
-        primary_problem.is_none(),
+    let phase = bootstrap_phase(
+        phase(
+            observation,
+            rollout.as_ref(),
+            previous_phase,
+            primary_problem.is_none(),
+        ),
+        observation.bootstrap,
     );
     let current_version = match (&rollout, observation.statefulset) {
         (Some(r), Some(sts)) if r.settled && r.ready >= observation.desired_replicas => sts
@@ -95,6 +108,8 @@ pub fn compute(observation: Observation<'_>, now: Timestamp) -> PostgreSQLCluste
         Some(progressing_condition(observation, &replicas, phase)),
         Some(streaming_condition(observation)),
         backups.condition,
+        restoring_condition(observation.restores),
+        observation.bootstrap.map(Bootstrap::condition),
     ]
     .into_iter()
     .flatten()
@@ -342,6 +357,16 @@ fn phase(
     }
 }
 
+/// A cluster that bootstraps from a backup runs only once the backup is in, and fails with
+/// its restore.
+fn bootstrap_phase(phase: ClusterPhase, bootstrap: Option<&Bootstrap>) -> ClusterPhase {
+    match (bootstrap, phase) {
+        (Some(Bootstrap::Failed(_)), _) => ClusterPhase::Failed,
+        (Some(Bootstrap::InProgress(_)), ClusterPhase::Running) => ClusterPhase::Creating,
+        _ => phase,
+    }
+}
+
 /// Readiness figures the conditions describe.
 struct Replicas<'a> {
     ready: i32,
@@ -372,7 +397,9 @@ fn ready_condition(
     phase: ClusterPhase,
 ) -> Condition {
     let desired = replicas.desired;
-    let (status, reason, message) = if phase == ClusterPhase::Failed {
+    let (status, reason, message) = if let Some(Bootstrap::Failed(why)) = observation.bootstrap {
+        ("False", "BootstrapFailed", why.clone())
+    } else if phase == ClusterPhase::Failed {
         let issue = observation
             .issue
             .map(|i| i.message.clone())
@@ -386,6 +413,8 @@ fn ready_condition(
             "PrimaryNotReady",
             format!("{}; {note}", replicas.count()),
         )
+    } else if let Some(Bootstrap::InProgress(progress)) = observation.bootstrap {
+        ("False", "Bootstrapping", progress.clone())
     } else {
         let noun = if desired == 1 {
             "replica is"
@@ -414,6 +443,25 @@ fn progressing_condition(
         .flatten();
     let (status, reason, message) = match (observation.issue, phase) {
         (Some(issue), _) => ("False", issue.reason.clone(), issue.message.clone()),
+        (None, _) if matches!(observation.bootstrap, Some(Bootstrap::Failed(_))) => {
+            let why = match observation.bootstrap {
+                Some(Bootstrap::Failed(why)) => why.clone(),
+                _ => String::new(),
+            };
+            ("False", "BootstrapFailed".to_owned(), why)
+        }
+        (None, ClusterPhase::Creating) if waiting_for_primary.is_none() && replicas.all_ready() => {
+            match observation.bootstrap {
+                Some(Bootstrap::InProgress(progress)) => {
+                    ("True", "Bootstrapping".to_owned(), progress.clone())
+                }
+                _ => (
+                    "True",
+                    "Creating".to_owned(),
+                    format!("Creating {desired} replicas: {ready} ready"),
+                ),
+            }
+        }
         (None, ClusterPhase::Running) => (
             "False",
             "Complete".to_owned(),
@@ -610,6 +658,8 @@ mod tests {
             primary: PRIMARY,
             instances: &HEALTHY[..count],
             backups: &[],
+            restores: &[],
+            bootstrap: None,
         }
     }
 
@@ -757,6 +807,8 @@ mod tests {
         let observation = Observation {
             instances: &instances,
             backups: &[],
+            restores: &[],
+            bootstrap: None,
             ..observe(3, Some(&sts), None)
         };
         let status = compute(observation, now());
@@ -805,6 +857,8 @@ mod tests {
         let observation = Observation {
             instances: &unreachable,
             backups: &[],
+            restores: &[],
+            bootstrap: None,
             ..observe(2, Some(&sts), None)
         };
         let creating = compute(observation, now());
@@ -843,6 +897,8 @@ mod tests {
         let observation = Observation {
             instances: &unreachable,
             backups: &[],
+            restores: &[],
+            bootstrap: None,
             ..observe(2, Some(&sts), Some(&creating))
         };
         let again = compute(observation, now());
@@ -856,6 +912,8 @@ mod tests {
         let observation = Observation {
             instances: &unreachable,
             backups: &[],
+            restores: &[],
+            bootstrap: None,
             ..observe(2, Some(&sts), Some(&running))
         };
         let degraded = compute(observation, now());
@@ -889,6 +947,8 @@ mod tests {
             let observation = Observation {
                 instances: &instances,
                 backups: &[],
+                restores: &[],
+                bootstrap: None,
                 ..observe(1, Some(&sts), None)
             };
             let status = compute(observation, now());
@@ -919,6 +979,8 @@ mod tests {
         let observation = Observation {
             instances: &instances,
             backups: &[],
+            restores: &[],
+            bootstrap: None,
             ..observe(5, Some(&sts), None)
         };
         let status = compute(observation, now());
@@ -954,6 +1016,8 @@ mod tests {
         let observation = Observation {
             instances: &instances,
             backups: &[],
+            restores: &[],
+            bootstrap: None,
             ..observe(3, Some(&sts), Some(&streaming))
         };
         let broken = compute(observation, now());
@@ -1009,6 +1073,8 @@ mod tests {
             primary: "db-postgresql-2",
             instances: &HEALTHY[..1],
             backups: &[],
+            restores: &[],
+            bootstrap: None,
             ..observe(3, Some(&sts), Some(&previous))
         };
         let status = compute(observation, now());

@@ -1,0 +1,329 @@
+//! What the cluster's status says about restores into it, and the restore that bootstraps a
+//! new cluster from a backup (pure).
+//!
+//! The restore controller writes each restore's own status; the cluster controller only reads
+//! them (from its watch cache) for two conditions:
+//! - `Restoring`: True while a restore into the cluster runs, False with how the last one
+//!   ended; absent until a restore has targeted the cluster.
+//! - `Bootstrapped` (only with `spec.bootstrap`): the cluster's bootstrap restore, a
+//!   PostgreSQLRestore named `<cluster>-bootstrap` that the cluster controller creates and
+//!   owns. Until it completed the cluster is not Ready; if it failed the cluster is Failed and
+//!   says why (deleting the failed restore makes the controller try again). Once True it stays
+//!   True: the restore is never run again, even if its object is deleted later.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use kube::{Resource, ResourceExt};
+use pgkube_crds::{
+    CLUSTER_LABEL, LocalReference, PostgreSQLCluster, PostgreSQLClusterStatus, PostgreSQLRestore,
+    PostgreSQLRestoreSpec, RestorePhase,
+};
+
+use crate::names::{self, NameKind};
+
+/// Condition type: whether a restore into the cluster is running.
+pub const RESTORING: &str = "Restoring";
+/// Condition type: whether the cluster's bootstrap restore has completed.
+pub const BOOTSTRAPPED: &str = "Bootstrapped";
+/// Label on a cluster's bootstrap restore.
+pub const BOOTSTRAP_LABEL: &str = "db.example.com/bootstrap";
+
+/// How far the bootstrap of a cluster with `spec.bootstrap` has come.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Bootstrap {
+    /// The backup is in: the cluster may be Ready.
+    Restored(String),
+    /// Not yet: the cluster is not Ready.
+    InProgress(String),
+    /// The restore failed: the cluster is Failed.
+    Failed(String),
+}
+
+impl Bootstrap {
+    /// The `Bootstrapped` condition (its transition time is set by the caller).
+    pub fn condition(&self) -> Condition {
+        let (status, reason, message) = match self {
+            Self::Restored(message) => ("True", "Restored", message),
+            Self::InProgress(message) => ("False", "Restoring", message),
+            Self::Failed(message) => ("False", "RestoreFailed", message),
+        };
+        Condition {
+            type_: BOOTSTRAPPED.to_owned(),
+            status: status.to_owned(),
+            reason: reason.to_owned(),
+            message: message.clone(),
+            observed_generation: None,
+            last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        }
+    }
+}
+
+/// The name of a cluster's bootstrap restore: `<cluster>-bootstrap`.
+pub fn bootstrap_restore_name(cluster: &str) -> String {
+    names::child_name(
+        cluster,
+        "-bootstrap",
+        NameKind::DnsSubdomain,
+        names::DNS_SUBDOMAIN_MAX,
+    )
+}
+
+/// The bootstrap restore of `cluster`, owned by it, when its spec asks for one. It replaces
+/// the databases the backup holds: in a new cluster those are only the empty ones `initdb`
+/// made.
+pub fn bootstrap_restore(cluster: &PostgreSQLCluster) -> Option<PostgreSQLRestore> {
+    let bootstrap = cluster.spec.bootstrap.as_ref()?;
+    let name = cluster.name_any();
+    let spec = PostgreSQLRestoreSpec {
+        backup: bootstrap.backup.clone(),
+        source: bootstrap.source.clone(),
+        cluster: LocalReference { name: name.clone() },
+        databases: Vec::new(),
+        drop_existing: true,
+    };
+    let mut restore = PostgreSQLRestore::new(&bootstrap_restore_name(&name), spec);
+    restore.metadata = ObjectMeta {
+        name: restore.metadata.name.take(),
+        namespace: cluster.namespace(),
+        labels: Some(BTreeMap::from([
+            (CLUSTER_LABEL.to_owned(), names::label_value(&name)),
+            (BOOTSTRAP_LABEL.to_owned(), "true".to_owned()),
+        ])),
+        owner_references: cluster.controller_owner_ref(&()).map(|owner| vec![owner]),
+        ..ObjectMeta::default()
+    };
+    Some(restore)
+}
+
+/// Where the bootstrap of `cluster` stands, from its restores and its previous status; `None`
+/// when the cluster does not bootstrap from a backup.
+pub fn bootstrap(
+    cluster: &PostgreSQLCluster,
+    restores: &[&PostgreSQLRestore],
+    previous: Option<&PostgreSQLClusterStatus>,
+) -> Option<Bootstrap> {
+    cluster.spec.bootstrap.as_ref()?;
+    let done = previous
+        .into_iter()
+        .flat_map(|status| &status.conditions)
+        .find(|c| c.type_ == BOOTSTRAPPED && c.status == "True");
+    if let Some(done) = done {
+        return Some(Bootstrap::Restored(done.message.clone()));
+    }
+    let name = bootstrap_restore_name(&cluster.name_any());
+    let Some(restore) = restores.iter().find(|r| r.name_any() == name) else {
+        return Some(Bootstrap::InProgress(format!(
+            "creating the bootstrap restore {name}"
+        )));
+    };
+    let status = restore.status.clone().unwrap_or_default();
+    let message = status.message.clone().unwrap_or_default();
+    Some(match status.phase {
+        Some(RestorePhase::Completed) => Bootstrap::Restored(format!(
+            "restored from {} by restore {name}",
+            source_of(restore)
+        )),
+        Some(RestorePhase::Failed) => Bootstrap::Failed(format!(
+            "restore {name} of {} failed: {message}; delete it to try again",
+            source_of(restore)
+        )),
+        phase => Bootstrap::InProgress(format!(
+            "restore {name} of {} is {}{}",
+            source_of(restore),
+            phase.map_or("Pending".to_owned(), |p| format!("{p:?}")),
+            if message.is_empty() {
+                String::new()
+            } else {
+                format!(": {message}")
+            }
+        )),
+    })
+}
+
+/// `backup <name>` or `<bucket>/<key>`, with the manifest key once the restore recorded it.
+fn source_of(restore: &PostgreSQLRestore) -> String {
+    let key = restore
+        .status
+        .as_ref()
+        .and_then(|s| s.restored_object_key.clone());
+    match (&restore.spec.backup, &restore.spec.source) {
+        (Some(backup), _) => match key {
+            Some(key) => format!("backup {} ({key})", backup.name),
+            None => format!("backup {}", backup.name),
+        },
+        (None, Some(source)) => format!("{}/{}", source.s3.bucket, source.object_key),
+        (None, None) => "an unnamed backup".to_owned(),
+    }
+}
+
+/// The `Restoring` condition from the cluster's restores: True while one runs, else how the
+/// last one to end ended; `None` when none has started.
+pub fn restoring_condition(restores: &[&PostgreSQLRestore]) -> Option<Condition> {
+    let phase = |r: &PostgreSQLRestore| r.status.as_ref().and_then(|s| s.phase);
+    let message = |r: &PostgreSQLRestore| {
+        r.status
+            .as_ref()
+            .and_then(|s| s.message.clone())
+            .unwrap_or_default()
+    };
+    let (status, reason, text) = if let Some(running) = restores
+        .iter()
+        .filter(|r| phase(r) == Some(RestorePhase::Running))
+        .min_by_key(|r| r.name_any())
+    {
+        (
+            "True",
+            "RestoreRunning",
+            format!(
+                "restore {} is running: {}",
+                running.name_any(),
+                message(running)
+            ),
+        )
+    } else {
+        let ended = |r: &&&PostgreSQLRestore| {
+            matches!(
+                phase(r),
+                Some(RestorePhase::Completed | RestorePhase::Failed)
+            )
+        };
+        let last = restores.iter().filter(ended).max_by_key(|r| {
+            let finished = r.status.as_ref().and_then(|s| s.completion_time.clone());
+            (finished.map(|t| t.0), r.name_any())
+        })?;
+        let (reason, verb) = if phase(last) == Some(RestorePhase::Completed) {
+            ("RestoreCompleted", "completed")
+        } else {
+            ("RestoreFailed", "failed")
+        };
+        (
+            "False",
+            reason,
+            format!("restore {} {verb}: {}", last.name_any(), message(last)),
+        )
+    };
+    Some(Condition {
+        type_: RESTORING.to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message: text,
+        observed_generation: None,
+        last_transition_time: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::jiff::Timestamp;
+    use pgkube_crds::{PostgreSQLClusterSpec, PostgreSQLRestoreStatus};
+
+    use super::*;
+
+    fn cluster(bootstrap: bool) -> PostgreSQLCluster {
+        let spec: PostgreSQLClusterSpec = serde_json::from_value(serde_json::json!({
+            "storage": "1Gi",
+            "bootstrap": if bootstrap { serde_json::json!({"backup": {"name": "nightly"}}) } else { serde_json::Value::Null },
+        }))
+        .expect("spec");
+        let mut cluster = PostgreSQLCluster::new("main", spec);
+        cluster.metadata.namespace = Some("db".to_owned());
+        cluster.metadata.uid = Some("uid-1".to_owned());
+        cluster
+    }
+
+    fn restore(name: &str, phase: Option<RestorePhase>, finished: i64) -> PostgreSQLRestore {
+        let mut restore = PostgreSQLRestore::new(
+            name,
+            PostgreSQLRestoreSpec {
+                backup: Some(LocalReference {
+                    name: "nightly".to_owned(),
+                }),
+                source: None,
+                cluster: LocalReference {
+                    name: "main".to_owned(),
+                },
+                databases: Vec::new(),
+                drop_existing: true,
+            },
+        );
+        restore.status = Some(PostgreSQLRestoreStatus {
+            phase,
+            message: Some(format!("{name} says")),
+            completion_time: Some(Time(
+                Timestamp::from_second(1_800_000_000 + finished).expect("time"),
+            )),
+            ..PostgreSQLRestoreStatus::default()
+        });
+        restore
+    }
+
+    #[test]
+    fn the_bootstrap_restore_is_owned_by_the_cluster_and_replaces_the_empty_databases() {
+        assert!(bootstrap_restore(&cluster(false)).is_none());
+        let restore = bootstrap_restore(&cluster(true)).expect("a restore");
+        assert_eq!(restore.name_any(), "main-bootstrap");
+        assert_eq!(restore.namespace().as_deref(), Some("db"));
+        assert_eq!(restore.spec.cluster.name, "main");
+        assert!(restore.spec.drop_existing);
+        let owner = &restore.owner_references()[0];
+        assert_eq!(
+            (owner.uid.as_str(), owner.controller),
+            ("uid-1", Some(true))
+        );
+    }
+
+    #[test]
+    fn the_bootstrap_progresses_with_its_restore_and_stays_done() {
+        let main = cluster(true);
+        assert!(matches!(
+            bootstrap(&main, &[], None),
+            Some(Bootstrap::InProgress(_))
+        ));
+        let running = restore("main-bootstrap", Some(RestorePhase::Running), 0);
+        assert!(matches!(
+            bootstrap(&main, &[&running], None),
+            Some(Bootstrap::InProgress(message)) if message.contains("is Running")
+        ));
+        let failed = restore("main-bootstrap", Some(RestorePhase::Failed), 0);
+        let Some(Bootstrap::Failed(why)) = bootstrap(&main, &[&failed], None) else {
+            panic!("failed");
+        };
+        assert!(why.contains("main-bootstrap says"), "{why}");
+        let completed = restore("main-bootstrap", Some(RestorePhase::Completed), 0);
+        let done = bootstrap(&main, &[&completed], None).expect("state");
+        assert!(matches!(&done, Bootstrap::Restored(m) if m.contains("backup nightly")));
+        // Recorded once, it holds even when the restore object is gone.
+        let previous = PostgreSQLClusterStatus {
+            conditions: vec![done.condition()],
+            ..PostgreSQLClusterStatus::default()
+        };
+        assert_eq!(bootstrap(&main, &[], Some(&previous)), Some(done));
+        assert_eq!(bootstrap(&cluster(false), &[], None), None);
+    }
+
+    #[test]
+    fn restoring_is_true_while_one_runs_then_tells_how_the_last_one_ended() {
+        assert_eq!(restoring_condition(&[]), None);
+        let pending = restore("r0", Some(RestorePhase::Pending), 0);
+        assert_eq!(restoring_condition(&[&pending]), None);
+        let done = restore("r1", Some(RestorePhase::Completed), 10);
+        let failed = restore("r2", Some(RestorePhase::Failed), 20);
+        let running = restore("r3", Some(RestorePhase::Running), 0);
+        let now = restoring_condition(&[&done, &failed, &running]).expect("condition");
+        assert_eq!(
+            (now.status.as_str(), now.reason.as_str()),
+            ("True", "RestoreRunning")
+        );
+        assert!(now.message.starts_with("restore r3 is running"));
+        let after = restoring_condition(&[&done, &failed]).expect("condition");
+        assert_eq!(
+            (
+                after.status.as_str(),
+                after.reason.as_str(),
+                after.message.as_str()
+            ),
+            ("False", "RestoreFailed", "restore r2 failed: r2 says")
+        );
+    }
+}
