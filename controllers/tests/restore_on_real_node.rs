@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use common::Running;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams};
 use pgkube_controllers::storage::manifest::Manifest;
 use pgkube_crds::{
     BackupPhase, Bootstrap, ClusterPhase, DeletionPolicy, LocalReference, PostgreSQLBackup,
@@ -21,11 +22,11 @@ use pgkube_crds::{
     S3Storage,
 };
 use pgkube_testkit::{
-    ClusterDigest, RESTORE_CONDITION, TestBucket, TestCluster, TestEnv, backup_config, condition,
-    create_backup, create_restore, create_s3_secret, describe_cluster, describe_restore,
-    put_object, restore_condition, restore_jobs, restore_of_backup, restore_of_source,
-    restore_reason, test_storage, wait_backup_ended, wait_for_cluster, wait_restore,
-    wait_restore_ended, wait_until,
+    ClusterDigest, RESTORE_CONDITION, RESTORE_LABEL, TestBucket, TestCluster, TestEnv,
+    backup_config, condition, create_backup, create_restore, create_s3_secret, describe_cluster,
+    describe_restore, put_object, restore_condition, restore_jobs, restore_of_backup,
+    restore_of_source, restore_reason, test_storage, wait_backup_ended, wait_for_cluster,
+    wait_restore, wait_restore_ended, wait_until,
 };
 
 const RESYNC: Duration = Duration::from_secs(30);
@@ -705,6 +706,10 @@ async fn new_clusters_bootstrapped_from_a_backup_or_its_storage_start_with_its_d
         return;
     };
     let before = fixture.digest().await;
+    // What the end of the test checks on the new clusters holds for a cluster as made.
+    replication_role_logs_in(&fixture.cluster)
+        .await
+        .unwrap_or_else(|error| panic!("the replication role logs in: {error:#}"));
     let backup = fixture.backup("seed").await;
     let (manifest_key, _) = fixture.manifest(&backup).await;
     let from_backup = Bootstrap {
@@ -854,6 +859,32 @@ async fn skip_event(fixture: &Fixture, cluster: &str, restore: &str) -> Event {
     .unwrap_or_else(|error| panic!("{error:#}"))
 }
 
+/// Waits until the agent of restore `restore` says, in its pod's log, that it waits for the
+/// server to accept connections.
+async fn agent_waits_for_the_server(fixture: &Fixture, restore: &str) {
+    let pods = fixture.running.api::<Pod>();
+    let selector = format!("{RESTORE_LABEL}={restore}");
+    wait_until(
+        &format!("the agent of {restore} to wait for the server"),
+        Duration::from_secs(60),
+        || async {
+            for pod in pods
+                .list(&ListParams::default().labels(&selector))
+                .await?
+                .items
+            {
+                let log = pods.logs(&pod.name_any(), &LogParams::default()).await?;
+                if log.contains("waiting for the server to accept connections") {
+                    return Ok(Some(()));
+                }
+            }
+            Ok(None)
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error:#}"));
+}
+
 async fn set_schedule(fixture: &Fixture, schedule: &str) {
     fixture
         .running
@@ -914,6 +945,7 @@ async fn a_scheduled_backup_due_while_a_restore_runs_is_skipped_with_an_event() 
     fixture
         .wait_cluster_condition("pg", "Restoring", "True", "RestoreRunning")
         .await;
+    agent_waits_for_the_server(&fixture, "held").await;
 
     // A schedule change moves the engine's floor to now: the first due time is the next
     // minute.
@@ -1038,9 +1070,12 @@ fn attribute(span: &opentelemetry_sdk::trace::SpanData, key: &str) -> Option<Str
         .map(|kv| kv.value.to_string())
 }
 
-// A current-thread runtime: the thread-local subscriber below sees every span of the
-// controllers, which run on this thread.
-#[tokio::test(flavor = "current_thread")]
+// The subscriber is the process's global one, not a thread-local one: tracing caches whether
+// a span's call site is enabled when the call site is first hit, from the dispatcher of the
+// thread that hits it, and the other tests of this binary (on other threads, without a
+// subscriber) may hit the restore controller's `reconcile` first, which would then never be
+// traced here. Their spans reach the exporter too; this test picks its own by namespace.
+#[tokio::test]
 async fn the_agents_restore_spans_join_the_trace_of_the_reconcile_that_made_its_job() {
     use opentelemetry::trace::{SpanId, TracerProvider as _};
     use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
@@ -1056,7 +1091,7 @@ async fn the_agents_restore_spans_join_the_trace_of_the_reconcile_that_made_its_
         .build();
     let subscriber = tracing_subscriber::registry()
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("test")));
-    let _guard = tracing::subscriber::set_default(subscriber);
+    tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
     let collector = OtlpReceiver::http().await;
     let otel_env = vec![
         (
@@ -1128,8 +1163,21 @@ async fn the_agents_restore_spans_join_the_trace_of_the_reconcile_that_made_its_
         .iter()
         .filter(|span| span.name == "reconcile")
         .filter(|span| attribute(span, "controller").as_deref() == Some("restore"))
+        .filter(|span| attribute(span, "namespace").as_deref() == Some(fixture.namespace()))
         .collect();
-    assert!(!roots.is_empty(), "restore reconciles are traced");
+    assert!(
+        !roots.is_empty(),
+        "restore reconciles are traced; the {} spans were: {:?}",
+        spans.len(),
+        spans
+            .iter()
+            .map(|span| format!(
+                "{} {}",
+                span.name,
+                attribute(span, "controller").unwrap_or_default()
+            ))
+            .collect::<std::collections::BTreeSet<_>>()
+    );
     let root = roots
         .iter()
         .find(|span| span.span_context.trace_id().to_string() == trace_id)
