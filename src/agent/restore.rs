@@ -10,9 +10,10 @@
 //! download that breaks half way resumes from where it broke ([`super::download`]).
 //!
 //! Globals are small: they are downloaded into memory (up to [`GLOBALS_LIMIT`]), verified, and
-//! fed to `psql` without the statements that would reset the connecting role, so restoring
-//! another cluster's backup does not change the password the operator manages for it. As
-//! `pg_dumpall` intends, errors such as "role already exists" do not stop the globals script.
+//! fed to `psql` without the statements that would reset the connecting role or the
+//! replication role, so restoring another cluster's backup does not change the passwords the
+//! operator manages for them. As `pg_dumpall` intends, errors such as "role already exists" do
+//! not stop the globals script.
 
 use std::collections::BTreeSet;
 use std::process::Stdio;
@@ -29,6 +30,7 @@ use super::error::AgentError;
 use super::postgres::{Postgres, conninfo_for};
 use super::report::Report;
 use super::storage::{Store, s3_error};
+use pgkube_controllers::cluster::build::REPLICATION_USER;
 use pgkube_controllers::storage::manifest::{DatabaseObject, Manifest, StoredObject};
 
 /// Largest globals script restore accepts; real ones are a few kilobytes.
@@ -263,7 +265,10 @@ async fn download_globals(store: &Store, globals: &StoredObject) -> Result<Vec<u
 #[instrument(name = "globals", skip_all)]
 async fn restore_globals(postgres: &Postgres, script: &[u8]) -> Result<(), AgentError> {
     let own_role = postgres.current_role_identifier().await?;
-    let script = without_own_role(&String::from_utf8_lossy(script), &own_role);
+    // The target cluster's replication role keeps its own password: its replicas log in with
+    // the one in the target's Secret, not the one of the cluster the backup came from.
+    let kept = [own_role.as_str(), REPLICATION_USER];
+    let script = without_roles(&String::from_utf8_lossy(script), &kept);
     let mut command = postgres.command("psql");
     command
         .args(["--no-psqlrc", "--quiet", "--no-password", "--dbname"])
@@ -295,14 +300,19 @@ async fn restore_globals(postgres: &Postgres, script: &[u8]) -> Result<(), Agent
     Ok(())
 }
 
-/// The globals script without `CREATE ROLE <own>;` and `ALTER ROLE <own> WITH ...;`, the two
-/// statements `pg_dumpall` writes for the role the restore connects as.
-fn without_own_role(script: &str, own_role: &str) -> String {
-    let create = format!("CREATE ROLE {own_role};");
-    let alter = format!("ALTER ROLE {own_role} WITH ");
+/// The globals script without `CREATE ROLE <role>;` and `ALTER ROLE <role> WITH ...;`, the two
+/// statements `pg_dumpall` writes for a role, for each of `roles` (as `pg_dumpall` spells them,
+/// quoted only when needed): the role the restore connects as and the roles pgkube manages.
+fn without_roles(script: &str, roles: &[&str]) -> String {
+    let skipped = |line: &str| {
+        roles.iter().any(|role| {
+            line == format!("CREATE ROLE {role};")
+                || line.starts_with(&format!("ALTER ROLE {role} WITH "))
+        })
+    };
     script
         .lines()
-        .filter(|line| *line != create && !line.starts_with(&alter))
+        .filter(|line| !skipped(line))
         .flat_map(|line| [line, "\n"])
         .collect()
 }
@@ -415,14 +425,21 @@ mod tests {
     }
 
     #[test]
-    fn the_connecting_role_is_left_alone_by_the_globals_script() {
+    fn the_connecting_role_and_the_replication_role_are_left_alone_by_the_globals_script() {
         let script = "CREATE ROLE app;\nALTER ROLE app WITH LOGIN PASSWORD 'x';\n\
                       CREATE ROLE postgres;\nALTER ROLE postgres WITH SUPERUSER PASSWORD 'y';\n\
                       CREATE ROLE postgres_reader;\n";
-        let filtered = without_own_role(script, "postgres");
+        let filtered = without_roles(script, &["postgres"]);
         assert_eq!(
             filtered,
             "CREATE ROLE app;\nALTER ROLE app WITH LOGIN PASSWORD 'x';\nCREATE ROLE postgres_reader;\n"
+        );
+        let replication = "CREATE ROLE streaming_replica;\n\
+                           ALTER ROLE streaming_replica WITH REPLICATION LOGIN PASSWORD 'z';\n\
+                           CREATE ROLE app;\n";
+        assert_eq!(
+            without_roles(replication, &["postgres", REPLICATION_USER]),
+            "CREATE ROLE app;\n"
         );
     }
 }
