@@ -7,8 +7,9 @@
 //! client Service is deleted; a second replica brings a PodDisruptionBudget that goes again with
 //! it; the storage grows (StorageClass read, claim patched); an on-demand backup with
 //! `deletionPolicy: Delete` runs as a Job, its retention pass deletes an expired backup object,
-//! and its own deletion removes its data through the finalizer; a `* * * * *` schedule makes a
-//! backup; the cluster is deleted through its finalizer; the Lease is taken and released.
+//! a restore of it runs as a Job, and its own deletion removes its data through the finalizer;
+//! a cluster bootstrapped from a missing backup gets a bootstrap restore, which is refused; a
+//! `* * * * *` schedule makes a backup; the cluster is deleted through its finalizer; the Lease is taken and released.
 //!
 //! The test bed's API server audits the requests of pgkube-system's ServiceAccounts
 //! (`tests/testbed/up`). The requests made with this manager's token (its JWT id is the audit
@@ -34,11 +35,12 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 use manager_common::Manager;
 use pgkube_crds::{
-    BackupPhase, DeletionPolicy, PostgreSQLBackup, PostgreSQLCluster, SCHEDULED_LABEL,
+    BackupPhase, DeletionPolicy, PostgreSQLBackup, PostgreSQLCluster, RestorePhase, SCHEDULED_LABEL,
 };
 use pgkube_testkit::{
-    TestBucket, TestCluster, TestEnv, TestNamespace, backup_config, create_backup,
-    create_s3_secret, install_crds, test_storage, testbed, wait_backup_ended, wait_until,
+    TestBucket, TestCluster, TestEnv, TestNamespace, backup_config, create_backup, create_restore,
+    create_s3_secret, describe_restore, install_crds, restore_of_backup, restore_reason,
+    test_storage, testbed, wait_backup_ended, wait_restore_ended, wait_until,
 };
 use serde::Deserialize as _;
 
@@ -498,6 +500,7 @@ async fn backup_runs_prunes_and_goes(scenario: &Scenario) {
             b.is_none()
         })
         .await;
+    restore_runs(scenario, "doomed").await;
     scenario
         .api::<PostgreSQLBackup>()
         .delete("doomed", &DeleteParams::default())
@@ -505,6 +508,68 @@ async fn backup_runs_prunes_and_goes(scenario: &Scenario) {
         .expect("backup deleted");
     scenario
         .wait_for::<PostgreSQLBackup, _>("the Delete backup to go", "doomed", |b| b.is_none())
+        .await;
+}
+
+/// A restore of backup `backup` into the cluster runs as a Job to Completed (the backup read,
+/// the namespace's backups listed, the restore's status written).
+async fn restore_runs(scenario: &Scenario, backup: &str) {
+    let mut spec = restore_of_backup(backup, CLUSTER);
+    spec.drop_existing = true;
+    create_restore(&scenario.client, scenario.ns(), "undo", spec)
+        .await
+        .expect("restore created");
+    let ended = wait_restore_ended(&scenario.client, scenario.ns(), "undo", STEP_TIMEOUT)
+        .await
+        .unwrap_or_else(|error| panic!("{error:#}"));
+    assert_eq!(
+        ended.status.as_ref().and_then(|s| s.phase),
+        Some(RestorePhase::Completed),
+        "{}",
+        describe_restore(&ended)
+    );
+}
+
+/// A cluster bootstrapped from a backup that does not exist: the cluster controller creates
+/// its bootstrap restore, which the restore controller refuses; then the cluster goes.
+async fn bootstrap_restore_is_made(scenario: &Scenario) {
+    let copy: PostgreSQLCluster = serde_json::from_value(serde_json::json!({
+        "apiVersion": "db.example.com/v1alpha1",
+        "kind": "PostgreSQLCluster",
+        "metadata": {"name": "copy"},
+        "spec": {
+            "replicas": 1,
+            "version": "15",
+            "storage": "1Gi",
+            "bootstrap": {"backup": {"name": "never-made"}},
+        },
+    }))
+    .expect("cluster manifest");
+    let clusters = scenario.api::<PostgreSQLCluster>();
+    clusters
+        .create(&PostParams::default(), &copy)
+        .await
+        .expect("bootstrapped cluster created");
+    let refused = wait_restore_ended(
+        &scenario.client,
+        scenario.ns(),
+        "copy-bootstrap",
+        STEP_TIMEOUT,
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error:#}"));
+    assert_eq!(
+        restore_reason(&refused).as_deref(),
+        Some("BackupNotFound"),
+        "{}",
+        describe_restore(&refused)
+    );
+    clusters
+        .delete("copy", &DeleteParams::default())
+        .await
+        .expect("bootstrapped cluster deleted");
+    scenario
+        .wait_for::<PostgreSQLCluster, _>("the bootstrapped cluster to go", "copy", |c| c.is_none())
         .await;
 }
 
@@ -555,6 +620,7 @@ async fn run_scenario(scenario: &Scenario, kubeconfig: &str, lease: &str) -> Vec
         disruption_budget_comes_and_goes(scenario).await;
         storage_grows(scenario).await;
         backup_runs_prunes_and_goes(scenario).await;
+        bootstrap_restore_is_made(scenario).await;
         schedule_makes_a_backup(scenario).await;
         cluster.delete(STEP_TIMEOUT).await.expect("cluster deleted");
     };
