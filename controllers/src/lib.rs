@@ -16,6 +16,7 @@ pub mod pod;
 mod quantity;
 pub mod restore;
 pub mod retention;
+mod retries;
 pub mod schedule;
 pub mod scheduling;
 pub mod storage;
@@ -24,7 +25,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::{Api, Client, Resource};
+use chrono::{DateTime, Utc};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{Api, Client, Resource, ResourceExt};
 use opentelemetry::trace::TraceContextExt;
 use tokio::sync::watch;
 use tracing::{Span, field};
@@ -195,10 +198,38 @@ pub(crate) fn truncate_note(mut note: String) -> String {
     note
 }
 
+/// How long ago `object` was created (zero if it has no creation time, or one in the future).
+pub(crate) fn age<K: ResourceExt>(object: &K, now: DateTime<Utc>) -> Duration {
+    object
+        .creation_timestamp()
+        .and_then(|created| {
+            let created =
+                chrono::DateTime::<chrono::Utc>::from_timestamp(created.0.as_second(), 0)?;
+            (now - created).to_std().ok()
+        })
+        .unwrap_or_default()
+}
+
+/// `condition` as the only condition of a status whose previous conditions were `previous`:
+/// it keeps the previous transition time when its status and reason did not change.
+pub(crate) fn sole_condition(condition: Condition, previous: &[Condition]) -> Vec<Condition> {
+    let unchanged = previous
+        .iter()
+        .find(|c| c.type_ == condition.type_)
+        .filter(|c| c.status == condition.status && c.reason == condition.reason);
+    let last_transition_time = match unchanged {
+        Some(previous) => previous.last_transition_time.clone(),
+        None => condition.last_transition_time.clone(),
+    };
+    vec![Condition {
+        last_transition_time,
+        ..condition
+    }]
+}
+
 /// The W3C `traceparent` of `span`'s OpenTelemetry context, if it has a valid one: what a Job
 /// gets so that the agent's spans join the reconcile's trace.
 pub(crate) fn trace_parent(span: &tracing::Span) -> Option<String> {
-    use opentelemetry::trace::TraceContextExt;
     let context = span.context();
     let span_context = context.span().span_context().clone();
     span_context.is_valid().then(|| {

@@ -64,7 +64,7 @@ pub fn next(
     }
     match blocker(backup, cluster, siblings, restores) {
         Ok(storage) => Next::Start(Box::new(storage)),
-        Err(reason) if waited(backup, now) > pending_deadline => Next::Fail(Reason::new(
+        Err(reason) if crate::age(backup, now) > pending_deadline => Next::Fail(Reason::new(
             "PendingTimeout",
             format!(
                 "waited more than {}s to start: {}",
@@ -171,17 +171,6 @@ pub fn cluster_prefix(storage: &S3Storage, namespace: &str, cluster: &str) -> St
         Some(prefix) if !prefix.is_empty() => prefix.to_owned(),
         _ => format!("{namespace}/{cluster}"),
     }
-}
-
-/// How long the backup has existed.
-fn waited(backup: &PostgreSQLBackup, now: DateTime<Utc>) -> Duration {
-    backup
-        .creation_timestamp()
-        .and_then(|created| {
-            let created = DateTime::<Utc>::from_timestamp(created.0.as_second(), 0)?;
-            (now - created).to_std().ok()
-        })
-        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -111,7 +111,7 @@ pub struct BackupContext {
     recorder: Recorder,
     /// Every backup the controllers watch: a backup's siblings come from here.
     stores: Vec<Store<PostgreSQLBackup>>,
-    failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    retries: crate::retries::Retries,
 }
 
 /// One Controller per watched namespace (or one for all).
@@ -144,7 +144,7 @@ impl BackupControllers {
                 recorder: Recorder::new(context.client.clone(), reporter),
                 base: context.clone(),
                 stores,
-                failures: std::sync::Mutex::default(),
+                retries: crate::retries::Retries::default(),
             }),
         }
     }
@@ -210,28 +210,12 @@ pub async fn reconcile(
         .observe_reconcile(CONTROLLER, result.is_ok(), started.elapsed());
     match &result {
         Ok(action) => {
-            context.failures().remove(&key(&backup));
+            context.retries.succeeded(backup.as_ref());
             tracing::debug!(?action, "reconciled");
         }
         Err(error) => tracing::warn!(%error, "reconcile failed"),
     }
     result
-}
-
-impl BackupContext {
-    fn failures(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u32>> {
-        self.failures
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-fn key(backup: &PostgreSQLBackup) -> String {
-    format!(
-        "{}/{}",
-        backup.namespace().unwrap_or_default(),
-        backup.name_any()
-    )
 }
 
 /// Retries after a delay that doubles with each consecutive failure, and says why in a
@@ -241,28 +225,9 @@ pub fn error_policy(
     error: &Error,
     context: Arc<BackupContext>,
 ) -> Action {
-    let failures = {
-        let mut failures = context.failures();
-        let count = failures.entry(key(&backup)).or_default();
-        *count = count.saturating_add(1);
-        *count
-    };
-    let recorder = context.recorder.clone();
-    let reference = backup.object_ref(&());
-    let note = error.to_string();
-    tokio::spawn(async move {
-        crate::publish_event(
-            &recorder,
-            &reference,
-            true,
-            "ReconcileFailed",
-            note,
-            "Reconcile",
-        )
-        .await;
-    });
-    // The same retry delays as the cluster controller's.
-    Action::requeue(crate::cluster::backoff(failures))
+    context
+        .retries
+        .failed(backup.as_ref(), error, &context.recorder)
 }
 
 async fn reconcile_backup(

@@ -313,7 +313,7 @@ pub fn wait_or_time_out(
     now: DateTime<Utc>,
     pending_deadline: Duration,
 ) -> Result<Reason, Reason> {
-    if waited(restore, now) > pending_deadline {
+    if crate::age(restore, now) > pending_deadline {
         Err(Reason::new(
             "PendingTimeout",
             format!(
@@ -325,17 +325,6 @@ pub fn wait_or_time_out(
     } else {
         Ok(reason)
     }
-}
-
-/// How long the restore has existed.
-fn waited(restore: &PostgreSQLRestore, now: DateTime<Utc>) -> Duration {
-    restore
-        .creation_timestamp()
-        .and_then(|created| {
-            let created = DateTime::<Utc>::from_timestamp(created.0.as_second(), 0)?;
-            (now - created).to_std().ok()
-        })
-        .unwrap_or_default()
 }
 
 #[cfg(test)]

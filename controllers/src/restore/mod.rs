@@ -34,7 +34,7 @@ use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, ResourceExt};
 use pgkube_crds::{PostgreSQLBackup, PostgreSQLCluster, PostgreSQLRestore, RestorePhase};
 use tracing::{Instrument, Span, field, info_span, instrument};
 
@@ -95,7 +95,7 @@ pub struct RestoreContext {
     recorder: Recorder,
     /// Every restore the controllers watch: a restore's siblings come from here.
     stores: Vec<Store<PostgreSQLRestore>>,
-    failures: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    retries: crate::retries::Retries,
 }
 
 /// One Controller per watched namespace (or one for all).
@@ -127,7 +127,7 @@ impl RestoreControllers {
                 recorder: Recorder::new(context.client.clone(), reporter),
                 base: context.clone(),
                 stores,
-                failures: std::sync::Mutex::default(),
+                retries: crate::retries::Retries::default(),
             }),
         }
     }
@@ -191,28 +191,12 @@ pub async fn reconcile(
         .observe_reconcile(CONTROLLER, result.is_ok(), started.elapsed());
     match &result {
         Ok(action) => {
-            context.failures().remove(&key(&restore));
+            context.retries.succeeded(restore.as_ref());
             tracing::debug!(?action, "reconciled");
         }
         Err(error) => tracing::warn!(%error, "reconcile failed"),
     }
     result
-}
-
-impl RestoreContext {
-    fn failures(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, u32>> {
-        self.failures
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-fn key(restore: &PostgreSQLRestore) -> String {
-    format!(
-        "{}/{}",
-        restore.namespace().unwrap_or_default(),
-        restore.name_any()
-    )
 }
 
 /// Retries after a delay that doubles with each consecutive failure, and says why in a
@@ -222,27 +206,9 @@ pub fn error_policy(
     error: &Error,
     context: Arc<RestoreContext>,
 ) -> Action {
-    let failures = {
-        let mut failures = context.failures();
-        let count = failures.entry(key(&restore)).or_default();
-        *count = count.saturating_add(1);
-        *count
-    };
-    let recorder = context.recorder.clone();
-    let reference = restore.object_ref(&());
-    let note = error.to_string();
-    tokio::spawn(async move {
-        crate::publish_event(
-            &recorder,
-            &reference,
-            true,
-            "ReconcileFailed",
-            note,
-            "Reconcile",
-        )
-        .await;
-    });
-    Action::requeue(crate::cluster::backoff(failures))
+    context
+        .retries
+        .failed(restore.as_ref(), error, &context.recorder)
 }
 
 async fn reconcile_restore(

@@ -110,18 +110,7 @@ pub fn next_status(
         observed_generation: None,
         last_transition_time: Time(now),
     };
-    let unchanged = previous
-        .conditions
-        .iter()
-        .find(|c| c.type_ == COMPLETED_CONDITION)
-        .filter(|c| c.status == condition.status && c.reason == condition.reason);
-    status.conditions = vec![match unchanged {
-        Some(previous) => Condition {
-            last_transition_time: previous.last_transition_time.clone(),
-            ..condition
-        },
-        None => condition,
-    }];
+    status.conditions = crate::sole_condition(condition, &previous.conditions);
     status
 }
 
