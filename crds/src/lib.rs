@@ -1,4 +1,6 @@
-//! pgkube API types, group `db.example.com`, version `v1alpha1`.
+//! pgkube API types, group `db.example.com`: version `v1alpha1` (served and stored; its types are
+//! at the crate root and in [`v1alpha1`]), version [`v1beta1`] (the shape pgkube keeps, not served
+//! yet).
 //!
 //! Three kinds, each namespaced with a status subresource:
 //! - [`PostgreSQLCluster`]: a PostgreSQL instance set (StatefulSet, Services, config, credentials)
@@ -14,6 +16,8 @@ mod backup;
 mod cluster;
 mod common;
 mod restore;
+pub mod v1alpha1;
+pub mod v1beta1;
 
 pub use backup::*;
 pub use cluster::*;
@@ -28,7 +32,8 @@ pub const GROUP: &str = "db.example.com";
 /// The finalizer the cluster controller puts on clusters.
 pub const CLEANUP_FINALIZER: &str = "db.example.com/cleanup";
 
-/// The CRDs of all pgkube kinds, in a stable order.
+/// The CRDs of all pgkube kinds, in a stable order: v1alpha1 only, until the conversion webhook
+/// serves v1beta1 beside it.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![
         PostgreSQLCluster::crd(),

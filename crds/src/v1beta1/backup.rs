@@ -1,0 +1,86 @@
+//! `PostgreSQLBackup` in v1beta1: one logical backup of a cluster.
+//!
+//! The spec is v1alpha1's. In the status, where the backup was written is a [`BackupStorage`]
+//! (`status.storage.s3`), the same shape as the cluster's `spec.backup.storage`.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::storage::BackupStorage;
+use crate::backup::{BackupMethod, BackupPhase, DeletionPolicy};
+use crate::common::{LocalReference, conditions_schema};
+
+/// What to back up and what happens to the data when this object is deleted. Immutable.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "db.example.com",
+    version = "v1beta1",
+    kind = "PostgreSQLBackup",
+    plural = "postgresqlbackups",
+    singular = "postgresqlbackup",
+    shortname = "pgbackup",
+    namespaced,
+    doc = "One logical backup of a PostgreSQLCluster to S3-compatible storage.",
+    status = "PostgreSQLBackupStatus",
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.cluster.name"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Size","type":"integer","format":"int64","jsonPath":".status.sizeBytes"}"#,
+    printcolumn = r#"{"name":"Completed","type":"date","jsonPath":".status.completionTime"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self == oldSelf").message("spec is immutable: create a new PostgreSQLBackup instead"))]
+pub struct PostgreSQLBackupSpec {
+    /// The cluster to back up, in the same namespace.
+    pub cluster: LocalReference,
+    /// How to back up.
+    #[serde(default)]
+    pub method: BackupMethod,
+    /// What deleting this object does to the stored data: Retain keeps it, Delete removes it
+    /// from storage first.
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+}
+
+/// Observed state of a backup, written only by the controller.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PostgreSQLBackupStatus {
+    /// Pending, Running, Completed or Failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<BackupPhase>,
+    /// When the backup Job started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the backup was verified in storage (or failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    /// Where the backup was written (resolved when the backup started, so that restore and
+    /// deletion work even after the cluster's configuration changed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<BackupStorage>,
+    /// Key of the backup's manifest object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_key: Option<String>,
+    /// Total size of the stored objects, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<i64>,
+    /// SHA-256 of the manifest object, as `sha256:<hex>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checksum: Option<String>,
+    /// PostgreSQL server version that was backed up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgres_version: Option<String>,
+    /// Name of the Job that ran the backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_name: Option<String>,
+    /// Human-readable detail of the current phase, the reason of a failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Standard conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+}

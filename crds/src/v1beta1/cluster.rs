@@ -1,0 +1,174 @@
+//! `PostgreSQLCluster` in v1beta1: the desired PostgreSQL instance set.
+//!
+//! The same concepts as v1alpha1, reshaped: the PostgreSQL major is `postgresVersion`, the data
+//! volume is an object (`storage.size`, and the new `storage.storageClassName`), and the backup
+//! settings are grouped by concern (`backup.schedule`, `backup.retention`, `backup.storage`).
+//! The status is v1alpha1's, unchanged.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::storage::{BackupStorage, RestoreSource};
+use crate::cluster::{PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion};
+use crate::common::LocalReference;
+
+/// Desired state of a PostgreSQL cluster.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "db.example.com",
+    version = "v1beta1",
+    kind = "PostgreSQLCluster",
+    plural = "postgresqlclusters",
+    singular = "postgresqlcluster",
+    shortname = "pgcluster",
+    namespaced,
+    doc = "A PostgreSQL cluster: instances, services, credentials and scheduled backups.",
+    status = "PostgreSQLClusterStatus",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Replicas","type":"integer","jsonPath":".spec.replicas"}"#,
+    printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
+    printcolumn = r#"{"name":"Primary","type":"string","jsonPath":".status.currentPrimary"}"#,
+    printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.currentVersion","priority":1}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.bootstrap) == has(oldSelf.bootstrap) && (!has(self.bootstrap) || self.bootstrap == oldSelf.bootstrap)").message("bootstrap is immutable: it can only be set when the cluster is created"))]
+pub struct PostgreSQLClusterSpec {
+    /// Number of PostgreSQL instances: one primary and `replicas - 1` streaming replicas.
+    #[serde(default = "default_replicas")]
+    #[schemars(range(min = 1, max = 10))]
+    pub replicas: i32,
+    /// PostgreSQL major version. It can go up (an upgrade) but never down.
+    #[serde(default = "default_postgres_version")]
+    #[x_kube(validation = Rule::new("int(self) >= int(oldSelf)").message("cannot be lowered: a PostgreSQL major version downgrade is not possible"))]
+    pub postgres_version: PostgresVersion,
+    /// Each instance's data volume.
+    pub storage: StorageSpec,
+    /// CPU and memory requests and limits of the PostgreSQL container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// Backups: when they run, how long they are kept and where they are stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupSpec>,
+    /// Labels a node must have to run this cluster's pods, as the pod spec's `nodeSelector`:
+    /// applied to the instance pods and to the cluster's backup and restore Job pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Taints this cluster's pods tolerate, as the pod spec's `tolerations`: applied to the
+    /// instance pods and to the cluster's backup and restore Job pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    /// Node affinity and pod (anti-)affinity of this cluster's pods, as the pod spec's
+    /// `affinity` (for example to spread instances over zones): applied to the instance pods and
+    /// to the cluster's backup and restore Job pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// PostgreSQL server settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub postgresql: Option<PostgreSQLSettings>,
+    /// Start the new cluster from a backup: once its primary is up, the backup is restored
+    /// into it (replacing the databases it contains), and the cluster becomes Ready only after
+    /// the restore succeeded. Immutable: it can only be set at creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<Bootstrap>,
+}
+
+fn default_replicas() -> i32 {
+    3
+}
+
+fn default_postgres_version() -> PostgresVersion {
+    PostgresVersion::V16
+}
+
+/// The data volume of each instance.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.storageClassName) == has(oldSelf.storageClassName) && (!has(self.storageClassName) || self.storageClassName == oldSelf.storageClassName)").message("storageClassName is immutable: the data volumes keep the class they were made with"))]
+pub struct StorageSpec {
+    /// Size of the volume, in whole gibibytes, for example `100Gi`.
+    #[schemars(regex(pattern = r"^[0-9]+Gi$"))]
+    pub size: String,
+    /// StorageClass of the volumes; the cluster's default class when unset. Immutable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub storage_class_name: Option<String>,
+}
+
+/// A cluster's backups, grouped by concern: `schedule` says when scheduled backups run,
+/// `retention` how long backups are kept, and `storage` where they go (also for on-demand
+/// backups). `storage` has one member per kind of store, so that other stores can be added
+/// beside `s3` later without moving fields again.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupSpec {
+    /// When scheduled backups run.
+    pub schedule: BackupSchedule,
+    /// How long backups are kept.
+    #[serde(default)]
+    pub retention: RetentionPolicy,
+    /// Where backups are stored. Scheduled backups cannot run without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage: Option<BackupStorage>,
+}
+
+/// When scheduled backups run.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupSchedule {
+    /// A standard 5-field cron expression (minute hour day-of-month month day-of-week), for
+    /// example `0 3 * * *` for 03:00 every day. There is no seconds field.
+    #[schemars(regex(pattern = r"^\s*([0-9A-Za-z*?/,-]+\s+){4}[0-9A-Za-z*?/,-]+\s*$"))]
+    pub cron: String,
+    /// IANA time zone the schedule is read in, for example `Europe/Paris`. Defaults to UTC.
+    /// A name of the right form that is not in the time zone database shows in the cluster's
+    /// `BackupScheduled` condition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = 64),
+        regex(pattern = r"^[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+)*$")
+    )]
+    pub time_zone: Option<String>,
+    /// Pause scheduled backups (on-demand backups still run).
+    #[serde(default)]
+    pub suspend: bool,
+}
+
+/// How long backups are kept.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RetentionPolicy {
+    /// Backups older than this many days are deleted; the newest completed backup is always kept.
+    #[serde(default = "default_retention_days")]
+    #[schemars(range(min = 1, max = 90))]
+    pub days: i32,
+}
+
+impl Default for RetentionPolicy {
+    fn default() -> Self {
+        Self {
+            days: default_retention_days(),
+        }
+    }
+}
+
+fn default_retention_days() -> i32 {
+    7
+}
+
+/// The backup a new cluster starts from: a PostgreSQLBackup, or a backup given by its storage
+/// and manifest key (for example one made by another Kubernetes cluster).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.backup) != has(self.source)").message("exactly one of backup and source must be set"))]
+pub struct Bootstrap {
+    /// A Completed PostgreSQLBackup in the same namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<LocalReference>,
+    /// A backup located directly in storage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<RestoreSource>,
+}

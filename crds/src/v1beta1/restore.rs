@@ -1,0 +1,52 @@
+//! `PostgreSQLRestore` in v1beta1: restore a backup into a cluster.
+//!
+//! As in v1alpha1, except that a `source` gives its storage as a [`super::BackupStorage`]
+//! (`source.storage.s3`), the shape every v1beta1 storage has. The status is v1alpha1's.
+
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+use super::storage::RestoreSource;
+use crate::common::LocalReference;
+use crate::restore::PostgreSQLRestoreStatus;
+
+/// Which backup to restore into which cluster. Immutable.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "db.example.com",
+    version = "v1beta1",
+    kind = "PostgreSQLRestore",
+    plural = "postgresqlrestores",
+    singular = "postgresqlrestore",
+    shortname = "pgrestore",
+    namespaced,
+    doc = "A restore of a backup into a PostgreSQLCluster.",
+    status = "PostgreSQLRestoreStatus",
+    printcolumn = r#"{"name":"Backup","type":"string","jsonPath":".spec.backup.name"}"#,
+    printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.cluster.name"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Completed\")].reason"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.message","priority":1}"#
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self == oldSelf").message("spec is immutable: create a new PostgreSQLRestore instead"))]
+#[x_kube(validation = Rule::new("has(self.backup) != has(self.source)").message("exactly one of backup and source must be set"))]
+pub struct PostgreSQLRestoreSpec {
+    /// The PostgreSQLBackup to restore, in the same namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<LocalReference>,
+    /// A backup given by its storage and manifest key, for backups without a PostgreSQLBackup
+    /// object (for example from another Kubernetes cluster).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<RestoreSource>,
+    /// The cluster to restore into, in the same namespace.
+    pub cluster: LocalReference,
+    /// Restore only these databases. Empty means all databases in the backup.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub databases: Vec<String>,
+    /// Drop and recreate databases that already exist in the target cluster. Without it, a
+    /// restore into an existing database fails and changes nothing.
+    #[serde(default)]
+    pub drop_existing: bool,
+}
