@@ -28,6 +28,7 @@ pub const BACKUP_DATA_FINALIZER: &str = "db.example.com/backup-data";
     singular = "postgresqlbackup",
     shortname = "pgbackup",
     namespaced,
+    derive = "PartialEq",
     doc = "One logical backup of a PostgreSQLCluster to S3-compatible storage.",
     status = "PostgreSQLBackupStatus",
     printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.cluster.name"}"#,

@@ -1,6 +1,6 @@
 //! pgkube API types, group `db.example.com`: version `v1alpha1` (served and stored; its types are
 //! at the crate root and in [`v1alpha1`]), version [`v1beta1`] (the shape pgkube keeps, not served
-//! yet).
+//! yet), and the lossless [`conversion`] between them.
 //!
 //! Three kinds, each namespaced with a status subresource:
 //! - [`PostgreSQLCluster`]: a PostgreSQL instance set (StatefulSet, Services, config, credentials)
@@ -15,6 +15,7 @@
 mod backup;
 mod cluster;
 mod common;
+pub mod conversion;
 mod restore;
 pub mod v1alpha1;
 pub mod v1beta1;

@@ -17,6 +17,7 @@ use crate::common::{LocalReference, S3Storage, conditions_schema};
     singular = "postgresqlrestore",
     shortname = "pgrestore",
     namespaced,
+    derive = "PartialEq",
     doc = "A restore of a backup into a PostgreSQLCluster.",
     status = "PostgreSQLRestoreStatus",
     printcolumn = r#"{"name":"Backup","type":"string","jsonPath":".spec.backup.name"}"#,

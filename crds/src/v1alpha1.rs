@@ -2,7 +2,7 @@
 //! versions side by side (`v1alpha1::PostgreSQLCluster` beside `v1beta1::PostgreSQLCluster`).
 //!
 //! `v1alpha1` is the version the CRDs serve and store today; [`crate::v1beta1`] is the shape
-//! pgkube keeps, and `crate::conversion` converts between the two without loss.
+//! pgkube keeps, and [`crate::conversion`] converts between the two without loss.
 
 pub use crate::backup::*;
 pub use crate::cluster::*;

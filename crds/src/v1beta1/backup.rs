@@ -22,6 +22,7 @@ use crate::common::{LocalReference, conditions_schema};
     singular = "postgresqlbackup",
     shortname = "pgbackup",
     namespaced,
+    derive = "PartialEq",
     doc = "One logical backup of a PostgreSQLCluster to S3-compatible storage.",
     status = "PostgreSQLBackupStatus",
     printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.cluster.name"}"#,

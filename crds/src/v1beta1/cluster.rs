@@ -25,6 +25,7 @@ use crate::common::LocalReference;
     singular = "postgresqlcluster",
     shortname = "pgcluster",
     namespaced,
+    derive = "PartialEq",
     doc = "A PostgreSQL cluster: instances, services, credentials and scheduled backups.",
     status = "PostgreSQLClusterStatus",
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,

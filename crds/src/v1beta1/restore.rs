@@ -20,6 +20,7 @@ use crate::restore::PostgreSQLRestoreStatus;
     singular = "postgresqlrestore",
     shortname = "pgrestore",
     namespaced,
+    derive = "PartialEq",
     doc = "A restore of a backup into a PostgreSQLCluster.",
     status = "PostgreSQLRestoreStatus",
     printcolumn = r#"{"name":"Backup","type":"string","jsonPath":".spec.backup.name"}"#,
