@@ -1,0 +1,185 @@
+//! Generators of valid v1beta1 objects, a storage class set or not. Their annotations never
+//! include `conversion.db.example.com/v1beta1`, which conversion owns on the way down.
+
+use std::collections::BTreeMap;
+
+use pgkube_crds::v1beta1::{
+    BackupSchedule, BackupSpec, BackupStorage, Bootstrap, PostgreSQLBackup, PostgreSQLBackupSpec,
+    PostgreSQLBackupStatus, PostgreSQLCluster, PostgreSQLClusterSpec, PostgreSQLRestore,
+    PostgreSQLRestoreSpec, RestoreSource, RetentionPolicy, StorageSpec,
+};
+use proptest::collection::vec;
+use proptest::option::of;
+use proptest::prelude::*;
+
+use super::*;
+
+fn annotations() -> impl Strategy<Value = Option<BTreeMap<String, String>>> {
+    user_annotations().prop_map(non_empty)
+}
+
+fn backup_storage() -> impl Strategy<Value = BackupStorage> {
+    s3_storage().prop_map(|s3| BackupStorage { s3 })
+}
+
+fn restore_source() -> impl Strategy<Value = RestoreSource> {
+    (backup_storage(), "[a-z0-9/-]{1,40}").prop_map(|(storage, object_key)| RestoreSource {
+        storage,
+        object_key,
+    })
+}
+
+fn storage_spec() -> impl Strategy<Value = StorageSpec> {
+    (size(), of("[a-z0-9][a-z0-9.-]{0,30}")).prop_map(|(size, storage_class_name)| StorageSpec {
+        size,
+        storage_class_name,
+    })
+}
+
+fn cluster_backup_settings() -> impl Strategy<Value = BackupSpec> {
+    let schedule =
+        (cron(), of(time_zone()), any::<bool>()).prop_map(|(cron, time_zone, suspend)| {
+            BackupSchedule {
+                cron,
+                time_zone,
+                suspend,
+            }
+        });
+    (schedule, 1i32..=90, of(backup_storage())).prop_map(|(schedule, days, storage)| BackupSpec {
+        schedule,
+        retention: RetentionPolicy { days },
+        storage,
+    })
+}
+
+fn bootstrap() -> impl Strategy<Value = Bootstrap> {
+    backup_or_source(restore_source()).prop_map(|(backup, source)| Bootstrap { backup, source })
+}
+
+fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
+    let instances = (1i32..=10, postgres_version(), storage_spec(), resources());
+    let pods = (node_selector(), tolerations(), affinity());
+    let data = (
+        of(cluster_backup_settings()),
+        postgresql_settings(),
+        of(bootstrap()),
+    );
+    (instances, pods, data).prop_map(|(instances, pods, data)| {
+        let (replicas, postgres_version, storage, resources) = instances;
+        let (node_selector, tolerations, affinity) = pods;
+        let (backup, postgresql, bootstrap) = data;
+        PostgreSQLClusterSpec {
+            replicas,
+            postgres_version,
+            storage,
+            resources,
+            backup,
+            node_selector,
+            tolerations,
+            affinity,
+            postgresql,
+            bootstrap,
+        }
+    })
+}
+
+pub fn cluster() -> impl Strategy<Value = PostgreSQLCluster> {
+    (
+        object_meta(annotations()),
+        cluster_spec(),
+        of(cluster_status()),
+    )
+        .prop_map(|(metadata, spec, status)| PostgreSQLCluster {
+            metadata,
+            spec,
+            status,
+        })
+}
+
+fn backup_spec() -> impl Strategy<Value = PostgreSQLBackupSpec> {
+    (local_reference(), backup_method(), deletion_policy()).prop_map(
+        |(cluster, method, deletion_policy)| PostgreSQLBackupSpec {
+            cluster,
+            method,
+            deletion_policy,
+        },
+    )
+}
+
+fn backup_status() -> impl Strategy<Value = PostgreSQLBackupStatus> {
+    let state = (
+        of(backup_phase()),
+        of(time()),
+        of(time()),
+        of(backup_storage()),
+    );
+    let result = (
+        of("[a-z0-9/-]{1,40}"),
+        of(0i64..1 << 40),
+        of("sha256:[0-9a-f]{64}"),
+        of("1[4-8]\\.[0-9]{1,2}"),
+    );
+    let detail = (of(name()), of(text()), conditions());
+    (state, result, detail).prop_map(|(state, result, detail)| {
+        let (phase, start_time, completion_time, storage) = state;
+        let (object_key, size_bytes, checksum, postgres_version) = result;
+        let (job_name, message, conditions) = detail;
+        PostgreSQLBackupStatus {
+            phase,
+            start_time,
+            completion_time,
+            storage,
+            object_key,
+            size_bytes,
+            checksum,
+            postgres_version,
+            job_name,
+            message,
+            conditions,
+        }
+    })
+}
+
+pub fn backup() -> impl Strategy<Value = PostgreSQLBackup> {
+    (
+        object_meta(annotations()),
+        backup_spec(),
+        of(backup_status()),
+    )
+        .prop_map(|(metadata, spec, status)| PostgreSQLBackup {
+            metadata,
+            spec,
+            status,
+        })
+}
+
+fn restore_spec() -> impl Strategy<Value = PostgreSQLRestoreSpec> {
+    (
+        backup_or_source(restore_source()),
+        local_reference(),
+        vec(name(), 0..3),
+        any::<bool>(),
+    )
+        .prop_map(|((backup, source), cluster, databases, drop_existing)| {
+            PostgreSQLRestoreSpec {
+                backup,
+                source,
+                cluster,
+                databases,
+                drop_existing,
+            }
+        })
+}
+
+pub fn restore() -> impl Strategy<Value = PostgreSQLRestore> {
+    (
+        object_meta(annotations()),
+        restore_spec(),
+        of(restore_status()),
+    )
+        .prop_map(|(metadata, spec, status)| PostgreSQLRestore {
+            metadata,
+            spec,
+            status,
+        })
+}
