@@ -29,8 +29,17 @@ fn restore_source() -> impl Strategy<Value = RestoreSource> {
     })
 }
 
+/// A storage class: a DNS name as a rule, but the schema only bounds its length, so any text too
+/// (quotes and control characters must survive the annotation's JSON).
+fn storage_class_name() -> impl Strategy<Value = String> {
+    prop_oneof![
+        3 => "[a-z0-9][a-z0-9.-]{0,30}".boxed(),
+        1 => text().prop_filter("not empty", |name| !name.is_empty()).boxed(),
+    ]
+}
+
 fn storage_spec() -> impl Strategy<Value = StorageSpec> {
-    (size(), of("[a-z0-9][a-z0-9.-]{0,30}")).prop_map(|(size, storage_class_name)| StorageSpec {
+    (size(), of(storage_class_name())).prop_map(|(size, storage_class_name)| StorageSpec {
         size,
         storage_class_name,
     })
