@@ -62,6 +62,22 @@ pub struct RunArgs {
         value_parser = parse_bind_address)]
     pub metrics_bind_address: BindAddress,
 
+    /// Address of the CRD conversion webhook (HTTPS, `POST /convert`), served by every replica,
+    /// leader or not. `:PORT` means all interfaces; `0` disables.
+    #[arg(long, env = "PGKUBE_WEBHOOK_BIND_ADDRESS", default_value = ":9443",
+        value_parser = parse_bind_address)]
+    pub webhook_bind_address: BindAddress,
+
+    /// Directory of the webhook's serving certificate, `tls.crt` and `tls.key` (for example a
+    /// cert-manager Secret's volume). The files are read again when they change. Without
+    /// them the webhook is not served, and the manager says so.
+    #[arg(
+        long,
+        env = "PGKUBE_WEBHOOK_CERT_DIR",
+        default_value = "/tmp/k8s-webhook-server/serving-certs"
+    )]
+    pub webhook_cert_dir: std::path::PathBuf,
+
     /// Sustained rate of requests to the Kubernetes API server (requests per second, client
     /// side; requests beyond it wait).
     #[arg(long, env = "PGKUBE_KUBE_API_QPS", default_value_t = 20.0,

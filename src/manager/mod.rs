@@ -15,6 +15,7 @@ mod kube_client;
 mod leader;
 mod rate_limit;
 mod telemetry;
+pub mod webhook;
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -147,6 +148,29 @@ async fn start_endpoints(
         let router = endpoints::metrics_router(Arc::new(registry));
         endpoints::serve("metrics", address, router, stop.clone()).await?;
     }
+    if let BindAddress::Listen(address) = args.webhook_bind_address {
+        start_webhook(address, &args.webhook_cert_dir, stop).await?;
+    }
+    Ok(())
+}
+
+/// Serves the conversion webhook with the certificate in `cert_dir`; without one there is
+/// nothing to serve it with, which is a warning (the API server then fails only the requests
+/// that need a conversion, saying so), while a certificate that cannot be used stops the start.
+async fn start_webhook(
+    address: std::net::SocketAddr,
+    cert_dir: &std::path::Path,
+    stop: &CancellationToken,
+) -> anyhow::Result<()> {
+    if !cert_dir.join("tls.crt").exists() {
+        tracing::warn!(
+            directory = %cert_dir.display(),
+            "the conversion webhook is not served: no tls.crt in its certificate directory"
+        );
+        return Ok(());
+    }
+    let certificates = webhook::CertificateFiles::load(cert_dir)?;
+    webhook::serve_tls(address, webhook::router(), certificates, stop.clone()).await?;
     Ok(())
 }
 

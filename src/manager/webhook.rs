@@ -1,0 +1,481 @@
+//! The CRD conversion webhook: `POST /convert` answers the API server's ConversionReviews
+//! with [`pgkube_crds::conversion::convert`], over TLS.
+//!
+//! Every replica serves it, leader or not: the API server may call any of them. The serving
+//! certificate is read from `tls.crt` and `tls.key` in a directory (a Secret volume, for
+//! example cert-manager's), and read again when the files change, so a rotated certificate is
+//! served without a restart. A body that is not a ConversionReview gets a 400 with the reason;
+//! an object that cannot be converted fails the review with the reason, naming the object.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use kube::core::Status;
+use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_util::sync::CancellationToken;
+
+/// The path the CRDs' conversion stanza names.
+pub const CONVERT_PATH: &str = "/convert";
+/// Largest ConversionReview accepted: the API server sends at most a list page of objects.
+const BODY_LIMIT: usize = 32 * 1024 * 1024;
+/// A client that has not finished its TLS handshake by then is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshaken connections waiting for the HTTP server.
+const ACCEPT_QUEUE: usize = 64;
+
+/// Why the webhook could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum WebhookError {
+    #[error("cannot listen on {address} for the conversion webhook: {error}")]
+    Bind {
+        address: SocketAddr,
+        error: std::io::Error,
+    },
+    #[error("the conversion webhook's certificate: {0}")]
+    Certificate(String),
+}
+
+/// The router of [`CONVERT_PATH`].
+pub fn router() -> Router {
+    Router::new()
+        .route(CONVERT_PATH, post(convert))
+        .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
+}
+
+async fn convert(body: Bytes) -> Response {
+    let review: ConversionReview = match serde_json::from_slice(&body) {
+        Ok(review) => review,
+        Err(error) => {
+            let message = format!("the body is not a ConversionReview: {error}");
+            return (StatusCode::BAD_REQUEST, message).into_response();
+        }
+    };
+    let request = match ConversionRequest::from_review(review) {
+        Ok(request) => request,
+        Err(_) => {
+            let message = "the ConversionReview has no request";
+            return (StatusCode::BAD_REQUEST, message).into_response();
+        }
+    };
+    match serde_json::to_vec(&answer(request).into_review()) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(error) => {
+            let message = format!("cannot encode the ConversionReview: {error}");
+            (StatusCode::INTERNAL_SERVER_ERROR, message).into_response()
+        }
+    }
+}
+
+/// The answer to one ConversionRequest (pure): every object converted, or a failure that
+/// names the first object that could not be.
+pub fn answer(request: ConversionRequest) -> ConversionResponse {
+    let desired = request.desired_api_version.clone();
+    let objects = request.objects.clone();
+    let response = ConversionResponse::for_request(request);
+    let mut converted = Vec::with_capacity(objects.len());
+    for object in objects {
+        let name = describe(&object);
+        match pgkube_crds::conversion::convert(object, &desired) {
+            Ok(object) => converted.push(object),
+            Err(error) => {
+                let message = format!("cannot convert {name} to {desired}: {error}");
+                tracing::warn!(%message, "conversion refused");
+                return response.failure(Status::failure(&message, "Invalid"));
+            }
+        }
+    }
+    response.success(converted)
+}
+
+/// `<kind> <namespace>/<name>` of an object, for messages.
+fn describe(object: &serde_json::Value) -> String {
+    let text = |pointer: &str| {
+        object
+            .pointer(pointer)
+            .and_then(|v| v.as_str())
+            .unwrap_or("?")
+    };
+    format!(
+        "{} {}/{}",
+        text("/kind"),
+        text("/metadata/namespace"),
+        text("/metadata/name")
+    )
+}
+
+/// The serving certificate, read from `tls.crt` and `tls.key` in a directory and read again
+/// when either file changes.
+#[derive(Debug)]
+pub struct CertificateFiles {
+    directory: PathBuf,
+    loaded: Mutex<Option<Loaded>>,
+}
+
+#[derive(Debug)]
+struct Loaded {
+    modified: (SystemTime, SystemTime),
+    key: Arc<CertifiedKey>,
+}
+
+impl CertificateFiles {
+    /// Reads the certificate in `directory` now, so that a missing or bad one stops the start.
+    pub fn load(directory: &Path) -> Result<Self, WebhookError> {
+        let files = Self {
+            directory: directory.to_owned(),
+            loaded: Mutex::new(None),
+        };
+        files.current()?;
+        Ok(files)
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.directory.join(file)
+    }
+
+    /// The certificate as the files are now.
+    fn current(&self) -> Result<Arc<CertifiedKey>, WebhookError> {
+        let modified = (self.modified("tls.crt")?, self.modified("tls.key")?);
+        let mut loaded = self
+            .loaded
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(loaded) = loaded.as_ref().filter(|l| l.modified == modified) {
+            return Ok(loaded.key.clone());
+        }
+        let key = Arc::new(self.read()?);
+        if loaded.is_some() {
+            tracing::info!(directory = %self.directory.display(), "serving a new webhook certificate");
+        }
+        *loaded = Some(Loaded {
+            modified,
+            key: key.clone(),
+        });
+        Ok(key)
+    }
+
+    fn modified(&self, file: &str) -> Result<SystemTime, WebhookError> {
+        let path = self.path(file);
+        std::fs::metadata(&path)
+            .and_then(|m| m.modified())
+            .map_err(|error| WebhookError::Certificate(format!("{}: {error}", path.display())))
+    }
+
+    fn read(&self) -> Result<CertifiedKey, WebhookError> {
+        let (crt, key) = (self.path("tls.crt"), self.path("tls.key"));
+        let problem = |path: &Path, error: &dyn std::fmt::Display| {
+            WebhookError::Certificate(format!("{}: {error}", path.display()))
+        };
+        let chain = CertificateDer::pem_file_iter(&crt)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|error| problem(&crt, &error))?;
+        if chain.is_empty() {
+            return Err(problem(&crt, &"no certificate in the file"));
+        }
+        let private = PrivateKeyDer::from_pem_file(&key).map_err(|error| problem(&key, &error))?;
+        let provider = rustls::crypto::CryptoProvider::get_default()
+            .cloned()
+            .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()));
+        CertifiedKey::from_der(chain, private, &provider).map_err(|error| problem(&key, &error))
+    }
+}
+
+impl ResolvesServerCert for CertificateFiles {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        match self.current() {
+            Ok(key) => Some(key),
+            Err(error) => {
+                tracing::error!(%error, "no webhook certificate to serve");
+                None
+            }
+        }
+    }
+}
+
+/// Binds `address` and serves `router` over TLS with the certificate in `certificates` until
+/// `stop` is cancelled. Returns the bound address once listening.
+pub async fn serve_tls(
+    address: SocketAddr,
+    router: Router,
+    certificates: CertificateFiles,
+    stop: CancellationToken,
+) -> Result<SocketAddr, WebhookError> {
+    let bind_error = |error| WebhookError::Bind { address, error };
+    let listener = TcpListener::bind(address).await.map_err(bind_error)?;
+    let bound = listener.local_addr().map_err(bind_error)?;
+    let config = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(certificates));
+    let acceptor = TlsAcceptor::from(Arc::new(config));
+    let (handshaken, incoming) = mpsc::channel(ACCEPT_QUEUE);
+    tokio::spawn(accept_loop(listener, acceptor, handshaken, stop.clone()));
+    let tls = TlsListener {
+        incoming,
+        local: bound,
+    };
+    tokio::spawn(async move {
+        let served = axum::serve(tls, router)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+        if let Err(error) = served {
+            tracing::error!(%error, "conversion webhook stopped");
+        }
+    });
+    tracing::info!(endpoint = "conversion webhook", address = %bound, "serving");
+    Ok(bound)
+}
+
+/// Accepts TCP connections and runs each TLS handshake in a task of its own, so that a slow
+/// client never holds up the others; finished handshakes go to the HTTP server.
+async fn accept_loop(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    handshaken: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
+    stop: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let (stream, peer) = match accepted {
+            Ok(connection) => connection,
+            Err(error) => {
+                tracing::warn!(%error, "conversion webhook: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (acceptor, handshaken) = (acceptor.clone(), handshaken.clone());
+        tokio::spawn(async move {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => {
+                    let _ = handshaken.send((tls, peer)).await;
+                }
+                Ok(Err(error)) => tracing::debug!(%error, %peer, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+            }
+        });
+    }
+}
+
+/// The handshaken connections, as axum's listener.
+struct TlsListener {
+    incoming: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    local: SocketAddr,
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.incoming.recv().await {
+            Some(connection) => connection,
+            // The accept loop ended (shutdown): wait for the graceful shutdown to stop us.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn request_for(desired: &str, objects: Vec<serde_json::Value>) -> ConversionRequest {
+        serde_json::from_value(json!({
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "desiredAPIVersion": desired,
+            "objects": objects,
+        }))
+        .expect("request")
+    }
+
+    fn cluster_v1alpha1() -> serde_json::Value {
+        json!({
+            "apiVersion": "db.example.com/v1alpha1",
+            "kind": "PostgreSQLCluster",
+            "metadata": {"name": "main", "namespace": "db", "uid": "u-1", "resourceVersion": "42"},
+            "spec": {"replicas": 3, "version": "16", "storage": "10Gi"},
+        })
+    }
+
+    #[test]
+    fn a_review_converts_every_object_and_keeps_the_uid() {
+        let response = answer(request_for(
+            "db.example.com/v1beta1",
+            vec![cluster_v1alpha1()],
+        ));
+        let review = serde_json::to_value(response.into_review()).expect("JSON");
+        let response = &review["response"];
+        assert_eq!(response["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
+        assert_eq!(response["result"]["status"], "Success");
+        let converted = &response["convertedObjects"][0];
+        assert_eq!(converted["apiVersion"], "db.example.com/v1beta1");
+        assert_eq!(converted["spec"]["postgresVersion"], "16");
+        assert_eq!(converted["spec"]["storage"]["size"], "10Gi");
+        assert_eq!(converted["metadata"]["resourceVersion"], "42");
+    }
+
+    #[test]
+    fn an_object_that_cannot_be_converted_fails_the_review_naming_it() {
+        let mut broken = cluster_v1alpha1();
+        broken["spec"]["replicas"] = json!("three");
+        let response = answer(request_for("db.example.com/v1beta1", vec![broken]));
+        let review = serde_json::to_value(response.into_review()).expect("JSON");
+        let result = &review["response"]["result"];
+        assert_eq!(result["status"], "Failure");
+        let message = result["message"].as_str().expect("message");
+        assert!(
+            message.starts_with(
+                "cannot convert PostgreSQLCluster db/main to db.example.com/v1beta1: "
+            ),
+            "{message}"
+        );
+        let unknown = answer(request_for("db.example.com/v9", vec![cluster_v1alpha1()]));
+        let review = serde_json::to_value(unknown.into_review()).expect("JSON");
+        assert_eq!(review["response"]["result"]["status"], "Failure");
+    }
+
+    #[tokio::test]
+    async fn a_body_that_is_not_a_review_gets_a_400_that_says_why() {
+        use axum::body::{Body, to_bytes};
+        use axum::http::Request;
+        use tower::ServiceExt;
+        for (body, expected) in [
+            ("{not json", "the body is not a ConversionReview"),
+            (
+                r#"{"apiVersion":"apiextensions.k8s.io/v1","kind":"ConversionReview"}"#,
+                "the ConversionReview has no request",
+            ),
+        ] {
+            let request = Request::post(CONVERT_PATH)
+                .body(Body::from(body))
+                .expect("request");
+            let response = router().oneshot(request).await.expect("response");
+            assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+            let text = to_bytes(response.into_body(), 1 << 20).await.expect("body");
+            assert!(
+                String::from_utf8_lossy(&text).starts_with(expected),
+                "{}",
+                String::from_utf8_lossy(&text)
+            );
+        }
+    }
+
+    /// A self-signed certificate for 127.0.0.1, written as `tls.crt` and `tls.key` in `dir`.
+    fn write_certificate(dir: &Path) -> CertificateDer<'static> {
+        let generated =
+            rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).expect("certificate");
+        std::fs::write(dir.join("tls.crt"), generated.cert.pem()).expect("tls.crt");
+        std::fs::write(dir.join("tls.key"), generated.signing_key.serialize_pem())
+            .expect("tls.key");
+        generated.cert.der().clone()
+    }
+
+    /// POSTs `body` to `/convert` over TLS, trusting `roots`; the server's certificate and the
+    /// HTTP response.
+    async fn post(
+        address: SocketAddr,
+        roots: &[CertificateDer<'static>],
+        body: &str,
+    ) -> (CertificateDer<'static>, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut store = rustls::RootCertStore::empty();
+        for root in roots {
+            store.add(root.clone()).expect("root");
+        }
+        let config = rustls::ClientConfig::builder()
+            .with_root_certificates(store)
+            .with_no_client_auth();
+        let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+        let tcp = TcpStream::connect(address).await.expect("connect");
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").expect("name");
+        let mut tls = connector.connect(name, tcp).await.expect("handshake");
+        let served = tls.get_ref().1.peer_certificates().expect("peer")[0].clone();
+        let request = format!(
+            "POST {CONVERT_PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        tls.write_all(request.as_bytes()).await.expect("write");
+        let mut response = String::new();
+        tls.read_to_string(&mut response).await.expect("read");
+        (served, response)
+    }
+
+    #[tokio::test]
+    async fn it_converts_over_tls_and_serves_a_rotated_certificate_without_a_restart() {
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let dir = std::env::temp_dir().join(format!("pgkube-webhook-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let first = write_certificate(&dir);
+        let stop = CancellationToken::new();
+        let certificates = CertificateFiles::load(&dir).expect("certificate");
+        let address = serve_tls(
+            "127.0.0.1:0".parse().expect("address"),
+            router(),
+            certificates,
+            stop.clone(),
+        )
+        .await
+        .expect("serving");
+        let review = json!({
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "ConversionReview",
+            "request": {
+                "uid": "u-1",
+                "desiredAPIVersion": "db.example.com/v1beta1",
+                "objects": [cluster_v1alpha1()],
+            },
+        })
+        .to_string();
+        let (served, response) = post(address, std::slice::from_ref(&first), &review).await;
+        assert_eq!(served, first);
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        assert!(response.contains(r#""postgresVersion":"16""#), "{response}");
+
+        let second = write_certificate(&dir);
+        let (served, _) = post(address, &[first, second.clone()], &review).await;
+        assert_eq!(served, second, "the rotated certificate is served");
+        stop.cancel();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_missing_or_unreadable_certificate_is_a_clear_error() {
+        let dir = std::env::temp_dir().join(format!("pgkube-webhook-bad-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let missing = CertificateFiles::load(&dir).expect_err("no files");
+        assert!(missing.to_string().contains("tls.crt"), "{missing}");
+        std::fs::write(dir.join("tls.crt"), "not a certificate").expect("write");
+        std::fs::write(dir.join("tls.key"), "not a key").expect("write");
+        let unreadable = CertificateFiles::load(&dir).expect_err("bad files");
+        assert!(
+            unreadable
+                .to_string()
+                .starts_with("the conversion webhook's certificate: "),
+            "{unreadable}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
