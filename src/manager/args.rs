@@ -78,6 +78,18 @@ pub struct RunArgs {
     )]
     pub webhook_cert_dir: std::path::PathBuf,
 
+    /// Manage the webhook's CA and serving certificate in this Secret of the manager's
+    /// namespace: made if missing, renewed before expiry, written into `--webhook-cert-dir`,
+    /// and set as the `caBundle` of pgkube's CRDs that convert through a webhook. Empty: the
+    /// certificate comes from `--webhook-cert-dir` (for example cert-manager's).
+    #[arg(long, env = "PGKUBE_WEBHOOK_CERT_SECRET", default_value = "")]
+    pub webhook_cert_secret: String,
+
+    /// Host names and IP addresses of a managed serving certificate, comma-separated. Default:
+    /// the `pgkube-webhook` Service of the manager's namespace.
+    #[arg(long, env = "PGKUBE_WEBHOOK_CERT_HOSTS", value_delimiter = ',')]
+    pub webhook_cert_hosts: Vec<String>,
+
     /// Sustained rate of requests to the Kubernetes API server (requests per second, client
     /// side; requests beyond it wait).
     #[arg(long, env = "PGKUBE_KUBE_API_QPS", default_value_t = 20.0,
@@ -270,6 +282,24 @@ pub fn lease_namespace(
         .find(|namespace| !namespace.is_empty())
         .unwrap_or("default")
         .to_owned()
+}
+
+/// The hosts of a managed webhook certificate: those asked for, else the `pgkube-webhook`
+/// Service of `namespace` by every name a client in the cluster may use.
+pub fn webhook_hosts(asked: &[String], namespace: &str) -> Vec<String> {
+    let asked: Vec<String> = asked
+        .iter()
+        .map(|host| host.trim().to_owned())
+        .filter(|host| !host.is_empty())
+        .collect();
+    if !asked.is_empty() {
+        return asked;
+    }
+    let service = "pgkube-webhook";
+    vec![
+        format!("{service}.{namespace}.svc"),
+        format!("{service}.{namespace}.svc.cluster.local"),
+    ]
 }
 
 /// Accepts `30s`, `1m30s`, `500ms` and a bare number of seconds.

@@ -74,6 +74,9 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
     let endpoints_stop = CancellationToken::new();
     let readiness = Readiness::default();
     start_endpoints(&args, registry, readiness.clone(), &endpoints_stop).await?;
+    if let BindAddress::Listen(address) = args.webhook_bind_address {
+        start_webhook(&args, &client, address, &endpoints_stop).await?;
+    }
     spawn_signal_handler(shutdown.clone())?;
 
     let context = pgkube_controllers::Context {
@@ -111,13 +114,7 @@ fn leader_election(
     timings: args::LeaseTimings,
     registry: &mut Registry,
 ) -> anyhow::Result<LeaderElection> {
-    let namespace = args::lease_namespace(
-        args.leader_elect_namespace.as_deref(),
-        std::env::var("POD_NAMESPACE").ok().as_deref(),
-        std::fs::read_to_string(args::SERVICE_ACCOUNT_NAMESPACE_FILE)
-            .ok()
-            .as_deref(),
-    );
+    let namespace = manager_namespace(args.leader_elect_namespace.as_deref());
     Ok(LeaderElection::new(
         kube_client::unlimited(config)?,
         namespace,
@@ -148,21 +145,33 @@ async fn start_endpoints(
         let router = endpoints::metrics_router(Arc::new(registry));
         endpoints::serve("metrics", address, router, stop.clone()).await?;
     }
-    if let BindAddress::Listen(address) = args.webhook_bind_address {
-        start_webhook(address, &args.webhook_cert_dir, stop).await?;
-    }
     Ok(())
 }
 
-/// Serves the conversion webhook with the certificate in `cert_dir`; without one there is
-/// nothing to serve it with, which is a warning (the API server then fails only the requests
-/// that need a conversion, saying so), while a certificate that cannot be used stops the start.
+/// Serves the conversion webhook (every replica, leader or not). With
+/// `--webhook-cert-secret`, the certificate is managed first (see `webhook::managed`).
+/// Otherwise it comes from `--webhook-cert-dir`; without one there is nothing to serve it with,
+/// which is a warning (the API server then fails only the requests that need a conversion,
+/// saying so), while a certificate that cannot be used stops the start.
 async fn start_webhook(
+    args: &RunArgs,
+    client: &kube::Client,
     address: std::net::SocketAddr,
-    cert_dir: &std::path::Path,
     stop: &CancellationToken,
 ) -> anyhow::Result<()> {
-    if !cert_dir.join("tls.crt").exists() {
+    let cert_dir = &args.webhook_cert_dir;
+    if !args.webhook_cert_secret.is_empty() {
+        let namespace = manager_namespace(None);
+        let managed = webhook::managed::ManagedCertificate {
+            client: client.clone(),
+            hosts: args::webhook_hosts(&args.webhook_cert_hosts, &namespace),
+            namespace,
+            secret: args.webhook_cert_secret.clone(),
+            directory: cert_dir.clone(),
+        };
+        managed.reconcile().await?;
+        tokio::spawn(managed.keep_current(stop.clone()));
+    } else if !cert_dir.join("tls.crt").exists() {
         tracing::warn!(
             directory = %cert_dir.display(),
             "the conversion webhook is not served: no tls.crt in its certificate directory"
@@ -172,6 +181,18 @@ async fn start_webhook(
     let certificates = webhook::CertificateFiles::load(cert_dir)?;
     webhook::serve_tls(address, webhook::router(), certificates, stop.clone()).await?;
     Ok(())
+}
+
+/// The manager's own namespace: `flag`, else `POD_NAMESPACE`, else the service account's,
+/// else `default`.
+fn manager_namespace(flag: Option<&str>) -> String {
+    args::lease_namespace(
+        flag,
+        std::env::var("POD_NAMESPACE").ok().as_deref(),
+        std::fs::read_to_string(args::SERVICE_ACCOUNT_NAMESPACE_FILE)
+            .ok()
+            .as_deref(),
+    )
 }
 
 /// Waits for the Lease, runs the controllers while leading, and hands the Lease over on a

@@ -7,6 +7,9 @@
 //! served without a restart. A body that is not a ConversionReview gets a 400 with the reason;
 //! an object that cannot be converted fails the review with the reason, naming the object.
 
+pub mod certificates;
+pub mod managed;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
