@@ -9,7 +9,7 @@
 //! `deletionPolicy: Delete` runs as a Job, its retention pass deletes an expired backup object,
 //! a restore of it runs as a Job, and its own deletion removes its data through the finalizer;
 //! a cluster bootstrapped from a missing backup gets a bootstrap restore, which is refused; a
-//! `* * * * *` schedule makes a backup; the cluster is deleted through its finalizer; the Lease is taken and released.
+//! `* * * * *` schedule makes a backup; the manager makes its webhook certificate's Secret; the cluster is deleted through its finalizer; the Lease is taken and released.
 //!
 //! The test bed's API server audits the requests of pgkube-system's ServiceAccounts
 //! (`tests/testbed/up`). The requests made with this manager's token (its JWT id is the audit
@@ -54,9 +54,42 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(180);
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Rules of `deploy/rbac.yaml` that the scenario cannot show in the audit log, as
-/// (API group, resource, verb, what needs it and why the scenario does not reach it). A rule
-/// listed here that the scenario did use, or that is not in `deploy/rbac.yaml`, fails the test.
-const NOT_REACHED: &[(&str, &str, &str, &str)] = &[];
+/// (API group, resource, verb, resource name or "", what needs it and why the scenario does
+/// not reach it). A rule listed here that the scenario did use, or that is not in
+/// `deploy/rbac.yaml`, fails the test.
+const NOT_REACHED: &[(&str, &str, &str, &str, &str)] = &[
+    (
+        "",
+        "secrets",
+        "update",
+        WEBHOOK_SECRET,
+        "renewing the webhook certificate, which happens 30 days before it expires (a year)",
+    ),
+    (
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        "patch",
+        "postgresqlclusters.db.example.com",
+        "setting the caBundle of a CRD that converts through the webhook; the CRDs `pgkube crd` \
+         emits do not convert yet",
+    ),
+    (
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        "patch",
+        "postgresqlbackups.db.example.com",
+        "the same, for backups",
+    ),
+    (
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        "patch",
+        "postgresqlrestores.db.example.com",
+        "the same, for restores",
+    ),
+];
+/// The Secret of the webhook's managed certificate, as deploy/ names it.
+const WEBHOOK_SECRET: &str = "pgkube-webhook-cert";
 
 /// What RBAC authorizes: a verb on a resource (with its subresource) of an API group.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -64,6 +97,8 @@ struct Permission {
     group: String,
     resource: String,
     verb: String,
+    /// The one object it is for (a rule's `resourceNames`), or any.
+    name: Option<String>,
 }
 
 impl Permission {
@@ -72,6 +107,14 @@ impl Permission {
             group: group.to_owned(),
             resource: resource.to_owned(),
             verb: verb.to_owned(),
+            name: None,
+        }
+    }
+
+    fn named(self, name: &str) -> Permission {
+        Permission {
+            name: Some(name.to_owned()),
+            ..self
         }
     }
 }
@@ -83,7 +126,11 @@ impl fmt::Display for Permission {
         } else {
             &self.group
         };
-        write!(f, "{} {} ({group})", self.verb, self.resource)
+        write!(f, "{} {} ({group})", self.verb, self.resource)?;
+        match &self.name {
+            Some(name) => write!(f, " named {name}"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -93,6 +140,8 @@ struct Call {
     permission: Permission,
     code: Option<u64>,
     uri: String,
+    /// The object it was about, if it named one.
+    name: Option<String>,
 }
 
 impl Call {
@@ -109,11 +158,23 @@ impl Call {
         }
         needs
     }
+
+    /// What the request used of `granted`: the rule for its object by name when there is one
+    /// (a rule with `resourceNames`), else the rule for any object.
+    fn used(&self, granted: &BTreeMap<Permission, String>) -> Vec<Permission> {
+        self.needs()
+            .into_iter()
+            .map(|need| match &self.name {
+                Some(name) if granted.contains_key(&need.clone().named(name)) => need.named(name),
+                _ => need,
+            })
+            .collect()
+    }
 }
 
-/// Every (group, resource, verb) the Roles and ClusterRoles of a multi-document YAML grant,
-/// with the role that grants it. Wildcards, resource names and non-resource URLs are refused:
-/// an exact policy has none.
+/// Every (group, resource, verb[, name]) the Roles and ClusterRoles of a multi-document YAML
+/// grant, with the role that grants it. Wildcards and non-resource URLs are refused: an exact
+/// policy has none.
 fn granted_permissions(yaml: &str) -> BTreeMap<Permission, String> {
     let mut granted = BTreeMap::new();
     for document in serde_yaml::Deserializer::from_str(yaml) {
@@ -139,9 +200,10 @@ fn granted_permissions(yaml: &str) -> BTreeMap<Permission, String> {
 
 fn expand(rule: &PolicyRule, role: &str) -> Vec<Permission> {
     assert!(
-        rule.resource_names.is_none() && rule.non_resource_urls.is_none(),
-        "{role}: a rule with resourceNames or nonResourceURLs: {rule:?}"
+        rule.non_resource_urls.is_none(),
+        "{role}: a rule with nonResourceURLs: {rule:?}"
     );
+    let names = rule.resource_names.clone().unwrap_or_default();
     let groups = rule.api_groups.clone().unwrap_or_default();
     let resources = rule.resources.clone().unwrap_or_default();
     let mut permissions = Vec::new();
@@ -152,7 +214,12 @@ fn expand(rule: &PolicyRule, role: &str) -> Vec<Permission> {
                     ![group, resource, verb].contains(&&"*".to_owned()),
                     "{role}: a wildcard in {rule:?}"
                 );
-                permissions.push(Permission::new(group, resource, verb));
+                let permission = Permission::new(group, resource, verb);
+                if names.is_empty() {
+                    permissions.push(permission);
+                } else {
+                    permissions.extend(names.iter().map(|name| permission.clone().named(name)));
+                }
             }
         }
     }
@@ -216,16 +283,24 @@ fn call(event: &serde_json::Value) -> Call {
         permission: Permission::new(&text(&object["apiGroup"]), &resource, &text(&event["verb"])),
         code: event["responseStatus"]["code"].as_u64(),
         uri: text(&event["requestURI"]),
+        name: object["name"].as_str().map(str::to_owned),
     }
 }
 
 /// What differs between the calls and the rules; empty when the rules are exact.
-fn differences(calls: &[Call], granted: &BTreeMap<Permission, String>) -> Vec<String> {
+fn differences(
+    calls: &[Call],
+    granted: &BTreeMap<Permission, String>,
+    exceptions: &BTreeMap<Permission, &str>,
+) -> Vec<String> {
     let resource_calls: Vec<&Call> = calls
         .iter()
         .filter(|call| !call.permission.resource.is_empty())
         .collect();
-    let used: BTreeSet<Permission> = resource_calls.iter().flat_map(|c| c.needs()).collect();
+    let used: BTreeSet<Permission> = resource_calls
+        .iter()
+        .flat_map(|c| c.used(granted))
+        .collect();
     let mut problems = Vec::new();
     for call in calls.iter().filter(|call| call.code == Some(403)) {
         problems.push(format!("refused: {} ({})", call.permission, call.uri));
@@ -233,7 +308,6 @@ fn differences(calls: &[Call], granted: &BTreeMap<Permission, String>) -> Vec<St
     for permission in used.iter().filter(|p| !granted.contains_key(*p)) {
         problems.push(format!("called but granted by no rule: {permission}"));
     }
-    let exceptions = not_reached();
     for (permission, role) in granted {
         if !used.contains(permission) && !exceptions.contains_key(permission) {
             problems.push(format!("granted by {role} but never called: {permission}"));
@@ -252,7 +326,15 @@ fn differences(calls: &[Call], granted: &BTreeMap<Permission, String>) -> Vec<St
 fn not_reached() -> BTreeMap<Permission, &'static str> {
     NOT_REACHED
         .iter()
-        .map(|(group, resource, verb, why)| (Permission::new(group, resource, verb), *why))
+        .map(|(group, resource, verb, name, why)| {
+            let permission = Permission::new(group, resource, verb);
+            let permission = if name.is_empty() {
+                permission
+            } else {
+                permission.named(name)
+            };
+            (permission, *why)
+        })
         .collect()
 }
 
@@ -599,6 +681,10 @@ async fn schedule_makes_a_backup(scenario: &Scenario) {
 
 /// Runs the scenario with a manager authenticated by `kubeconfig`; returns its output.
 async fn run_scenario(scenario: &Scenario, kubeconfig: &str, lease: &str) -> Vec<String> {
+    let webhook_dir = std::env::temp_dir()
+        .join(pgkube_testkit::unique_name("pgkube-rbac-webhook"))
+        .to_string_lossy()
+        .into_owned();
     let mut manager = Manager::start_with_env(
         &scenario.env,
         "manager-rbac-calls",
@@ -610,8 +696,19 @@ async fn run_scenario(scenario: &Scenario, kubeconfig: &str, lease: &str) -> Vec
             DEPLOY_NAMESPACE,
             "--leader-elect-id",
             lease,
+            "--webhook-bind-address",
+            "127.0.0.1:0",
+            "--webhook-cert-dir",
+            &webhook_dir,
+            "--webhook-cert-secret",
+            WEBHOOK_SECRET,
+            "--webhook-cert-hosts",
+            "127.0.0.1",
         ],
-        &[("KUBECONFIG", kubeconfig)],
+        &[
+            ("KUBECONFIG", kubeconfig),
+            ("POD_NAMESPACE", DEPLOY_NAMESPACE),
+        ],
     );
     let steps = async {
         let cluster = start_cluster(scenario).await;
@@ -631,6 +728,7 @@ async fn run_scenario(scenario: &Scenario, kubeconfig: &str, lease: &str) -> Vec
     manager.terminate();
     let code = manager.exit_code(Duration::from_secs(30)).await;
     let output = manager.output();
+    let _ = std::fs::remove_dir_all(&webhook_dir);
     assert_eq!(code, Some(0), "manager output:\n{}", output.join("\n"));
     output
 }
@@ -665,7 +763,7 @@ async fn deploy_rbac_grants_exactly_the_calls_the_manager_makes() {
     );
     let root = env!("CARGO_MANIFEST_DIR");
     let rbac = std::fs::read_to_string(format!("{root}/deploy/rbac.yaml")).expect("rbac.yaml");
-    let problems = differences(&calls, &granted_permissions(&rbac));
+    let problems = differences(&calls, &granted_permissions(&rbac), &not_reached());
     assert!(
         problems.is_empty(),
         "deploy/rbac.yaml is not exactly what the manager calls:\n  {}\n\ncalls (from {}):\n{}\n\n\
@@ -681,6 +779,17 @@ async fn deploy_rbac_grants_exactly_the_calls_the_manager_makes() {
             "delete",
             "lease",
             &lease,
+            "-n",
+            DEPLOY_NAMESPACE,
+            "--ignore-not-found",
+        ],
+    );
+    kubectl_ok(
+        &env,
+        &[
+            "delete",
+            "secret",
+            WEBHOOK_SECRET,
             "-n",
             DEPLOY_NAMESPACE,
             "--ignore-not-found",
@@ -715,8 +824,13 @@ fn unused_rules_missing_rules_and_refusals_are_all_reported() {
         permission: Permission::new("", "pods", verb),
         code: Some(code),
         uri: format!("/api/v1/pods ({verb})"),
+        name: None,
     };
-    let problems = differences(&[call("get", 200), call("list", 403)], &granted);
+    let problems = differences(
+        &[call("get", 200), call("list", 403)],
+        &granted,
+        &BTreeMap::new(),
+    );
     assert_eq!(
         problems,
         [
@@ -728,11 +842,34 @@ fn unused_rules_missing_rules_and_refusals_are_all_reported() {
 }
 
 #[test]
+fn a_rule_with_resource_names_is_used_only_by_calls_on_those_objects() {
+    let granted = granted_permissions(
+        "kind: Role\nmetadata: {name: r}\nrules:\n- apiGroups: ['']\n  resources: [secrets]\n  \
+         resourceNames: [mine]\n  verbs: [get]\n",
+    );
+    let get = |name: &str| Call {
+        permission: Permission::new("", "secrets", "get"),
+        code: Some(200),
+        uri: format!("/api/v1/namespaces/x/secrets/{name}"),
+        name: Some(name.to_owned()),
+    };
+    assert!(differences(&[get("mine")], &granted, &BTreeMap::new()).is_empty());
+    assert_eq!(
+        differences(&[get("theirs")], &granted, &BTreeMap::new()),
+        [
+            "called but granted by no rule: get secrets (core)",
+            "granted by Role r but never called: get secrets (core) named mine",
+        ]
+    );
+}
+
+#[test]
 fn an_apply_that_creates_needs_create_too() {
     let apply = |code| Call {
         permission: Permission::new("apps", "statefulsets", "patch"),
         code: Some(code),
         uri: String::new(),
+        name: None,
     };
     assert_eq!(apply(200).needs().len(), 1);
     assert_eq!(
