@@ -25,7 +25,9 @@
 //! - in each phase, the ConversionReviews the API server sent and their mean duration (its own
 //!   metric `apiserver_crd_conversion_webhook_duration_seconds`), and the manager's CPU time
 //!   (user + system, from /proc) per review: the webhook's own work. The creation has some too:
-//!   the API server's v1beta1 watch cache converts every object written.
+//!   the API server's v1beta1 watch cache converts every object written. Each phase starts and
+//!   ends once the API server has sent no review for a second, so that the reviews its watch
+//!   cache makes for writes, which lag behind them, count where they belong.
 //!
 //! The manager watches another, empty namespace, so that no controller reconciles the 1,000
 //! objects: their StatefulSets, Services, ConfigMaps and Secrets would load the API server and
@@ -311,8 +313,9 @@ impl Run {
         print_report(&rows, &kubernetes, one_alpha.len(), one_beta.len());
     }
 
-    /// Starts measuring the webhook's work.
+    /// Starts measuring the webhook's work, once the API server has finished converting.
     async fn phase(&self) -> Phase {
+        settle(&self.client).await;
         Phase {
             client: self.client.clone(),
             manager_pid: self.manager_pid,
@@ -542,7 +545,8 @@ fn print_report(rows: &[Row], kubernetes: &str, alpha_bytes: usize, beta_bytes: 
          the phase's reviews are all in the v1beta1 row); p99 of {LISTS} LISTs is their slowest; \
          objects/s = objects / time spent in those requests (wall time when concurrent); reviews \
          sent and their mean duration from the API server's \
-         apiserver_crd_conversion_webhook_duration_seconds; manager CPU = user + system time of \
+         apiserver_crd_conversion_webhook_duration_seconds, counted until it has sent none for a \
+         second (its watch cache converts writes behind them); manager CPU = user + system time of \
          `pgkube run` during the phase (10 ms ticks), per review"
     );
 }
@@ -579,8 +583,10 @@ struct Phase {
 }
 
 impl Phase {
+    /// The work of the phase, once the API server has finished converting (its watch caches
+    /// convert what was written in the background, and may lag behind the writes).
     async fn end(self) -> WebhookWork {
-        let now = conversions(&self.client).await;
+        let now = settle(&self.client).await;
         WebhookWork {
             manager_cpu: cpu_time(self.manager_pid).saturating_sub(self.cpu),
             reviews: now.count - self.conversions.count,
@@ -604,6 +610,21 @@ struct WebhookWork {
 struct Conversions {
     count: f64,
     seconds: f64,
+}
+
+/// Waits until the API server has sent no ConversionReview for a second (at most a minute);
+/// its counts then.
+async fn settle(client: &Client) -> Conversions {
+    let deadline = Instant::now() + STEP_TIMEOUT;
+    let mut last = conversions(client).await;
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = conversions(client).await;
+        if now.count == last.count || Instant::now() > deadline {
+            return now;
+        }
+        last = now;
+    }
 }
 
 /// Reads `apiserver_crd_conversion_webhook_duration_seconds` (every call that converts a
