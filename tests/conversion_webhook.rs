@@ -280,7 +280,7 @@ async fn the_api_server_converts_through_the_managers_webhook_over_tls() {
         // The v1alpha1-only CRDs back before the namespace goes: its deletion must not need the
         // webhook.
         restore_crds(&client).await;
-        namespace.cleanup().await;
+        namespace.cleanup_without_controllers().await;
         let _ = std::fs::remove_dir_all(&dir);
     })
     .await;
@@ -415,7 +415,7 @@ async fn replicas_share_a_managed_certificate_that_the_crds_come_to_trust() {
         restore_crds(&client).await;
         second.terminate();
         let _ = second.exit_code(Duration::from_secs(30)).await;
-        namespace.cleanup().await;
+        namespace.cleanup_without_controllers().await;
         for dir in [first_dir, second_dir] {
             let _ = std::fs::remove_dir_all(dir);
         }
