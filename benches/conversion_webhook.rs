@@ -42,26 +42,20 @@
 #[path = "../tests/manager_common/mod.rs"]
 mod manager_common;
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt, stream};
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceConversion, CustomResourceDefinition, WebhookClientConfig, WebhookConversion,
-};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, GetParams, ListParams, Patch, PatchParams, PostParams, VersionMatch};
 use kube::core::Request;
-use kube::core::crd::merge_crds;
 use kube::{Client, ResourceExt};
 use manager_common::Manager;
-use pgkube_crds::v1beta1;
 use pgkube_testkit::{
-    CRD_FIELD_MANAGER, TestEnv, TestNamespace, install_crds, testbed, wait_until,
+    CRD_FIELD_MANAGER, TestCa, TestEnv, TestNamespace, converting_crds, install_crds, testbed,
+    wait_until,
 };
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 
 const GROUP: &str = "db.example.com";
 const ALPHA: &str = "v1alpha1";
@@ -703,59 +697,6 @@ fn cluster_v1alpha1(name: &str) -> pgkube_crds::PostgreSQLCluster {
         },
     }))
     .expect("v1alpha1 cluster")
-}
-
-/// A CA, and serving certificates for 127.0.0.1 that it signs (as in
-/// `tests/conversion_webhook.rs`).
-struct TestCa {
-    issuer: CertifiedIssuer<'static, KeyPair>,
-}
-
-impl TestCa {
-    fn new() -> TestCa {
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        let key = KeyPair::generate().expect("CA key");
-        TestCa {
-            issuer: CertifiedIssuer::self_signed(params, key).expect("CA certificate"),
-        }
-    }
-
-    fn pem(&self) -> String {
-        self.issuer.pem()
-    }
-
-    /// A serving certificate for 127.0.0.1, written as `tls.crt` and `tls.key` in `dir`.
-    fn write_serving_certificate(&self, dir: &Path) {
-        let params = CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("parameters");
-        let key = KeyPair::generate().expect("key");
-        let certificate = params.signed_by(&key, &self.issuer).expect("certificate");
-        std::fs::write(dir.join("tls.crt"), certificate.pem()).expect("tls.crt");
-        std::fs::write(dir.join("tls.key"), key.serialize_pem()).expect("tls.key");
-    }
-}
-
-/// Each kind's CRD with both versions (v1alpha1 stored) and a webhook conversion to `address`.
-fn converting_crds(address: SocketAddr, ca_pem: &str) -> Vec<CustomResourceDefinition> {
-    pgkube_crds::crds()
-        .into_iter()
-        .zip(v1beta1::crds())
-        .map(|(alpha, beta)| {
-            let mut crd = merge_crds(vec![alpha, beta], ALPHA).expect("merged CRD");
-            crd.spec.conversion = Some(CustomResourceConversion {
-                strategy: "Webhook".to_owned(),
-                webhook: Some(WebhookConversion {
-                    client_config: Some(WebhookClientConfig {
-                        url: Some(format!("https://{address}/convert")),
-                        ca_bundle: Some(ByteString(ca_pem.as_bytes().to_vec())),
-                        service: None,
-                    }),
-                    conversion_review_versions: vec!["v1".to_owned()],
-                }),
-            });
-            crd
-        })
-        .collect()
 }
 
 /// Applies `crds` as the test kit's field manager (so that [`install_crds`] takes out what they

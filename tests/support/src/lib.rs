@@ -84,6 +84,7 @@
 mod backup;
 mod bucket;
 mod cluster;
+mod conversion;
 mod crds;
 mod database;
 mod env;
@@ -109,6 +110,7 @@ pub use cluster::{
     describe_cluster, local_node_scheduling, replication_secret_name, wait_for_cluster,
     wait_for_cluster_running,
 };
+pub use conversion::{TestCa, converting_crds};
 pub use crds::{CRD_FIELD_MANAGER, install_crds};
 pub use database::TestDatabase;
 pub use env::{SKIP_ENV_VAR, TestEnv, testbed};
