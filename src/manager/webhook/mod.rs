@@ -86,9 +86,10 @@ async fn convert(body: Bytes) -> Response {
 
 /// The answer to one ConversionRequest (pure): every object converted, or a failure that
 /// names the first object that could not be.
-pub fn answer(request: ConversionRequest) -> ConversionResponse {
+pub fn answer(mut request: ConversionRequest) -> ConversionResponse {
     let desired = request.desired_api_version.clone();
-    let objects = request.objects.clone();
+    // Taken, not copied: the response only needs the request's uid and types.
+    let objects = std::mem::take(&mut request.objects);
     let response = ConversionResponse::for_request(request);
     let mut converted = Vec::with_capacity(objects.len());
     for object in objects {
