@@ -780,7 +780,7 @@ impl Drop for RestoreCrdsOnDrop {
             return;
         }
         eprintln!("conversion_webhook: putting the v1alpha1-only CRDs back with kubectl");
-        let crds = pgkube_crds::crds();
+        let crds = pgkube_crds::v1alpha1::crds();
         let run = |args: &[&str]| match self.env.kubectl().args(args).output() {
             Ok(output) if output.status.success() => {}
             Ok(output) => eprintln!(

@@ -1,11 +1,14 @@
 //! The `pgkube` binary.
 //!
 //! - `pgkube run`: the manager (controllers, leader election, health and metrics endpoints).
-//! - `pgkube crd`: prints the CRD YAML of every pgkube kind.
+//! - `pgkube crd`: prints the CRD YAML of every pgkube kind (both versions, converting through
+//!   the manager's webhook).
+//! - `pgkube migrate-storage`: rewrites every stored pgkube object in its CRD's storage version.
 //! - `pgkube agent backup|restore`: the data path that runs inside backup and restore Jobs.
 //! - `pgkube instance install|run`: the instance manager, PID 1 of each PostgreSQL container.
 
 mod manager;
+mod migrate_storage;
 
 use std::process::ExitCode;
 
@@ -23,8 +26,12 @@ struct Cli {
 enum Command {
     /// Run the manager: the PostgreSQLCluster, PostgreSQLBackup and PostgreSQLRestore controllers.
     Run(Box<manager::RunArgs>),
-    /// Print the CustomResourceDefinitions of all pgkube kinds as YAML.
-    Crd,
+    /// Print the CustomResourceDefinitions of all pgkube kinds as YAML: v1alpha1 (stored) and
+    /// v1beta1, converting through the manager's webhook.
+    Crd(CrdArgs),
+    /// Rewrite every stored pgkube object in its CRD's storage version, then leave only that
+    /// version in the CRD's status.storedVersions (needs the conversion webhook serving).
+    MigrateStorage,
     /// Back up or restore PostgreSQL to or from S3-compatible storage (runs inside Jobs).
     #[command(subcommand)]
     Agent(agent::AgentCommand),
@@ -37,7 +44,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => manager::run(*args),
-        Command::Crd => print_crds(),
+        Command::Crd(args) => print_crds(&args),
+        Command::MigrateStorage => migrate_storage::run(),
         Command::Agent(command) => agent::run(command),
         Command::Instance(command) => instance::run(command),
     };
@@ -51,7 +59,70 @@ fn main() -> ExitCode {
     }
 }
 
-fn print_crds() -> anyhow::Result<()> {
-    print!("{}", pgkube_crds::crd_yaml()?);
+/// Where the printed CRDs send their ConversionReviews.
+#[derive(clap::Args)]
+struct CrdArgs {
+    /// The manager's webhook Service, as NAMESPACE/NAME (port 443, path /convert).
+    #[arg(
+        long,
+        value_name = "NAMESPACE/NAME",
+        default_value = "pgkube-system/pgkube-webhook",
+        value_parser = parse_service
+    )]
+    webhook_service: (String, String),
+    /// An HTTPS URL instead of a Service, for a manager outside the cluster (e.g.
+    /// https://127.0.0.1:9443/convert).
+    #[arg(long, value_name = "URL", conflicts_with = "webhook_service", value_parser = parse_https_url)]
+    webhook_url: Option<String>,
+    /// The version objects are stored in. v1beta1 once migrated (see `pgkube migrate-storage`).
+    #[arg(long, value_enum, default_value = "v1alpha1")]
+    storage_version: StorageVersionArg,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum StorageVersionArg {
+    V1alpha1,
+    V1beta1,
+}
+
+impl From<StorageVersionArg> for pgkube_crds::StorageVersion {
+    fn from(version: StorageVersionArg) -> Self {
+        match version {
+            StorageVersionArg::V1alpha1 => pgkube_crds::StorageVersion::V1alpha1,
+            StorageVersionArg::V1beta1 => pgkube_crds::StorageVersion::V1beta1,
+        }
+    }
+}
+
+fn parse_service(value: &str) -> Result<(String, String), String> {
+    match value.split_once('/') {
+        Some((namespace, name))
+            if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
+        {
+            Ok((namespace.to_owned(), name.to_owned()))
+        }
+        _ => Err(format!("expected NAMESPACE/NAME, got {value:?}")),
+    }
+}
+
+fn parse_https_url(value: &str) -> Result<String, String> {
+    // The API server calls conversion webhooks over HTTPS only.
+    if value.starts_with("https://") && value.len() > "https://".len() {
+        Ok(value.to_owned())
+    } else {
+        Err(format!("expected an https:// URL, got {value:?}"))
+    }
+}
+
+fn print_crds(args: &CrdArgs) -> anyhow::Result<()> {
+    let webhook = match &args.webhook_url {
+        Some(url) => pgkube_crds::ConversionWebhook::Url(url.clone()),
+        None => pgkube_crds::ConversionWebhook::Service {
+            namespace: args.webhook_service.0.clone(),
+            name: args.webhook_service.1.clone(),
+        },
+    };
+    let crds = pgkube_crds::crds_converting_through(&webhook, args.storage_version.into());
+    print!("{}", pgkube_crds::crd_yaml(&crds)?);
     Ok(())
 }

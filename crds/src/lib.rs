@@ -1,6 +1,7 @@
 //! pgkube API types, group `db.example.com`: version `v1alpha1` (served and stored; its types are
-//! at the crate root and in [`v1alpha1`]), version [`v1beta1`] (the shape pgkube keeps, not served
-//! yet), and the lossless [`conversion`] between them.
+//! at the crate root and in [`v1alpha1`]), version [`v1beta1`] (served beside it: the shape pgkube
+//! keeps), and the lossless [`conversion`] between them, which the manager's conversion webhook
+//! serves to the API server.
 //!
 //! Three kinds, each namespaced with a status subresource:
 //! - [`PostgreSQLCluster`]: a PostgreSQL instance set (StatefulSet, Services, config, credentials)
@@ -25,30 +26,117 @@ pub use cluster::*;
 pub use common::*;
 pub use restore::*;
 
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::CustomResourceExt;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceConversion, CustomResourceDefinition, ServiceReference, WebhookClientConfig,
+    WebhookConversion,
+};
+use kube::core::crd::merge_crds;
 
 /// The API group of every pgkube kind.
 pub const GROUP: &str = "db.example.com";
 /// The finalizer the cluster controller puts on clusters.
 pub const CLEANUP_FINALIZER: &str = "db.example.com/cleanup";
 
-/// The CRDs of all pgkube kinds, in a stable order: v1alpha1 only, until the conversion webhook
-/// serves v1beta1 beside it.
-pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![
-        PostgreSQLCluster::crd(),
-        PostgreSQLBackup::crd(),
-        PostgreSQLRestore::crd(),
-    ]
+/// Where the API server sends ConversionReviews for pgkube's CRDs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ConversionWebhook {
+    /// A Service in the cluster, on port 443 (`deploy/`'s `pgkube-webhook`).
+    Service { namespace: String, name: String },
+    /// An HTTPS URL, for a manager outside the cluster (`deploy/local-up`).
+    Url(String),
 }
 
-/// All CRDs as one multi-document YAML stream, exactly as committed in `crds/`.
-pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
+impl Default for ConversionWebhook {
+    /// The `pgkube-webhook` Service in `pgkube-system`, as `deploy/` installs it.
+    fn default() -> Self {
+        ConversionWebhook::Service {
+            namespace: "pgkube-system".to_owned(),
+            name: "pgkube-webhook".to_owned(),
+        }
+    }
+}
+
+/// The version the API server stores objects in: v1alpha1 until the migration to v1beta1 (the
+/// README's "API versions" says when).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StorageVersion {
+    #[default]
+    V1alpha1,
+    V1beta1,
+}
+
+impl StorageVersion {
+    /// The version's name, as in `spec.versions[].name`.
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageVersion::V1alpha1 => "v1alpha1",
+            StorageVersion::V1beta1 => "v1beta1",
+        }
+    }
+}
+
+/// The path the manager serves ConversionReviews on.
+pub const CONVERSION_PATH: &str = "/convert";
+
+/// The CRDs of all pgkube kinds, in a stable order, as `pgkube crd` prints them: `v1alpha1`
+/// (the storage version) and `v1beta1` both served, converting through the manager's webhook
+/// behind `deploy/`'s `pgkube-webhook` Service.
+pub fn crds() -> Vec<CustomResourceDefinition> {
+    crds_converting_through(&ConversionWebhook::default(), StorageVersion::default())
+}
+
+/// [`crds`], converting through `webhook` and storing in `storage`. No `caBundle`: the manager
+/// sets it when it manages its certificate, or cert-manager's CA injector does (see the README).
+pub fn crds_converting_through(
+    webhook: &ConversionWebhook,
+    storage: StorageVersion,
+) -> Vec<CustomResourceDefinition> {
+    v1alpha1::crds()
+        .into_iter()
+        .zip(v1beta1::crds())
+        .map(|(alpha, beta)| {
+            // Both come from the same kinds with the same names and scope, and `storage` is one
+            // of their versions: merging cannot fail.
+            let mut crd = merge_crds(vec![alpha, beta], storage.name())
+                .expect("each kind's two versions share names and scope");
+            crd.spec.conversion = Some(conversion_through(webhook));
+            crd
+        })
+        .collect()
+}
+
+fn conversion_through(webhook: &ConversionWebhook) -> CustomResourceConversion {
+    let (url, service) = match webhook {
+        ConversionWebhook::Service { namespace, name } => (
+            None,
+            Some(ServiceReference {
+                namespace: namespace.clone(),
+                name: name.clone(),
+                path: Some(CONVERSION_PATH.to_owned()),
+                port: Some(443),
+            }),
+        ),
+        ConversionWebhook::Url(url) => (Some(url.clone()), None),
+    };
+    CustomResourceConversion {
+        strategy: "Webhook".to_owned(),
+        webhook: Some(WebhookConversion {
+            client_config: Some(WebhookClientConfig {
+                url,
+                service,
+                ca_bundle: None,
+            }),
+            conversion_review_versions: vec!["v1".to_owned()],
+        }),
+    }
+}
+
+/// CRDs as one multi-document YAML stream; [`crds`] gives exactly what is committed in `crds/`.
+pub fn crd_yaml(crds: &[CustomResourceDefinition]) -> Result<String, serde_yaml::Error> {
     let mut out = String::new();
-    for crd in crds() {
+    for crd in crds {
         out.push_str("---\n");
-        out.push_str(&serde_yaml::to_string(&crd)?);
+        out.push_str(&serde_yaml::to_string(crd)?);
     }
     Ok(out)
 }

@@ -19,8 +19,9 @@
 //! Validation is v1alpha1's wherever a field exists in both versions (ranges, patterns, CEL
 //! rules, immutability); the only new field, `storage.storageClassName`, is immutable.
 //!
-//! Not served yet: [`crate::crds`] emits v1alpha1 only, until the manager serves the conversion
-//! webhook that a second served version needs. [`crds`] here gives the v1beta1 CRDs alone.
+//! Served beside v1alpha1, which stays the storage version for now: [`crate::crds`] merges each
+//! kind's two versions into one CRD converting through the manager's webhook. [`crds`] here gives
+//! the v1beta1 CRDs alone.
 
 mod backup;
 mod cluster;
@@ -46,8 +47,8 @@ use kube::CustomResourceExt;
 /// `apiVersion` of every v1beta1 object.
 pub const API_VERSION: &str = "db.example.com/v1beta1";
 
-/// The v1beta1 CRDs of all pgkube kinds, in the order of [`crate::crds`]. Not installed by
-/// pgkube yet: they are for merging with the v1alpha1 ones once the conversion webhook serves.
+/// The v1beta1 CRDs of all pgkube kinds, in the order of [`crate::crds`], which merges them with
+/// the v1alpha1 ones.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![
         PostgreSQLCluster::crd(),

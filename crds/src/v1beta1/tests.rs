@@ -2,7 +2,6 @@
 //! one CRD per kind.
 
 use kube::CustomResourceExt;
-use kube::core::crd::merge_crds;
 use serde_json::Value;
 
 use crate::v1alpha1;
@@ -155,32 +154,102 @@ fn restore_fields_validate_as_in_v1alpha1() {
     );
 }
 
-/// Each kind's two versions can be one CRD (same names, scope and print columns' kinds), with
-/// v1alpha1 the storage version, as they will be once the webhook serves.
+/// `pgkube crd` gives one CRD per kind serving both versions, v1alpha1 stored, converting
+/// through the `pgkube-webhook` Service on /convert with ConversionReview v1.
 #[test]
-fn each_kind_merges_with_its_v1alpha1_crd() {
-    for (alpha, beta) in crate::crds().into_iter().zip(v1beta1::crds()) {
-        let name = alpha.metadata.name.clone();
-        let merged = merge_crds(vec![alpha, beta], "v1alpha1").expect("mergeable CRDs");
-        let versions: Vec<(String, bool)> = merged
+fn the_installed_crds_serve_both_versions_through_the_webhook_service() {
+    for crd in crate::crds() {
+        let name = crd.metadata.name.clone();
+        let versions: Vec<(&str, bool, bool)> = crd
             .spec
             .versions
             .iter()
-            .map(|v| (v.name.clone(), v.storage))
+            .map(|v| (v.name.as_str(), v.served, v.storage))
             .collect();
         assert_eq!(
             versions,
-            [("v1alpha1".to_owned(), true), ("v1beta1".to_owned(), false)],
+            [("v1alpha1", true, true), ("v1beta1", true, false)],
             "{name:?}"
+        );
+        let conversion = crd.spec.conversion.expect("a conversion stanza");
+        assert_eq!(conversion.strategy, "Webhook");
+        let webhook = conversion.webhook.expect("a webhook");
+        assert_eq!(webhook.conversion_review_versions, ["v1"]);
+        let config = webhook.client_config.expect("a client config");
+        let service = config.service.expect("a Service");
+        assert_eq!(
+            (service.namespace.as_str(), service.name.as_str()),
+            ("pgkube-system", "pgkube-webhook")
+        );
+        assert_eq!(
+            (service.path.as_deref(), service.port),
+            (Some("/convert"), Some(443))
+        );
+        assert_eq!((config.url, config.ca_bundle), (None, None));
+    }
+}
+
+/// A manager outside the cluster is reached by URL instead of a Service.
+#[test]
+fn the_crds_can_convert_through_a_url() {
+    let url = "https://127.0.0.1:18443/convert".to_owned();
+    let webhook = crate::ConversionWebhook::Url(url.clone());
+    for crd in crate::crds_converting_through(&webhook, crate::StorageVersion::V1alpha1) {
+        let config = crd
+            .spec
+            .conversion
+            .and_then(|c| c.webhook)
+            .and_then(|w| w.client_config)
+            .expect("a client config");
+        assert_eq!(config.url.as_ref(), Some(&url));
+        assert!(config.service.is_none());
+    }
+}
+
+/// Each kind's print columns exist in both versions, so `kubectl get` shows the same table
+/// whichever version it prefers (v1beta1).
+#[test]
+fn both_versions_have_the_same_print_column_names() {
+    for crd in crate::crds() {
+        let names: Vec<Vec<String>> = crd
+            .spec
+            .versions
+            .iter()
+            .map(|v| {
+                let columns = v.additional_printer_columns.clone().unwrap_or_default();
+                columns.into_iter().map(|c| c.name).collect()
+            })
+            .collect();
+        assert!(!names[0].is_empty(), "{:?}", crd.metadata.name);
+        assert_eq!(names[0], names[1], "{:?}", crd.metadata.name);
+    }
+}
+
+/// After the migration, v1beta1 is stored; both stay served.
+#[test]
+fn the_storage_version_can_be_v1beta1() {
+    let webhook = crate::ConversionWebhook::default();
+    for crd in crate::crds_converting_through(&webhook, crate::StorageVersion::V1beta1) {
+        let mut versions: Vec<(&str, bool, bool)> = crd
+            .spec
+            .versions
+            .iter()
+            .map(|v| (v.name.as_str(), v.served, v.storage))
+            .collect();
+        versions.sort();
+        assert_eq!(
+            versions,
+            [("v1alpha1", true, false), ("v1beta1", true, true)]
         );
     }
 }
 
-/// pgkube still installs v1alpha1 only: serving v1beta1 needs the conversion webhook.
+/// The test bed's CRDs, with no webhook to reach, serve v1alpha1 alone.
 #[test]
-fn the_installed_crds_serve_v1alpha1_only() {
-    for crd in crate::crds() {
+fn the_single_version_crds_serve_v1alpha1_only() {
+    for crd in v1alpha1::crds() {
         let versions: Vec<&str> = crd.spec.versions.iter().map(|v| v.name.as_str()).collect();
         assert_eq!(versions, ["v1alpha1"]);
+        assert!(crd.spec.conversion.is_none());
     }
 }

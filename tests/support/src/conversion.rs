@@ -5,10 +5,8 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceConversion, CustomResourceDefinition, WebhookClientConfig, WebhookConversion,
-};
-use kube::core::crd::merge_crds;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use pgkube_crds::{ConversionWebhook, StorageVersion};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
 
 /// A CA, and serving certificates for 127.0.0.1 that it signs.
@@ -47,27 +45,30 @@ impl Default for TestCa {
     }
 }
 
-/// Each kind's CRD with both versions (v1alpha1 stored) and a webhook conversion to
-/// `https://<address>/convert`, trusting `ca_pem` (none when empty).
+/// `pgkube crd`'s CRDs (both versions, v1alpha1 stored), converting through
+/// `https://<address>/convert` and trusting `ca_pem` (none when empty).
 pub fn converting_crds(address: SocketAddr, ca_pem: &str) -> Vec<CustomResourceDefinition> {
-    pgkube_crds::crds()
-        .into_iter()
-        .zip(pgkube_crds::v1beta1::crds())
-        .map(|(alpha, beta)| {
-            let mut crd = merge_crds(vec![alpha, beta], "v1alpha1").expect("merged CRD");
-            crd.spec.conversion = Some(CustomResourceConversion {
-                strategy: "Webhook".to_owned(),
-                webhook: Some(WebhookConversion {
-                    client_config: Some(WebhookClientConfig {
-                        url: Some(format!("https://{address}/convert")),
-                        ca_bundle: Some(ByteString(ca_pem.as_bytes().to_vec()))
-                            .filter(|pem| !pem.0.is_empty()),
-                        service: None,
-                    }),
-                    conversion_review_versions: vec!["v1".to_owned()],
-                }),
-            });
-            crd
-        })
-        .collect()
+    converting_crds_storing(address, ca_pem, StorageVersion::V1alpha1)
+}
+
+/// [`converting_crds`], storing in `storage`.
+pub fn converting_crds_storing(
+    address: SocketAddr,
+    ca_pem: &str,
+    storage: StorageVersion,
+) -> Vec<CustomResourceDefinition> {
+    let webhook = ConversionWebhook::Url(format!("https://{address}/convert"));
+    let mut crds = pgkube_crds::crds_converting_through(&webhook, storage);
+    for crd in &mut crds {
+        let config = crd
+            .spec
+            .conversion
+            .as_mut()
+            .and_then(|c| c.webhook.as_mut())
+            .and_then(|w| w.client_config.as_mut())
+            .expect("pgkube's CRDs convert through a webhook");
+        config.ca_bundle =
+            Some(ByteString(ca_pem.as_bytes().to_vec())).filter(|pem| !pem.0.is_empty());
+    }
+    crds
 }

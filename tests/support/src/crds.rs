@@ -14,19 +14,25 @@ pub const CRD_FIELD_MANAGER: &str = "pgkube-testkit";
 /// How long the API server may take to serve freshly applied CRDs.
 const ESTABLISHED_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Installs (or updates) every pgkube CRD (`pgkube_crds::crds()`, what `pgkube crd` prints)
+/// Installs (or updates) every pgkube CRD with v1alpha1 alone (`pgkube_crds::v1alpha1::crds()`)
 /// with server-side apply, then waits until each is Established and its kind can be listed.
 /// Idempotent, and safe for tests running at the same time. Panics when the CRDs cannot be
 /// installed.
+///
+/// Not `pgkube crd`'s CRDs: those serve v1beta1 too, through a conversion webhook that the
+/// test bed's API server can reach only while a test runs a manager serving it (the tests of
+/// conversion install them themselves). With v1beta1 served and no webhook, every read in
+/// v1beta1 fails, and kubectl and the namespace controller read in v1beta1.
 pub async fn install_crds(client: &Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PatchParams::apply(CRD_FIELD_MANAGER).force();
-    let crds = pgkube_crds::crds();
+    let crds = pgkube_crds::v1alpha1::crds();
     for crd in &crds {
         let name = crd.name_any();
         api.patch(&name, &params, &Patch::Apply(crd))
             .await
             .unwrap_or_else(|e| panic!("installing CRD {name}: {e}"));
+        replace_if_still_converting(&api, crd).await;
     }
     for crd in &crds {
         let name = crd.name_any();
@@ -48,6 +54,43 @@ pub async fn install_crds(client: &Client) {
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
     }
+}
+
+/// Replaces the installed CRD by `crd` when applying it left a second version or a conversion
+/// webhook in place: fields another field manager set (e.g. kubectl, from `deploy/local-up`'s
+/// `pgkube crd`) survive an apply that leaves them out.
+async fn replace_if_still_converting(
+    api: &Api<CustomResourceDefinition>,
+    crd: &CustomResourceDefinition,
+) {
+    let name = crd.name_any();
+    for _attempt in 0..5 {
+        let installed = api
+            .get(&name)
+            .await
+            .unwrap_or_else(|e| panic!("reading CRD {name}: {e}"));
+        let converting = installed.spec.versions.len() != crd.spec.versions.len()
+            || installed
+                .spec
+                .conversion
+                .as_ref()
+                .map(|c| c.strategy.as_str())
+                == Some("Webhook");
+        if !converting {
+            return;
+        }
+        let mut replacement = crd.clone();
+        replacement.metadata = installed.metadata;
+        match api.replace(&name, &Default::default(), &replacement).await {
+            Ok(_) => return,
+            Err(kube::Error::Api(response)) if response.code == 409 => continue,
+            Err(e) => panic!(
+                "putting CRD {name} back to v1alpha1 alone: {e} (a version in its \
+                 status.storedVersions must stay served: move its objects back first)"
+            ),
+        }
+    }
+    panic!("putting CRD {name} back to v1alpha1 alone: conflicts on every try");
 }
 
 /// Whether the CRD's `Established` condition is `True`.
@@ -88,7 +131,7 @@ mod tests {
 
     #[test]
     fn the_kind_of_a_crd_is_its_storage_version() {
-        let crd = pgkube_crds::crds().remove(0);
+        let crd = pgkube_crds::v1alpha1::crds().remove(0);
         assert_eq!(
             api_resource(&crd),
             ApiResource::erase::<PostgreSQLCluster>(&())
@@ -110,11 +153,11 @@ mod tests {
                 }]),
                 ..CustomResourceDefinitionStatus::default()
             }),
-            ..pgkube_crds::crds().remove(0)
+            ..pgkube_crds::v1alpha1::crds().remove(0)
         };
         assert!(is_established(&with("Established", "True")));
         assert!(!is_established(&with("Established", "False")));
         assert!(!is_established(&with("NamesAccepted", "True")));
-        assert!(!is_established(&pgkube_crds::crds().remove(0)));
+        assert!(!is_established(&pgkube_crds::v1alpha1::crds().remove(0)));
     }
 }

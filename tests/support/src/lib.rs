@@ -110,7 +110,7 @@ pub use cluster::{
     describe_cluster, local_node_scheduling, replication_secret_name, wait_for_cluster,
     wait_for_cluster_running,
 };
-pub use conversion::{TestCa, converting_crds};
+pub use conversion::{TestCa, converting_crds, converting_crds_storing};
 pub use crds::{CRD_FIELD_MANAGER, install_crds};
 pub use database::TestDatabase;
 pub use env::{SKIP_ENV_VAR, TestEnv, testbed};
