@@ -467,6 +467,7 @@ fn data_claim_template(cluster: &ValidatedCluster, names: &ChildNames) -> Persis
                 )])),
                 ..VolumeResourceRequirements::default()
             }),
+            storage_class_name: cluster.storage_class_name.clone(),
             ..PersistentVolumeClaimSpec::default()
         }),
         ..PersistentVolumeClaim::default()
@@ -1009,6 +1010,11 @@ mod tests {
             .as_ref()
             .and_then(|s| s.resources.as_ref()?.requests.clone());
         assert_eq!(requests.expect("storage request")["storage"].0, "100Gi");
+        let class = claim
+            .spec
+            .as_ref()
+            .and_then(|s| s.storage_class_name.clone());
+        assert_eq!(class, None, "no class named: the cluster's default");
         assert_eq!(
             pod_spec(&children).termination_grace_period_seconds,
             Some(60)

@@ -88,15 +88,17 @@ impl LiveChildren {
                     .cloned()
             })
             .and_then(|version| serde_json::from_value(serde_json::Value::String(version)).ok());
-        let claim_template_storage = self.statefulset.as_ref().and_then(|sts| {
+        let data_claim_template = self.statefulset.as_ref().and_then(|sts| {
             sts.spec
                 .as_ref()?
                 .volume_claim_templates
                 .as_ref()?
                 .iter()
                 .find(|claim| claim.metadata.name.as_deref() == Some(DATA_VOLUME))
-                .and_then(claim_request)
         });
+        let claim_template_storage = data_claim_template.and_then(claim_request);
+        let claim_template_class =
+            data_claim_template.and_then(|claim| claim.spec.as_ref()?.storage_class_name.clone());
         let largest_volume_gib = self
             .data_claims
             .iter()
@@ -105,6 +107,7 @@ impl LiveChildren {
         LiveFacts {
             running_version,
             claim_template_storage,
+            claim_template_class,
             largest_volume_gib,
             running_replicas: self
                 .statefulset

@@ -26,6 +26,8 @@ pub struct LiveFacts {
     pub running_version: Option<PostgresVersion>,
     /// Storage in the StatefulSet's volume claim template (immutable once created).
     pub claim_template_storage: Option<String>,
+    /// Storage class in that template (`None` there too when it names none).
+    pub claim_template_class: Option<String>,
     /// Largest storage request among the cluster's existing data volumes.
     pub largest_volume_gib: Option<u64>,
     /// Replicas of the StatefulSet.
@@ -49,6 +51,9 @@ pub struct ValidatedCluster {
     /// StatefulSet, the existing one otherwise (the field is immutable; volumes are expanded
     /// one by one instead).
     pub claim_template_storage: String,
+    /// Storage class of the data volumes: the spec's (set through v1beta1) for a new
+    /// StatefulSet, the existing template's otherwise (immutable, like the size).
+    pub storage_class_name: Option<String>,
     pub resources: Option<ResourceRequirements>,
     /// Where the instance pods may run (the spec's nodeSelector, tolerations and affinity).
     pub scheduling: Scheduling,
@@ -78,6 +83,11 @@ pub enum Refusal {
         running: PostgresVersion,
         requested: PostgresVersion,
     },
+    /// The storage class changed; the data volumes keep theirs (a claim's class is immutable).
+    StorageClassChange {
+        requested: Option<String>,
+        current: Option<String>,
+    },
     /// Fewer replicas would remove the primary's pod (the StatefulSet removes the highest
     /// ordinals first).
     ScaleDownRemovesPrimary {
@@ -96,6 +106,7 @@ impl Refusal {
                 "MajorUpgradeNotSupported"
             }
             Self::MajorVersionChange { .. } => "MajorDowngradeNotSupported",
+            Self::StorageClassChange { .. } => "StorageClassChangeRefused",
             Self::ScaleDownRemovesPrimary { .. } => "ScaleDownWouldRemovePrimary",
         }
     }
@@ -112,6 +123,12 @@ impl Refusal {
             Self::MajorVersionChange { running, requested } => format!(
                 "PostgreSQL {running} cannot be changed to {requested} in place (the data directory format differs); the cluster keeps running {running}: back up, create a new cluster with version {requested} and restore into it"
             ),
+            Self::StorageClassChange { requested, current } => format!(
+                "the storage class cannot change from {} to {} (a volume keeps the class it was made with); the cluster keeps {}: set storage.storageClassName back",
+                class_text(current),
+                class_text(requested),
+                class_text(current),
+            ),
             Self::ScaleDownRemovesPrimary {
                 requested,
                 kept,
@@ -121,6 +138,14 @@ impl Refusal {
                 primary_ordinal + 1
             ),
         }
+    }
+}
+
+/// A storage class as a message names it.
+fn class_text(class: &Option<String>) -> String {
+    match class {
+        Some(class) => format!("{class:?}"),
+        None => "the default".to_owned(),
     }
 }
 
@@ -183,6 +208,19 @@ pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validat
         }
         _ => requested_gib,
     };
+    let requested_class = pgkube_crds::conversion::storage_class_name(cluster);
+    let storage_class_name = match &live.claim_template_storage {
+        // No StatefulSet yet: the spec's class.
+        None => requested_class,
+        Some(_) if live.claim_template_class != requested_class => {
+            refusals.push(Refusal::StorageClassChange {
+                requested: requested_class,
+                current: live.claim_template_class.clone(),
+            });
+            live.claim_template_class.clone()
+        }
+        Some(_) => requested_class,
+    };
     let replicas = match live.primary_ordinal {
         Some(primary_ordinal) if primary_ordinal >= spec.replicas => {
             let kept = live
@@ -209,6 +247,7 @@ pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validat
             .claim_template_storage
             .clone()
             .unwrap_or_else(|| spec.storage.clone()),
+        storage_class_name,
         resources: spec.resources.clone(),
         scheduling: Scheduling::of(spec),
         parameters,
@@ -360,6 +399,65 @@ mod tests {
         assert!(validation.refusals.is_empty());
         assert_eq!(validation.effective.storage_gib, 200);
         assert_eq!(validation.effective.claim_template_storage, "100Gi");
+    }
+
+    /// A cluster whose storage class was written through v1beta1 (read here in v1alpha1, with
+    /// the class in conversion's annotation).
+    fn with_class(class: &str) -> PostgreSQLCluster {
+        let mut cluster = cluster(SAMPLE);
+        cluster.metadata.annotations = Some(BTreeMap::from([(
+            pgkube_crds::conversion::V1BETA1_FIELDS_ANNOTATION.to_owned(),
+            format!(r#"{{"spec":{{"storage":{{"storageClassName":"{class}"}}}}}}"#),
+        )]));
+        cluster
+    }
+
+    #[test]
+    fn a_new_cluster_gets_the_storage_class_written_through_v1beta1() {
+        let validation = validate(&with_class("fast-ssd"), &LiveFacts::default()).expect("valid");
+        assert!(validation.refusals.is_empty());
+        assert_eq!(
+            validation.effective.storage_class_name.as_deref(),
+            Some("fast-ssd")
+        );
+        let plain = validate(&cluster(SAMPLE), &LiveFacts::default()).expect("valid");
+        assert_eq!(plain.effective.storage_class_name, None);
+    }
+
+    #[test]
+    fn a_changed_storage_class_is_held_back_at_the_templates() {
+        let live = LiveFacts {
+            claim_template_storage: Some("100Gi".to_owned()),
+            claim_template_class: Some("fast-ssd".to_owned()),
+            ..LiveFacts::default()
+        };
+        let same = validate(&with_class("fast-ssd"), &live).expect("valid");
+        assert!(same.refusals.is_empty());
+        let changed = validate(&with_class("slow-hdd"), &live).expect("valid");
+        assert_eq!(
+            changed.refusals,
+            vec![Refusal::StorageClassChange {
+                requested: Some("slow-hdd".to_owned()),
+                current: Some("fast-ssd".to_owned()),
+            }]
+        );
+        assert_eq!(changed.refusals[0].reason(), "StorageClassChangeRefused");
+        assert_eq!(
+            changed.refusals[0].message(),
+            "the storage class cannot change from \"fast-ssd\" to \"slow-hdd\" (a volume keeps the class it was made with); the cluster keeps \"fast-ssd\": set storage.storageClassName back"
+        );
+        assert_eq!(
+            changed.effective.storage_class_name.as_deref(),
+            Some("fast-ssd")
+        );
+        // A cluster made with the default class keeps it when one is named later.
+        let default_live = LiveFacts {
+            claim_template_class: None,
+            ..live
+        };
+        let named = validate(&with_class("fast-ssd"), &default_live).expect("valid");
+        assert_eq!(named.refusals[0].reason(), "StorageClassChangeRefused");
+        assert_eq!(named.effective.storage_class_name, None);
     }
 
     #[test]

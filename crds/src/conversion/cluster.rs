@@ -50,6 +50,15 @@ impl From<v1beta1::PostgreSQLCluster> for v1alpha1::PostgreSQLCluster {
     }
 }
 
+/// The `spec.storage.storageClassName` of a cluster read in v1alpha1: the value written through
+/// v1beta1 and carried in the [`V1BETA1_FIELDS_ANNOTATION`], if any. The controllers read
+/// v1alpha1, and honour it through this.
+pub fn storage_class_name(cluster: &v1alpha1::PostgreSQLCluster) -> Option<String> {
+    let mut metadata = cluster.metadata.clone();
+    let carried = take_carried::<OnlyInV1beta1>(&mut metadata, V1BETA1_FIELDS_ANNOTATION)?;
+    Some(carried.storage_class_name)
+}
+
 /// The fields of a v1beta1 cluster that v1alpha1 has no place for.
 #[derive(Debug, PartialEq)]
 struct OnlyInV1beta1 {

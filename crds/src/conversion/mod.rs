@@ -33,4 +33,5 @@ mod restore;
 mod storage;
 
 pub use annotation::{V1ALPHA1_FIELDS_ANNOTATION, V1BETA1_FIELDS_ANNOTATION};
+pub use cluster::storage_class_name;
 pub use dynamic::{ConversionError, convert};
