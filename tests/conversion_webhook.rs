@@ -17,14 +17,17 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use futures::FutureExt as _;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use manager_common::Manager;
+use pgkube_crds::StorageVersion;
 use pgkube_crds::v1beta1;
 use pgkube_testkit::{
-    CRD_FIELD_MANAGER, TestCa, TestNamespace, converting_crds, install_crds, testbed, wait_until,
+    CRD_FIELD_MANAGER, TestCa, TestEnv, TestNamespace, converting_crds, converting_crds_storing,
+    install_crds, testbed, wait_until,
 };
 
 const STEP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -35,7 +38,6 @@ static CRDS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// Runs `scenario` while holding the CRDs, and puts the v1alpha1-only CRDs back whatever
 /// happens: a CRD left converting through a stopped manager would fail later tests.
 async fn holding_the_crds(client: &Client, scenario: impl std::future::Future<Output = ()>) {
-    use futures::FutureExt as _;
     let _held = CRDS.lock().await;
     let outcome = std::panic::AssertUnwindSafe(scenario).catch_unwind().await;
     restore_crds(client).await;
@@ -170,6 +172,17 @@ async fn the_api_server_converts_through_the_managers_webhook_over_tls() {
         )
         .await
         .unwrap_or_else(|error| panic!("{error:#}\n{}", manager.output().join("\n")));
+        // ... with the storage class only v1beta1 has.
+        let statefulset = statefulsets
+            .get("made-beta-postgresql")
+            .await
+            .expect("StatefulSet");
+        let templates = statefulset.spec.and_then(|s| s.volume_claim_templates);
+        let class = templates
+            .unwrap_or_default()
+            .into_iter()
+            .find_map(|claim| claim.spec?.storage_class_name);
+        assert_eq!(class.as_deref(), Some("fast-ssd"));
 
         // A restart with a rotated certificate (same CA, same address) keeps serving. (Rotation
         // without a restart is the unit tests' job: the API server keeps its connection open, so
@@ -365,4 +378,298 @@ async fn replicas_share_a_managed_certificate_that_the_crds_come_to_trust() {
         }
     })
     .await;
+}
+
+/// A manager watching `namespace` and serving the webhook at `address` with the certificate in
+/// `cert_dir`, that can be stopped and started again at the same address.
+struct WebhookServer {
+    manager: Manager,
+    address: SocketAddr,
+    namespace: String,
+    cert_dir: String,
+}
+
+impl WebhookServer {
+    async fn start(env: &TestEnv, namespace: &str, cert_dir: &Path) -> WebhookServer {
+        let cert_dir = cert_dir.to_string_lossy().into_owned();
+        let manager = Self::spawn(env, namespace, "127.0.0.1:0", &cert_dir);
+        let address = manager.endpoint("conversion webhook").await;
+        WebhookServer {
+            manager,
+            address,
+            namespace: namespace.to_owned(),
+            cert_dir,
+        }
+    }
+
+    fn spawn(env: &TestEnv, namespace: &str, address: &str, cert_dir: &str) -> Manager {
+        let args = [
+            "--watch-namespaces",
+            namespace,
+            "--webhook-bind-address",
+            address,
+            "--webhook-cert-dir",
+            cert_dir,
+        ];
+        Manager::start(env, "manager-migration", &args)
+    }
+
+    async fn stop(&mut self) {
+        self.manager.terminate();
+        assert_eq!(
+            self.manager.exit_code(Duration::from_secs(30)).await,
+            Some(0)
+        );
+    }
+
+    /// Starts the manager again at the same address unless it is running.
+    async fn ensure_serving(&mut self, env: &TestEnv) {
+        if self.manager.is_running() {
+            return;
+        }
+        let address = self.address.to_string();
+        self.manager = Self::spawn(env, &self.namespace, &address, &self.cert_dir);
+        assert_eq!(
+            self.manager.endpoint("conversion webhook").await,
+            self.address
+        );
+    }
+}
+
+/// Runs `pgkube migrate-storage` against the test bed; returns its output.
+async fn migrate_storage(env: &TestEnv) -> String {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgkube"))
+        .arg("migrate-storage")
+        .env("KUBECONFIG", &env.kubeconfig)
+        .output()
+        .await
+        .expect("running pgkube migrate-storage");
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "pgkube migrate-storage failed: {}{}",
+        text,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    text
+}
+
+/// Applies `pgkube crd`'s CRDs storing in `storage` (converting through `webhook`), moves every
+/// object there with `pgkube migrate-storage`, and checks that each CRD's storedVersions is
+/// then that version alone.
+async fn move_storage_to(
+    env: &TestEnv,
+    client: &Client,
+    webhook: &WebhookServer,
+    ca: &TestCa,
+    storage: StorageVersion,
+) {
+    let crds = converting_crds_storing(webhook.address, &ca.pem(), storage);
+    install(client, &crds, true).await;
+    // The API server takes a CRD change up asynchronously: give it a moment before rewriting,
+    // so that the writes already use the new storage version.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let output = migrate_storage(env).await;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in &crds {
+        let name = crd.name_any();
+        let expected = format!("storedVersions [{}]", storage.name());
+        assert!(
+            output
+                .lines()
+                .any(|l| l.starts_with(&name) && l.ends_with(&expected)),
+            "{output}"
+        );
+        let installed = api.get(&name).await.expect("CRD");
+        let stored = installed.status.and_then(|s| s.stored_versions);
+        assert_eq!(stored, Some(vec![storage.name().to_owned()]), "{name}");
+    }
+}
+
+/// The design's migration: with the webhook deployed and v1beta1 served beside v1alpha1,
+/// objects written in both versions (and one patched through v1beta1) are moved to v1beta1:
+/// v1beta1 becomes the storage version, every object is rewritten, and storedVersions is left
+/// with v1beta1 alone, so v1alpha1 could then be retired. Nothing is lost on the way, the
+/// controllers keep working, and the way back (v1alpha1 stored again, as pgkube ships today)
+/// works the same.
+#[tokio::test]
+async fn the_design_migration_moves_every_object_to_v1beta1_storage() {
+    let Some(env) = testbed() else { return };
+    let client = env.kube_client().await;
+    holding_the_crds(&client.clone(), async move {
+        install_crds(&client).await;
+        let namespace = TestNamespace::create(&client, "migration").await;
+        let ns = namespace.name().to_owned();
+        let dir = std::env::temp_dir().join(format!("pgkube-migration-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("certificate directory");
+        let ca = TestCa::new();
+        ca.write_serving_certificate(&dir);
+        let mut webhook = WebhookServer::start(&env, &ns, &dir).await;
+        move_storage_to(&env, &client, &webhook, &ca, StorageVersion::V1alpha1).await;
+
+        let scenario = migrate_and_check(&env, &client, &mut webhook, &ca, &ns);
+        let outcome = std::panic::AssertUnwindSafe(scenario).catch_unwind().await;
+        // Whatever happened, v1alpha1 stored again and every object moved back to it, so that
+        // the single-version CRDs can be put back.
+        webhook.ensure_serving(&env).await;
+        move_storage_to(&env, &client, &webhook, &ca, StorageVersion::V1alpha1).await;
+        if let Err(panic) = outcome {
+            std::panic::resume_unwind(panic);
+        }
+        // The way back kept every object readable in v1alpha1, with the last change made.
+        let alpha = Api::<pgkube_crds::PostgreSQLCluster>::namespaced(client.clone(), &ns);
+        let old = alpha.get("old-one").await.expect("read in v1alpha1");
+        assert_eq!(old.spec.replicas, 3);
+        assert_eq!(
+            old.labels().get("moved").map(String::as_str),
+            Some("v1beta1")
+        );
+
+        restore_crds(&client).await;
+        webhook.stop().await;
+        namespace.cleanup_without_controllers().await;
+        let _ = std::fs::remove_dir_all(&dir);
+    })
+    .await;
+}
+
+/// The migration to v1beta1 storage and its checks (see the test above).
+async fn migrate_and_check(
+    env: &TestEnv,
+    client: &Client,
+    webhook: &mut WebhookServer,
+    ca: &TestCa,
+    ns: &str,
+) {
+    let alpha = Api::<pgkube_crds::PostgreSQLCluster>::namespaced(client.clone(), ns);
+    let beta = Api::<v1beta1::PostgreSQLCluster>::namespaced(client.clone(), ns);
+    let backups = Api::<v1beta1::PostgreSQLBackup>::namespaced(client.clone(), ns);
+    let restores = Api::<v1beta1::PostgreSQLRestore>::namespaced(client.clone(), ns);
+    let params = PostParams::default();
+    alpha
+        .create(&params, &cluster_v1alpha1("old-one"))
+        .await
+        .expect("created in v1alpha1");
+    beta.create(&params, &cluster_v1beta1("new-one"))
+        .await
+        .expect("created in v1beta1");
+    let backup: v1beta1::PostgreSQLBackup = serde_json::from_value(serde_json::json!({
+        "apiVersion": v1beta1::API_VERSION, "kind": "PostgreSQLBackup",
+        "metadata": {"name": "old-one-manual"},
+        "spec": {"cluster": {"name": "old-one"}},
+    }))
+    .expect("backup");
+    backups.create(&params, &backup).await.expect("backup");
+    let restore: pgkube_crds::PostgreSQLRestore = serde_json::from_value(serde_json::json!({
+        "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLRestore",
+        "metadata": {"name": "into-new-one"},
+        "spec": {"cluster": {"name": "new-one"}, "backup": {"name": "old-one-manual"}},
+    }))
+    .expect("restore");
+    Api::<pgkube_crds::PostgreSQLRestore>::namespaced(client.clone(), ns)
+        .create(&params, &restore)
+        .await
+        .expect("restore");
+    // Users move their manifests to v1beta1 first: one object patched through it.
+    let merge = |value| Patch::Merge(value);
+    beta.patch(
+        "old-one",
+        &PatchParams::default(),
+        &merge(serde_json::json!({"metadata": {"labels": {"moved": "v1beta1"}}})),
+    )
+    .await
+    .expect("patched through v1beta1");
+    let specs = |clusters: Vec<v1beta1::PostgreSQLCluster>| {
+        let mut specs: Vec<_> = clusters
+            .into_iter()
+            .map(|c| (c.name_any(), c.labels().clone(), c.spec))
+            .collect();
+        specs.sort_by(|a, b| a.0.cmp(&b.0));
+        specs
+    };
+    let before = specs(beta.list(&Default::default()).await.expect("list").items);
+
+    move_storage_to(env, client, webhook, ca, StorageVersion::V1beta1).await;
+
+    // Nothing lost: every object reads as before.
+    let after = specs(beta.list(&Default::default()).await.expect("list").items);
+    assert_eq!(after, before);
+    assert_eq!(
+        restores
+            .get("into-new-one")
+            .await
+            .expect("restore")
+            .spec
+            .backup
+            .map(|b| b.name),
+        Some("old-one-manual".to_owned())
+    );
+    assert_eq!(
+        backups
+            .get("old-one-manual")
+            .await
+            .expect("backup")
+            .spec
+            .cluster
+            .name,
+        "old-one"
+    );
+
+    // Stored in v1beta1: with the webhook down, every object still reads in v1beta1 (no
+    // conversion needed) and none in v1alpha1.
+    webhook.stop().await;
+    for name in ["old-one", "new-one"] {
+        beta.get(name)
+            .await
+            .expect("read in v1beta1 without the webhook");
+        let refused = alpha
+            .get(name)
+            .await
+            .expect_err("v1alpha1 needs the webhook now");
+        assert!(
+            refused.to_string().contains("conversion webhook"),
+            "{refused}"
+        );
+    }
+    backups
+        .get("old-one-manual")
+        .await
+        .expect("backup stored in v1beta1");
+    restores
+        .get("into-new-one")
+        .await
+        .expect("restore stored in v1beta1");
+    webhook.ensure_serving(env).await;
+
+    // The controllers, which read and write v1alpha1, keep working on objects stored in v1beta1.
+    beta.patch(
+        "old-one",
+        &PatchParams::default(),
+        &merge(serde_json::json!({"spec": {"replicas": 3}})),
+    )
+    .await
+    .expect("scaled through v1beta1");
+    let statefulsets = Api::<StatefulSet>::namespaced(client.clone(), ns);
+    wait_until(
+        "old-one's StatefulSet at 3 replicas",
+        STEP_TIMEOUT,
+        || async {
+            let sts = statefulsets.get_opt("old-one-postgresql").await?;
+            Ok(sts
+                .filter(|s| s.spec.as_ref().and_then(|s| s.replicas) == Some(3))
+                .map(|_| ()))
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error:#}\n{}", webhook.manager.output().join("\n")));
+    wait_until(
+        "old-one's status from the controller",
+        STEP_TIMEOUT,
+        || async {
+            let cluster = beta.get("old-one").await?;
+            Ok(cluster.status.and_then(|s| s.phase).map(|_| ()))
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error:#}"));
 }
