@@ -1,15 +1,19 @@
 //! The conversion webhook with the API server in the loop: a real `pgkube run` serves it over
-//! TLS on 127.0.0.1 with a certificate from a directory, and the test bed's API server calls it
-//! for every request in a version other than the stored one (v1alpha1).
+//! TLS on 127.0.0.1, and the test bed's API server calls it for every request in a version other
+//! than the stored one.
 //!
-//! The test installs the CRDs with both versions and a conversion stanza that names the
-//! manager's address and the test's CA, and puts the v1alpha1-only CRDs back before it ends.
-//! It checks: an object created in v1alpha1 reads the same in v1beta1 and back; a field only
-//! v1beta1 has survives an update through v1alpha1; the controllers work on an object written
-//! in v1beta1; a restart with a rotated certificate keeps serving; with the webhook down, a v1beta1
-//! request fails with an API error that says so, and the stored objects are unchanged. And with
-//! the certificate managed by the manager: two replicas (one leading, one standing by) share the
-//! CA and certificate of one Secret, the CRDs come to trust that CA, and both serve.
+//! Each test installs `pgkube crd`'s CRDs (both versions) converting through its manager's
+//! address, and puts the test bed's v1alpha1-only CRDs back before it ends. They check:
+//! - an object created in v1alpha1 reads the same in v1beta1 and back; a field only v1beta1 has
+//!   survives an update through v1alpha1 and reaches the StatefulSet; the controllers work on an
+//!   object written in v1beta1; a restart with a rotated certificate keeps serving; with the
+//!   webhook down, a v1beta1 request fails with an API error that says so, and nothing stored
+//!   changes;
+//! - the design's migration: v1beta1 made the storage version, every object rewritten by
+//!   `pgkube migrate-storage`, storedVersions left with v1beta1 alone, and back;
+//! - with the certificate managed by the manager: two replicas (one leading, one standing by)
+//!   share the CA and certificate of one Secret, the CRDs come to trust that CA, and both serve;
+//!   a CA about to expire is rotated while the old one stays trusted.
 
 mod manager_common;
 
@@ -672,4 +676,166 @@ async fn migrate_and_check(
     )
     .await
     .unwrap_or_else(|error| panic!("{error:#}"));
+}
+
+/// The caBundle pgkube's CRDs carry, per CRD.
+async fn trusted_bundles(client: &Client) -> Vec<Option<Vec<u8>>> {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let mut bundles = Vec::new();
+    for crd in pgkube_crds::crds() {
+        let installed = api.get(&crd.name_any()).await.expect("CRD");
+        let bundle = installed
+            .spec
+            .conversion
+            .and_then(|c| c.webhook)
+            .and_then(|w| w.client_config)
+            .and_then(|c| c.ca_bundle);
+        bundles.push(bundle.map(|b| b.0));
+    }
+    bundles
+}
+
+/// A managed CA about to expire is rotated: a replica finds it in the Secret, makes a new CA
+/// and serving certificate, and has the CRDs trust both CAs. Meanwhile another replica still
+/// serving the old certificate (as one does until it reads the Secret again) is still trusted,
+/// and the new certificate is too.
+#[tokio::test]
+async fn an_expiring_managed_ca_is_rotated_while_the_old_one_stays_trusted() {
+    let Some(env) = testbed() else { return };
+    let client = env.kube_client().await;
+    holding_the_crds(&client.clone(), async move {
+        install_crds(&client).await;
+        let namespace = TestNamespace::create(&client, "ca-rotation").await;
+        let ns = namespace.name().to_owned();
+        // The Secret as a replica left it: the CA has 100 days left, less than the year a new
+        // serving certificate would need.
+        let old_ca = TestCa::new();
+        let (tls_crt, tls_key) = old_ca.serving_certificate();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs();
+        let day = 86_400;
+        let secret: k8s_openapi::api::core::v1::Secret =
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "pgkube-webhook-cert", "annotations": {
+                    "db.example.com/webhook-hosts": "127.0.0.1",
+                    "db.example.com/webhook-not-after": (now + 300 * day).to_string(),
+                    "db.example.com/webhook-ca-not-after": (now + 100 * day).to_string(),
+                }},
+                "type": "kubernetes.io/tls",
+                "stringData": {"ca.crt": old_ca.pem(), "ca.key": old_ca.key_pem(),
+                               "tls.crt": tls_crt, "tls.key": tls_key},
+            }))
+            .expect("Secret");
+        let secrets = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns);
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("old Secret");
+        // The old replica serves the old certificate; the CRDs trust the old CA only.
+        let old_dir = std::env::temp_dir().join(format!("pgkube-old-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&old_dir).expect("certificate directory");
+        std::fs::write(old_dir.join("tls.crt"), secret_text(&secret, "tls.crt")).expect("crt");
+        std::fs::write(old_dir.join("tls.key"), secret_text(&secret, "tls.key")).expect("key");
+        let old_dir_text = old_dir.to_string_lossy().into_owned();
+        let mut old = Manager::start_with_env(
+            &env,
+            "replica-old",
+            &[
+                "--watch-namespaces",
+                &ns,
+                "--leader-elect",
+                "--leader-elect-namespace",
+                &ns,
+                "--webhook-bind-address",
+                "127.0.0.1:0",
+                "--webhook-cert-dir",
+                &old_dir_text,
+            ],
+            &[("POD_NAMESPACE", &ns)],
+        );
+        let old_address = old.endpoint("conversion webhook").await;
+        install(&client, &converting_crds(old_address, &old_ca.pem()), true).await;
+
+        // A replica managing the certificate starts, and rotates the CA.
+        let new_dir = std::env::temp_dir().join(format!("pgkube-new-ca-{}", std::process::id()));
+        let new_dir_text = new_dir.to_string_lossy().into_owned();
+        let mut new = Manager::start_with_env(
+            &env,
+            "replica-new",
+            &[
+                "--watch-namespaces",
+                &ns,
+                "--leader-elect",
+                "--leader-elect-namespace",
+                &ns,
+                "--webhook-bind-address",
+                "127.0.0.1:0",
+                "--webhook-cert-dir",
+                &new_dir_text,
+                "--webhook-cert-secret",
+                "pgkube-webhook-cert",
+                "--webhook-cert-hosts",
+                "127.0.0.1",
+            ],
+            &[("POD_NAMESPACE", &ns)],
+        );
+        let new_address = new.endpoint("conversion webhook").await;
+        let rotated = secrets.get("pgkube-webhook-cert").await.expect("Secret");
+        let data = rotated.data.clone().unwrap_or_default();
+        assert_ne!(data["ca.crt"].0, old_ca.pem().into_bytes(), "a new CA");
+        assert_eq!(data["ca-previous.crt"].0, old_ca.pem().into_bytes());
+        let mut both = data["ca.crt"].0.clone();
+        both.extend_from_slice(&data["ca-previous.crt"].0);
+        assert_eq!(trusted_bundles(&client).await, vec![Some(both); 3]);
+        assert_eq!(
+            std::fs::read(new_dir.join("tls.crt")).expect("tls.crt"),
+            data["tls.crt"].0
+        );
+
+        // Both certificates are trusted: the old replica's, then the new one's.
+        let alpha = Api::<pgkube_crds::PostgreSQLCluster>::namespaced(client.clone(), &ns);
+        let beta = Api::<v1beta1::PostgreSQLCluster>::namespaced(client.clone(), &ns);
+        alpha
+            .create(&PostParams::default(), &cluster_v1alpha1("rotated"))
+            .await
+            .expect("created in v1alpha1");
+        wait_until(
+            "v1beta1 through the old certificate",
+            STEP_TIMEOUT,
+            || async { Ok(beta.get("rotated").await.ok().map(|_| ())) },
+        )
+        .await
+        .unwrap_or_else(|error| panic!("{error:#}\n{}", old.output().join("\n")));
+        point_webhook_at(&client, new_address).await;
+        old.terminate();
+        assert_eq!(old.exit_code(Duration::from_secs(30)).await, Some(0));
+        wait_until(
+            "v1beta1 through the new CA's certificate",
+            STEP_TIMEOUT,
+            || async { Ok(beta.get("rotated").await.ok().map(|_| ())) },
+        )
+        .await
+        .unwrap_or_else(|error| panic!("{error:#}\n{}", new.output().join("\n")));
+
+        restore_crds(&client).await;
+        new.terminate();
+        let _ = new.exit_code(Duration::from_secs(30)).await;
+        namespace.cleanup_without_controllers().await;
+        for dir in [old_dir, new_dir] {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    })
+    .await;
+}
+
+/// A value of a Secret written with `stringData`.
+fn secret_text(secret: &k8s_openapi::api::core::v1::Secret, key: &str) -> String {
+    secret
+        .string_data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .cloned()
+        .expect("key")
 }

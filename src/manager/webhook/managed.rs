@@ -2,7 +2,8 @@
 //! first to find none creates it; a create that loses the race reads the winner's), renews the
 //! serving certificate with the same CA when needed, writes `tls.crt` and `tls.key` into the
 //! certificate directory the server reads, and keeps the `caBundle` of pgkube's CRDs that
-//! convert through a webhook equal to the CA. It looks again every ten minutes, so a
+//! convert through a webhook equal to the CAs to trust (the CA, and the previous one after a
+//! rotation). It looks again every ten minutes, so a
 //! certificate another replica renewed is served here too.
 
 use std::path::{Path, PathBuf};
@@ -62,10 +63,13 @@ pub struct ManagedCertificate {
 
 impl ManagedCertificate {
     /// Makes sure the Secret holds a valid bundle, the files are written, and the CRDs trust it.
+    ///
+    /// The CRDs first: after a CA rotation, the API server must trust the new CA (beside the
+    /// old) before this replica serves a certificate the new CA signed.
     pub async fn reconcile(&self) -> Result<(), ManageError> {
         let bundle = self.ensure_secret().await?;
-        write_files(&self.directory, &bundle)?;
-        self.trust_in_crds(&bundle.ca_cert).await
+        self.trust_in_crds(&bundle.trusted_cas()).await?;
+        write_files(&self.directory, &bundle)
     }
 
     /// Looks again every ten minutes until `stop`; a failure is logged and tried again then.
@@ -179,7 +183,7 @@ impl ManagedCertificate {
         }
     }
 
-    /// Sets `caBundle` to `ca` in each pgkube CRD that converts through a webhook and does not
+    /// Sets `caBundle` to `ca` (PEM, one or more certificates) in each pgkube CRD that converts through a webhook and does not
     /// trust it yet. CRDs without a webhook conversion are left alone.
     async fn trust_in_crds(&self, ca: &str) -> Result<(), ManageError> {
         let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());

@@ -29,13 +29,24 @@ impl TestCa {
         self.issuer.pem()
     }
 
-    /// A new serving certificate for 127.0.0.1, written as `tls.crt` and `tls.key` in `dir`.
-    pub fn write_serving_certificate(&self, dir: &Path) {
+    /// The CA's key, PEM.
+    pub fn key_pem(&self) -> String {
+        self.issuer.key().serialize_pem()
+    }
+
+    /// A new serving certificate for 127.0.0.1 and its key, PEM.
+    pub fn serving_certificate(&self) -> (String, String) {
         let params = CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("parameters");
         let key = KeyPair::generate().expect("key");
         let certificate = params.signed_by(&key, &self.issuer).expect("certificate");
-        std::fs::write(dir.join("tls.crt"), certificate.pem()).expect("tls.crt");
-        std::fs::write(dir.join("tls.key"), key.serialize_pem()).expect("tls.key");
+        (certificate.pem(), key.serialize_pem())
+    }
+
+    /// A new serving certificate for 127.0.0.1, written as `tls.crt` and `tls.key` in `dir`.
+    pub fn write_serving_certificate(&self, dir: &Path) {
+        let (certificate, key) = self.serving_certificate();
+        std::fs::write(dir.join("tls.crt"), certificate).expect("tls.crt");
+        std::fs::write(dir.join("tls.key"), key).expect("tls.key");
     }
 }
 
