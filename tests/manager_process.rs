@@ -73,6 +73,23 @@ async fn serves_probes_and_metrics_then_stops_on_sigterm() {
         ),
         "the duration histogram starts at 0.01 s: {body}"
     );
+    // The controllers' own API requests, by verb, resource and code: the cluster's status
+    // written, its StatefulSet created by an apply (201), clusters watched.
+    let series = [
+        r#"pgkube_kube_client_requests_total{verb="patch",resource="postgresqlclusters/status",code="200"}"#,
+        r#"pgkube_kube_client_requests_total{verb="patch",resource="statefulsets",code="201"}"#,
+        r#"pgkube_kube_client_requests_total{verb="watch",resource="postgresqlclusters",code="200"}"#,
+    ];
+    wait_until(
+        "the client request counts of a reconcile",
+        Duration::from_secs(60),
+        || async {
+            let (_, body) = http_get(metrics, "/metrics").await?;
+            Ok(series.iter().all(|s| body.contains(s)).then_some(()))
+        },
+    )
+    .await
+    .expect("client request metrics");
     assert_eq!(
         http_get(metrics, "/nothing-here").await.expect("404").0,
         404

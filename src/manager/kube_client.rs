@@ -2,7 +2,8 @@
 //! ~/.kube/config or the pod's service account):
 //!
 //! - the controllers' client, with the client-side rate limit (`--kube-api-qps`,
-//!   `--kube-api-burst`) in its service stack;
+//!   `--kube-api-burst`) in its service stack, and the count of its requests on `/metrics`
+//!   ([`super::client_metrics`]);
 //! - the leader election client, without it. Renewing the Lease must never wait behind a
 //!   busy manager's reconciles: a renewal queued in the rate limiter past the renew deadline
 //!   would make the leader step down, or, worse, find the Lease taken after it expired.
@@ -15,6 +16,7 @@ use std::num::NonZeroU32;
 use kube::client::ClientBuilder;
 use kube::config::{Config, InferConfigError};
 
+use super::client_metrics::ClientMetricsLayer;
 use super::rate_limit::RateLimitLayer;
 
 /// Why no client could be built.
@@ -36,14 +38,19 @@ pub async fn infer_config() -> Result<Config, ClientError> {
     Config::infer().await.map_err(ClientError::NoConfiguration)
 }
 
-/// The controllers' client: rate limited to `qps` with bursts of `burst`.
+/// The controllers' client: rate limited to `qps` with bursts of `burst`, each request that
+/// passed the limit counted by `metrics`.
 pub fn rate_limited(
     config: Config,
     qps: f64,
     burst: NonZeroU32,
+    metrics: &ClientMetricsLayer,
 ) -> Result<kube::Client, ClientError> {
     let builder = ClientBuilder::try_from(config).map_err(ClientError::Build)?;
-    Ok(builder.with_layer(&RateLimitLayer::new(qps, burst)).build())
+    Ok(builder
+        .with_layer(metrics)
+        .with_layer(&RateLimitLayer::new(qps, burst))
+        .build())
 }
 
 /// The leader election client: not rate limited, its own connections.

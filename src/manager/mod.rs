@@ -10,6 +10,7 @@
 //! exits non-zero so the pod restarts as a follower.
 
 mod args;
+mod client_metrics;
 mod endpoints;
 mod kube_client;
 mod leader;
@@ -52,12 +53,14 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
     let lease_timings = args.lease_timings()?;
     let burst = NonZeroU32::new(args.kube_api_burst).unwrap_or(NonZeroU32::MIN);
     let config = kube_client::infer_config().await?;
-    let client = kube_client::rate_limited(config.clone(), args.kube_api_qps, burst)?;
+    let mut registry = Registry::default();
+    let client_metrics = client_metrics::ClientMetricsLayer::register(&mut registry);
+    let client =
+        kube_client::rate_limited(config.clone(), args.kube_api_qps, burst, &client_metrics)?;
     let settings = args.settings();
     // Before leader election, so that a follower fails as fast as a leader would.
     pgkube_controllers::ensure_crds_installed(&client, &settings.watch_namespaces).await?;
 
-    let mut registry = Registry::default();
     let metrics = Arc::new(pgkube_controllers::Metrics::register(&mut registry));
     let election = if args.leader_elect {
         Some(leader_election(
