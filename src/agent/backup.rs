@@ -1,18 +1,28 @@
 //! `pgkube agent backup`: globals and every database, streamed into S3, manifest last.
+//!
+//! Databases are compressed as [`super::compression`] says: by default pg_dump writes no
+//! compression and the agent compresses its output with multi-threaded zstd on the way to S3
+//! ([`super::zstd_stream`]); the globals script is small and stays plain SQL. The manifest
+//! records each object's compression ([`super::manifest`]).
+
+use std::collections::BTreeMap;
 
 use aws_sdk_s3::primitives::ByteStream;
 use chrono::{SecondsFormat, Utc};
 use clap::Args;
 use sha2::{Digest, Sha256};
 use tokio::process::Command;
-use tracing::{Span, info, info_span, instrument};
+use tracing::{Span, debug, info, info_span, instrument};
 
 use super::CommonArgs;
+use super::compression::{CompressionArgs, Plan, Stored, ZstdSettings};
 use super::error::AgentError;
-use super::multipart::{MultipartUpload, PartBuffers};
+use super::manifest;
+use super::multipart::{MultipartUpload, PartBuffers, SentStream};
 use super::postgres::{Postgres, conninfo_for};
 use super::report::Report;
 use super::storage::{Store, s3_error};
+use super::zstd_stream;
 use pgkube_controllers::storage::manifest::{
     DATABASE_FORMAT, DatabaseObject, GLOBALS_FORMAT, MANIFEST_VERSION, Manifest, StoredObject,
 };
@@ -43,11 +53,8 @@ pub struct BackupArgs {
           value_parser = clap::value_parser!(u64).range(5..=4096))]
     part_size_mib: u64,
 
-    /// pg_dump compression level, 0 (none) to 9 (smallest). pg_dump's compression is most of a
-    /// backup's CPU time: a lower level is faster, a higher one stores less. Default: pg_dump's.
-    #[arg(long, env = "PGKUBE_DUMP_COMPRESSION", value_name = "LEVEL",
-          value_parser = clap::value_parser!(u8).range(0..=9))]
-    dump_compression: Option<u8>,
+    #[command(flatten)]
+    compression: CompressionArgs,
 
     /// Parts uploaded concurrently while the next one is read; memory is about
     /// (parts-in-flight + 1) x the current part size.
@@ -76,13 +83,16 @@ struct Dumper {
     store: Store,
     postgres: Postgres,
     parts_in_flight: usize,
-    dump_compression: Option<u8>,
+    compression: Plan,
+    /// How each object, by key, was stored.
+    stored: BTreeMap<String, Stored>,
     /// One pool for the whole backup: every object's parts go through the same buffers.
     buffers: PartBuffers,
 }
 
 pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
     let started_at = now();
+    let compression = args.compression.plan()?;
     let store = Store::connect(&args.common.s3, &args.common.backup_name).await?;
     let postgres = Postgres::from_env(&args.common.maintenance_database)?;
     let manifest_key = store.manifest_key();
@@ -98,6 +108,7 @@ pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
         backup = %args.common.backup_name,
         databases = databases.len(),
         %postgresql_version,
+        ?compression,
         "starting backup"
     );
 
@@ -108,7 +119,8 @@ pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
         store: store.clone(),
         postgres,
         parts_in_flight,
-        dump_compression: args.dump_compression,
+        compression,
+        stored: BTreeMap::new(),
         buffers: PartBuffers::new(part_size, parts_in_flight),
     };
     let globals = dumper.dump_globals().await?;
@@ -129,7 +141,7 @@ pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
         globals,
         databases: dumped,
     };
-    let manifest_sha256 = write_manifest(&store, &manifest_key, &manifest).await?;
+    let manifest_sha256 = write_manifest(&store, &manifest_key, &manifest, &dumper.stored).await?;
     info!(
         backup = %manifest.backup_name,
         size = manifest.total_size(),
@@ -165,7 +177,7 @@ impl Dumper {
             .arg(conninfo_for(self.postgres.maintenance_database()));
         let key = self.store.globals_key();
         info!(%key, "dumping globals");
-        self.stream_to_object("pg_dumpall", command, &key, GLOBALS_FORMAT)
+        self.stream_to_object("pg_dumpall", command, &key, GLOBALS_FORMAT, None)
             .await
     }
 
@@ -173,15 +185,21 @@ impl Dumper {
     async fn dump_database(&mut self, database: &str) -> Result<DatabaseObject, AgentError> {
         let mut command = self.postgres.command("pg_dump");
         command.args(["--format=custom", "--no-password"]);
-        if let Some(level) = self.dump_compression {
-            // A bare level means gzip at that level in every pg_dump from 14 to 18.
+        if let Some(level) = self.compression.pg_dump_compress() {
+            // A bare level means gzip at that level (0: none) in every pg_dump from 14 to 18.
             command.arg(format!("--compress={level}"));
         }
         command.arg("--dbname").arg(conninfo_for(database));
         let key = self.store.database_key(database);
         info!(%database, %key, "dumping database");
         let object = self
-            .stream_to_object("pg_dump", command, &key, DATABASE_FORMAT)
+            .stream_to_object(
+                "pg_dump",
+                command,
+                &key,
+                DATABASE_FORMAT,
+                self.compression.zstd(),
+            )
             .await?;
         info!(%database, size = object.size, "database stored");
         Ok(DatabaseObject {
@@ -190,15 +208,17 @@ impl Dumper {
         })
     }
 
-    /// Runs the tool and uploads its stdout. The upload is completed only after the tool exited
-    /// successfully (a dump killed mid-stream ends its output like a finished one); on any error
-    /// the upload is aborted and the tool, if still running, is killed.
+    /// Runs the tool and uploads its stdout, compressed with zstd when `zstd` says so. The
+    /// upload is completed only after the tool exited successfully (a dump killed mid-stream
+    /// ends its output like a finished one); on any error the upload is aborted and the tool, if
+    /// still running, is killed.
     async fn stream_to_object(
         &mut self,
         program: &str,
         mut command: Command,
         key: &str,
         format: &str,
+        zstd: Option<ZstdSettings>,
     ) -> Result<StoredObject, AgentError> {
         let upload = MultipartUpload::create(&self.store, key, self.parts_in_flight).await?;
         let postgres = &self.postgres;
@@ -206,11 +226,14 @@ impl Dumper {
         let sent = async {
             command.stdout(std::process::Stdio::piped());
             let mut tool = postgres.spawn(program, command)?;
-            let mut stdout = tool.child.stdout.take().ok_or_else(|| AgentError::Tool {
+            let stdout = tool.child.stdout.take().ok_or_else(|| AgentError::Tool {
                 program: program.to_string(),
                 reason: "its stdout is not captured".into(),
             })?;
-            let sent = upload.send(&mut stdout, buffers).await?;
+            let sent = match zstd {
+                Some(settings) => send_compressed(&upload, stdout, settings, buffers, key).await?,
+                None => upload.send(&mut { stdout }, buffers).await?,
+            };
             tool.finish().await?;
             Ok(sent)
         }
@@ -223,6 +246,12 @@ impl Dumper {
             }
         };
         let (size, sha256) = upload.complete(sent).await?;
+        let stored = if zstd.is_some() {
+            Stored::Zstd
+        } else {
+            Stored::Plain
+        };
+        self.stored.insert(key.to_string(), stored);
         Ok(StoredObject {
             key: key.to_string(),
             size,
@@ -230,6 +259,30 @@ impl Dumper {
             format: format.to_string(),
         })
     }
+}
+
+/// Uploads `stdout` compressed with zstd on its own threads. A compression that failed (reading
+/// the pipe, or libzstd) fails the object even though its output ended like a finished one.
+///
+/// If the upload fails, the compressing thread is not waited for: it ends by itself once the
+/// caller has killed the tool (its pipe ends) or at its next write (its output is gone).
+async fn send_compressed(
+    upload: &MultipartUpload,
+    stdout: tokio::process::ChildStdout,
+    settings: ZstdSettings,
+    buffers: &mut PartBuffers,
+    key: &str,
+) -> Result<SentStream, AgentError> {
+    let stream_error = |source| AgentError::Stream {
+        key: key.to_string(),
+        source,
+    };
+    let input = std::fs::File::from(stdout.into_owned_fd().map_err(stream_error)?);
+    let mut compressor = zstd_stream::compress(input, settings);
+    let sent = upload.send(&mut compressor.output, buffers).await?;
+    let dumped = compressor.finish().await.map_err(stream_error)?;
+    debug!(%key, dumped, stored = sent.size, "compressed with zstd");
+    Ok(sent)
 }
 
 /// Every dumpable database, or the requested ones if they all exist.
@@ -249,17 +302,21 @@ fn select_databases(
     Ok(selected)
 }
 
-/// Uploads the manifest in one request and returns the SHA-256 of its bytes.
+/// Uploads the manifest, with each object's compression, in one request and returns the SHA-256
+/// of its bytes.
 #[instrument(name = "manifest", skip_all, fields(%key))]
 async fn write_manifest(
     store: &Store,
     key: &str,
     manifest: &Manifest,
+    stored: &BTreeMap<String, Stored>,
 ) -> Result<String, AgentError> {
-    let bytes = serde_json::to_vec_pretty(manifest).map_err(|error| AgentError::Manifest {
-        key: key.to_string(),
-        reason: error.to_string(),
-    })?;
+    let compression_of = |key: &str| stored.get(key).copied().unwrap_or(Stored::Plain);
+    let bytes =
+        manifest::to_json(manifest, compression_of).map_err(|error| AgentError::Manifest {
+            key: key.to_string(),
+            reason: error.to_string(),
+        })?;
     let sha256 = hex::encode(Sha256::digest(&bytes));
     store
         .s3

@@ -4,22 +4,26 @@
 //! tablespaces) with `pg_dumpall --globals-only`, then every non-template database that accepts
 //! connections with `pg_dump -Fc`. Each dump is streamed from the child's stdout straight into an
 //! S3 multipart upload (no temporary file; a bounded number of parts in memory) while its SHA-256
-//! is computed. `pgkube agent restore` reads the manifest back, verifies every selected object
-//! (size and SHA-256) before changing anything, then streams the objects into `psql` (globals)
-//! and `pg_restore` (databases), checking them again while they stream.
+//! is computed. By default pg_dump does not compress and the agent compresses each database's
+//! stream with multi-threaded zstd on the way ([`compression`], [`zstd_stream`]).
+//! `pgkube agent restore` reads the manifest back, verifies every selected object (size and
+//! SHA-256 of the stored bytes, and that a zstd object decompresses) before changing anything,
+//! then streams the objects into `psql` (globals) and `pg_restore` (databases), decompressing
+//! and checking them again while they stream.
 //!
 //! # Object layout
 //!
 //! ```text
 //! <prefix>/<backup-name>/globals.sql                  pg_dumpall --globals-only (plain SQL)
-//! <prefix>/<backup-name>/databases/<db-name>.dump     pg_dump -Fc, one per database
+//! <prefix>/<backup-name>/databases/<db-name>.dump     pg_dump -Fc, one per database (zstd by default)
 //! <prefix>/<backup-name>/manifest.json                written last, only if all of the above succeeded
 //! ```
 //!
 //! `<db-name>` keeps ASCII letters, digits, `_` and `-`; every other byte of the name is written
 //! as `%XX`, so any database name gives one safe key segment. A backup without `manifest.json` is
 //! incomplete and must never be restored; the manifest is the single source of truth for keys,
-//! sizes and checksums (see [`pgkube_controllers::storage::manifest::Manifest`]).
+//! sizes, checksums and each object's compression (see
+//! [`pgkube_controllers::storage::manifest::Manifest`]; the agent adds the compression).
 //!
 //! # Settings
 //!
@@ -56,14 +60,17 @@
 //! line has `"status":"Failed"` and a one-line `message`, and the process exits non-zero.
 
 mod backup;
+pub mod compression;
 mod download;
 mod error;
+mod manifest;
 pub mod multipart;
 pub mod part_size;
 mod postgres;
 mod report;
 mod restore;
 pub mod storage;
+pub mod zstd_stream;
 
 use std::path::PathBuf;
 

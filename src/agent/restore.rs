@@ -1,9 +1,12 @@
 //! `pgkube agent restore`: verify everything first, then apply globals and databases.
 //!
 //! Two passes over the object store. The first streams every selected object through SHA-256
-//! (no temporary file, nothing kept) and fails, before the server is touched, if an object is
-//! missing, has the wrong size or the wrong checksum. The second streams each object again into
-//! `pg_restore` and checks it once more while it streams; a mismatch there (the object changed
+//! (no temporary file, nothing kept) and, for an object the manifest lists as zstd, through the
+//! decompressor too (zstd's own frame checksum included), and fails, before the server is
+//! touched, if an object is missing, has the wrong size or the wrong checksum, or does not
+//! decompress. The second streams each object again into
+//! `pg_restore` (decompressed on the fly when it is zstd: no temporary file either) and checks
+//! it once more while it streams; a mismatch there (the object changed
 //! between the passes) fails the restore too, but that database may then be partly restored,
 //! which the message says. Reading twice costs a second download, which is cheap next to
 //! `pg_restore` itself, and it is what lets a corrupted backup change nothing. In both passes a
@@ -25,11 +28,14 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tracing::{Instrument, Span, info, info_span, instrument, warn};
 
 use super::CommonArgs;
+use super::compression::Stored;
 use super::download::ObjectReader;
 use super::error::AgentError;
+use super::manifest::ReadManifest;
 use super::postgres::{Postgres, conninfo_for};
 use super::report::Report;
 use super::storage::{Store, s3_error};
+use super::zstd_stream::{DecodeError, Decompressor};
 use pgkube_controllers::cluster::build::REPLICATION_USER;
 use pgkube_controllers::storage::manifest::{DatabaseObject, Manifest, StoredObject};
 
@@ -59,8 +65,9 @@ pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
     let started_at = now();
     let store = Store::connect(&args.common.s3, &args.common.backup_name).await?;
     let postgres = Postgres::from_env(&args.common.maintenance_database)?;
-    let manifest = read_manifest(&store).await?;
-    let selected = select_databases(&manifest, &args.databases)?;
+    let read = read_manifest(&store).await?;
+    let manifest = &read.manifest;
+    let selected = select_databases(manifest, &args.databases)?;
     postgres
         .wait_until_accepting(args.common.server_wait())
         .await?;
@@ -70,7 +77,7 @@ pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
     }
 
     info!(backup = %manifest.backup_name, databases = selected.len(), "verifying objects");
-    let globals = verify(&store, &manifest, &selected, args.skip_globals)
+    let globals = verify(&store, &read, &selected, args.skip_globals)
         .instrument(info_span!("verify", objects = selected.len()))
         .await?;
 
@@ -82,7 +89,8 @@ pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
             info!(database = %database.name, "dropping the existing database");
             postgres.drop_database(&database.name).await?;
         }
-        restore_database(&postgres, &store, database).await?;
+        let stored = read.compression_of(&database.object);
+        restore_database(&postgres, &store, database, stored).await?;
     }
 
     let size = selected.iter().map(|db| db.object.size).sum::<u64>()
@@ -123,22 +131,24 @@ impl RestoreArgs {
 /// script (unless skipped) is what it keeps.
 async fn verify(
     store: &Store,
-    manifest: &Manifest,
+    read: &ReadManifest,
     selected: &[&DatabaseObject],
     skip_globals: bool,
 ) -> Result<Option<Vec<u8>>, AgentError> {
+    let globals = &read.manifest.globals;
     let globals = if skip_globals {
         None
     } else {
-        Some(download_globals(store, &manifest.globals).await?)
+        Some(download_globals(store, globals, read.compression_of(globals)).await?)
     };
     for database in selected {
-        stream_object(store, &database.object, &mut tokio::io::sink()).await?;
+        let stored = read.compression_of(&database.object);
+        stream_object(store, &database.object, stored, &mut tokio::io::sink()).await?;
     }
     Ok(globals)
 }
 
-async fn read_manifest(store: &Store) -> Result<Manifest, AgentError> {
+async fn read_manifest(store: &Store) -> Result<ReadManifest, AgentError> {
     let key = store.manifest_key();
     let response = store
         .s3
@@ -167,7 +177,7 @@ async fn read_manifest(store: &Store) -> Result<Manifest, AgentError> {
             reason: format!("reading it: {error}"),
         })?
         .into_bytes();
-    Ok(Manifest::parse(&key, &bytes)?)
+    ReadManifest::parse(&key, &bytes)
 }
 
 /// The databases to restore, in manifest order.
@@ -200,19 +210,32 @@ async fn existing_among(
         .collect())
 }
 
-/// Streams an object into `sink`, checking its size and SHA-256 against the manifest.
+/// Streams an object into `sink`, decompressed if it is stored compressed, checking its size and
+/// SHA-256 (of the stored bytes) against the manifest, and that it decompresses. A stream that
+/// stops decompressing is read to its end all the same, so that an object altered in storage is
+/// reported as a checksum mismatch rather than as bad zstd.
 async fn stream_object<W: AsyncWrite + Unpin>(
     store: &Store,
     object: &StoredObject,
+    stored: Stored,
     sink: &mut W,
 ) -> Result<(), AgentError> {
     let mismatch = |reason: String| AgentError::Verification {
         key: object.key.clone(),
         reason,
     };
+    let stream_error = |source| AgentError::Stream {
+        key: object.key.clone(),
+        source,
+    };
     let Some(mut reader) = ObjectReader::open(store, &object.key).await? else {
         return Err(mismatch("missing from storage".into()));
     };
+    let mut decompressor = match stored {
+        Stored::Zstd => Some(Decompressor::new().map_err(stream_error)?),
+        Stored::Plain => None,
+    };
+    let mut undecodable = None;
     let mut hasher = Sha256::new();
     let mut size = 0u64;
     while let Some(chunk) = reader.next_chunk().await? {
@@ -224,12 +247,13 @@ async fn stream_object<W: AsyncWrite + Unpin>(
             )));
         }
         hasher.update(&chunk);
-        sink.write_all(&chunk)
-            .await
-            .map_err(|source| AgentError::Stream {
-                key: object.key.clone(),
-                source,
-            })?;
+        match decompressor.as_mut() {
+            None => sink.write_all(&chunk).await.map_err(stream_error)?,
+            Some(decoder) if undecodable.is_none() => {
+                undecodable = decoded(decoder.write(&chunk, sink).await, &object.key)?;
+            }
+            Some(_) => {}
+        }
     }
     if size != object.size {
         return Err(mismatch(format!(
@@ -244,10 +268,37 @@ async fn stream_object<W: AsyncWrite + Unpin>(
             object.sha256
         )));
     }
-    Ok(())
+    if undecodable.is_none()
+        && let Some(decoder) = &decompressor
+    {
+        undecodable = decoded(decoder.finish(), &object.key)?;
+    }
+    match undecodable {
+        Some(reason) => Err(mismatch(format!(
+            "its size and SHA-256 match, but it is not valid zstd: {reason}"
+        ))),
+        None => Ok(()),
+    }
 }
 
-async fn download_globals(store: &Store, globals: &StoredObject) -> Result<Vec<u8>, AgentError> {
+/// A decoding step's outcome: `Some(reason)` when the bytes do not decode, an error when the
+/// sink failed.
+fn decoded(outcome: Result<(), DecodeError>, key: &str) -> Result<Option<String>, AgentError> {
+    match outcome {
+        Ok(()) => Ok(None),
+        Err(DecodeError::Corrupt(error)) => Ok(Some(error.to_string())),
+        Err(DecodeError::Sink(source)) => Err(AgentError::Stream {
+            key: key.to_string(),
+            source,
+        }),
+    }
+}
+
+async fn download_globals(
+    store: &Store,
+    globals: &StoredObject,
+    stored: Stored,
+) -> Result<Vec<u8>, AgentError> {
     if globals.size > GLOBALS_LIMIT {
         return Err(AgentError::Verification {
             key: globals.key.clone(),
@@ -258,7 +309,7 @@ async fn download_globals(store: &Store, globals: &StoredObject) -> Result<Vec<u
         });
     }
     let mut script = Vec::new();
-    stream_object(store, globals, &mut script).await?;
+    stream_object(store, globals, stored, &mut script).await?;
     Ok(script)
 }
 
@@ -323,6 +374,7 @@ async fn restore_database(
     postgres: &Postgres,
     store: &Store,
     database: &DatabaseObject,
+    stored: Stored,
 ) -> Result<(), AgentError> {
     info!(database = %database.name, key = %database.object.key, "restoring database");
     let mut command = postgres.command("pg_restore");
@@ -336,7 +388,7 @@ async fn restore_database(
     let mut tool = postgres.spawn("pg_restore", command)?;
     let streamed = match tool.child.stdin.take() {
         // Dropping stdin at the end of the arm closes it: pg_restore sees the end of the archive.
-        Some(mut stdin) => stream_object(store, &database.object, &mut stdin).await,
+        Some(mut stdin) => stream_object(store, &database.object, stored, &mut stdin).await,
         None => Err(AgentError::Tool {
             program: "pg_restore".into(),
             reason: "its stdin is not captured".into(),
