@@ -6,15 +6,23 @@
 //! cargo bench --bench agent_throughput
 //! PGKUBE_BENCH_SIZES_MB=256,1100 cargo bench --bench agent_throughput   # sizes to measure at
 //! PGKUBE_BENCH_AGENT_BIN=/path/to/old/pgkube cargo bench --bench agent_throughput  # before/after
+//! PGKUBE_BENCH_BACKUP_ARGS='--compression-level 1;--compression-level 3;--compression gzip' \
+//!     cargo bench --bench agent_throughput   # one row per set of backup flags (';' between)
 //! ```
 //!
-//! For each database size (default 512 MB, then grown to 1100 MB) it measures, in the same run:
-//! - backup: `pg_dump -Fc > /dev/null` versus `pgkube agent backup` (pg_dump streamed to S3 with
-//!   SHA-256), as a throughput ratio (baseline time / agent time; 1.0 = no overhead);
-//! - restore: `pg_restore --create` from a local file versus `pgkube agent restore` (which reads
-//!   every object twice: a verification pass, then the restore);
-//! - the agent's peak RSS (VmHWM of its own process, sampled from /proc every 20 ms), which must
-//!   stay flat as the database grows;
+//! For each database size (default 500 MB, then grown to 1100 and 2300 MB) and each set of backup
+//! flags (default: none, the agent's defaults) it measures, in the same run:
+//! - backup: `pg_dump -Fc > /dev/null` (pg_dump's default compression, the baseline) versus
+//!   `pgkube agent backup` (by default `pg_dump -Fc -Z0` compressed by the agent with
+//!   multi-threaded zstd, streamed to S3 with SHA-256), as a speed ratio (baseline time / agent
+//!   time; target at least 3);
+//! - stored size: what the agent stored for the database over the size of `pg_dump -Fc`'s file
+//!   (target at most 0.8);
+//! - restore: `pg_restore --create` from that local `-Fc` file versus `pgkube agent restore`
+//!   (which reads every object twice, a verification pass then the restore, decompressing both
+//!   times), as a speed ratio (target at least 0.85);
+//! - the agent's peak RSS in backup and restore (VmHWM of its own process, sampled from /proc
+//!   every 20 ms; target at most 64 MiB), which must stay flat as the database grows;
 //! - the CPU seconds of the agent process itself (user + system, its PostgreSQL tools excluded,
 //!   sampled like the RSS so the last 20 ms may be missing): its real overhead, which unlike the
 //!   wall-time ratios hardly moves when other work shares the machine.
@@ -30,13 +38,25 @@ use agent_common::{PgLogin as Login, connect};
 use pgkube_testkit::tokio_postgres::Client;
 use pgkube_testkit::{TestBucket, TestEnv};
 
-const DEFAULT_SIZES_MB: &str = "512,1100";
+const DEFAULT_SIZES_MB: &str = "500,1100,2300";
 const ROWS_PER_BATCH: i64 = 1_000_000;
 
 struct Measured {
     seconds: f64,
     peak_rss_mib: f64,
     cpu_seconds: f64,
+}
+
+/// The figures of one database size and one set of backup flags.
+struct Row {
+    size_mb: u64,
+    flags: String,
+    baseline_dump_mb: f64,
+    stored_mb: f64,
+    pg_dump: Measured,
+    backup: Measured,
+    pg_restore: Measured,
+    restore: Measured,
 }
 
 fn main() {
@@ -60,88 +80,172 @@ async fn bench() {
     let work = std::env::temp_dir().join(format!("pgkube-agent-bench-{}", std::process::id()));
     std::fs::create_dir_all(&work).expect("work dir");
 
-    println!(
-        "{:>8} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>7} {:>9} {:>9}",
-        "db MB",
-        "dump MB",
-        "pg_dump s",
-        "agent s",
-        "ratio",
-        "rss MiB",
-        "cpu s",
-        "pg_rest s",
-        "agent s",
-        "ratio",
-        "rss MiB",
-        "MB/s"
-    );
+    print_header();
     let sizes = std::env::var("PGKUBE_BENCH_SIZES_MB").unwrap_or_else(|_| DEFAULT_SIZES_MB.into());
-    for (round, target_mb) in sizes
+    let flag_sets = std::env::var("PGKUBE_BENCH_BACKUP_ARGS").unwrap_or_default();
+    let mut round = 0;
+    for target_mb in sizes
         .split(',')
         .filter_map(|s| s.trim().parse::<u64>().ok())
-        .enumerate()
     {
         let size_mb = grow_to(&login, &database, target_mb).await;
+        // The baseline dump in a local file: its size, and the input of the pg_restore baseline.
         let dump_file = work.join("baseline.dump");
-
-        let pg_dump = measure(pg_dump_to(&login, &database, Path::new("/dev/null")));
-        let backup_name = format!("bench-{round}");
-        let agent_backup = measure(agent(
-            &env,
-            &login,
-            &bucket,
-            "backup",
-            &backup_name,
-            &[
-                "--cluster",
-                "bench",
-                "--namespace",
-                "bench",
-                "--database",
-                &database,
-            ],
-        ));
-        // The same dump in a local file: its size, and the input of the pg_restore baseline.
         measure(pg_dump_to(&login, &database, &dump_file));
-        let dump_mb = file_mb(&dump_file);
-
-        drop_database(&admin, &database).await;
-        let pg_restore = measure(pg_restore_from(&login, &dump_file));
-        drop_database(&admin, &database).await;
-        let agent_restore = measure(agent(
-            &env,
-            &login,
-            &bucket,
-            "restore",
-            &backup_name,
-            &["--skip-globals"],
-        ));
-
-        println!(
-            "{:>8} {:>9.0} {:>9.1} {:>9.1} {:>7.2} {:>9.1} {:>9.2} {:>9.1} {:>9.1} {:>7.2} {:>9.1} {:>9.1}",
-            size_mb,
-            dump_mb,
-            pg_dump.seconds,
-            agent_backup.seconds,
-            pg_dump.seconds / agent_backup.seconds,
-            agent_backup.peak_rss_mib,
-            agent_backup.cpu_seconds,
-            pg_restore.seconds,
-            agent_restore.seconds,
-            pg_restore.seconds / agent_restore.seconds,
-            agent_restore.peak_rss_mib,
-            size_mb as f64 / agent_backup.seconds,
-        );
+        let baseline_dump_mb = file_mb(&dump_file);
+        for flags in flag_sets.split(';') {
+            round += 1;
+            let bench = Bench {
+                env: &env,
+                login: &login,
+                bucket: &bucket,
+                admin: &admin,
+                database: &database,
+                work: &work,
+            };
+            let row = bench
+                .round(round, flags, size_mb, baseline_dump_mb, &dump_file)
+                .await;
+            print_row(&row);
+        }
         let _ = std::fs::remove_file(&dump_file);
     }
     println!(
-        "ratio = PostgreSQL tool time / agent time (1.0 = no overhead); cpu s = CPU seconds of the agent process \
-         during the backup (pg_dump excluded); MB/s = database MB per agent backup second"
+        "speed = PostgreSQL tool time / agent time (backup target >= 3, restore >= 0.85); \
+         size = agent's stored bytes / pg_dump -Fc's (target <= 0.8); rss = agent peak RSS \
+         (target <= 64 MiB); cpu s = CPU seconds of the agent process (its tools excluded)"
     );
 
     drop_database(&admin, &database).await;
     bucket.cleanup().await;
     let _ = std::fs::remove_dir_all(work);
+}
+
+/// What every round needs.
+struct Bench<'a> {
+    env: &'a TestEnv,
+    login: &'a Login,
+    bucket: &'a TestBucket,
+    admin: &'a Client,
+    database: &'a str,
+    work: &'a Path,
+}
+
+impl Bench<'_> {
+    /// Baseline dump, agent backup, baseline restore and agent restore of the database as it is.
+    async fn round(
+        &self,
+        round: usize,
+        flags: &str,
+        size_mb: u64,
+        baseline_dump_mb: f64,
+        dump_file: &Path,
+    ) -> Row {
+        let pg_dump = measure(pg_dump_to(
+            self.login,
+            self.database,
+            Path::new("/dev/null"),
+        ));
+        let backup_name = format!("bench-{round}");
+        let report_file = self.work.join(format!("{backup_name}.json"));
+        let mut args = vec![
+            "--cluster",
+            "bench",
+            "--namespace",
+            "bench",
+            "--database",
+            self.database,
+        ];
+        args.extend(flags.split_whitespace());
+        let mut command = self.agent("backup", &backup_name, &args);
+        command.stdout(std::fs::File::create(&report_file).expect("report file"));
+        let backup = measure(command);
+        let stored_mb = stored_database_mb(&report_file, &self.globals_size(&backup_name).await);
+
+        drop_database(self.admin, self.database).await;
+        let pg_restore = measure(pg_restore_from(self.login, dump_file));
+        drop_database(self.admin, self.database).await;
+        let restore = measure(self.agent("restore", &backup_name, &["--skip-globals"]));
+        Row {
+            size_mb,
+            flags: flags.trim().to_string(),
+            baseline_dump_mb,
+            stored_mb,
+            pg_dump,
+            backup,
+            pg_restore,
+            restore,
+        }
+    }
+
+    /// The bytes of the backup's globals object, to leave out of its total size.
+    async fn globals_size(&self, backup_name: &str) -> Vec<u8> {
+        let key = format!("bench/{backup_name}/globals.sql");
+        agent_common::get_object(&self.bucket.client(), self.bucket.name(), &key).await
+    }
+
+    fn agent(&self, subcommand: &str, backup_name: &str, extra: &[&str]) -> Command {
+        agent(
+            self.env,
+            self.login,
+            self.bucket,
+            subcommand,
+            backup_name,
+            extra,
+        )
+    }
+}
+
+fn print_header() {
+    println!(
+        "{:>7} {:>8} {:>8} {:>9} {:>7} {:>6} {:>6} {:>7} {:>7} {:>9} {:>7} {:>6} {:>7}  flags",
+        "db MB",
+        "-Fc MB",
+        "agent MB",
+        "pg_dump s",
+        "agent s",
+        "speed",
+        "size",
+        "rss MiB",
+        "cpu s",
+        "pg_rest s",
+        "agent s",
+        "speed",
+        "rss MiB",
+    );
+}
+
+fn print_row(row: &Row) {
+    println!(
+        "{:>7} {:>8.0} {:>8.0} {:>9.1} {:>7.1} {:>6.2} {:>6.2} {:>7.1} {:>7.2} {:>9.1} {:>7.1} {:>6.2} {:>7.1}  {}",
+        row.size_mb,
+        row.baseline_dump_mb,
+        row.stored_mb,
+        row.pg_dump.seconds,
+        row.backup.seconds,
+        row.pg_dump.seconds / row.backup.seconds,
+        row.stored_mb / row.baseline_dump_mb,
+        row.backup.peak_rss_mib,
+        row.backup.cpu_seconds,
+        row.pg_restore.seconds,
+        row.restore.seconds,
+        row.pg_restore.seconds / row.restore.seconds,
+        row.restore.peak_rss_mib,
+        if row.flags.is_empty() {
+            "(defaults)"
+        } else {
+            &row.flags
+        },
+    );
+}
+
+/// The MB the backup stored for its database: the report's total less the globals object.
+fn stored_database_mb(report_file: &Path, globals: &[u8]) -> f64 {
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(report_file).expect("the agent's report"))
+            .expect("the report is JSON");
+    let total = report["size"].as_u64().expect("the report has a size");
+    (total - globals.len() as u64) as f64 / 1e6
 }
 
 /// Adds rows until the database is at least `target_mb`; returns its size in MB.
