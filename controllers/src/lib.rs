@@ -17,6 +17,7 @@ mod quantity;
 pub mod restore;
 pub mod retention;
 mod retries;
+pub mod union_store;
 pub mod schedule;
 pub mod scheduling;
 pub mod storage;

@@ -74,11 +74,14 @@ async fn each_reconcile_is_one_trace_with_a_span_per_step_and_the_trace_id_in_lo
         .await
         .expect("created");
     let mut registry = prometheus_client::registry::Registry::default();
-    let context = Arc::new(ClusterContext::new(Context {
+    let (context, fill_caches) = ClusterContext::new(Context {
         client: client.clone(),
         settings: Arc::new(Settings::default()),
         metrics: Arc::new(Metrics::register(&mut registry)),
-    }));
+    })
+    .with_caches_of(namespace.name());
+    let caches = tokio::spawn(fill_caches);
+    let context = Arc::new(context);
     // The first reconcile only adds the finalizer; the second runs the pipeline.
     for _ in 0..2 {
         let latest = clusters.get("traced").await.expect("cluster");
@@ -160,5 +163,6 @@ async fn each_reconcile_is_one_trace_with_a_span_per_step_and_the_trace_id_in_lo
         .await
         .expect("cleanup succeeds");
     assert!(clusters.get_opt("traced").await.expect("read").is_none());
+    caches.abort();
     namespace.cleanup().await;
 }

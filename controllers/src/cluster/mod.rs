@@ -1,7 +1,8 @@
 //! The PostgreSQLCluster controller.
 //!
 //! Each reconcile is a pipeline, one span per step under the root span `reconcile`:
-//! `read` the live children and ask each pod's instance manager for its status -> `validate`
+//! `read` the live children from the watch caches (no request: see `cache`) and ask each pod's
+//! instance manager for its status -> `validate`
 //! the spec against them (pure) -> `build` the desired children (pure) -> `apply` what differs
 //! with server-side apply, and label each pod with the role its instance manager reports ->
 //! write the `status` when it changed, with an Event for each change. An unchanged, ready
@@ -25,6 +26,7 @@
 mod apply;
 pub mod backups;
 pub mod build;
+mod cache;
 mod drift;
 pub mod instances;
 mod memory;
@@ -40,8 +42,6 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
@@ -59,6 +59,7 @@ use rand::distr::Alphanumeric;
 use serde_json::json;
 use tracing::{Instrument, Span, field, info_span, instrument};
 
+use crate::union_store::UnionStore;
 use crate::{Context, ShutdownSignal, api, record_trace_id, truncate_note};
 use build::ChildNames;
 use status::{Issue, Observation};
@@ -79,8 +80,6 @@ pub const INSTANCE_REFRESH: Duration = Duration::from_secs(15);
 /// First and longest retry delay after an error.
 const BACKOFF_BASE: Duration = Duration::from_secs(2);
 const BACKOFF_MAX: Duration = Duration::from_secs(300);
-/// Label on every child, used to watch only our objects.
-const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=pgkube";
 
 /// Errors of one reconcile.
 #[derive(Debug, thiserror::Error)]
@@ -100,6 +99,8 @@ pub enum Error {
     #[error("internal error: {0}")]
     Invariant(&'static str),
     #[error(transparent)]
+    CachesClosed(#[from] cache::CachesClosed),
+    #[error(transparent)]
     Finalizer(#[from] Box<kube::runtime::finalizer::Error<Error>>),
 }
 
@@ -115,6 +116,8 @@ pub struct ClusterContext {
     /// Every PostgreSQLRestore the controllers watch, for the Restoring and Bootstrapped
     /// conditions.
     restores: Vec<Store<PostgreSQLRestore>>,
+    /// The clusters' children, per watched namespace (or one for all).
+    children: Vec<cache::ChildStores>,
 }
 
 impl ClusterContext {
@@ -131,7 +134,34 @@ impl ClusterContext {
             failures: Mutex::default(),
             backups: Vec::new(),
             restores: Vec::new(),
+            children: Vec::new(),
         }
+    }
+
+    /// The same context, reading the children of clusters in `namespace` from caches of its
+    /// own, which the returned future fills: for reconciles run without the controller (tests).
+    pub fn with_caches_of(
+        self,
+        namespace: &str,
+    ) -> (
+        Self,
+        impl std::future::Future<Output = ()> + Send + 'static + use<>,
+    ) {
+        let (stores, fill) = cache::ChildStores::standalone(&self.base.client, Some(namespace));
+        (self.with_children(vec![stores]), fill)
+    }
+
+    /// The same context, reading the clusters' children from `stores`.
+    fn with_children(self, stores: Vec<cache::ChildStores>) -> Self {
+        Self {
+            children: stores,
+            ..self
+        }
+    }
+
+    /// The caches that hold the children of clusters in `namespace`.
+    fn children_in(&self, namespace: &str) -> Option<&cache::ChildStores> {
+        self.children.iter().find(|stores| stores.covers(namespace))
     }
 
     /// The same context, reading the cluster's backups from `stores`.
@@ -200,69 +230,125 @@ impl Failures {
     }
 }
 
-/// One Controller per watched namespace (or one for all), with the stores whose readiness
-/// means the controller is ready.
+/// The one Controller of every watched namespace, with the store whose readiness means the
+/// controller is ready.
 pub struct ClusterControllers {
-    controllers: Vec<Controller<PostgreSQLCluster>>,
+    controller: Controller<PostgreSQLCluster>,
+    clusters: Store<PostgreSQLCluster>,
     context: Arc<ClusterContext>,
 }
 
 impl ClusterControllers {
+    /// One Controller for all watched namespaces, so that `--max-concurrent-reconciles` bounds
+    /// them together: each namespace has its own watches (a namespaced manager may not list
+    /// cluster-wide), all feeding this Controller, which reads clusters from the union of the
+    /// namespaces' stores (see `union_store`).
     pub fn new(context: &Context) -> Self {
-        let mut controllers = Vec::new();
-        let mut backups = Vec::new();
-        let mut restores = Vec::new();
-        for namespace in crate::watched_namespaces(&context.settings) {
-            let watched = controller(
-                &context.client,
-                namespace.as_deref(),
-                context.settings.max_concurrent_reconciles,
-            );
-            controllers.push(watched.controller);
-            backups.push(watched.backups);
-            restores.push(watched.restores);
+        let client = &context.client;
+        let namespaces = crate::watched_namespaces(&context.settings);
+        let (triggers, clusters) = cluster_watches(client, &namespaces);
+        let mut controller = Controller::for_stream(triggers, clusters.clone()).with_config(
+            ControllerConfig::default().concurrency(context.settings.max_concurrent_reconciles),
+        );
+        let (mut backups, mut restores, mut children) = (Vec::new(), Vec::new(), Vec::new());
+        for namespace in &namespaces {
+            let namespace = namespace.as_deref();
+            let (with_runs, backup_store, restore_store) =
+                watch_backups_and_restores(controller, client, namespace);
+            let (with_children, child_stores) =
+                cache::ChildStores::watch(with_runs, client, namespace);
+            controller = with_children;
+            backups.push(backup_store);
+            restores.push(restore_store);
+            children.push(child_stores);
         }
         let context = ClusterContext::new(context.clone())
             .with_backups(backups)
-            .with_restores(restores);
+            .with_restores(restores)
+            .with_children(children);
         Self {
-            controllers,
+            controller,
+            clusters,
             context: Arc::new(context),
         }
     }
 
-    /// The cluster caches; all ready means every cluster is known.
+    /// The cluster cache; ready means every cluster is known.
     pub fn stores(&self) -> Vec<Store<PostgreSQLCluster>> {
-        self.controllers.iter().map(Controller::store).collect()
+        vec![self.clusters.clone()]
     }
 
     /// Runs until `shutdown` fires; reconciles in flight finish first.
     pub async fn run(self, shutdown: ShutdownSignal) {
-        let runs = self.controllers.into_iter().map(|controller| {
-            controller
-                .graceful_shutdown_on(shutdown.clone().wait())
-                .run(reconcile, error_policy, self.context.clone())
-                .for_each(|result| async move {
-                    if let Err(error) = result {
-                        tracing::debug!(controller = CONTROLLER, %error, "reconcile stream");
-                    }
-                })
-        });
-        futures::future::join_all(runs).await;
+        self.controller
+            .graceful_shutdown_on(shutdown.wait())
+            .run(reconcile, error_policy, self.context)
+            .for_each(|result| async move {
+                if let Err(error) = result {
+                    tracing::debug!(controller = CONTROLLER, %error, "reconcile stream");
+                }
+            })
+            .await;
     }
 }
 
-/// The controller of one namespace (or all), with its caches of backups and restores.
-struct Watched {
-    controller: Controller<PostgreSQLCluster>,
-    backups: Store<PostgreSQLBackup>,
-    restores: Store<PostgreSQLRestore>,
+/// The clusters' watches, one per namespace, as one stream of changed clusters, and the store
+/// the Controller reads them from: the namespace's own with one namespace, else their union.
+fn cluster_watches(
+    client: &Client,
+    namespaces: &[Option<String>],
+) -> (
+    impl futures::Stream<Item = Result<PostgreSQLCluster, watcher::Error>> + Send + 'static,
+    Store<PostgreSQLCluster>,
+) {
+    let parts: Vec<_> = namespaces
+        .iter()
+        .map(|namespace| (namespace.clone(), reflector::store::<PostgreSQLCluster>()))
+        .collect();
+    let (union, reader) = match parts.as_slice() {
+        [(_, (store, _))] => (None, store.clone()),
+        parts => {
+            let stores = parts
+                .iter()
+                .map(|(namespace, (store, _))| {
+                    (namespace.clone().unwrap_or_default(), store.clone())
+                })
+                .collect();
+            let (union, reader) = UnionStore::new(stores);
+            (Some(union), reader)
+        }
+    };
+    let streams = parts
+        .into_iter()
+        .enumerate()
+        .map(|(index, (namespace, (_, writer)))| {
+            let union = union.clone();
+            let api = api::<PostgreSQLCluster>(client, namespace.as_deref());
+            reflector(writer, watcher::watcher(api, watcher::Config::default()))
+                .default_backoff()
+                .inspect(move |event| {
+                    if let (Some(union), Ok(event)) = (&union, event) {
+                        union.follow(index, event);
+                    }
+                })
+                .touched_objects()
+                .boxed()
+        });
+    (futures::stream::select_all(streams), reader)
 }
 
-/// The controller of one namespace (or all): a backup's or a restore's change reconciles its
-/// cluster, whose status tells of its last good backup and of its restores.
-fn controller(client: &Client, namespace: Option<&str>, concurrency: u16) -> Watched {
-    let ours = || watcher::Config::default().labels(MANAGED_BY_SELECTOR);
+/// Adds the watches of `namespace`'s backups and restores to `controller`: a backup's or a
+/// restore's change reconciles its cluster, whose status tells of its last good backup and of
+/// its restores. Returns their caches too.
+fn watch_backups_and_restores(
+    controller: Controller<PostgreSQLCluster>,
+    client: &Client,
+    namespace: Option<&str>,
+) -> (
+    Controller<PostgreSQLCluster>,
+    Store<PostgreSQLBackup>,
+    Store<PostgreSQLRestore>,
+) {
     let (restores, restore_writer) = reflector::store();
     let restore_changes = reflector(
         restore_writer,
@@ -283,29 +369,16 @@ fn controller(client: &Client, namespace: Option<&str>, concurrency: u16) -> Wat
     )
     .default_backoff()
     .touched_objects();
-    let controller = Controller::new(
-        api::<PostgreSQLCluster>(client, namespace),
-        watcher::Config::default(),
-    )
-    .with_config(ControllerConfig::default().concurrency(concurrency))
-    .owns(api::<StatefulSet>(client, namespace), ours())
-    .owns(api::<Service>(client, namespace), ours())
-    .owns(api::<ConfigMap>(client, namespace), ours())
-    .owns(api::<Secret>(client, namespace), ours())
-    .owns(api::<PodDisruptionBudget>(client, namespace), ours())
-    .watches_stream(backup_changes, |backup: PostgreSQLBackup| {
-        let namespace = backup.namespace()?;
-        Some(ObjectRef::new(&backup.spec.cluster.name).within(&namespace))
-    })
-    .watches_stream(restore_changes, |restore: PostgreSQLRestore| {
-        let namespace = restore.namespace()?;
-        Some(ObjectRef::new(&restore.spec.cluster.name).within(&namespace))
-    });
-    Watched {
-        controller,
-        backups,
-        restores,
-    }
+    let controller = controller
+        .watches_stream(backup_changes, |backup: PostgreSQLBackup| {
+            let namespace = backup.namespace()?;
+            Some(ObjectRef::new(&backup.spec.cluster.name).within(&namespace))
+        })
+        .watches_stream(restore_changes, |restore: PostgreSQLRestore| {
+            let namespace = restore.namespace()?;
+            Some(ObjectRef::new(&restore.spec.cluster.name).within(&namespace))
+        });
+    (controller, backups, restores)
 }
 
 /// Reconciles one cluster: the finalizer first, then apply or cleanup.
@@ -433,14 +506,19 @@ async fn reconcile_cluster(
     cluster: &PostgreSQLCluster,
     context: &ClusterContext,
 ) -> Result<Action, Error> {
-    let client = &context.base.client;
     let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
     let names = ChildNames::for_cluster(&cluster.name_any());
     let primary = roles::designated_primary(cluster.status.as_ref(), &names);
     let source = context.base.settings.instance_status.as_ref();
-    let live = Box::pin(read::read(client, &namespace, &names, source))
-        .instrument(info_span!("read"))
-        .await?;
+    let stores = context
+        .children_in(&namespace)
+        .ok_or(Error::Invariant("no cache of the cluster's namespace"))?;
+    let live = async {
+        stores.ready().await?;
+        Ok::<_, Error>(read::read(stores, &namespace, &names, source).await)
+    }
+    .instrument(info_span!("read"))
+    .await?;
     let facts = LiveFacts {
         primary_ordinal: roles::ordinal(&names.statefulset, &primary),
         ..live.facts()

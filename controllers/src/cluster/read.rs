@@ -1,15 +1,16 @@
 //! Read: the live children of a cluster, as they are before this reconcile changes anything,
-//! and what the instance managers of its pods report.
+//! and what the instance managers of its pods report. The children come from the controller's
+//! caches (see `cache`): a reconcile reads nothing from the API server.
 
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::ListParams;
-use kube::{Api, Client, ResourceExt};
+use kube::ResourceExt;
+use kube::runtime::reflector::Store;
 use tracing::{Instrument, info_span};
 
-use super::Error;
 use super::build::{ChildNames, DATA_VOLUME, VERSION_ANNOTATION, selector_labels};
+use super::cache::{ChildStores, cached_object, cached_objects};
 use super::instances::{self, InstanceStatusSource, ObservedInstance};
 use super::roles;
 use super::validate::LiveFacts;
@@ -35,43 +36,44 @@ pub struct LiveChildren {
     pub instances: Vec<ObservedInstance>,
 }
 
-/// Reads the children named by `names` in `namespace`, and asks the instance manager of each
-/// of the cluster's pods through `source`.
+/// Reads the children named by `names` in `namespace` from `stores`, and asks the instance
+/// manager of each of the cluster's pods through `source`.
 pub async fn read(
-    client: &Client,
+    stores: &ChildStores,
     namespace: &str,
     names: &ChildNames,
     source: &dyn InstanceStatusSource,
-) -> Result<LiveChildren, Error> {
-    let statefulset = get::<StatefulSet>(client, namespace, &names.statefulset).await?;
+) -> LiveChildren {
+    let statefulset = cached_clone(&stores.statefulsets, namespace, &names.statefulset);
+    let service = |name| cached_clone(&stores.services, namespace, name);
     let (data_claims, instances) = if statefulset.is_some() {
-        let pods = pods(client, namespace, names).await?;
+        let pods = pods(stores, namespace, names);
         let instances = instances::observe(&pods, source)
             .instrument(info_span!("instances", pods = pods.len()))
             .await;
-        (data_claims(client, namespace, names).await?, instances)
+        (data_claims(stores, namespace, names), instances)
     } else {
         (Vec::new(), Vec::new())
     };
-    Ok(LiveChildren {
+    let secret_exists = |name| cached_object(&stores.secrets, namespace, name).is_some();
+    LiveChildren {
         statefulset,
-        headless_service: get(client, namespace, &names.headless_service).await?,
-        rw_service: get(client, namespace, &names.rw_service).await?,
-        ro_service: get(client, namespace, &names.ro_service).await?,
-        r_service: get(client, namespace, &names.r_service).await?,
-        old_client_service: get(client, namespace, &names.old_client_service).await?,
-        config_map: get(client, namespace, &names.config_map).await?,
-        credentials_exist: exists::<Secret>(client, namespace, &names.secret).await?,
-        replication_credentials_exist: exists::<Secret>(
-            client,
+        headless_service: service(&names.headless_service),
+        rw_service: service(&names.rw_service),
+        ro_service: service(&names.ro_service),
+        r_service: service(&names.r_service),
+        old_client_service: service(&names.old_client_service),
+        config_map: cached_clone(&stores.config_maps, namespace, &names.config_map),
+        credentials_exist: secret_exists(&names.secret),
+        replication_credentials_exist: secret_exists(&names.replication_secret),
+        pod_disruption_budget: cached_clone(
+            &stores.budgets,
             namespace,
-            &names.replication_secret,
-        )
-        .await?,
-        pod_disruption_budget: get(client, namespace, &names.pod_disruption_budget).await?,
+            &names.pod_disruption_budget,
+        ),
         data_claims,
         instances,
-    })
+    }
 }
 
 impl LiveChildren {
@@ -131,88 +133,54 @@ pub fn claim_request(claim: &PersistentVolumeClaim) -> Option<String> {
         .map(|quantity| quantity.0.clone())
 }
 
-async fn get<K>(client: &Client, namespace: &str, name: &str) -> Result<Option<K>, Error>
+/// A copy of the cached object: the reconcile may hold it across awaits while the cache
+/// changes.
+fn cached_clone<K>(store: &Store<K>, namespace: &str, name: &str) -> Option<K>
 where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
+    K: kube::Resource<DynamicType = ()> + Clone,
 {
-    Api::<K>::namespaced(client.clone(), namespace)
-        .get_opt(name)
-        .await
-        .map_err(|source| Error::Kube {
-            action: "read",
-            kind: K::kind(&()).into_owned(),
-            name: name.to_owned(),
-            source,
-        })
-}
-
-async fn exists<K>(client: &Client, namespace: &str, name: &str) -> Result<bool, Error>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-{
-    Ok(get::<K>(client, namespace, name).await?.is_some())
+    cached_object(store, namespace, name).map(|object| (*object).clone())
 }
 
 /// The StatefulSet's pods (`<statefulset>-N`), by ordinal.
-async fn pods(client: &Client, namespace: &str, names: &ChildNames) -> Result<Vec<Pod>, Error> {
-    let selector = selector_labels(names)
-        .iter()
-        .map(|(key, value)| format!("{key}={value}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    let listed = Api::<Pod>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(|source| Error::Kube {
-            action: "list",
-            kind: "Pod".to_owned(),
-            name: format!("{}-*", names.statefulset),
-            source,
-        })?;
-    let mut pods: Vec<(i32, Pod)> = listed
-        .items
-        .into_iter()
-        .filter_map(|pod| Some((roles::ordinal(&names.statefulset, &pod.name_any())?, pod)))
-        .collect();
+fn pods(stores: &ChildStores, namespace: &str, names: &ChildNames) -> Vec<Pod> {
+    let selector = selector_labels(names);
+    let mut pods: Vec<(i32, Pod)> = cached_objects(&stores.pods, namespace, |pod| {
+        let labels = pod.labels();
+        selector
+            .iter()
+            .all(|(key, value)| labels.get(key) == Some(value))
+    })
+    .into_iter()
+    .filter_map(|pod| {
+        Some((
+            roles::ordinal(&names.statefulset, &pod.name_any())?,
+            (*pod).clone(),
+        ))
+    })
+    .collect();
     pods.sort_by_key(|(ordinal, _)| *ordinal);
-    Ok(pods.into_iter().map(|(_, pod)| pod).collect())
+    pods.into_iter().map(|(_, pod)| pod).collect()
 }
 
-async fn data_claims(
-    client: &Client,
+/// The StatefulSet's data volume claims (`data-<statefulset>-N`).
+fn data_claims(
+    stores: &ChildStores,
     namespace: &str,
     names: &ChildNames,
-) -> Result<Vec<PersistentVolumeClaim>, Error> {
-    let selector = format!(
-        "app.kubernetes.io/instance={},app.kubernetes.io/managed-by=pgkube",
-        names.instance_label
-    );
+) -> Vec<PersistentVolumeClaim> {
     let prefix = format!("{DATA_VOLUME}-{}-", names.statefulset);
-    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(|source| Error::Kube {
-            action: "list",
-            kind: "PersistentVolumeClaim".to_owned(),
-            name: prefix.clone(),
-            source,
-        })?;
-    Ok(claims
-        .items
-        .into_iter()
-        .filter(|claim| {
-            claim
+    let is_data_claim = |claim: &PersistentVolumeClaim| {
+        claim.labels().get("app.kubernetes.io/instance") == Some(&names.instance_label)
+            && claim
                 .metadata
                 .name
                 .as_deref()
                 .and_then(|name| name.strip_prefix(&prefix))
                 .is_some_and(|ordinal| ordinal.parse::<u32>().is_ok())
-        })
-        .collect())
+    };
+    cached_objects(&stores.claims, namespace, is_data_claim)
+        .into_iter()
+        .map(|claim| (*claim).clone())
+        .collect()
 }

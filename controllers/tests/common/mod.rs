@@ -92,9 +92,17 @@ pub struct SimulatedInstances {
     http: HttpInstanceStatus,
     /// Answers set by the test: a report, or `None` for no answer.
     answers: Mutex<HashMap<String, Option<InstanceReport>>>,
+    /// Questions answered for simulated pods: each reconcile of a cluster with pods asks every
+    /// pod once.
+    asked: AtomicUsize,
 }
 
 impl SimulatedInstances {
+    /// How many times a simulated pod was asked for its status.
+    pub fn asked(&self) -> usize {
+        self.asked.load(Ordering::SeqCst)
+    }
+
     /// From now on, pod `pod` answers `report` (`None`: does not answer).
     pub fn answer(&self, pod: &str, report: Option<InstanceReport>) {
         if let Ok(mut answers) = self.answers.lock() {
@@ -159,6 +167,7 @@ impl InstanceStatusSource for SimulatedInstances {
         if address.ip.is_loopback() {
             return self.http.fetch(address);
         }
+        self.asked.fetch_add(1, Ordering::SeqCst);
         let answer = self.simulated(&address.pod);
         Box::pin(async move { answer })
     }

@@ -1,0 +1,192 @@
+//! One store of a kind across several watched namespaces, so that one Controller can serve them
+//! all (and `--max-concurrent-reconciles` bounds them all together).
+//!
+//! Without a cluster-wide right to list, each namespace needs a watch of its own, and kube's
+//! stores take one watch each: a second namespace's relist would wipe the first's objects. So
+//! each namespace keeps its own store (authoritative for that namespace), and this union follows
+//! them: an object applied or deleted in one is applied or deleted here; after a namespace
+//! relisted, the union takes that namespace's objects from its store and drops the ones it no
+//! longer has. The union is ready once every namespace has listed once.
+
+use std::sync::{Arc, Mutex};
+
+use kube::Resource;
+use kube::runtime::reflector::{Lookup, Store, store::Writer};
+use kube::runtime::watcher::Event;
+
+/// The union of the stores of several namespaces.
+pub struct UnionStore<K: Lookup + Clone + 'static>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    parts: Vec<(String, Store<K>)>,
+    state: Mutex<UnionState<K>>,
+}
+
+struct UnionState<K: Lookup + Clone + 'static>
+where
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    writer: Writer<K>,
+    /// Which parts have listed at least once; the union fills when all have.
+    listed: Vec<bool>,
+    ready: bool,
+}
+
+impl<K> UnionStore<K>
+where
+    K: Resource<DynamicType = ()> + Lookup<DynamicType = ()> + Clone + 'static,
+{
+    /// A union of `parts` (each a namespace and its store), and the reader of the union.
+    pub fn new(parts: Vec<(String, Store<K>)>) -> (Arc<UnionStore<K>>, Store<K>) {
+        let writer = Writer::new(());
+        let reader = writer.as_reader();
+        let listed = vec![false; parts.len()];
+        let union = UnionStore {
+            parts,
+            state: Mutex::new(UnionState {
+                writer,
+                listed,
+                ready: false,
+            }),
+        };
+        (Arc::new(union), reader)
+    }
+
+    /// Follows `event` of part `index`'s watch, which its store has already applied.
+    pub fn follow(&self, index: usize, event: &Event<K>) {
+        // A panic while holding the lock leaves the state usable: the next relist repairs it.
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !state.ready {
+            if matches!(event, Event::InitDone) {
+                if let Some(listed) = state.listed.get_mut(index) {
+                    *listed = true;
+                }
+                if state.listed.iter().all(|listed| *listed) {
+                    self.fill(&mut state.writer);
+                    state.ready = true;
+                }
+            }
+            return;
+        }
+        match event {
+            Event::Apply(_) | Event::Delete(_) => state.writer.apply_watcher_event(event),
+            Event::InitDone => self.resync(&mut state.writer, index),
+            Event::Init | Event::InitApply(_) => {}
+        }
+    }
+
+    /// The first fill, from every part: the union becomes ready.
+    fn fill(&self, writer: &mut Writer<K>) {
+        writer.apply_watcher_event(&Event::Init);
+        for (_, part) in &self.parts {
+            for object in part.state() {
+                writer.apply_watcher_event(&Event::InitApply((*object).clone()));
+            }
+        }
+        writer.apply_watcher_event(&Event::InitDone);
+    }
+
+    /// After part `index` relisted: its objects as its store has them, and none it lacks.
+    fn resync(&self, writer: &mut Writer<K>, index: usize) {
+        let Some((namespace, part)) = self.parts.get(index) else {
+            return;
+        };
+        let stale: Vec<K> = writer
+            .as_reader()
+            .state()
+            .into_iter()
+            .filter(|object| object.meta().namespace.as_deref() == Some(namespace.as_str()))
+            .filter(|object| part.get(&object.to_object_ref(())).is_none())
+            .map(|object| (*object).clone())
+            .collect();
+        for object in stale {
+            writer.apply_watcher_event(&Event::Delete(object));
+        }
+        for object in part.state() {
+            writer.apply_watcher_event(&Event::Apply((*object).clone()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::ResourceExt;
+    use kube::runtime::reflector::store;
+
+    fn object(namespace: &str, name: &str) -> ConfigMap {
+        let mut object = ConfigMap::default();
+        object.metadata.namespace = Some(namespace.to_owned());
+        object.metadata.name = Some(name.to_owned());
+        object
+    }
+
+    /// A part's store and writer, with the union following its events.
+    struct Part {
+        writer: Writer<ConfigMap>,
+        index: usize,
+    }
+
+    impl Part {
+        fn send(&mut self, union: &UnionStore<ConfigMap>, event: Event<ConfigMap>) {
+            self.writer.apply_watcher_event(&event);
+            union.follow(self.index, &event);
+        }
+
+        fn list(&mut self, union: &UnionStore<ConfigMap>, objects: &[ConfigMap]) {
+            self.send(union, Event::Init);
+            for object in objects {
+                self.send(union, Event::InitApply(object.clone()));
+            }
+            self.send(union, Event::InitDone);
+        }
+    }
+
+    fn names(store: &Store<ConfigMap>) -> Vec<String> {
+        let mut names: Vec<String> = store
+            .state()
+            .iter()
+            .map(|o| {
+                format!(
+                    "{}/{}",
+                    ResourceExt::namespace(&**o).unwrap_or_default(),
+                    o.name_any()
+                )
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn the_union_fills_once_every_namespace_listed_and_follows_changes_and_relists() {
+        let (a_store, a_writer) = store::<ConfigMap>();
+        let (b_store, b_writer) = store::<ConfigMap>();
+        let (union, reader) =
+            UnionStore::new(vec![("a".to_owned(), a_store), ("b".to_owned(), b_store)]);
+        let mut a = Part {
+            writer: a_writer,
+            index: 0,
+        };
+        let mut b = Part {
+            writer: b_writer,
+            index: 1,
+        };
+
+        a.list(&union, &[object("a", "one"), object("a", "two")]);
+        assert!(names(&reader).is_empty(), "not ready before b listed");
+        b.list(&union, &[object("b", "one")]);
+        assert_eq!(names(&reader), ["a/one", "a/two", "b/one"]);
+
+        a.send(&union, Event::Apply(object("a", "three")));
+        b.send(&union, Event::Delete(object("b", "one")));
+        assert_eq!(names(&reader), ["a/one", "a/three", "a/two"]);
+
+        // b's relist leaves a alone; a's relist drops what a no longer has.
+        b.list(&union, &[object("b", "four")]);
+        a.list(&union, &[object("a", "one")]);
+        assert_eq!(names(&reader), ["a/one", "b/four"]);
+    }
+}
