@@ -94,6 +94,9 @@ impl Default for Settings {
 #[derive(Clone)]
 pub struct Context {
     pub client: kube::Client,
+    /// The client Events are published with: one with a rate limit of its own, as client-go's
+    /// event broadcaster has, so that Events never delay the reconciles' requests.
+    pub events: kube::Client,
     pub settings: Arc<Settings>,
     pub metrics: Arc<Metrics>,
 }

@@ -60,6 +60,7 @@ impl Bed {
         let mut registry = Registry::default();
         let metrics = Arc::new(Metrics::register(&mut registry));
         let context = Context {
+            events: client.clone(),
             client,
             settings: Arc::new(Settings {
                 watch_namespaces: vec![self.namespace.name().to_owned()],

@@ -76,6 +76,7 @@ async fn each_reconcile_is_one_trace_with_a_span_per_step_and_the_trace_id_in_lo
     let mut registry = prometheus_client::registry::Registry::default();
     let (context, fill_caches) = ClusterContext::new(Context {
         client: client.clone(),
+        events: client.clone(),
         settings: Arc::new(Settings::default()),
         metrics: Arc::new(Metrics::register(&mut registry)),
     })

@@ -3,7 +3,9 @@
 //!
 //! - the controllers' client, with the client-side rate limit (`--kube-api-qps`,
 //!   `--kube-api-burst`) in its service stack, and the count of its requests on `/metrics`
-//!   ([`super::client_metrics`]);
+//!   ([`super::client_metrics`]); Events go through a second one like it, with a limit of its
+//!   own, so that publishing Events never delays reconciles (client-go's event broadcaster,
+//!   which controller-runtime operators use, has its own client too);
 //! - the leader election client, without it. Renewing the Lease must never wait behind a
 //!   busy manager's reconciles: a renewal queued in the rate limiter past the renew deadline
 //!   would make the leader step down, or, worse, find the Lease taken after it expired.

@@ -57,6 +57,9 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
     let client_metrics = client_metrics::ClientMetricsLayer::register(&mut registry);
     let client =
         kube_client::rate_limited(config.clone(), args.kube_api_qps, burst, &client_metrics)?;
+    // Events on a client of their own, with the same limits (as client-go's event broadcaster).
+    let events =
+        kube_client::rate_limited(config.clone(), args.kube_api_qps, burst, &client_metrics)?;
     let settings = args.settings();
     // Before leader election, so that a follower fails as fast as a leader would.
     pgkube_controllers::ensure_crds_installed(&client, &settings.watch_namespaces).await?;
@@ -84,6 +87,7 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
 
     let context = pgkube_controllers::Context {
         client,
+        events,
         settings: Arc::new(settings),
         metrics,
     };

@@ -141,7 +141,7 @@ impl BackupControllers {
         Self {
             controllers,
             context: Arc::new(BackupContext {
-                recorder: Recorder::new(context.client.clone(), reporter),
+                recorder: Recorder::new(context.events.clone(), reporter),
                 base: context.clone(),
                 stores,
                 retries: crate::retries::Retries::default(),

@@ -127,7 +127,7 @@ impl ClusterContext {
             controller: "pgkube".to_owned(),
             instance: std::env::var("POD_NAME").ok(),
         };
-        let recorder = Recorder::new(base.client.clone(), reporter);
+        let recorder = Recorder::new(base.events.clone(), reporter);
         Self {
             base,
             recorder,

@@ -124,7 +124,7 @@ impl RestoreControllers {
         Self {
             controllers,
             context: Arc::new(RestoreContext {
-                recorder: Recorder::new(context.client.clone(), reporter),
+                recorder: Recorder::new(context.events.clone(), reporter),
                 base: context.clone(),
                 stores,
                 retries: crate::retries::Retries::default(),

@@ -334,7 +334,7 @@ impl Engine {
             controller: "pgkube".to_owned(),
             instance: std::env::var("POD_NAME").ok(),
         };
-        let recorder = Recorder::new(context.client.clone(), reporter);
+        let recorder = Recorder::new(context.events.clone(), reporter);
         Self {
             context,
             recorder,

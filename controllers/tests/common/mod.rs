@@ -231,6 +231,7 @@ impl Running {
         let (controller_client, counts) = counting_client(&self.env).await;
         let mut registry = prometheus_client::registry::Registry::default();
         let context = Context {
+            events: controller_client.clone(),
             client: controller_client,
             settings: Arc::new(self.settings.clone()),
             metrics: Arc::new(Metrics::register(&mut registry)),
