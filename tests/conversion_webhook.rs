@@ -35,6 +35,9 @@ use pgkube_testkit::{
 };
 
 const STEP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a manager may take to exit after SIGTERM: its 30 s grace period for reconciles in
+/// flight, with room for a busy machine.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The CRDs are the test bed's, shared by the tests of this file: one at a time changes them.
 static CRDS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -193,7 +196,7 @@ async fn the_api_server_converts_through_the_managers_webhook_over_tls() {
         // it would never see the new certificate here.)
         ca.write_serving_certificate(&dir);
         manager.terminate();
-        assert_eq!(manager.exit_code(Duration::from_secs(30)).await, Some(0));
+        assert_eq!(manager.exit_code(EXIT_TIMEOUT).await, Some(0));
         let same_address = address.to_string();
         let mut manager = Manager::start(
             &env,
@@ -217,7 +220,7 @@ async fn the_api_server_converts_through_the_managers_webhook_over_tls() {
         // The webhook down: v1beta1 requests fail with an API error saying so; nothing stored
         // changes, and v1alpha1 still reads it.
         manager.terminate();
-        assert_eq!(manager.exit_code(Duration::from_secs(30)).await, Some(0));
+        assert_eq!(manager.exit_code(EXIT_TIMEOUT).await, Some(0));
         let before = alpha.get("made-alpha").await.expect("v1alpha1 reads");
         let refused = beta
             .get("made-alpha")
@@ -336,46 +339,17 @@ async fn replicas_share_a_managed_certificate_that_the_crds_come_to_trust() {
         let served = |dir: &Path| std::fs::read(dir.join("tls.crt")).expect("tls.crt");
         assert_eq!(served(&first_dir), data["tls.crt"].0);
         assert_eq!(served(&second_dir), data["tls.crt"].0);
-        let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for crd in pgkube_crds::crds() {
-            let installed = api.get(&crd.name_any()).await.expect("CRD");
-            let trusted = installed
-                .spec
-                .conversion
-                .and_then(|c| c.webhook)
-                .and_then(|w| w.client_config)
-                .and_then(|c| c.ca_bundle);
-            assert_eq!(trusted.map(|b| b.0), Some(data["ca.crt"].0.clone()));
-        }
+        assert_eq!(
+            trusted_bundles(&client).await,
+            vec![Some(data["ca.crt"].0.clone()); 3]
+        );
 
         // The API server converts through either replica, leader or not.
-        let alpha = Api::<pgkube_crds::PostgreSQLCluster>::namespaced(client.clone(), &ns);
-        let beta = Api::<v1beta1::PostgreSQLCluster>::namespaced(client.clone(), &ns);
-        alpha
-            .create(&PostParams::default(), &cluster_v1alpha1("shared"))
-            .await
-            .expect("created in v1alpha1");
-        wait_until(
-            "v1beta1 through the first replica",
-            STEP_TIMEOUT,
-            || async { Ok(beta.get("shared").await.ok().map(|_| ())) },
-        )
-        .await
-        .unwrap_or_else(|error| panic!("{error:#}\n{}", first.output().join("\n")));
-        point_webhook_at(&client, second_address).await;
-        first.terminate();
-        assert_eq!(first.exit_code(Duration::from_secs(30)).await, Some(0));
-        wait_until(
-            "v1beta1 through the second replica",
-            STEP_TIMEOUT,
-            || async { Ok(beta.get("shared").await.ok().map(|_| ())) },
-        )
-        .await
-        .unwrap_or_else(|error| panic!("{error:#}\n{}", second.output().join("\n")));
+        hand_over(&client, &ns, "shared", &mut first, &second, second_address).await;
 
         restore_crds(&client).await;
         second.terminate();
-        let _ = second.exit_code(Duration::from_secs(30)).await;
+        let _ = second.exit_code(EXIT_TIMEOUT).await;
         namespace.cleanup_without_controllers().await;
         for dir in [first_dir, second_dir] {
             let _ = std::fs::remove_dir_all(dir);
@@ -420,10 +394,7 @@ impl WebhookServer {
 
     async fn stop(&mut self) {
         self.manager.terminate();
-        assert_eq!(
-            self.manager.exit_code(Duration::from_secs(30)).await,
-            Some(0)
-        );
+        assert_eq!(self.manager.exit_code(EXIT_TIMEOUT).await, Some(0));
     }
 
     /// Starts the manager again at the same address unless it is running.
@@ -795,39 +766,54 @@ async fn an_expiring_managed_ca_is_rotated_while_the_old_one_stays_trusted() {
         );
 
         // Both certificates are trusted: the old replica's, then the new one's.
-        let alpha = Api::<pgkube_crds::PostgreSQLCluster>::namespaced(client.clone(), &ns);
-        let beta = Api::<v1beta1::PostgreSQLCluster>::namespaced(client.clone(), &ns);
-        alpha
-            .create(&PostParams::default(), &cluster_v1alpha1("rotated"))
-            .await
-            .expect("created in v1alpha1");
-        wait_until(
-            "v1beta1 through the old certificate",
-            STEP_TIMEOUT,
-            || async { Ok(beta.get("rotated").await.ok().map(|_| ())) },
-        )
-        .await
-        .unwrap_or_else(|error| panic!("{error:#}\n{}", old.output().join("\n")));
-        point_webhook_at(&client, new_address).await;
-        old.terminate();
-        assert_eq!(old.exit_code(Duration::from_secs(30)).await, Some(0));
-        wait_until(
-            "v1beta1 through the new CA's certificate",
-            STEP_TIMEOUT,
-            || async { Ok(beta.get("rotated").await.ok().map(|_| ())) },
-        )
-        .await
-        .unwrap_or_else(|error| panic!("{error:#}\n{}", new.output().join("\n")));
+        hand_over(&client, &ns, "rotated", &mut old, &new, new_address).await;
 
         restore_crds(&client).await;
         new.terminate();
-        let _ = new.exit_code(Duration::from_secs(30)).await;
+        let _ = new.exit_code(EXIT_TIMEOUT).await;
         namespace.cleanup_without_controllers().await;
         for dir in [old_dir, new_dir] {
             let _ = std::fs::remove_dir_all(dir);
         }
     })
     .await;
+}
+
+/// Creates cluster `name` in v1alpha1 in `ns` and reads it in v1beta1 through `from`'s webhook
+/// (the one the CRDs name), then points the CRDs at `to` (serving at `to_address`), stops `from`,
+/// and reads it through `to`.
+async fn hand_over(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    from: &mut Manager,
+    to: &Manager,
+    to_address: SocketAddr,
+) {
+    let alpha = Api::<pgkube_crds::PostgreSQLCluster>::namespaced(client.clone(), ns);
+    let beta = Api::<v1beta1::PostgreSQLCluster>::namespaced(client.clone(), ns);
+    alpha
+        .create(&PostParams::default(), &cluster_v1alpha1(name))
+        .await
+        .expect("created in v1alpha1");
+    let read_in_v1beta1 = || async { Ok(beta.get(name).await.ok().map(|_| ())) };
+    wait_until(
+        "v1beta1 through the first webhook",
+        STEP_TIMEOUT,
+        read_in_v1beta1,
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error:#}\n{}", from.output().join("\n")));
+    point_webhook_at(client, to_address).await;
+    from.terminate();
+    assert_eq!(from.exit_code(EXIT_TIMEOUT).await, Some(0));
+    wait_until(
+        "v1beta1 through the second webhook",
+        STEP_TIMEOUT,
+        read_in_v1beta1,
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error:#}\n{}", to.output().join("\n")));
 }
 
 /// A value of a Secret written with `stringData`.
