@@ -68,7 +68,7 @@ impl ChildStores {
         let (services, service_changes) = cached::<Service>(client, namespace);
         let (config_maps, config_map_changes) = cached::<ConfigMap>(client, namespace);
         let (budgets, budget_changes) = cached::<PodDisruptionBudget>(client, namespace);
-        let (secrets, secret_changes) = cached_metadata::<Secret>(client, namespace);
+        let (secrets, secret_changes) = cached::<PartialObjectMeta<Secret>>(client, namespace);
         let (pods, pod_changes) = cached::<Pod>(client, namespace);
         let (claims, claim_changes) = cached::<PersistentVolumeClaim>(client, namespace);
         let controller = controller
@@ -105,7 +105,7 @@ impl ChildStores {
         let (services, b) = cached::<Service>(client, namespace);
         let (config_maps, c) = cached::<ConfigMap>(client, namespace);
         let (budgets, d) = cached::<PodDisruptionBudget>(client, namespace);
-        let (secrets, e) = cached_metadata::<Secret>(client, namespace);
+        let (secrets, e) = cached::<PartialObjectMeta<Secret>>(client, namespace);
         let (pods, f) = cached::<Pod>(client, namespace);
         let (claims, g) = cached::<PersistentVolumeClaim>(client, namespace);
         let streams: Vec<BoxStream<'static, ()>> = vec![
@@ -181,6 +181,7 @@ where
 }
 
 /// A store of `K` (ours only, without managed fields) and the stream of changes that fills it.
+/// With `K` a `PartialObjectMeta`, the watch asks for metadata only.
 fn cached<K>(
     client: &Client,
     namespace: Option<&str>,
@@ -200,33 +201,6 @@ where
     let (store, writer) = reflector::store();
     let config = watcher::Config::default().labels(MANAGED_BY_SELECTOR);
     let changes = watcher::watcher(api::<K>(client, namespace), config)
-        .modify(|object| object.managed_fields_mut().clear());
-    let changes = reflector(writer, changes)
-        .default_backoff()
-        .touched_objects();
-    (store, changes)
-}
-
-/// Like [`cached`], with the objects' metadata only.
-fn cached_metadata<K>(
-    client: &Client,
-    namespace: Option<&str>,
-) -> (
-    Store<PartialObjectMeta<K>>,
-    impl Stream<Item = Result<PartialObjectMeta<K>, watcher::Error>> + Send + 'static + use<K>,
-)
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let (store, writer) = reflector::store();
-    let config = watcher::Config::default().labels(MANAGED_BY_SELECTOR);
-    let changes = watcher::watcher(api::<PartialObjectMeta<K>>(client, namespace), config)
         .modify(|object| object.managed_fields_mut().clear());
     let changes = reflector(writer, changes)
         .default_backoff()
