@@ -1,7 +1,7 @@
 //! The agent's own zstd compression against the test bed's PostgreSQL and S3 server: round trips
 //! at two levels, a corrupted zstd object refused before anything changes, a backup stored the
 //! old way (pg_dump's compression, no `compression` in the manifest) restored by this agent, and
-//! the CLI's refusal of levels out of range.
+//! the CLI's refusal of levels out of range. zstd backups carry manifest version 2, the rest 1.
 
 mod agent_common;
 
@@ -52,6 +52,8 @@ async fn zstd_backups_at_two_levels_restore_the_same_database() {
         let backup = agent.backup(&name, &args).await;
         backup.assert_completed();
         let manifest = manifest(&agent, &s3, &name).await;
+        // Version 2: agents from before zstd refuse it before changing anything.
+        assert_eq!(manifest["manifestVersion"], 2);
         assert_eq!(manifest["globals"]["compression"], "none");
         let object = &manifest["databases"][0];
         assert_eq!(object["compression"], "zstd");
@@ -90,6 +92,8 @@ async fn zstd_backups_at_two_levels_restore_the_same_database() {
         .await;
     gzip.assert_completed();
     let manifest = manifest(&agent, &s3, "gzip").await;
+    // Nothing to decode: version 1, which every agent restores.
+    assert_eq!(manifest["manifestVersion"], 1);
     assert_eq!(manifest["databases"][0]["compression"], "none");
     let key = manifest["databases"][0]["key"].as_str().expect("key");
     let stored = get_object(&s3, &agent.bucket, key).await;
@@ -169,6 +173,21 @@ async fn a_corrupted_zstd_object_is_refused_before_anything_changes() {
     let refused = agent.restore("good", &RESTORE_ALL).await;
     refused.assert_failed();
     assert!(refused.message().contains("lz4"), "{}", refused.message());
+    assert_eq!(fingerprint(&database.connect().await).await, changed);
+
+    // So is a manifest version it does not read: the check that makes agents from before zstd
+    // (which read only version 1) refuse a zstd backup (version 2) before they drop anything.
+    let mut future = manifest.clone();
+    future["manifestVersion"] = 3.into();
+    let future = serde_json::to_vec_pretty(&future).expect("JSON");
+    put_object(&s3, &agent.bucket, &manifest_key, future).await;
+    let refused = agent.restore("good", &RESTORE_ALL).await;
+    refused.assert_failed();
+    assert!(
+        refused.message().contains("version 3"),
+        "{}",
+        refused.message()
+    );
     assert_eq!(fingerprint(&database.connect().await).await, changed);
 
     scratch.cleanup().await;

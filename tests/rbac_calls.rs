@@ -528,6 +528,7 @@ async fn expired_backup(scenario: &Scenario) {
             size: 10,
             sha256: "00".repeat(32),
             format: "pg_dumpall-globals-sql".to_owned(),
+            compression: None,
         },
         databases: Vec::new(),
     };

@@ -88,6 +88,7 @@ fn manifest_json(name: &str, finished_at: DateTime<Utc>) -> Vec<u8> {
         size: 4,
         sha256: "00".repeat(32),
         format: format.into(),
+        compression: None,
     };
     let manifest = Manifest {
         manifest_version: MANIFEST_VERSION,

@@ -346,6 +346,7 @@ fn manifest(namespace: &str, name: &str, days_ago: i64, globals_size: u64) -> Ve
             size: globals_size,
             sha256: "00".repeat(32),
             format: "pg_dumpall-globals-sql".to_owned(),
+            compression: None,
         },
         databases: Vec::new(),
     };

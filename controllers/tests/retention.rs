@@ -35,6 +35,7 @@ fn stored(key: String, format: &str) -> StoredObject {
         size: 4,
         sha256: "00".repeat(32),
         format: format.into(),
+        compression: None,
     }
 }
 

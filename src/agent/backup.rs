@@ -3,9 +3,7 @@
 //! Databases are compressed as [`super::compression`] says: by default pg_dump writes no
 //! compression and the agent compresses its output with multi-threaded zstd on the way to S3
 //! ([`super::zstd_stream`]); the globals script is small and stays plain SQL. The manifest
-//! records each object's compression ([`super::manifest`]).
-
-use std::collections::BTreeMap;
+//! records each object's compression ([`pgkube_controllers::storage::manifest`]).
 
 use aws_sdk_s3::primitives::ByteStream;
 use chrono::{SecondsFormat, Utc};
@@ -15,16 +13,15 @@ use tokio::process::Command;
 use tracing::{Span, debug, info, info_span, instrument};
 
 use super::CommonArgs;
-use super::compression::{CompressionArgs, Plan, Stored, ZstdSettings};
+use super::compression::{CompressionArgs, Plan, ZstdSettings};
 use super::error::AgentError;
-use super::manifest;
 use super::multipart::{MultipartUpload, PartBuffers, SentStream};
 use super::postgres::{Postgres, conninfo_for};
 use super::report::Report;
 use super::storage::{Store, s3_error};
 use super::zstd_stream;
 use pgkube_controllers::storage::manifest::{
-    DATABASE_FORMAT, DatabaseObject, GLOBALS_FORMAT, MANIFEST_VERSION, Manifest, StoredObject,
+    DATABASE_FORMAT, DatabaseObject, GLOBALS_FORMAT, Manifest, StoredCompression, StoredObject,
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -84,8 +81,6 @@ struct Dumper {
     postgres: Postgres,
     parts_in_flight: usize,
     compression: Plan,
-    /// How each object, by key, was stored.
-    stored: BTreeMap<String, Stored>,
     /// One pool for the whole backup: every object's parts go through the same buffers.
     buffers: PartBuffers,
 }
@@ -120,7 +115,6 @@ pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
         postgres,
         parts_in_flight,
         compression,
-        stored: BTreeMap::new(),
         buffers: PartBuffers::new(part_size, parts_in_flight),
     };
     let globals = dumper.dump_globals().await?;
@@ -129,8 +123,8 @@ pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
         dumped.push(dumper.dump_database(database).await?);
     }
 
-    let manifest = Manifest {
-        manifest_version: MANIFEST_VERSION,
+    let mut manifest = Manifest {
+        manifest_version: 0,
         cluster: args.cluster,
         namespace: args.namespace,
         backup_name: args.common.backup_name.clone(),
@@ -141,7 +135,9 @@ pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
         globals,
         databases: dumped,
     };
-    let manifest_sha256 = write_manifest(&store, &manifest_key, &manifest, &dumper.stored).await?;
+    // Version 2 when any object is zstd: agents that cannot decode it refuse it up front.
+    manifest.manifest_version = manifest.required_version();
+    let manifest_sha256 = write_manifest(&store, &manifest_key, &manifest).await?;
     info!(
         backup = %manifest.backup_name,
         size = manifest.total_size(),
@@ -246,17 +242,17 @@ impl Dumper {
             }
         };
         let (size, sha256) = upload.complete(sent).await?;
-        let stored = if zstd.is_some() {
-            Stored::Zstd
+        let compression = if zstd.is_some() {
+            StoredCompression::Zstd
         } else {
-            Stored::Plain
+            StoredCompression::None
         };
-        self.stored.insert(key.to_string(), stored);
         Ok(StoredObject {
             key: key.to_string(),
             size,
             sha256,
             format: format.to_string(),
+            compression: Some(compression),
         })
     }
 }
@@ -309,14 +305,11 @@ async fn write_manifest(
     store: &Store,
     key: &str,
     manifest: &Manifest,
-    stored: &BTreeMap<String, Stored>,
 ) -> Result<String, AgentError> {
-    let compression_of = |key: &str| stored.get(key).copied().unwrap_or(Stored::Plain);
-    let bytes =
-        manifest::to_json(manifest, compression_of).map_err(|error| AgentError::Manifest {
-            key: key.to_string(),
-            reason: error.to_string(),
-        })?;
+    let bytes = serde_json::to_vec_pretty(manifest).map_err(|error| AgentError::Manifest {
+        key: key.to_string(),
+        reason: error.to_string(),
+    })?;
     let sha256 = hex::encode(Sha256::digest(&bytes));
     store
         .s3

@@ -13,7 +13,9 @@
 //! (0: `none`); it cannot be combined with `--compression` or `--compression-level`.
 //!
 //! The manifest records the compression of every object as stored; a manifest without it (every
-//! backup made before the agent compressed) means `none` (the agent's `manifest` module).
+//! backup made before the agent compressed) means `none`, and a backup with zstd objects gets
+//! manifest version 2, which agents from before zstd refuse before changing anything
+//! ([`pgkube_controllers::storage::manifest`]).
 
 use std::path::Path;
 
@@ -86,32 +88,6 @@ pub enum Plan {
 pub struct ZstdSettings {
     pub level: i32,
     pub workers: u32,
-}
-
-/// How an object's bytes are stored, as the manifest records it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stored {
-    Plain,
-    Zstd,
-}
-
-impl Stored {
-    /// The manifest's word for it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Plain => "none",
-            Self::Zstd => "zstd",
-        }
-    }
-
-    /// The manifest's word read back; `None` for one this agent cannot decode.
-    pub fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "none" => Some(Self::Plain),
-            "zstd" => Some(Self::Zstd),
-            _ => None,
-        }
-    }
 }
 
 impl CompressionArgs {
@@ -290,13 +266,5 @@ mod tests {
         assert_eq!(cpus_of_quota("max 100000"), None);
         assert_eq!(cpus_of_quota(""), None);
         assert!(container_cpus() >= 1);
-    }
-
-    #[test]
-    fn stored_names_round_trip_and_unknown_ones_are_not_guessed() {
-        for stored in [Stored::Plain, Stored::Zstd] {
-            assert_eq!(Stored::from_name(stored.name()), Some(stored));
-        }
-        assert_eq!(Stored::from_name("lz4"), None);
     }
 }

@@ -23,7 +23,7 @@
 //! as `%XX`, so any database name gives one safe key segment. A backup without `manifest.json` is
 //! incomplete and must never be restored; the manifest is the single source of truth for keys,
 //! sizes, checksums and each object's compression (see
-//! [`pgkube_controllers::storage::manifest::Manifest`]; the agent adds the compression).
+//! [`pgkube_controllers::storage::manifest::Manifest`]: version 2 when any object is zstd).
 //!
 //! # Settings
 //!
@@ -63,7 +63,6 @@ mod backup;
 pub mod compression;
 mod download;
 mod error;
-mod manifest;
 pub mod multipart;
 pub mod part_size;
 mod postgres;

@@ -28,16 +28,16 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tracing::{Instrument, Span, info, info_span, instrument, warn};
 
 use super::CommonArgs;
-use super::compression::Stored;
 use super::download::ObjectReader;
 use super::error::AgentError;
-use super::manifest::ReadManifest;
 use super::postgres::{Postgres, conninfo_for};
 use super::report::Report;
 use super::storage::{Store, s3_error};
 use super::zstd_stream::{DecodeError, Decompressor};
 use pgkube_controllers::cluster::build::REPLICATION_USER;
-use pgkube_controllers::storage::manifest::{DatabaseObject, Manifest, StoredObject};
+use pgkube_controllers::storage::manifest::{
+    DatabaseObject, Manifest, StoredCompression, StoredObject,
+};
 
 /// Largest globals script restore accepts; real ones are a few kilobytes.
 const GLOBALS_LIMIT: u64 = 16 * 1024 * 1024;
@@ -65,8 +65,7 @@ pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
     let started_at = now();
     let store = Store::connect(&args.common.s3, &args.common.backup_name).await?;
     let postgres = Postgres::from_env(&args.common.maintenance_database)?;
-    let read = read_manifest(&store).await?;
-    let manifest = &read.manifest;
+    let manifest = &read_manifest(&store).await?;
     let selected = select_databases(manifest, &args.databases)?;
     postgres
         .wait_until_accepting(args.common.server_wait())
@@ -77,7 +76,7 @@ pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
     }
 
     info!(backup = %manifest.backup_name, databases = selected.len(), "verifying objects");
-    let globals = verify(&store, &read, &selected, args.skip_globals)
+    let globals = verify(&store, manifest, &selected, args.skip_globals)
         .instrument(info_span!("verify", objects = selected.len()))
         .await?;
 
@@ -89,8 +88,7 @@ pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
             info!(database = %database.name, "dropping the existing database");
             postgres.drop_database(&database.name).await?;
         }
-        let stored = read.compression_of(&database.object);
-        restore_database(&postgres, &store, database, stored).await?;
+        restore_database(&postgres, &store, database).await?;
     }
 
     let size = selected.iter().map(|db| db.object.size).sum::<u64>()
@@ -131,24 +129,22 @@ impl RestoreArgs {
 /// script (unless skipped) is what it keeps.
 async fn verify(
     store: &Store,
-    read: &ReadManifest,
+    manifest: &Manifest,
     selected: &[&DatabaseObject],
     skip_globals: bool,
 ) -> Result<Option<Vec<u8>>, AgentError> {
-    let globals = &read.manifest.globals;
     let globals = if skip_globals {
         None
     } else {
-        Some(download_globals(store, globals, read.compression_of(globals)).await?)
+        Some(download_globals(store, &manifest.globals).await?)
     };
     for database in selected {
-        let stored = read.compression_of(&database.object);
-        stream_object(store, &database.object, stored, &mut tokio::io::sink()).await?;
+        stream_object(store, &database.object, &mut tokio::io::sink()).await?;
     }
     Ok(globals)
 }
 
-async fn read_manifest(store: &Store) -> Result<ReadManifest, AgentError> {
+async fn read_manifest(store: &Store) -> Result<Manifest, AgentError> {
     let key = store.manifest_key();
     let response = store
         .s3
@@ -177,7 +173,7 @@ async fn read_manifest(store: &Store) -> Result<ReadManifest, AgentError> {
             reason: format!("reading it: {error}"),
         })?
         .into_bytes();
-    ReadManifest::parse(&key, &bytes)
+    Ok(Manifest::parse(&key, &bytes)?)
 }
 
 /// The databases to restore, in manifest order.
@@ -217,7 +213,6 @@ async fn existing_among(
 async fn stream_object<W: AsyncWrite + Unpin>(
     store: &Store,
     object: &StoredObject,
-    stored: Stored,
     sink: &mut W,
 ) -> Result<(), AgentError> {
     let mismatch = |reason: String| AgentError::Verification {
@@ -231,9 +226,9 @@ async fn stream_object<W: AsyncWrite + Unpin>(
     let Some(mut reader) = ObjectReader::open(store, &object.key).await? else {
         return Err(mismatch("missing from storage".into()));
     };
-    let mut decompressor = match stored {
-        Stored::Zstd => Some(Decompressor::new().map_err(stream_error)?),
-        Stored::Plain => None,
+    let mut decompressor = match object.compression() {
+        StoredCompression::Zstd => Some(Decompressor::new().map_err(stream_error)?),
+        StoredCompression::None => None,
     };
     let mut undecodable = None;
     let mut hasher = Sha256::new();
@@ -294,11 +289,7 @@ fn decoded(outcome: Result<(), DecodeError>, key: &str) -> Result<Option<String>
     }
 }
 
-async fn download_globals(
-    store: &Store,
-    globals: &StoredObject,
-    stored: Stored,
-) -> Result<Vec<u8>, AgentError> {
+async fn download_globals(store: &Store, globals: &StoredObject) -> Result<Vec<u8>, AgentError> {
     if globals.size > GLOBALS_LIMIT {
         return Err(AgentError::Verification {
             key: globals.key.clone(),
@@ -309,7 +300,7 @@ async fn download_globals(
         });
     }
     let mut script = Vec::new();
-    stream_object(store, globals, stored, &mut script).await?;
+    stream_object(store, globals, &mut script).await?;
     Ok(script)
 }
 
@@ -374,7 +365,6 @@ async fn restore_database(
     postgres: &Postgres,
     store: &Store,
     database: &DatabaseObject,
-    stored: Stored,
 ) -> Result<(), AgentError> {
     info!(database = %database.name, key = %database.object.key, "restoring database");
     let mut command = postgres.command("pg_restore");
@@ -388,7 +378,7 @@ async fn restore_database(
     let mut tool = postgres.spawn("pg_restore", command)?;
     let streamed = match tool.child.stdin.take() {
         // Dropping stdin at the end of the arm closes it: pg_restore sees the end of the archive.
-        Some(mut stdin) => stream_object(store, &database.object, stored, &mut stdin).await,
+        Some(mut stdin) => stream_object(store, &database.object, &mut stdin).await,
         None => Err(AgentError::Tool {
             program: "pg_restore".into(),
             reason: "its stdin is not captured".into(),
@@ -430,6 +420,7 @@ mod tests {
             size: 1,
             sha256: String::new(),
             format: DATABASE_FORMAT.into(),
+            compression: None,
         }
     }
 

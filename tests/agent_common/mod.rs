@@ -497,6 +497,7 @@ pub async fn store_old_format_backup(
             size: bytes.len() as u64,
             sha256: hex::encode(Sha256::digest(&bytes)),
             format: format.to_string(),
+            compression: None,
         };
         async move {
             put_object(s3, &agent.bucket, &key, bytes).await;

@@ -546,6 +546,7 @@ mod tests {
                 size: 1,
                 sha256: "00".repeat(32),
                 format: DATABASE_FORMAT.into(),
+                compression: None,
             },
             databases: Vec::<DatabaseObject>::new(),
         };

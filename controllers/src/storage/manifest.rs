@@ -2,14 +2,30 @@
 //! read by restores, by the backup controller's verification and by retention.
 //!
 //! Its presence means every object it lists was uploaded completely and its stored size was
-//! checked. Restore trusts only what it lists: keys, sizes and SHA-256 checksums.
+//! checked. Restore trusts only what it lists: keys, sizes and SHA-256 checksums, all of the
+//! stored bytes.
+//!
+//! Versions:
+//! - 1 ([`MANIFEST_VERSION`]): every object is stored as its tool wrote it (pg_dump's own
+//!   compression at most). Each object may say `"compression": "none"`; older readers ignore the
+//!   field, which they can, since nothing needs decoding.
+//! - 2 ([`MANIFEST_VERSION_ZSTD`]): at least one object is a zstd frame the agent wrote
+//!   (`"compression": "zstd"`). Agents from before zstd refuse any version but 1 when they read
+//!   the manifest, before they touch a database; a zstd backup under version 1 would pass their
+//!   checks (they ignore the field) and fail in pg_restore after `--drop-existing` dropped the
+//!   database.
+//!
+//! Readers take both; an object without `compression` is stored as written (`none`), and a
+//! compression this build cannot decode is refused, naming the object.
 
 use serde::{Deserialize, Serialize};
 
 use super::error::StorageError;
 
-/// Version of this manifest layout; bumped on incompatible changes.
+/// Manifests whose objects are all stored as their tools wrote them.
 pub const MANIFEST_VERSION: u32 = 1;
+/// Manifests with at least one object compressed with zstd by the agent.
+pub const MANIFEST_VERSION_ZSTD: u32 = 2;
 /// Format of the database objects.
 pub const DATABASE_FORMAT: &str = "pg_dump-custom";
 /// Format of the globals object.
@@ -33,12 +49,27 @@ pub struct Manifest {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", try_from = "ListedObject")]
 pub struct StoredObject {
     pub key: String,
     pub size: u64,
     pub sha256: String,
     pub format: String,
+    /// How the stored bytes are compressed around `format`; absent (every backup written before
+    /// the agent compressed) means [`StoredCompression::None`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<StoredCompression>,
+}
+
+/// How an object's bytes are stored around its format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StoredCompression {
+    /// As the tool wrote them.
+    #[default]
+    None,
+    /// One or more zstd frames written by the agent.
+    Zstd,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -49,9 +80,73 @@ pub struct DatabaseObject {
     pub object: StoredObject,
 }
 
+/// A [`StoredObject`] as listed, its compression still a word: an unknown one is refused with
+/// the object's key.
+#[derive(Deserialize)]
+struct ListedObject {
+    key: String,
+    size: u64,
+    sha256: String,
+    format: String,
+    #[serde(default)]
+    compression: Option<String>,
+}
+
+impl TryFrom<ListedObject> for StoredObject {
+    type Error = String;
+
+    fn try_from(listed: ListedObject) -> Result<Self, String> {
+        let compression = match listed.compression.as_deref() {
+            None => None,
+            Some("none") => Some(StoredCompression::None),
+            Some("zstd") => Some(StoredCompression::Zstd),
+            Some(other) => {
+                return Err(format!(
+                    "object {} is compressed with {other:?}, which this pgkube cannot decode \
+                     (it knows \"zstd\" and \"none\")",
+                    listed.key
+                ));
+            }
+        };
+        Ok(Self {
+            key: listed.key,
+            size: listed.size,
+            sha256: listed.sha256,
+            format: listed.format,
+            compression,
+        })
+    }
+}
+
+impl StoredObject {
+    /// How the stored bytes are compressed (absent: none).
+    pub fn compression(&self) -> StoredCompression {
+        self.compression.unwrap_or_default()
+    }
+}
+
 impl Manifest {
     pub fn total_size(&self) -> u64 {
         self.globals.size + self.databases.iter().map(|db| db.object.size).sum::<u64>()
+    }
+
+    /// Every object: the globals, then the databases in order.
+    pub fn objects(&self) -> impl Iterator<Item = &StoredObject> {
+        std::iter::once(&self.globals).chain(self.databases.iter().map(|db| &db.object))
+    }
+
+    /// The version these objects need: [`MANIFEST_VERSION_ZSTD`] if any is zstd, so that agents
+    /// that cannot decode it refuse the backup before changing anything; else
+    /// [`MANIFEST_VERSION`], which every agent restores.
+    pub fn required_version(&self) -> u32 {
+        if self
+            .objects()
+            .any(|object| object.compression() == StoredCompression::Zstd)
+        {
+            MANIFEST_VERSION_ZSTD
+        } else {
+            MANIFEST_VERSION
+        }
     }
 
     pub fn parse(key: &str, bytes: &[u8]) -> Result<Self, StorageError> {
@@ -60,11 +155,15 @@ impl Manifest {
                 key: key.to_string(),
                 reason: error.to_string(),
             })?;
-        if manifest.manifest_version != MANIFEST_VERSION {
+        if !matches!(
+            manifest.manifest_version,
+            MANIFEST_VERSION | MANIFEST_VERSION_ZSTD
+        ) {
             return Err(StorageError::Manifest {
                 key: key.to_string(),
                 reason: format!(
-                    "manifest version {} is not supported (this agent reads {MANIFEST_VERSION})",
+                    "manifest version {} is not supported (this pgkube reads {MANIFEST_VERSION} \
+                     and {MANIFEST_VERSION_ZSTD})",
                     manifest.manifest_version
                 ),
             });
@@ -77,16 +176,17 @@ impl Manifest {
 mod tests {
     use super::*;
 
-    fn object(key: &str, size: u64) -> StoredObject {
+    fn object(key: &str, size: u64, compression: Option<StoredCompression>) -> StoredObject {
         StoredObject {
             key: key.into(),
             size,
             sha256: "ab".repeat(32),
             format: DATABASE_FORMAT.into(),
+            compression,
         }
     }
 
-    fn sample() -> Manifest {
+    fn sample(compression: Option<StoredCompression>) -> Manifest {
         Manifest {
             manifest_version: MANIFEST_VERSION,
             cluster: "main".into(),
@@ -96,34 +196,100 @@ mod tests {
             started_at: "2025-01-01T00:00:00Z".into(),
             finished_at: "2025-01-01T00:01:00Z".into(),
             format: DATABASE_FORMAT.into(),
-            globals: object("p/b1/globals.sql", 10),
+            globals: object("p/b1/globals.sql", 10, None),
             databases: vec![DatabaseObject {
                 name: "app".into(),
-                object: object("p/b1/databases/app.dump", 32),
+                object: object("p/b1/databases/app.dump", 32, compression),
             }],
         }
     }
 
-    #[test]
-    fn a_manifest_survives_a_round_trip_through_json() {
-        let manifest = sample();
-        let json = serde_json::to_vec(&manifest).expect("serialises");
-        assert_eq!(Manifest::parse("k", &json).expect("parses"), manifest);
-        assert_eq!(manifest.total_size(), 42);
+    fn zstd_sample() -> Manifest {
+        let mut manifest = sample(Some(StoredCompression::Zstd));
+        manifest.manifest_version = manifest.required_version();
+        manifest
     }
 
     #[test]
-    fn an_unknown_manifest_version_is_refused() {
-        let mut manifest = sample();
-        manifest.manifest_version = 99;
+    fn a_manifest_survives_a_round_trip_through_json() {
+        let manifest = sample(None);
         let json = serde_json::to_vec(&manifest).expect("serialises");
-        let error = Manifest::parse("p/b1/manifest.json", &json).expect_err("refused");
-        assert!(error.to_string().contains("version 99"), "{error}");
+        assert_eq!(Manifest::parse("k", &json).expect("parses"), manifest);
+        assert_eq!(manifest.total_size(), 42);
+        let zstd = zstd_sample();
+        let json = serde_json::to_vec(&zstd).expect("serialises");
+        assert_eq!(Manifest::parse("k", &json).expect("parses"), zstd);
+    }
+
+    #[test]
+    fn each_object_carries_its_compression_as_written() {
+        let json = serde_json::to_value(zstd_sample()).expect("serialises");
+        assert_eq!(json["manifestVersion"], 2);
+        assert_eq!(json["databases"][0]["compression"], "zstd");
+        assert_eq!(json["databases"][0]["name"], "app");
+        // Not set: not written, as before the field existed.
+        assert!(json["globals"].get("compression").is_none(), "{json}");
+    }
+
+    #[test]
+    fn zstd_objects_need_version_2_and_the_rest_version_1() {
+        assert_eq!(sample(None).required_version(), MANIFEST_VERSION);
+        let plain = sample(Some(StoredCompression::None));
+        assert_eq!(plain.required_version(), MANIFEST_VERSION);
+        assert_eq!(zstd_sample().manifest_version, MANIFEST_VERSION_ZSTD);
+    }
+
+    #[test]
+    fn a_manifest_from_before_compression_means_none() {
+        let json = serde_json::to_vec_pretty(&sample(None)).expect("serialises");
+        assert!(!String::from_utf8_lossy(&json).contains("compression"));
+        let parsed = Manifest::parse("k", &json).expect("parses");
+        assert!(
+            parsed
+                .objects()
+                .all(|object| object.compression() == StoredCompression::None)
+        );
+    }
+
+    #[test]
+    fn versions_1_and_2_are_read_and_others_refused() {
+        for version in [MANIFEST_VERSION, MANIFEST_VERSION_ZSTD] {
+            let mut manifest = zstd_sample();
+            manifest.manifest_version = version;
+            let json = serde_json::to_vec(&manifest).expect("serialises");
+            assert!(Manifest::parse("k", &json).is_ok(), "version {version}");
+        }
+        for version in [0, 3, 99] {
+            let mut manifest = sample(None);
+            manifest.manifest_version = version;
+            let json = serde_json::to_vec(&manifest).expect("serialises");
+            let error = Manifest::parse("p/b1/manifest.json", &json).expect_err("refused");
+            assert!(
+                error.to_string().contains(&format!("version {version}")),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unknown_compression_is_refused_naming_the_object() {
+        let text = serde_json::to_string_pretty(&zstd_sample()).expect("serialises");
+        let unknown = text.replacen("\"zstd\"", "\"lz4\"", 1);
+        let error = Manifest::parse("p/b1/manifest.json", unknown.as_bytes()).expect_err("lz4");
+        let message = error.to_string();
+        assert!(message.contains("p/b1/databases/app.dump"), "{message}");
+        assert!(message.contains("lz4"), "{message}");
+        // On the globals too, which are not flattened into another object.
+        let mut json = serde_json::to_value(sample(None)).expect("serialises");
+        json["globals"]["compression"] = "brotli".into();
+        let bytes = serde_json::to_vec(&json).expect("serialises");
+        let error = Manifest::parse("m", &bytes).expect_err("brotli");
+        assert!(error.to_string().contains("p/b1/globals.sql"), "{error}");
     }
 
     #[test]
     fn a_truncated_manifest_is_refused_with_its_key() {
-        let json = serde_json::to_vec(&sample()).expect("serialises");
+        let json = serde_json::to_vec(&sample(None)).expect("serialises");
         let error =
             Manifest::parse("p/b1/manifest.json", &json[..json.len() / 2]).expect_err("refused");
         assert!(error.to_string().contains("p/b1/manifest.json"), "{error}");
