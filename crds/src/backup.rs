@@ -49,6 +49,55 @@ pub struct PostgreSQLBackupSpec {
     /// from storage first.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+    /// How the dumps are compressed. Unset: the cluster's `backup.compression`, else zstd at
+    /// level 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<BackupCompression>,
+}
+
+/// How a backup's database dumps are compressed (`pgkube agent backup --compression METHOD
+/// --compression-level LEVEL`). The SHA-256 and size in the manifest and in the status are those
+/// of the stored, compressed bytes.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.method != 'gzip' || !has(self.level) || self.level <= 9").message("gzip levels are 1 to 9").field_path(".level"),
+    validation = Rule::new("self.method != 'none' || !has(self.level)").message("method none takes no level").field_path(".level")
+)]
+pub struct BackupCompression {
+    /// zstd: pg_dump writes no compression and the backup agent compresses on several threads
+    /// (fastest, smallest); gzip: pg_dump's own compression, on one thread; none.
+    #[serde(default)]
+    pub method: CompressionMethod,
+    /// 1 (fastest) to 19 (smallest) for zstd, 1 to 9 for gzip, none for `none`. Unset: 1 for
+    /// zstd, pg_dump's default (6) for gzip.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 19))]
+    pub level: Option<i32>,
+}
+
+/// A compression method of backups.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CompressionMethod {
+    /// Multi-threaded zstd, by the backup agent.
+    #[default]
+    Zstd,
+    /// pg_dump's gzip, single-threaded.
+    Gzip,
+    /// No compression.
+    None,
+}
+
+impl CompressionMethod {
+    /// The method as the API and `pgkube agent backup --compression` spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Zstd => "zstd",
+            Self::Gzip => "gzip",
+            Self::None => "none",
+        }
+    }
 }
 
 /// Backup method.
@@ -86,6 +135,10 @@ pub struct PostgreSQLBackupStatus {
     /// deletion work even after the cluster's configuration changed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<S3Storage>,
+    /// How the dumps are compressed (the backup's own, else its cluster's, else zstd), resolved
+    /// when the backup started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<BackupCompression>,
     /// Key of the backup's manifest object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object_key: Option<String>,

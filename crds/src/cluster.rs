@@ -8,6 +8,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
+use crate::backup::BackupCompression;
 use crate::common::{LocalReference, S3Storage, conditions_schema};
 use crate::restore::RestoreSource;
 
@@ -210,6 +211,10 @@ pub struct BackupConfig {
     /// Pause scheduled backups (on-demand backups still run).
     #[serde(default)]
     pub suspend: bool,
+    /// How this cluster's backups compress their dumps: its scheduled backups, and its
+    /// on-demand backups that do not set their own. Unset: zstd at level 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<BackupCompression>,
 }
 
 fn default_retention_days() -> i32 {

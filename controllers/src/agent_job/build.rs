@@ -24,7 +24,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 use pgkube_crds::{
-    CLUSTER_LABEL, PostgreSQLBackup, PostgreSQLCluster, PostgreSQLRestore, S3Storage,
+    BackupCompression, CLUSTER_LABEL, PostgreSQLBackup, PostgreSQLCluster, PostgreSQLRestore,
+    S3Storage,
 };
 
 use crate::cluster::build::{ChildNames, POSTGRES_PORT, POSTGRES_UID};
@@ -58,8 +59,12 @@ const TTL_AFTER_FINISHED_SECONDS: i32 = 86_400;
 
 /// What the Job does.
 pub enum Task<'a> {
-    /// Back up the cluster as this backup.
-    Backup(&'a PostgreSQLBackup),
+    /// Back up the cluster as this backup, compressed as `compression` says (resolved by the
+    /// backup controller: the backup's own, else its cluster's, else the default).
+    Backup {
+        backup: &'a PostgreSQLBackup,
+        compression: BackupCompression,
+    },
     /// Restore the backup called `backup_name` (under the input's prefix) as this restore asks.
     Restore {
         restore: &'a PostgreSQLRestore,
@@ -71,14 +76,14 @@ impl Task<'_> {
     /// The object the Job belongs to (its controlling owner).
     fn owner(&self) -> Option<OwnerReference> {
         match self {
-            Self::Backup(backup) => backup.controller_owner_ref(&()),
+            Self::Backup { backup, .. } => backup.controller_owner_ref(&()),
             Self::Restore { restore, .. } => restore.controller_owner_ref(&()),
         }
     }
 
     fn owner_meta(&self) -> &ObjectMeta {
         match self {
-            Self::Backup(backup) => &backup.metadata,
+            Self::Backup { backup, .. } => &backup.metadata,
             Self::Restore { restore, .. } => &restore.metadata,
         }
     }
@@ -87,7 +92,7 @@ impl Task<'_> {
     /// `app.kubernetes.io/component`.
     pub fn verb(&self) -> &'static str {
         match self {
-            Self::Backup(_) => "backup",
+            Self::Backup { .. } => "backup",
             Self::Restore { .. } => "restore",
         }
     }
@@ -95,7 +100,7 @@ impl Task<'_> {
     /// The name of the backup the agent writes or reads.
     fn backup_name(&self) -> String {
         match self {
-            Self::Backup(backup) => backup.name_any(),
+            Self::Backup { backup, .. } => backup.name_any(),
             Self::Restore { backup_name, .. } => (*backup_name).to_owned(),
         }
     }
@@ -103,15 +108,17 @@ impl Task<'_> {
     /// The label naming the owner: `db.example.com/backup` or `db.example.com/restore`.
     fn owner_label(&self) -> &'static str {
         match self {
-            Self::Backup(_) => BACKUP_LABEL,
+            Self::Backup { .. } => BACKUP_LABEL,
             Self::Restore { .. } => RESTORE_LABEL,
         }
     }
 
-    /// The agent's arguments after `agent <verb>`: what to restore, and whether to replace.
+    /// The agent's arguments after `agent <verb>`: how to compress a backup; what to restore,
+    /// and whether to replace.
     fn arguments(&self) -> Vec<String> {
-        let Self::Restore { restore, .. } = self else {
-            return Vec::new();
+        let restore = match self {
+            Self::Backup { compression, .. } => return compression_arguments(compression),
+            Self::Restore { restore, .. } => restore,
         };
         let mut arguments: Vec<String> = restore
             .spec
@@ -128,10 +135,23 @@ impl Task<'_> {
     fn job_name(&self) -> String {
         let owner = self.owner_meta().name.clone().unwrap_or_default();
         match self {
-            Self::Backup(_) => job_name(&owner),
+            Self::Backup { .. } => job_name(&owner),
             Self::Restore { .. } => restore_job_name(&owner),
         }
     }
+}
+
+/// `--compression METHOD`, and `--compression-level LEVEL` when a level is set (else the agent
+/// picks the method's default). Never `--dump-compression`, which the agent refuses beside them.
+fn compression_arguments(compression: &BackupCompression) -> Vec<String> {
+    let mut arguments = vec![
+        "--compression".to_owned(),
+        compression.method.as_str().to_owned(),
+    ];
+    if let Some(level) = compression.level {
+        arguments.extend(["--compression-level".to_owned(), level.to_string()]);
+    }
+    arguments
 }
 
 /// What a backup or restore Job is made of.
@@ -411,7 +431,10 @@ fn s3_sources(storage: &S3Storage) -> Vec<VolumeProjection> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pgkube_crds::{LocalReference, PostgreSQLBackupSpec, PostgreSQLClusterSpec, S3Credentials};
+    use pgkube_crds::{
+        CompressionMethod, LocalReference, PostgreSQLBackupSpec, PostgreSQLClusterSpec,
+        S3Credentials,
+    };
 
     fn selector(name: &str, key: &str) -> SecretKeySelector {
         SecretKeySelector {
@@ -456,6 +479,7 @@ mod tests {
                 },
                 method: Default::default(),
                 deletion_policy: Default::default(),
+                compression: None,
             },
         );
         backup.metadata.namespace = Some("db".to_owned());
@@ -464,13 +488,20 @@ mod tests {
     }
 
     fn job() -> Job {
+        job_compressed(BackupCompression::default())
+    }
+
+    fn job_compressed(compression: BackupCompression) -> Job {
         let (backup, cluster, storage) = (backup(), cluster(), storage());
         let otel = [(
             "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
             "http://collector:4317".to_owned(),
         )];
         build(&JobInput {
-            task: Task::Backup(&backup),
+            task: Task::Backup {
+                backup: &backup,
+                compression,
+            },
             cluster: &cluster,
             storage: &storage,
             prefix: "db/main",
@@ -511,6 +542,24 @@ mod tests {
     }
 
     #[test]
+    fn the_backup_agent_gets_the_method_and_a_level_only_when_one_is_set() {
+        let args = |method, level| {
+            let job = job_compressed(BackupCompression { method, level });
+            let pod = job.spec.expect("spec").template.spec.expect("pod");
+            pod.containers[0].args.clone().unwrap_or_default().join(" ")
+        };
+        assert_eq!(args(CompressionMethod::Gzip, None), "--compression gzip");
+        assert_eq!(
+            args(CompressionMethod::Zstd, Some(7)),
+            "--compression zstd --compression-level 7"
+        );
+        assert_eq!(args(CompressionMethod::None, None), "--compression none");
+        let gzip = args(CompressionMethod::Gzip, Some(9));
+        assert_eq!(gzip, "--compression gzip --compression-level 9");
+        assert!(!gzip.contains("--dump-compression"));
+    }
+
+    #[test]
     fn the_agent_runs_in_the_clusters_postgres_image_after_an_init_container_copies_it() {
         let pod = job().spec.expect("spec").template.spec.expect("pod");
         let init = pod.init_containers.expect("init");
@@ -531,7 +580,11 @@ mod tests {
             main.command.as_deref(),
             Some(&[AGENT.to_owned(), "agent".to_owned(), "backup".to_owned()][..])
         );
-        assert_eq!(main.args, None, "nothing on the command line");
+        assert_eq!(
+            main.args.as_deref(),
+            Some(&["--compression".to_owned(), "zstd".to_owned()][..]),
+            "nothing but the compression on the command line"
+        );
         assert_eq!(
             main.termination_message_policy.as_deref(),
             Some("FallbackToLogsOnError")

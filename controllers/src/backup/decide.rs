@@ -4,15 +4,16 @@
 //! storage, is not ready, while a restore into the cluster runs, or while another backup of
 //! the same cluster is unfinished: a cluster runs one backup at a time, the oldest first. A backup that waited longer than the pending
 //! deadline fails, so that nothing stays Pending forever. Then the storage is recorded in the
-//! status and the Job is created; from there the Job decides (see `follow`).
+//! status and the Job is created; from there the Job decides (see `follow`). How the Job
+//! compresses is decided here too ([`compression`]).
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use kube::ResourceExt;
 use pgkube_crds::{
-    BackupPhase, ClusterPhase, PostgreSQLBackup, PostgreSQLCluster, PostgreSQLRestore,
-    RestorePhase, S3Storage,
+    BackupCompression, BackupPhase, ClusterPhase, PostgreSQLBackup, PostgreSQLCluster,
+    PostgreSQLRestore, RestorePhase, S3Storage,
 };
 
 /// The next step for a backup that has not started its Job yet, or is past it.
@@ -156,6 +157,17 @@ fn first_unfinished(backup: &PostgreSQLBackup, siblings: &[&PostgreSQLBackup]) -
         .min()
 }
 
+/// How the backup compresses: its own `spec.compression` if set (the whole of it: a backup's
+/// `{method: gzip}` is gzip at pg_dump's default level even if the cluster sets a level), else
+/// its cluster's `backup.compression`, else zstd at the agent's default level.
+pub fn compression(backup: &PostgreSQLBackup, cluster: &PostgreSQLCluster) -> BackupCompression {
+    backup
+        .spec
+        .compression
+        .or_else(|| cluster.spec.backup.as_ref()?.compression)
+        .unwrap_or_default()
+}
+
 /// The key prefix of the backup's cluster: see [`cluster_prefix`].
 pub fn resolved_prefix(storage: &S3Storage, backup: &PostgreSQLBackup) -> String {
     cluster_prefix(
@@ -177,8 +189,8 @@ pub fn cluster_prefix(storage: &S3Storage, namespace: &str, cluster: &str) -> St
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use pgkube_crds::{
-        BackupConfig, LocalReference, PostgreSQLBackupSpec, PostgreSQLBackupStatus,
-        PostgreSQLClusterSpec, PostgreSQLClusterStatus,
+        BackupConfig, CompressionMethod, LocalReference, PostgreSQLBackupSpec,
+        PostgreSQLBackupStatus, PostgreSQLClusterSpec, PostgreSQLClusterStatus,
     };
 
     use super::*;
@@ -198,6 +210,7 @@ mod tests {
                 },
                 method: Default::default(),
                 deletion_policy: Default::default(),
+                compression: None,
             },
         );
         backup.metadata.namespace = Some("db".to_owned());
@@ -249,6 +262,30 @@ mod tests {
         };
         assert_eq!(storage.prefix.as_deref(), Some("db/main"));
         assert_eq!(storage.bucket, "backups");
+    }
+
+    #[test]
+    fn a_backups_own_compression_wins_over_its_clusters_then_zstd() {
+        let gzip = BackupCompression {
+            method: CompressionMethod::Gzip,
+            level: None,
+        };
+        let zstd_9 = BackupCompression {
+            method: CompressionMethod::Zstd,
+            level: Some(9),
+        };
+        let mut b = backup("b", 0, None);
+        let mut ready = cluster(ClusterPhase::Running, true);
+        assert_eq!(compression(&b, &ready), BackupCompression::default());
+        assert_eq!(compression(&b, &ready).method, CompressionMethod::Zstd);
+        if let Some(settings) = ready.spec.backup.as_mut() {
+            settings.compression = Some(zstd_9);
+        }
+        assert_eq!(compression(&b, &ready), zstd_9);
+        b.spec.compression = Some(gzip);
+        assert_eq!(compression(&b, &ready), gzip, "taken whole, not merged");
+        let without_settings = cluster(ClusterPhase::Running, false);
+        assert_eq!(compression(&b, &without_settings), gzip);
     }
 
     #[test]

@@ -6,7 +6,11 @@
 //!    once the pending deadline has passed; otherwise start.
 //! 2. **start**: create the Job ([`job`]), owned by the backup, then record Running with the
 //!    resolved storage in the status, so that verification, deletion and restores use the
-//!    storage the backup was written to, whatever the cluster's spec says later.
+//!    storage the backup was written to, whatever the cluster's spec says later. The compression
+//!    is resolved then too ([`decide::compression`]: the backup's own, else the cluster's
+//!    `backup.compression`, else zstd at the agent's default level), passed to the agent and
+//!    recorded in `status.compression`; a later change of the cluster's default does not touch
+//!    a backup that started.
 //! 3. **follow** ([`follow`]): when the Job completed, read the agent's result from its pod's
 //!    termination message and [`verify`] the manifest and objects in storage; only then
 //!    Completed. When it failed (or passed its deadline): Failed with the pod's reason.
@@ -319,7 +323,8 @@ async fn read_restores(
 }
 
 /// Creates the Job (one that exists already is followed only if this backup owns it: a
-/// restart between the create and the status write), then records Running with the storage.
+/// restart between the create and the status write), then records Running with the storage and
+/// the compression.
 async fn start(
     context: &BackupContext,
     backup: &PostgreSQLBackup,
@@ -329,9 +334,13 @@ async fn start(
 ) -> Result<Action, Error> {
     let settings = &context.base.settings;
     let prefix = storage.prefix.clone().unwrap_or_default();
+    let compression = decide::compression(backup, cluster);
     let desired = info_span!("build").in_scope(|| {
         job::build(&job::JobInput {
-            task: job::Task::Backup(backup),
+            task: job::Task::Backup {
+                backup,
+                compression,
+            },
             cluster,
             storage: &storage,
             prefix: &prefix,
@@ -351,7 +360,12 @@ async fn start(
     )
     .instrument(info_span!("apply"))
     .await?;
-    status::write(context, backup, Change::Running { storage, job: name }).await?;
+    let running = Change::Running {
+        storage,
+        compression,
+        job: name,
+    };
+    status::write(context, backup, running).await?;
     Ok(Action::requeue(FOLLOW_REQUEUE))
 }
 

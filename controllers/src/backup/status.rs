@@ -4,7 +4,9 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
-use pgkube_crds::{BackupPhase, PostgreSQLBackup, PostgreSQLBackupStatus, S3Storage};
+use pgkube_crds::{
+    BackupCompression, BackupPhase, PostgreSQLBackup, PostgreSQLBackupStatus, S3Storage,
+};
 
 use super::decide::Reason;
 use super::verify::Verified;
@@ -16,7 +18,11 @@ pub const COMPLETED_CONDITION: &str = "Completed";
 /// What happened to the backup.
 pub enum Change {
     Pending(Reason),
-    Running { storage: S3Storage, job: String },
+    Running {
+        storage: S3Storage,
+        compression: BackupCompression,
+        job: String,
+    },
     Completed(Verified),
     Failed(Reason),
 }
@@ -54,8 +60,13 @@ pub fn next_status(
     let mut status = previous.clone();
     let (phase, condition_status, reason, message) = match change {
         Change::Pending(reason) => (BackupPhase::Pending, "False", reason.reason, reason.message),
-        Change::Running { storage, job } => {
+        Change::Running {
+            storage,
+            compression,
+            job,
+        } => {
             status.storage = Some(storage);
+            status.compression = Some(compression);
             status.job_name = Some(job.clone());
             status.start_time = Some(Time(now));
             let message = format!("backup Job {job} is running");
@@ -98,6 +109,7 @@ fn same(new: &PostgreSQLBackupStatus, previous: &PostgreSQLBackupStatus) -> bool
     new.phase == previous.phase
         && new.message == previous.message
         && new.storage == previous.storage
+        && new.compression == previous.compression
         && new.job_name == previous.job_name
         && new.object_key == previous.object_key
         && new.size_bytes == previous.size_bytes
@@ -172,6 +184,13 @@ fn record_metrics(
 mod tests {
     use super::*;
 
+    fn gzip_3() -> BackupCompression {
+        BackupCompression {
+            method: pgkube_crds::CompressionMethod::Gzip,
+            level: Some(3),
+        }
+    }
+
     fn at(second: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + second).expect("time")
     }
@@ -182,11 +201,13 @@ mod tests {
             &PostgreSQLBackupStatus::default(),
             Change::Running {
                 storage: S3Storage::default(),
+                compression: gzip_3(),
                 job: "b1-backup".to_owned(),
             },
             at(0),
         );
         assert_eq!(running.phase, Some(BackupPhase::Running));
+        assert_eq!(running.compression, Some(gzip_3()));
         assert_eq!(running.job_name.as_deref(), Some("b1-backup"));
         let verified = Verified {
             manifest_key: "db/main/b1/manifest.json".to_owned(),
@@ -201,6 +222,7 @@ mod tests {
         assert_eq!(done.size_bytes, Some(4242));
         assert_eq!(done.object_key.as_deref(), Some("db/main/b1/manifest.json"));
         assert_eq!(done.postgres_version.as_deref(), Some("15.14"));
+        assert_eq!(done.compression, Some(gzip_3()), "kept once completed");
         assert_eq!(
             done.completion_time
                 .clone()

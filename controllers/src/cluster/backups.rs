@@ -134,6 +134,7 @@ mod tests {
                 },
                 method: Default::default(),
                 deletion_policy: Default::default(),
+                compression: None,
             },
         );
         backup.status = Some(PostgreSQLBackupStatus {

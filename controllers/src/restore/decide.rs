@@ -389,6 +389,7 @@ mod tests {
                 },
                 method: Default::default(),
                 deletion_policy: Default::default(),
+                compression: None,
             },
         );
         backup.metadata.namespace = Some("db".to_owned());

@@ -219,6 +219,7 @@ pub fn desired_backup(
             cluster: LocalReference { name: cluster_name },
             method: BackupMethod::Logical,
             deletion_policy: DeletionPolicy::Retain,
+            compression: None,
         },
         status: None,
     }
@@ -376,6 +377,7 @@ mod tests {
                 },
                 method: BackupMethod::Logical,
                 deletion_policy: DeletionPolicy::Retain,
+                compression: None,
             },
         );
         backup.metadata.namespace = Some("db".to_owned());

@@ -1,4 +1,5 @@
-//! `PostgreSQLBackup` between v1alpha1 and v1beta1: the spec is the same in both; the status's
+//! `PostgreSQLBackup` between v1alpha1 and v1beta1: the spec (`compression` included) is the
+//! same in both, and so is the status's `compression`; the status's
 //! `storage` is an S3 storage in v1alpha1 and `{s3: ...}` in v1beta1. No field is in only one
 //! version, so no annotation is written or read.
 
@@ -16,6 +17,7 @@ impl From<v1alpha1::PostgreSQLBackup> for v1beta1::PostgreSQLBackup {
             cluster,
             method,
             deletion_policy,
+            compression,
         } = spec;
         Self {
             metadata,
@@ -23,6 +25,7 @@ impl From<v1alpha1::PostgreSQLBackup> for v1beta1::PostgreSQLBackup {
                 cluster,
                 method,
                 deletion_policy,
+                compression,
             },
             status: status.map(status_to_v1beta1),
         }
@@ -40,6 +43,7 @@ impl From<v1beta1::PostgreSQLBackup> for v1alpha1::PostgreSQLBackup {
             cluster,
             method,
             deletion_policy,
+            compression,
         } = spec;
         Self {
             metadata,
@@ -47,6 +51,7 @@ impl From<v1beta1::PostgreSQLBackup> for v1alpha1::PostgreSQLBackup {
                 cluster,
                 method,
                 deletion_policy,
+                compression,
             },
             status: status.map(status_to_v1alpha1),
         }
@@ -59,6 +64,7 @@ fn status_to_v1beta1(status: v1alpha1::PostgreSQLBackupStatus) -> v1beta1::Postg
         start_time,
         completion_time,
         storage,
+        compression,
         object_key,
         size_bytes,
         checksum,
@@ -72,6 +78,7 @@ fn status_to_v1beta1(status: v1alpha1::PostgreSQLBackupStatus) -> v1beta1::Postg
         start_time,
         completion_time,
         storage: storage.map(wrap_s3),
+        compression,
         object_key,
         size_bytes,
         checksum,
@@ -88,6 +95,7 @@ fn status_to_v1alpha1(status: v1beta1::PostgreSQLBackupStatus) -> v1alpha1::Post
         start_time,
         completion_time,
         storage,
+        compression,
         object_key,
         size_bytes,
         checksum,
@@ -101,6 +109,7 @@ fn status_to_v1alpha1(status: v1beta1::PostgreSQLBackupStatus) -> v1alpha1::Post
         start_time,
         completion_time,
         storage: storage.map(unwrap_s3),
+        compression,
         object_key,
         size_bytes,
         checksum,

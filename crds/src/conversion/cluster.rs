@@ -4,6 +4,7 @@
 //! `backup.schedule`, `backup.timeZone` and `backup.suspend` are under `backup.schedule`
 //! (`cron`, `timeZone`, `suspend`); `backup.retentionDays` is `backup.retention.days`;
 //! `backup.s3` is `backup.storage.s3`; `bootstrap.source.s3` is `bootstrap.source.storage.s3`.
+//! `backup.compression` is the same in both.
 //! Only in v1beta1: `storage.storageClassName`, carried on v1alpha1 in the
 //! [`V1BETA1_FIELDS_ANNOTATION`]. The status is the same in both.
 
@@ -160,6 +161,7 @@ fn backup_to_v1beta1(backup: v1alpha1::BackupConfig) -> v1beta1::BackupSpec {
         retention_days,
         s3,
         suspend,
+        compression,
     } = backup;
     v1beta1::BackupSpec {
         schedule: v1beta1::BackupSchedule {
@@ -171,6 +173,7 @@ fn backup_to_v1beta1(backup: v1alpha1::BackupConfig) -> v1beta1::BackupSpec {
             days: retention_days,
         },
         storage: s3.map(wrap_s3),
+        compression,
     }
 }
 
@@ -184,6 +187,7 @@ fn backup_to_v1alpha1(backup: v1beta1::BackupSpec) -> v1alpha1::BackupConfig {
             },
         retention: v1beta1::RetentionPolicy { days },
         storage,
+        compression,
     } = backup;
     v1alpha1::BackupConfig {
         schedule: cron,
@@ -191,6 +195,7 @@ fn backup_to_v1alpha1(backup: v1beta1::BackupSpec) -> v1alpha1::BackupConfig {
         retention_days: days,
         s3: storage.map(unwrap_s3),
         suspend,
+        compression,
     }
 }
 

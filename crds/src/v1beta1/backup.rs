@@ -1,6 +1,6 @@
 //! `PostgreSQLBackup` in v1beta1: one logical backup of a cluster.
 //!
-//! The spec is v1alpha1's. In the status, where the backup was written is a [`BackupStorage`]
+//! The spec is v1alpha1's (`compression` included). In the status, where the backup was written is a [`BackupStorage`]
 //! (`status.storage.s3`), the same shape as the cluster's `spec.backup.storage`.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -9,7 +9,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::storage::BackupStorage;
-use crate::backup::{BackupMethod, BackupPhase, DeletionPolicy};
+use crate::backup::{BackupCompression, BackupMethod, BackupPhase, DeletionPolicy};
 use crate::common::{LocalReference, conditions_schema};
 
 /// What to back up and what happens to the data when this object is deleted. Immutable.
@@ -43,6 +43,10 @@ pub struct PostgreSQLBackupSpec {
     /// from storage first.
     #[serde(default)]
     pub deletion_policy: DeletionPolicy,
+    /// How the dumps are compressed. Unset: the cluster's `backup.compression`, else zstd at
+    /// level 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<BackupCompression>,
 }
 
 /// Observed state of a backup, written only by the controller.
@@ -62,6 +66,10 @@ pub struct PostgreSQLBackupStatus {
     /// deletion work even after the cluster's configuration changed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<BackupStorage>,
+    /// How the dumps are compressed (the backup's own, else its cluster's, else zstd), resolved
+    /// when the backup started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<BackupCompression>,
     /// Key of the backup's manifest object.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object_key: Option<String>,

@@ -12,6 +12,7 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use super::storage::{BackupStorage, RestoreSource};
+use crate::backup::BackupCompression;
 use crate::cluster::{PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion};
 use crate::common::LocalReference;
 
@@ -100,8 +101,8 @@ pub struct StorageSpec {
 }
 
 /// A cluster's backups, grouped by concern: `schedule` says when scheduled backups run,
-/// `retention` how long backups are kept, and `storage` where they go (also for on-demand
-/// backups). `storage` has one member per kind of store, so that other stores can be added
+/// `retention` how long backups are kept, `storage` where they go and `compression` how they are
+/// compressed (both also for on-demand backups). `storage` has one member per kind of store, so that other stores can be added
 /// beside `s3` later without moving fields again.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
@@ -114,6 +115,10 @@ pub struct BackupSpec {
     /// Where backups are stored. Scheduled backups cannot run without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage: Option<BackupStorage>,
+    /// How this cluster's backups compress their dumps: its scheduled backups, and its
+    /// on-demand backups that do not set their own. Unset: zstd at level 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<BackupCompression>,
 }
 
 /// When scheduled backups run.

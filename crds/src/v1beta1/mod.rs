@@ -5,7 +5,7 @@
 //! - `PostgreSQLCluster`: the PostgreSQL major is `postgresVersion` (v1alpha1: `version`); the
 //!   data volume is an object, `storage: {size, storageClassName}` (v1alpha1: `storage: "10Gi"`,
 //!   no class); the backup settings are grouped by concern,
-//!   `backup: {schedule: {cron, timeZone, suspend}, retention: {days}, storage: {s3}}`.
+//!   `backup: {schedule: {cron, timeZone, suspend}, retention: {days}, storage: {s3}, compression}`.
 //! - Storage is always a [`BackupStorage`] (`{s3: ...}`): in the cluster's backup settings, in a
 //!   backup's `status.storage` and in the `source` of restores and bootstraps, so that another
 //!   kind of store can later be added in one place.
@@ -33,7 +33,9 @@ pub use cluster::*;
 pub use restore::*;
 pub use storage::*;
 
-pub use crate::backup::{BackupMethod, BackupPhase, DeletionPolicy};
+pub use crate::backup::{
+    BackupCompression, BackupMethod, BackupPhase, CompressionMethod, DeletionPolicy,
+};
 pub use crate::cluster::{
     ClusterPhase, InstanceRole, InstanceStatus, MANAGED_PARAMETERS, PostgreSQLClusterStatus,
     PostgreSQLSettings, PostgresVersion,

@@ -83,6 +83,7 @@ fn cluster_fields_validate_as_in_v1alpha1() {
             ("spec.backup.suspend", "spec.backup.schedule.suspend"),
             ("spec.backup.retentionDays", "spec.backup.retention.days"),
             ("spec.backup.s3", "spec.backup.storage.s3"),
+            ("spec.backup.compression", "spec.backup.compression"),
             ("spec.nodeSelector", "spec.nodeSelector"),
             ("spec.tolerations", "spec.tolerations"),
             ("spec.affinity", "spec.affinity"),

@@ -21,9 +21,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 };
 use k8s_openapi::jiff::Timestamp;
 use pgkube_crds::{
-    BackupMethod, BackupPhase, ClusterPhase, DeletionPolicy, InstanceRole, InstanceStatus,
-    LocalReference, PostgreSQLClusterStatus, PostgreSQLRestoreStatus, PostgreSQLSettings,
-    PostgresVersion, RestorePhase, S3Credentials, S3Storage, ServerSideEncryption,
+    BackupCompression, BackupMethod, BackupPhase, ClusterPhase, CompressionMethod, DeletionPolicy,
+    InstanceRole, InstanceStatus, LocalReference, PostgreSQLClusterStatus, PostgreSQLRestoreStatus,
+    PostgreSQLSettings, PostgresVersion, RestorePhase, S3Credentials, S3Storage,
+    ServerSideEncryption,
 };
 use proptest::collection::{btree_map, vec};
 use proptest::option::of;
@@ -405,6 +406,16 @@ pub fn cluster_status() -> impl Strategy<Value = PostgreSQLClusterStatus> {
 
 pub fn backup_method() -> impl Strategy<Value = BackupMethod> {
     Just(BackupMethod::Logical)
+}
+
+/// A compression the schema accepts: zstd at any level or none, gzip up to 9, none without one.
+pub fn compression() -> impl Strategy<Value = BackupCompression> {
+    prop_oneof![
+        of(1i32..=19).prop_map(|level| (CompressionMethod::Zstd, level)),
+        of(1i32..=9).prop_map(|level| (CompressionMethod::Gzip, level)),
+        Just((CompressionMethod::None, None)),
+    ]
+    .prop_map(|(method, level)| BackupCompression { method, level })
 }
 
 pub fn deletion_policy() -> impl Strategy<Value = DeletionPolicy> {

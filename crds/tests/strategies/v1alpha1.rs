@@ -48,14 +48,16 @@ fn cluster_backup_settings() -> impl Strategy<Value = BackupConfig> {
         1i32..=90,
         of(s3_storage()),
         any::<bool>(),
+        of(compression()),
     )
         .prop_map(
-            |(schedule, time_zone, retention_days, s3, suspend)| BackupConfig {
+            |(schedule, time_zone, retention_days, s3, suspend, compression)| BackupConfig {
                 schedule,
                 time_zone,
                 retention_days,
                 s3,
                 suspend,
+                compression,
             },
         )
 }
@@ -105,13 +107,20 @@ pub fn cluster() -> impl Strategy<Value = PostgreSQLCluster> {
 }
 
 fn backup_spec() -> impl Strategy<Value = PostgreSQLBackupSpec> {
-    (local_reference(), backup_method(), deletion_policy()).prop_map(
-        |(cluster, method, deletion_policy)| PostgreSQLBackupSpec {
-            cluster,
-            method,
-            deletion_policy,
-        },
+    (
+        local_reference(),
+        backup_method(),
+        deletion_policy(),
+        of(compression()),
     )
+        .prop_map(
+            |(cluster, method, deletion_policy, compression)| PostgreSQLBackupSpec {
+                cluster,
+                method,
+                deletion_policy,
+                compression,
+            },
+        )
 }
 
 fn backup_status() -> impl Strategy<Value = PostgreSQLBackupStatus> {
@@ -122,16 +131,17 @@ fn backup_status() -> impl Strategy<Value = PostgreSQLBackupStatus> {
         of("sha256:[0-9a-f]{64}"),
         of("1[4-8]\\.[0-9]{1,2}"),
     );
-    let detail = (of(name()), of(text()), conditions());
+    let detail = (of(name()), of(text()), conditions(), of(compression()));
     (state, result, detail).prop_map(|(state, result, detail)| {
         let (phase, start_time, completion_time, storage) = state;
         let (object_key, size_bytes, checksum, postgres_version) = result;
-        let (job_name, message, conditions) = detail;
+        let (job_name, message, conditions, compression) = detail;
         PostgreSQLBackupStatus {
             phase,
             start_time,
             completion_time,
             storage,
+            compression,
             object_key,
             size_bytes,
             checksum,

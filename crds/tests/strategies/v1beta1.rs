@@ -54,10 +54,12 @@ fn cluster_backup_settings() -> impl Strategy<Value = BackupSpec> {
                 suspend,
             }
         });
-    (schedule, 1i32..=90, of(backup_storage())).prop_map(|(schedule, days, storage)| BackupSpec {
+    let settings = (schedule, 1i32..=90, of(backup_storage()), of(compression()));
+    settings.prop_map(|(schedule, days, storage, compression)| BackupSpec {
         schedule,
         retention: RetentionPolicy { days },
         storage,
+        compression,
     })
 }
 
@@ -106,13 +108,20 @@ pub fn cluster() -> impl Strategy<Value = PostgreSQLCluster> {
 }
 
 fn backup_spec() -> impl Strategy<Value = PostgreSQLBackupSpec> {
-    (local_reference(), backup_method(), deletion_policy()).prop_map(
-        |(cluster, method, deletion_policy)| PostgreSQLBackupSpec {
-            cluster,
-            method,
-            deletion_policy,
-        },
+    (
+        local_reference(),
+        backup_method(),
+        deletion_policy(),
+        of(compression()),
     )
+        .prop_map(
+            |(cluster, method, deletion_policy, compression)| PostgreSQLBackupSpec {
+                cluster,
+                method,
+                deletion_policy,
+                compression,
+            },
+        )
 }
 
 fn backup_status() -> impl Strategy<Value = PostgreSQLBackupStatus> {
@@ -128,16 +137,17 @@ fn backup_status() -> impl Strategy<Value = PostgreSQLBackupStatus> {
         of("sha256:[0-9a-f]{64}"),
         of("1[4-8]\\.[0-9]{1,2}"),
     );
-    let detail = (of(name()), of(text()), conditions());
+    let detail = (of(name()), of(text()), conditions(), of(compression()));
     (state, result, detail).prop_map(|(state, result, detail)| {
         let (phase, start_time, completion_time, storage) = state;
         let (object_key, size_bytes, checksum, postgres_version) = result;
-        let (job_name, message, conditions) = detail;
+        let (job_name, message, conditions, compression) = detail;
         PostgreSQLBackupStatus {
             phase,
             start_time,
             completion_time,
             storage,
+            compression,
             object_key,
             size_bytes,
             checksum,

@@ -81,6 +81,7 @@ pub fn backup_config(storage: S3Storage, schedule: &str) -> BackupConfig {
         retention_days: 7,
         s3: Some(storage),
         suspend: false,
+        compression: None,
     }
 }
 
@@ -100,6 +101,7 @@ pub async fn create_backup(
             },
             method: Default::default(),
             deletion_policy,
+            compression: None,
         },
     );
     Api::<PostgreSQLBackup>::namespaced(client.clone(), namespace)
