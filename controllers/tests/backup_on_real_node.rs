@@ -1,6 +1,7 @@
 //! End to end on the test bed's real node: PostgreSQLBackups of a running PostgreSQL 15
 //! cluster, whose backup Jobs really run (`pgkube agent backup` in the `postgres:15` image's
-//! emulation, copied in by an init container) against the real Garage.
+//! emulation, copied in by an init container) against the real Garage, compressed as the backup
+//! or its cluster says.
 
 mod common;
 
@@ -10,11 +11,16 @@ use common::Running;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, Patch, PatchParams};
-use pgkube_crds::{BackupPhase, DeletionPolicy, PostgreSQLBackup};
+use pgkube_controllers::storage::manifest::Manifest;
+use pgkube_crds::{
+    BackupCompression, BackupPhase, CompressionMethod, DeletionPolicy, LocalReference,
+    PostgreSQLBackup, PostgreSQLBackupSpec, PostgreSQLCluster,
+};
 use pgkube_testkit::{
     SECRET_ACCESS_KEY_KEY, TestBucket, TestCluster, backup_config, condition, create_backup,
     create_s3_secret, list_objects, test_storage, wait_backup_ended, wait_until,
 };
+use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 const RESYNC: Duration = Duration::from_secs(30);
@@ -88,6 +94,46 @@ impl Fixture {
         wait_backup_ended(&self.running.client, self.namespace(), name, BACKUP_TIMEOUT)
             .await
             .unwrap_or_else(|error| panic!("{error:#}"))
+    }
+
+    /// Backup `name` compressed as `compression` says (`None`: as its cluster says), once ended.
+    async fn compressed_backup(
+        &self,
+        name: &str,
+        compression: Option<BackupCompression>,
+    ) -> PostgreSQLBackup {
+        let spec = PostgreSQLBackupSpec {
+            cluster: LocalReference {
+                name: self.cluster.name().to_owned(),
+            },
+            method: Default::default(),
+            deletion_policy: DeletionPolicy::Retain,
+            compression,
+        };
+        let backup = PostgreSQLBackup::new(name, spec);
+        self.running
+            .api::<PostgreSQLBackup>()
+            .create(&Default::default(), &backup)
+            .await
+            .expect("backup created");
+        wait_backup_ended(&self.running.client, self.namespace(), name, BACKUP_TIMEOUT)
+            .await
+            .unwrap_or_else(|error| panic!("{error:#}"))
+    }
+
+    /// The manifest of a completed backup, as JSON, and its Job's agent arguments.
+    async fn manifest_and_arguments(&self, backup: &PostgreSQLBackup) -> (Value, String) {
+        let status = backup.status.clone().unwrap_or_default();
+        assert_eq!(status.phase, Some(BackupPhase::Completed), "{status:?}");
+        let key = status.object_key.expect("object key");
+        let bytes = self.bucket.object(&key).await.expect("manifest");
+        Manifest::parse(&key, &bytes).expect("the controllers read it");
+        let job_name = status.job_name.expect("job name");
+        let job = self.running.api::<Job>().get(&job_name).await.expect("job");
+        let pod = job.spec.and_then(|spec| spec.template.spec).expect("pod");
+        let arguments = pod.containers[0].args.clone().unwrap_or_default().join(" ");
+        let manifest = serde_json::from_slice(&bytes).expect("manifest JSON");
+        (manifest, arguments)
     }
 
     /// The stored objects of backup `name`, by key, with their sizes.
@@ -188,6 +234,56 @@ async fn an_on_demand_backup_completes_with_the_size_and_checksum_of_its_stored_
             .and_then(|s| s.last_successful_backup.as_deref()),
         Some("first")
     );
+    fixture.stop().await;
+}
+
+/// The compression a backup records and its manifest shows: the default (zstd, manifest version
+/// 2), a backup's own gzip (pg_dump's archive as is, version 1), and the cluster's default level.
+#[tokio::test]
+async fn backups_are_compressed_as_the_backup_or_else_its_cluster_says() {
+    let Some(fixture) = Fixture::start("backup-zstd").await else {
+        return;
+    };
+    let default = fixture.compressed_backup("default", None).await;
+    let (manifest, arguments) = fixture.manifest_and_arguments(&default).await;
+    assert_eq!(arguments, "--compression zstd");
+    assert_eq!(manifest["manifestVersion"], 2, "{manifest}");
+    assert_eq!(manifest["databases"][0]["compression"], "zstd");
+    let recorded = default.status.and_then(|s| s.compression);
+    assert_eq!(recorded, Some(BackupCompression::default()));
+
+    let gzip = BackupCompression {
+        method: CompressionMethod::Gzip,
+        level: None,
+    };
+    let own = fixture.compressed_backup("gzip", Some(gzip)).await;
+    let (manifest, arguments) = fixture.manifest_and_arguments(&own).await;
+    assert_eq!(arguments, "--compression gzip");
+    assert_eq!(manifest["manifestVersion"], 1, "{manifest}");
+    assert_eq!(manifest["databases"][0]["compression"], "none");
+    let key = manifest["databases"][0]["key"].as_str().expect("key");
+    let dump = fixture.bucket.object(key).await.expect("dump");
+    assert!(dump.starts_with(b"PGDMP"), "pg_dump's own archive");
+    assert_eq!(own.status.and_then(|s| s.compression), Some(gzip));
+
+    // The cluster's default, for backups that do not choose.
+    let patch = json!({"spec": {"backup": {"compression": {"method": "zstd", "level": 5}}}});
+    fixture
+        .running
+        .api::<PostgreSQLCluster>()
+        .patch(
+            fixture.cluster.name(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+        .expect("cluster patched");
+    let inherited = fixture.compressed_backup("inherited", None).await;
+    let (manifest, arguments) = fixture.manifest_and_arguments(&inherited).await;
+    assert_eq!(arguments, "--compression zstd --compression-level 5");
+    assert_eq!(manifest["databases"][0]["compression"], "zstd");
+    let level = inherited.status.and_then(|s| s.compression?.level);
+    assert_eq!(level, Some(5));
     fixture.stop().await;
 }
 
