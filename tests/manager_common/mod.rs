@@ -64,7 +64,25 @@ impl Manager {
         extra: &[&str],
         vars: &[(&str, &str)],
     ) -> Manager {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_pgkube"));
+        Self::start_program(
+            env!("CARGO_BIN_EXE_pgkube").as_ref(),
+            env,
+            name,
+            extra,
+            vars,
+        )
+    }
+
+    /// Like [`Manager::start_with_env`], running `program` (a copy of the binary that a bench
+    /// keeps, so that a concurrent build of the same target cannot change it mid-run).
+    pub fn start_program(
+        program: &std::path::Path,
+        env: &TestEnv,
+        name: &str,
+        extra: &[&str],
+        vars: &[(&str, &str)],
+    ) -> Manager {
+        let mut command = Command::new(program);
         command
             .args([
                 "run",

@@ -34,6 +34,8 @@
 //! - [`proxy::Proxy`]: a loopback proxy in front of a test bed server: HTTPS termination,
 //!   request recording and transfers broken half way for the S3 server; plain TCP for any
 //!   server, the API server included; and a network partition for all of them.
+//! - [`cpu_time`] and [`peak_rss_bytes`]: a process's CPU time and peak resident memory, from
+//!   `/proc` (benches measure the manager with them).
 //! - [`otlp::OtlpReceiver`]: a loopback OTLP/HTTP trace receiver, plain or over TLS with a CA
 //!   of its own, that keeps every export request's body for a test to search.
 //! - End-to-end clusters on the test bed's real node [`LOCAL_NODE`]:
@@ -117,7 +119,7 @@ pub use env::{SKIP_ENV_VAR, TestEnv, testbed};
 pub use http::http_get;
 pub use names::unique_name;
 pub use namespace::TestNamespace;
-pub use process::{processes_with_args, processes_with_env};
+pub use process::{cpu_time, peak_rss_bytes, processes_with_args, processes_with_env};
 pub use restore::{
     ClusterDigest, DatabaseDigest, RESTORE_CONDITION, RESTORE_LABEL, TableDigest, cluster_digest,
     create_restore, database_digest, describe_restore, put_object, restore_condition, restore_jobs,

@@ -1,5 +1,41 @@
 //! This machine's processes, found through `/proc`: the test bed's real node runs pods as local
-//! processes, so a test can check that a stopped instance left none behind.
+//! processes, so a test can check that a stopped instance left none behind; benches read a
+//! process's CPU time and peak memory.
+
+use std::time::Duration;
+
+/// `USER_HZ`: the unit of the CPU times in /proc, 100 on every Linux architecture we run on.
+const CLOCK_TICKS_PER_SECOND: u64 = 100;
+
+/// CPU time a process has used so far, user + system (fields 14 and 15 of `/proc/<pid>/stat`,
+/// in 10 ms ticks); zero when the process is gone.
+pub fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name (field 2) may hold spaces; the fields after it are plain numbers.
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // fields[0] is field 3 (state), so field N is fields[N - 3].
+    let ticks: u64 = [11, 12]
+        .iter()
+        .filter_map(|&index| fields.get(index)?.parse::<u64>().ok())
+        .sum();
+    Duration::from_millis(ticks * 1000 / CLOCK_TICKS_PER_SECOND)
+}
+
+/// The most resident memory a process has had, in bytes (`VmHWM` of `/proc/<pid>/status`);
+/// `None` when the process is gone.
+pub fn peak_rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse::<u64>()
+        .ok()?;
+    Some(kib * 1024)
+}
 
 /// The processes that have `variable` (`NAME=value`) in their environment (a pod's processes
 /// inherit `POD_NAME=<pod>` from their container).
@@ -46,5 +82,15 @@ mod tests {
         let program = std::env::args().next().expect("argv[0]");
         assert!(processes_with_args(&[&program]).contains(&me));
         assert!(!processes_with_env("PGKUBE_NO_SUCH_VARIABLE=1").contains(&me));
+    }
+
+    #[test]
+    fn this_process_has_used_cpu_and_memory() {
+        let me = std::process::id();
+        let spin = std::time::Instant::now();
+        while cpu_time(me).is_zero() && spin.elapsed() < Duration::from_secs(5) {}
+        assert!(!cpu_time(me).is_zero());
+        assert!(peak_rss_bytes(me).is_some_and(|bytes| bytes > 0));
+        assert_eq!(peak_rss_bytes(u32::MAX), None);
     }
 }
