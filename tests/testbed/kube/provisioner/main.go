@@ -48,9 +48,11 @@ func main() {
 	kubeconfig := flag.String("kubeconfig", "", "path to the admin kubeconfig")
 	interval := flag.Duration("interval", 500*time.Millisecond, "how often to look at claims")
 	flag.StringVar(&volumesRoot, "volumes-root", volumesRoot, "directory that holds one directory per volume")
+	qps := flag.Float64("kube-api-qps", 5, "client-side limit of requests per second to the API server (client-go's default)")
+	burst := flag.Int("kube-api-burst", 10, "requests allowed at once above --kube-api-qps (client-go's default)")
 	flag.Parse()
 
-	client, err := newClient(*kubeconfig)
+	client, err := newClient(*kubeconfig, float32(*qps), *burst)
 	if err != nil {
 		log.Fatalf("kubernetes client: %v", err)
 	}
@@ -69,11 +71,13 @@ func main() {
 	log.Print("stopping")
 }
 
-func newClient(kubeconfig string) (*kubernetes.Clientset, error) {
+func newClient(kubeconfig string, qps float32, burst int) (*kubernetes.Clientset, error) {
 	config, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return nil, err
 	}
+	config.QPS = qps
+	config.Burst = burst
 	return kubernetes.NewForConfig(config)
 }
 
