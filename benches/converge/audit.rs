@@ -4,6 +4,7 @@
 //! (The API server's `apiserver_request_total` has no user label, so it cannot.)
 
 use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 /// One request: its verb, and the resource (with `/subresource`) it was made on.
@@ -19,9 +20,13 @@ pub struct AuditLog {
     username: String,
 }
 
-/// A position in the audit log.
+/// A position in the audit log: the file (its inode, which it keeps when the API server
+/// rotates it away at 100 MB under a dated name) and an offset in it.
 #[derive(Clone, Copy)]
-pub struct Mark(u64);
+pub struct Mark {
+    inode: u64,
+    offset: u64,
+}
 
 impl AuditLog {
     pub fn new(path: &Path, username: &str) -> AuditLog {
@@ -33,7 +38,11 @@ impl AuditLog {
 
     /// The log's end now.
     pub fn mark(&self) -> Mark {
-        Mark(std::fs::metadata(&self.path).map_or(0, |meta| meta.len()))
+        let meta = std::fs::metadata(&self.path).ok();
+        Mark {
+            inode: meta.as_ref().map_or(0, |meta| meta.ino()),
+            offset: meta.map_or(0, |meta| meta.len()),
+        }
     }
 
     /// The user's requests between `from` and `to`, each once: a watch by the event of its
@@ -58,17 +67,39 @@ impl AuditLog {
         requests
     }
 
+    /// The text from `from` to `to`: when the log was rotated in between, the rest of the
+    /// rotated file (found by its inode) and then the current one from its start.
     fn read(&self, from: Mark, to: Mark) -> String {
-        let mut file = std::fs::File::open(&self.path)
-            .unwrap_or_else(|e| panic!("reading the audit log {}: {e}", self.path.display()));
-        file.seek(SeekFrom::Start(from.0))
-            .expect("seek in the audit log");
-        let mut bytes = Vec::new();
-        file.take(to.0.saturating_sub(from.0))
-            .read_to_end(&mut bytes)
-            .expect("reading the audit log");
-        String::from_utf8_lossy(&bytes).into_owned()
+        if from.inode == to.inode {
+            return read_range(&self.path, from.offset, to.offset);
+        }
+        let rotated = self.file_with_inode(from.inode);
+        let mut text =
+            rotated.map_or_else(String::new, |path| read_range(&path, from.offset, u64::MAX));
+        text.push_str(&read_range(&self.path, 0, to.offset));
+        text
     }
+
+    fn file_with_inode(&self, inode: u64) -> Option<PathBuf> {
+        let dir = self.path.parent()?;
+        std::fs::read_dir(dir)
+            .ok()?
+            .flatten()
+            .find(|entry| entry.metadata().is_ok_and(|meta| meta.ino() == inode))
+            .map(|entry| entry.path())
+    }
+}
+
+fn read_range(path: &Path, from: u64, to: u64) -> String {
+    let mut file = std::fs::File::open(path)
+        .unwrap_or_else(|e| panic!("reading the audit log {}: {e}", path.display()));
+    file.seek(SeekFrom::Start(from))
+        .expect("seek in the audit log");
+    let mut bytes = Vec::new();
+    file.take(to.saturating_sub(from))
+        .read_to_end(&mut bytes)
+        .expect("reading the audit log");
+    String::from_utf8_lossy(&bytes).into_owned()
 }
 
 fn request(event: &serde_json::Value) -> Request {

@@ -104,7 +104,12 @@ fn summary(rows: &[Row]) {
 }
 
 fn writes(by_verb: &ByVerb) -> f64 {
-    WRITES.iter().filter_map(|verb| by_verb.get(*verb)).sum()
+    // A float sum starts at -0.0, which would print as "-0.0".
+    WRITES
+        .iter()
+        .filter_map(|verb| by_verb.get(*verb))
+        .sum::<f64>()
+        + 0.0
 }
 
 fn by_verb(rows: &[Row]) {
@@ -141,7 +146,7 @@ fn verb_line(n: usize, source: &str, by_verb: &ByVerb, clusters: f64) {
             )
         })
         .collect();
-    let total: f64 = by_verb.values().sum();
+    let total = by_verb.values().sum::<f64>() + 0.0;
     println!(
         "| {n} | {source} | {} | {:.2} |",
         cells.join(" | "),
