@@ -9,7 +9,8 @@
 //!   manager then holds no password in memory.
 //! - Pods and data volume claims: watched for the cache alone; their changes trigger nothing (a
 //!   pod's readiness reaches the cluster through its StatefulSet's status, and the instances
-//!   are asked again every `INSTANCE_REFRESH`).
+//!   are asked again every `INSTANCE_REFRESH`). Pods are kept without their spec: the
+//!   controller reads their names, labels, uids and status only, and the spec is most of a pod.
 //!
 //! Every watch selects `app.kubernetes.io/managed-by=pgkube`, which the cluster's children,
 //! its pods and its claims carry (from the StatefulSet's templates).
@@ -64,13 +65,17 @@ impl ChildStores {
         client: &Client,
         namespace: Option<&str>,
     ) -> (Controller<PostgreSQLCluster>, ChildStores) {
-        let (statefulsets, statefulset_changes) = cached::<StatefulSet>(client, namespace);
-        let (services, service_changes) = cached::<Service>(client, namespace);
-        let (config_maps, config_map_changes) = cached::<ConfigMap>(client, namespace);
-        let (budgets, budget_changes) = cached::<PodDisruptionBudget>(client, namespace);
-        let (secrets, secret_changes) = cached::<PartialObjectMeta<Secret>>(client, namespace);
-        let (pods, pod_changes) = cached::<Pod>(client, namespace);
-        let (claims, claim_changes) = cached::<PersistentVolumeClaim>(client, namespace);
+        let (statefulsets, statefulset_changes) =
+            cached::<StatefulSet>(client, namespace, keep_whole);
+        let (services, service_changes) = cached::<Service>(client, namespace, keep_whole);
+        let (config_maps, config_map_changes) = cached::<ConfigMap>(client, namespace, keep_whole);
+        let (budgets, budget_changes) =
+            cached::<PodDisruptionBudget>(client, namespace, keep_whole);
+        let (secrets, secret_changes) =
+            cached::<PartialObjectMeta<Secret>>(client, namespace, keep_whole);
+        let (pods, pod_changes) = cached::<Pod>(client, namespace, without_spec);
+        let (claims, claim_changes) =
+            cached::<PersistentVolumeClaim>(client, namespace, keep_whole);
         let controller = controller
             .owns_stream(statefulset_changes)
             .owns_stream(service_changes)
@@ -101,13 +106,13 @@ impl ChildStores {
         ChildStores,
         impl Future<Output = ()> + Send + 'static + use<>,
     ) {
-        let (statefulsets, a) = cached::<StatefulSet>(client, namespace);
-        let (services, b) = cached::<Service>(client, namespace);
-        let (config_maps, c) = cached::<ConfigMap>(client, namespace);
-        let (budgets, d) = cached::<PodDisruptionBudget>(client, namespace);
-        let (secrets, e) = cached::<PartialObjectMeta<Secret>>(client, namespace);
-        let (pods, f) = cached::<Pod>(client, namespace);
-        let (claims, g) = cached::<PersistentVolumeClaim>(client, namespace);
+        let (statefulsets, a) = cached::<StatefulSet>(client, namespace, keep_whole);
+        let (services, b) = cached::<Service>(client, namespace, keep_whole);
+        let (config_maps, c) = cached::<ConfigMap>(client, namespace, keep_whole);
+        let (budgets, d) = cached::<PodDisruptionBudget>(client, namespace, keep_whole);
+        let (secrets, e) = cached::<PartialObjectMeta<Secret>>(client, namespace, keep_whole);
+        let (pods, f) = cached::<Pod>(client, namespace, without_spec);
+        let (claims, g) = cached::<PersistentVolumeClaim>(client, namespace, keep_whole);
         let streams: Vec<BoxStream<'static, ()>> = vec![
             a.map(|_| ()).boxed(),
             b.map(|_| ()).boxed(),
@@ -151,6 +156,14 @@ impl ChildStores {
     }
 }
 
+/// Keeps the object as it is.
+fn keep_whole<K>(_: &mut K) {}
+
+/// Drops a pod's spec, which the controller never reads.
+fn without_spec(pod: &mut Pod) {
+    pod.spec = None;
+}
+
 /// For the watches that only fill a cache: their changes reconcile no cluster.
 fn no_trigger() -> Option<ObjectRef<PostgreSQLCluster>> {
     None
@@ -180,11 +193,13 @@ where
         .collect()
 }
 
-/// A store of `K` (ours only, without managed fields) and the stream of changes that fills it.
+/// A store of `K` (ours only, without managed fields, and trimmed by `trim`) and the stream of
+/// changes that fills it.
 /// With `K` a `PartialObjectMeta`, the watch asks for metadata only.
 fn cached<K>(
     client: &Client,
     namespace: Option<&str>,
+    trim: fn(&mut K),
 ) -> (
     Store<K>,
     impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
@@ -200,8 +215,10 @@ where
 {
     let (store, writer) = reflector::store();
     let config = watcher::Config::default().labels(MANAGED_BY_SELECTOR);
-    let changes = watcher::watcher(api::<K>(client, namespace), config)
-        .modify(|object| object.managed_fields_mut().clear());
+    let changes = watcher::watcher(api::<K>(client, namespace), config).modify(move |object| {
+        object.managed_fields_mut().clear();
+        trim(object);
+    });
     let changes = reflector(writer, changes)
         .default_backoff()
         .touched_objects();
