@@ -17,10 +17,10 @@ mod quantity;
 pub mod restore;
 pub mod retention;
 mod retries;
-pub mod union_store;
 pub mod schedule;
 pub mod scheduling;
 pub mod storage;
+pub mod union_store;
 
 use std::future::Future;
 use std::sync::Arc;
