@@ -4,9 +4,10 @@
 //! Without a cluster-wide right to list, each namespace needs a watch of its own, and kube's
 //! stores take one watch each: a second namespace's relist would wipe the first's objects. So
 //! each namespace keeps its own store (authoritative for that namespace), and this union follows
-//! them: an object applied or deleted in one is applied or deleted here; after a namespace
-//! relisted, the union takes that namespace's objects from its store and drops the ones it no
-//! longer has. The union is ready once every namespace has listed once.
+//! them: an object applied or deleted in one is applied or deleted here, as is each object a
+//! namespace relists (at once: its change triggers a reconcile, which must find it); once the
+//! relist is done, the union drops that namespace's objects its store no longer has. The union
+//! is ready once every namespace has listed once.
 
 use std::sync::{Arc, Mutex};
 
@@ -71,8 +72,13 @@ where
         }
         match event {
             Event::Apply(_) | Event::Delete(_) => state.writer.apply_watcher_event(event),
-            Event::InitDone => self.resync(&mut state.writer, index),
-            Event::Init | Event::InitApply(_) => {}
+            // A relisted object goes in at once: its change triggers a reconcile now, which
+            // must find it here.
+            Event::InitApply(object) => state
+                .writer
+                .apply_watcher_event(&Event::Apply(object.clone())),
+            Event::InitDone => self.drop_stale(&mut state.writer, index),
+            Event::Init => {}
         }
     }
 
@@ -87,8 +93,9 @@ where
         writer.apply_watcher_event(&Event::InitDone);
     }
 
-    /// After part `index` relisted: its objects as its store has them, and none it lacks.
-    fn resync(&self, writer: &mut Writer<K>, index: usize) {
+    /// After part `index` relisted: drops the objects of its namespace that its store no longer
+    /// has (deleted while its watch was down).
+    fn drop_stale(&self, writer: &mut Writer<K>, index: usize) {
         let Some((namespace, part)) = self.parts.get(index) else {
             return;
         };
@@ -102,9 +109,6 @@ where
             .collect();
         for object in stale {
             writer.apply_watcher_event(&Event::Delete(object));
-        }
-        for object in part.state() {
-            writer.apply_watcher_event(&Event::Apply((*object).clone()));
         }
     }
 }
@@ -184,6 +188,11 @@ mod tests {
         b.send(&union, Event::Delete(object("b", "one")));
         assert_eq!(names(&reader), ["a/one", "a/three", "a/two"]);
 
+        // A relisted object is in the union before the relist ends.
+        b.send(&union, Event::Init);
+        b.send(&union, Event::InitApply(object("b", "four")));
+        assert!(names(&reader).contains(&"b/four".to_owned()));
+        b.send(&union, Event::InitDone);
         // b's relist leaves a alone; a's relist drops what a no longer has.
         b.list(&union, &[object("b", "four")]);
         a.list(&union, &[object("a", "one")]);

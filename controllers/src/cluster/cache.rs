@@ -17,6 +17,7 @@
 
 use std::fmt::Debug;
 use std::sync::Arc;
+use std::time::Duration;
 
 use std::future::Future;
 
@@ -52,10 +53,21 @@ pub struct ChildStores {
     pub claims: Store<PersistentVolumeClaim>,
 }
 
-/// Why a cache cannot be read.
+/// How long a reconcile waits for the caches' first lists before it fails, naming them.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Why the caches cannot be read.
 #[derive(Debug, thiserror::Error)]
-#[error("the controller's caches are closed (the manager is stopping)")]
-pub struct CachesClosed;
+pub enum CacheError {
+    #[error("the controller's caches are closed (the manager is stopping)")]
+    Closed,
+    #[error(
+        "the caches of {kinds} have not synced after {}s: the manager needs list and watch on \
+         them (see deploy/rbac.yaml), and the API server must answer",
+        SYNC_TIMEOUT.as_secs()
+    )]
+    NotSynced { kinds: String },
+}
 
 impl ChildStores {
     /// Adds the watches of every child kind to `controller`, which drives them (they live and
@@ -137,9 +149,33 @@ impl ChildStores {
     }
 
     /// Waits until every store has its first full list: before that, a missing child may only
-    /// be missing from the cache.
-    pub async fn ready(&self) -> Result<(), CachesClosed> {
-        let closed = |_| CachesClosed;
+    /// be missing from the cache. After [`SYNC_TIMEOUT`], fails naming the stores not synced (a
+    /// watch the manager may not make never syncs; its errors are retried, not returned).
+    pub async fn ready(&self) -> Result<(), CacheError> {
+        if let Ok(ready) = tokio::time::timeout(SYNC_TIMEOUT, self.all_ready()).await {
+            return ready;
+        }
+        let waiting = [
+            ("StatefulSets", is_synced(&self.statefulsets).await),
+            ("Services", is_synced(&self.services).await),
+            ("ConfigMaps", is_synced(&self.config_maps).await),
+            ("Secrets", is_synced(&self.secrets).await),
+            ("PodDisruptionBudgets", is_synced(&self.budgets).await),
+            ("Pods", is_synced(&self.pods).await),
+            ("PersistentVolumeClaims", is_synced(&self.claims).await),
+        ];
+        let kinds: Vec<&str> = waiting
+            .iter()
+            .filter(|(_, synced)| !synced)
+            .map(|(kind, _)| *kind)
+            .collect();
+        Err(CacheError::NotSynced {
+            kinds: kinds.join(", "),
+        })
+    }
+
+    async fn all_ready(&self) -> Result<(), CacheError> {
+        let closed = |_| CacheError::Closed;
         self.statefulsets.wait_until_ready().await.map_err(closed)?;
         self.services.wait_until_ready().await.map_err(closed)?;
         self.config_maps.wait_until_ready().await.map_err(closed)?;
@@ -162,6 +198,15 @@ fn keep_whole<K>(_: &mut K) {}
 /// Drops a pod's spec, which the controller never reads.
 fn without_spec(pod: &mut Pod) {
     pod.spec = None;
+}
+
+/// Whether `store` has had its first full list (a wait of zero: the readiness future is polled
+/// once, and is done at once when it is).
+async fn is_synced<K: Resource<DynamicType = ()> + Clone + 'static>(store: &Store<K>) -> bool {
+    matches!(
+        tokio::time::timeout(Duration::ZERO, store.wait_until_ready()).await,
+        Ok(Ok(()))
+    )
 }
 
 /// For the watches that only fill a cache: their changes reconcile no cluster.
@@ -223,4 +268,32 @@ where
         .default_backoff()
         .touched_objects();
     (store, changes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::watcher::Event;
+
+    #[tokio::test]
+    async fn a_store_is_synced_once_its_first_list_is_done() {
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        assert!(!is_synced(&store).await);
+        writer.apply_watcher_event(&Event::Init);
+        assert!(!is_synced(&store).await, "a list begun is not done");
+        writer.apply_watcher_event(&Event::InitDone);
+        assert!(is_synced(&store).await);
+    }
+
+    #[test]
+    fn caches_not_synced_say_which_and_what_to_check() {
+        let error = CacheError::NotSynced {
+            kinds: "Pods, PersistentVolumeClaims".to_owned(),
+        };
+        assert_eq!(
+            error.to_string(),
+            "the caches of Pods, PersistentVolumeClaims have not synced after 60s: the manager \
+             needs list and watch on them (see deploy/rbac.yaml), and the API server must answer"
+        );
+    }
 }

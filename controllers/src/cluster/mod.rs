@@ -99,7 +99,7 @@ pub enum Error {
     #[error("internal error: {0}")]
     Invariant(&'static str),
     #[error(transparent)]
-    CachesClosed(#[from] cache::CachesClosed),
+    Cache(#[from] cache::CacheError),
     #[error(transparent)]
     Finalizer(#[from] Box<kube::runtime::finalizer::Error<Error>>),
 }
