@@ -524,10 +524,13 @@ async fn a_replica_that_cannot_stream_is_reported_and_a_new_clone_recovers_it() 
         .execute("INSERT INTO items VALUES (11)", &[])
         .await
         .expect("a row after the new clone");
-    let replica = cluster
-        .sql_via(ClusterService::ReadOnly)
-        .await
-        .expect("login through ro");
+    // The new clone is behind ro once its pod is labelled and the EndpointSlice controller
+    // has caught up, which may come a moment after it streams.
+    let replica = wait_until("a login through ro", CHANGE_TIMEOUT, || async {
+        Ok(cluster.sql_via(ClusterService::ReadOnly).await.ok())
+    })
+    .await
+    .expect("login through ro");
     let seen = wait_until("the new row on the replica", CHANGE_TIMEOUT, || async {
         Ok(count(&replica).await.ok().filter(|n| *n == 11))
     })
