@@ -69,33 +69,30 @@ pub enum CacheError {
     NotSynced { kinds: String },
 }
 
+/// The streams of changes that fill the [`ChildStores`]: whoever polls them keeps the stores
+/// current.
+struct ChildChanges {
+    statefulsets: Changes<StatefulSet>,
+    services: Changes<Service>,
+    config_maps: Changes<ConfigMap>,
+    budgets: Changes<PodDisruptionBudget>,
+    secrets: Changes<PartialObjectMeta<Secret>>,
+    pods: Changes<Pod>,
+    claims: Changes<PersistentVolumeClaim>,
+}
+
+type Changes<K> = BoxStream<'static, Result<K, watcher::Error>>;
+
 impl ChildStores {
-    /// Adds the watches of every child kind to `controller`, which drives them (they live and
-    /// stop with it), and returns it with their stores.
-    pub fn watch(
-        controller: Controller<PostgreSQLCluster>,
-        client: &Client,
-        namespace: Option<&str>,
-    ) -> (Controller<PostgreSQLCluster>, ChildStores) {
-        let (statefulsets, statefulset_changes) =
-            cached::<StatefulSet>(client, namespace, keep_whole);
-        let (services, service_changes) = cached::<Service>(client, namespace, keep_whole);
-        let (config_maps, config_map_changes) = cached::<ConfigMap>(client, namespace, keep_whole);
-        let (budgets, budget_changes) =
-            cached::<PodDisruptionBudget>(client, namespace, keep_whole);
-        let (secrets, secret_changes) =
-            cached::<PartialObjectMeta<Secret>>(client, namespace, keep_whole);
-        let (pods, pod_changes) = cached::<Pod>(client, namespace, without_spec);
-        let (claims, claim_changes) =
-            cached::<PersistentVolumeClaim>(client, namespace, keep_whole);
-        let controller = controller
-            .owns_stream(statefulset_changes)
-            .owns_stream(service_changes)
-            .owns_stream(config_map_changes)
-            .owns_stream(budget_changes)
-            .owns_stream(secret_changes)
-            .watches_stream(pod_changes, |_: Pod| no_trigger())
-            .watches_stream(claim_changes, |_: PersistentVolumeClaim| no_trigger());
+    /// The stores of `namespace` (all when `None`), and the changes that fill them.
+    fn new(client: &Client, namespace: Option<&str>) -> (ChildStores, ChildChanges) {
+        let (statefulsets, statefulset_changes) = cached(client, namespace, keep_whole);
+        let (services, service_changes) = cached(client, namespace, keep_whole);
+        let (config_maps, config_map_changes) = cached(client, namespace, keep_whole);
+        let (budgets, budget_changes) = cached(client, namespace, keep_whole);
+        let (secrets, secret_changes) = cached(client, namespace, keep_whole);
+        let (pods, pod_changes) = cached(client, namespace, without_spec);
+        let (claims, claim_changes) = cached(client, namespace, keep_whole);
         let stores = ChildStores {
             namespace: namespace.map(str::to_owned),
             statefulsets,
@@ -106,6 +103,34 @@ impl ChildStores {
             pods,
             claims,
         };
+        let changes = ChildChanges {
+            statefulsets: statefulset_changes.boxed(),
+            services: service_changes.boxed(),
+            config_maps: config_map_changes.boxed(),
+            budgets: budget_changes.boxed(),
+            secrets: secret_changes.boxed(),
+            pods: pod_changes.boxed(),
+            claims: claim_changes.boxed(),
+        };
+        (stores, changes)
+    }
+
+    /// Adds the watches of every child kind to `controller`, which drives them (they live and
+    /// stop with it), and returns it with their stores.
+    pub fn watch(
+        controller: Controller<PostgreSQLCluster>,
+        client: &Client,
+        namespace: Option<&str>,
+    ) -> (Controller<PostgreSQLCluster>, ChildStores) {
+        let (stores, changes) = Self::new(client, namespace);
+        let controller = controller
+            .owns_stream(changes.statefulsets)
+            .owns_stream(changes.services)
+            .owns_stream(changes.config_maps)
+            .owns_stream(changes.budgets)
+            .owns_stream(changes.secrets)
+            .watches_stream(changes.pods, |_: Pod| no_trigger())
+            .watches_stream(changes.claims, |_: PersistentVolumeClaim| no_trigger());
         (controller, stores)
     }
 
@@ -118,33 +143,17 @@ impl ChildStores {
         ChildStores,
         impl Future<Output = ()> + Send + 'static + use<>,
     ) {
-        let (statefulsets, a) = cached::<StatefulSet>(client, namespace, keep_whole);
-        let (services, b) = cached::<Service>(client, namespace, keep_whole);
-        let (config_maps, c) = cached::<ConfigMap>(client, namespace, keep_whole);
-        let (budgets, d) = cached::<PodDisruptionBudget>(client, namespace, keep_whole);
-        let (secrets, e) = cached::<PartialObjectMeta<Secret>>(client, namespace, keep_whole);
-        let (pods, f) = cached::<Pod>(client, namespace, without_spec);
-        let (claims, g) = cached::<PersistentVolumeClaim>(client, namespace, keep_whole);
+        let (stores, changes) = Self::new(client, namespace);
         let streams: Vec<BoxStream<'static, ()>> = vec![
-            a.map(|_| ()).boxed(),
-            b.map(|_| ()).boxed(),
-            c.map(|_| ()).boxed(),
-            d.map(|_| ()).boxed(),
-            e.map(|_| ()).boxed(),
-            f.map(|_| ()).boxed(),
-            g.map(|_| ()).boxed(),
+            changes.statefulsets.map(|_| ()).boxed(),
+            changes.services.map(|_| ()).boxed(),
+            changes.config_maps.map(|_| ()).boxed(),
+            changes.budgets.map(|_| ()).boxed(),
+            changes.secrets.map(|_| ()).boxed(),
+            changes.pods.map(|_| ()).boxed(),
+            changes.claims.map(|_| ()).boxed(),
         ];
         let fill = futures::stream::select_all(streams).for_each(|()| async {});
-        let stores = ChildStores {
-            namespace: namespace.map(str::to_owned),
-            statefulsets,
-            services,
-            config_maps,
-            secrets,
-            budgets,
-            pods,
-            claims,
-        };
         (stores, fill)
     }
 
