@@ -233,9 +233,10 @@ fn status_times(cluster: &PostgreSQLCluster) -> (Option<DateTime<Utc>>, Option<D
 }
 
 /// Asserts that `backups` are the scheduled backups of `cluster` for consecutive minutes, each
-/// named, labelled, annotated and owned as it should be.
+/// named, labelled, annotated, owned and compressed as it should be.
 fn assert_one_per_minute(cluster: &PostgreSQLCluster, backups: &[PostgreSQLBackup]) {
     let name = cluster.name_any();
+    let compression = cluster.spec.backup.as_ref().and_then(|b| b.compression);
     let times: Vec<DateTime<Utc>> = backups.iter().map(scheduled_time).collect();
     let distinct: BTreeSet<_> = times.iter().collect();
     assert_eq!(
@@ -273,6 +274,12 @@ fn assert_one_per_minute(cluster: &PostgreSQLCluster, backups: &[PostgreSQLBacku
             serde_json::to_value(backup.spec.deletion_policy).expect("JSON"),
             "Retain"
         );
+        assert_eq!(
+            backup.spec.compression,
+            Some(compression.unwrap_or_default()),
+            "the cluster's compression (else the default), written into {}",
+            backup.name_any()
+        );
         let owners = backup.owner_references();
         assert_eq!(owners.len(), 1);
         assert_eq!(
@@ -300,7 +307,11 @@ async fn every_minute_makes_one_backup_per_minute_and_shows_last_and_next() {
         return;
     };
     let cluster = bed
-        .cluster("minutely", json!({"schedule": "* * * * *"}), true)
+        .cluster(
+            "minutely",
+            json!({"schedule": "* * * * *", "compression": {"method": "gzip", "level": 3}}),
+            true,
+        )
         .await;
     let engine = bed.engine().await;
     let backups = bed.wait_scheduled_completing("minutely", 3).await;

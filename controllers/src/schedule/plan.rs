@@ -7,7 +7,8 @@
 //!   missed time runs (at most one catch-up), and moves to `now` when the schedule changes;
 //! - [`decide`]: what a due time does: nothing more when its backup exists, a skip while a
 //!   backup or a restore of the cluster is unfinished or no storage is set, else a new backup;
-//! - [`desired_backup`]: the PostgreSQLBackup a scheduled time creates;
+//! - [`desired_backup`]: the PostgreSQLBackup a scheduled time creates (with the cluster's
+//!   compression of the moment in its own spec);
 //! - [`SchedulerStatus`]: the status fields the engine owns, and whether they changed.
 
 use std::collections::BTreeMap;
@@ -16,9 +17,9 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::{Resource, ResourceExt};
 use pgkube_crds::{
-    BackupConfig, BackupMethod, BackupPhase, CLUSTER_LABEL, DeletionPolicy, LocalReference,
-    PostgreSQLBackup, PostgreSQLBackupSpec, PostgreSQLCluster, PostgreSQLRestore, RestorePhase,
-    SCHEDULED_LABEL, SCHEDULED_TIME_ANNOTATION,
+    BackupCompression, BackupConfig, BackupMethod, BackupPhase, CLUSTER_LABEL, DeletionPolicy,
+    LocalReference, PostgreSQLBackup, PostgreSQLBackupSpec, PostgreSQLCluster, PostgreSQLRestore,
+    RestorePhase, SCHEDULED_LABEL, SCHEDULED_TIME_ANNOTATION,
 };
 
 use super::parse::{Schedule, ScheduleError};
@@ -219,10 +220,24 @@ pub fn desired_backup(
             cluster: LocalReference { name: cluster_name },
             method: BackupMethod::Logical,
             deletion_policy: DeletionPolicy::Retain,
-            compression: None,
+            compression: Some(scheduled_compression(cluster)),
         },
         status: None,
     }
+}
+
+/// The compression a scheduled backup of `cluster` carries in its own spec: the cluster's
+/// `backup.compression` as it is when the backup is created, else the default (zstd at the
+/// agent's level), resolved then and there. Written into the backup (whose spec is immutable),
+/// so that a later change of the cluster's setting, or of the default, does not change how a
+/// backup already scheduled is taken, nor what its spec says it was.
+fn scheduled_compression(cluster: &PostgreSQLCluster) -> BackupCompression {
+    cluster
+        .spec
+        .backup
+        .as_ref()
+        .and_then(|backup| backup.compression)
+        .unwrap_or_default()
 }
 
 /// The engine's fields of the cluster status.
@@ -338,8 +353,8 @@ mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
     use k8s_openapi::jiff::Timestamp;
+    use pgkube_crds::{CompressionMethod, PostgreSQLRestoreStatus, S3Storage};
     use pgkube_crds::{PostgreSQLBackupStatus, PostgreSQLClusterStatus, PostgreSQLRestoreSpec};
-    use pgkube_crds::{PostgreSQLRestoreStatus, S3Storage};
 
     fn at(text: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(text)
@@ -528,6 +543,46 @@ mod tests {
             ("PostgreSQLCluster", "main", "u-1")
         );
         assert_eq!(owner.controller, None);
+    }
+
+    #[test]
+    fn the_backup_carries_the_clusters_compression_of_the_moment() {
+        let t = at("2025-01-01T03:00:00Z");
+        let mut main = cluster("0 3 * * *", true);
+        let default = desired_backup(&main, "main-202501010300", t);
+        assert_eq!(
+            default.spec.compression,
+            Some(BackupCompression {
+                method: CompressionMethod::Zstd,
+                level: None
+            }),
+            "no setting: the default, written down"
+        );
+        let gzip_3 = BackupCompression {
+            method: CompressionMethod::Gzip,
+            level: Some(3),
+        };
+        if let Some(settings) = main.spec.backup.as_mut() {
+            settings.compression = Some(gzip_3);
+        }
+        let earlier = desired_backup(&main, "main-202501010300", t);
+        assert_eq!(earlier.spec.compression, Some(gzip_3));
+        if let Some(settings) = main.spec.backup.as_mut() {
+            settings.compression = Some(BackupCompression {
+                method: CompressionMethod::None,
+                level: None,
+            });
+        }
+        let later = desired_backup(&main, "main-202501020300", at("2025-01-02T03:00:00Z"));
+        assert_eq!(
+            later.spec.compression.map(|c| c.method),
+            Some(CompressionMethod::None)
+        );
+        assert_eq!(
+            crate::backup::decide::compression(&earlier, &main),
+            gzip_3,
+            "the backup made before the change keeps what the cluster said then"
+        );
     }
 
     #[test]
