@@ -34,6 +34,7 @@ use crate::restore::RestoreSource;
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.bootstrap) == has(oldSelf.bootstrap) && (!has(self.bootstrap) || self.bootstrap == oldSelf.bootstrap)").message("bootstrap is immutable: it can only be set when the cluster is created"))]
+#[x_kube(validation = Rule::new(SYNCHRONOUS_FITS_RULE).message(SYNCHRONOUS_FITS_MESSAGE))]
 pub struct PostgreSQLClusterSpec {
     /// Number of PostgreSQL instances.
     #[serde(default = "default_replicas")]
@@ -73,6 +74,55 @@ pub struct PostgreSQLClusterSpec {
     /// the restore succeeded. Immutable: it can only be set at creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<Bootstrap>,
+    /// Failover and synchronous replication. Unset: automatic failover after
+    /// `failoverDelaySeconds` (5), asynchronous replication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high_availability: Option<HighAvailability>,
+}
+
+/// How the operator keeps a cluster of several instances writable, and what a failover may
+/// lose. The same in v1alpha1 and v1beta1.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HighAvailability {
+    /// How long the primary may be unreachable or not ready before the operator promotes the
+    /// ready replica with the most WAL. Default 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub failover_delay_seconds: Option<u32>,
+    /// Synchronous replication: a commit returns only once this many standbys have flushed
+    /// it, so that a failover loses no acknowledged commit. Unset: asynchronous replication,
+    /// where a failover can lose the last commits the replicas had not received.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synchronous: Option<SynchronousReplication>,
+}
+
+/// Default of [`HighAvailability::failover_delay_seconds`].
+pub const DEFAULT_FAILOVER_DELAY_SECONDS: u32 = 5;
+
+impl HighAvailability {
+    /// The failover delay in seconds, with its default.
+    pub fn failover_delay_seconds(high_availability: Option<&Self>) -> u32 {
+        high_availability
+            .and_then(|ha| ha.failover_delay_seconds)
+            .unwrap_or(DEFAULT_FAILOVER_DELAY_SECONDS)
+    }
+}
+
+/// How many standbys must confirm each commit. The operator asks for as many as are
+/// streaming, within `[minStandbys, maxStandbys]`: with fewer than `minStandbys` streaming,
+/// commits wait.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.minStandbys <= self.maxStandbys").message("minStandbys cannot be more than maxStandbys"))]
+pub struct SynchronousReplication {
+    /// Standbys that must confirm every commit, even when fewer are streaming (commits then
+    /// wait). At least 1.
+    #[schemars(range(min = 1, max = 9))]
+    pub min_standbys: u32,
+    /// Most standbys asked to confirm a commit.
+    #[schemars(range(min = 1, max = 9))]
+    pub max_standbys: u32,
 }
 
 /// The backup a new cluster starts from: a PostgreSQLBackup, or a backup given by its storage
@@ -88,6 +138,10 @@ pub struct Bootstrap {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<RestoreSource>,
 }
+
+/// Synchronous replication needs as many replicas as the standbys it asks for at least.
+pub const SYNCHRONOUS_FITS_RULE: &str = "!has(self.highAvailability) || !has(self.highAvailability.synchronous) || self.highAvailability.synchronous.minStandbys < self.replicas";
+pub const SYNCHRONOUS_FITS_MESSAGE: &str = "highAvailability.synchronous.minStandbys must be less than replicas: the primary does not confirm its own commits, so commits would wait forever";
 
 /// Parameters pgkube sets itself (where the server listens, where its files are, where it
 /// logs, what streaming replication needs): `spec.postgresql.parameters` cannot set them. The
@@ -238,6 +292,14 @@ pub struct PostgreSQLClusterStatus {
     /// `<cluster>-rw` Service routes to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_primary: Option<String>,
+    /// Pod name of the instance being made the primary by a switchover or a failover, until
+    /// it reports itself as one (then it is `currentPrimary`). The operator records it before
+    /// it acts, so that a new leader carries the change through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_primary: Option<String>,
+    /// The last switchover or failover: when, from which pod to which, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_change: Option<PrimaryChange>,
     /// Each instance as its instance manager last reported it, by pod name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub instances: Vec<InstanceStatus>,
@@ -280,6 +342,41 @@ pub struct InstanceStatus {
     /// Replicas: whether WAL is streaming from the primary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub streaming: Option<bool>,
+}
+
+/// A move of the primary from one instance to another.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PrimaryChange {
+    /// Switchover (asked for) or Failover (the primary was lost).
+    pub kind: PrimaryChangeKind,
+    /// The primary before the change.
+    pub from: String,
+    /// The instance made the primary.
+    pub to: String,
+    /// Why: who asked, or what was wrong with the old primary.
+    pub reason: String,
+    /// When the operator decided it.
+    pub started_at: Time,
+    /// When the new primary first reported itself as one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<Time>,
+}
+
+/// Kind of a [`PrimaryChange`].
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum PrimaryChangeKind {
+    Switchover,
+    Failover,
+}
+
+impl PrimaryChangeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Switchover => "Switchover",
+            Self::Failover => "Failover",
+        }
+    }
 }
 
 /// Role of an instance.

@@ -4,7 +4,7 @@
 //! `backup.schedule`, `backup.timeZone` and `backup.suspend` are under `backup.schedule`
 //! (`cron`, `timeZone`, `suspend`); `backup.retentionDays` is `backup.retention.days`;
 //! `backup.s3` is `backup.storage.s3`; `bootstrap.source.s3` is `bootstrap.source.storage.s3`.
-//! `backup.compression` is the same in both.
+//! `backup.compression` and `highAvailability` are the same in both.
 //! Only in v1beta1: `storage.storageClassName`, carried on v1alpha1 in the
 //! [`V1BETA1_FIELDS_ANNOTATION`]. The status is the same in both.
 
@@ -104,6 +104,7 @@ fn spec_to_v1beta1(spec: v1alpha1::PostgreSQLClusterSpec) -> v1beta1::PostgreSQL
         affinity,
         postgresql,
         bootstrap,
+        high_availability,
     } = spec;
     v1beta1::PostgreSQLClusterSpec {
         replicas,
@@ -119,6 +120,7 @@ fn spec_to_v1beta1(spec: v1alpha1::PostgreSQLClusterSpec) -> v1beta1::PostgreSQL
         affinity,
         postgresql,
         bootstrap: bootstrap.map(bootstrap_to_v1beta1),
+        high_availability,
     }
 }
 
@@ -139,6 +141,7 @@ fn spec_to_v1alpha1(spec: v1beta1::PostgreSQLClusterSpec) -> v1alpha1::PostgreSQ
         affinity,
         postgresql,
         bootstrap,
+        high_availability,
     } = spec;
     v1alpha1::PostgreSQLClusterSpec {
         replicas,
@@ -151,6 +154,7 @@ fn spec_to_v1alpha1(spec: v1beta1::PostgreSQLClusterSpec) -> v1alpha1::PostgreSQ
         affinity,
         postgresql,
         bootstrap: bootstrap.map(bootstrap_to_v1alpha1),
+        high_availability,
     }
 }
 

@@ -13,7 +13,10 @@ use serde::{Deserialize, Serialize};
 
 use super::storage::{BackupStorage, RestoreSource};
 use crate::backup::BackupCompression;
-use crate::cluster::{PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion};
+use crate::cluster::{
+    HighAvailability, PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion,
+    SYNCHRONOUS_FITS_MESSAGE, SYNCHRONOUS_FITS_RULE,
+};
 use crate::common::LocalReference;
 
 /// Desired state of a PostgreSQL cluster.
@@ -38,6 +41,7 @@ use crate::common::LocalReference;
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.bootstrap) == has(oldSelf.bootstrap) && (!has(self.bootstrap) || self.bootstrap == oldSelf.bootstrap)").message("bootstrap is immutable: it can only be set when the cluster is created"))]
+#[x_kube(validation = Rule::new(SYNCHRONOUS_FITS_RULE).message(SYNCHRONOUS_FITS_MESSAGE))]
 pub struct PostgreSQLClusterSpec {
     /// Number of PostgreSQL instances: one primary and `replicas - 1` streaming replicas.
     #[serde(default = "default_replicas")]
@@ -76,6 +80,10 @@ pub struct PostgreSQLClusterSpec {
     /// the restore succeeded. Immutable: it can only be set at creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<Bootstrap>,
+    /// Failover and synchronous replication. Unset: automatic failover after
+    /// `failoverDelaySeconds` (5), asynchronous replication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high_availability: Option<HighAvailability>,
 }
 
 fn default_replicas() -> i32 {

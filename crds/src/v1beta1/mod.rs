@@ -37,8 +37,9 @@ pub use crate::backup::{
     BackupCompression, BackupMethod, BackupPhase, CompressionMethod, DeletionPolicy,
 };
 pub use crate::cluster::{
-    ClusterPhase, InstanceRole, InstanceStatus, MANAGED_PARAMETERS, PostgreSQLClusterStatus,
-    PostgreSQLSettings, PostgresVersion,
+    ClusterPhase, HighAvailability, InstanceRole, InstanceStatus, MANAGED_PARAMETERS,
+    PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion, PrimaryChange,
+    PrimaryChangeKind, SynchronousReplication,
 };
 pub use crate::common::{LocalReference, S3Credentials, S3Storage, ServerSideEncryption};
 pub use crate::restore::{PostgreSQLRestoreStatus, RestorePhase};

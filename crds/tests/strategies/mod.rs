@@ -22,9 +22,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use k8s_openapi::jiff::Timestamp;
 use pgkube_crds::{
     BackupCompression, BackupMethod, BackupPhase, ClusterPhase, CompressionMethod, DeletionPolicy,
-    InstanceRole, InstanceStatus, LocalReference, PostgreSQLClusterStatus, PostgreSQLRestoreStatus,
-    PostgreSQLSettings, PostgresVersion, RestorePhase, S3Credentials, S3Storage,
-    ServerSideEncryption,
+    HighAvailability, InstanceRole, InstanceStatus, LocalReference, PostgreSQLClusterStatus,
+    PostgreSQLRestoreStatus, PostgreSQLSettings, PostgresVersion, PrimaryChange,
+    PrimaryChangeKind, RestorePhase, S3Credentials, S3Storage, ServerSideEncryption,
+    SynchronousReplication,
 };
 use proptest::collection::{btree_map, vec};
 use proptest::option::of;
@@ -332,6 +333,41 @@ pub fn affinity() -> impl Strategy<Value = Option<Affinity>> {
     )
 }
 
+/// High-availability settings (the same type in both versions).
+pub fn high_availability() -> impl Strategy<Value = Option<HighAvailability>> {
+    let synchronous = (1u32..=9, 0u32..=8).prop_map(|(min_standbys, extra)| {
+        SynchronousReplication {
+            min_standbys,
+            max_standbys: (min_standbys + extra).min(9),
+        }
+    });
+    of((of(1u32..=3600), of(synchronous)).prop_map(
+        |(failover_delay_seconds, synchronous)| HighAvailability {
+            failover_delay_seconds,
+            synchronous,
+        },
+    ))
+}
+
+fn primary_change() -> impl Strategy<Value = PrimaryChange> {
+    (
+        select(vec![PrimaryChangeKind::Switchover, PrimaryChangeKind::Failover]),
+        name(),
+        name(),
+        "[A-Za-z ]{0,30}",
+        time(),
+        of(time()),
+    )
+        .prop_map(|(kind, from, to, reason, started_at, completed_at)| PrimaryChange {
+            kind,
+            from,
+            to,
+            reason,
+            started_at,
+            completed_at,
+        })
+}
+
 pub fn postgresql_settings() -> impl Strategy<Value = Option<PostgreSQLSettings>> {
     of(btree_map("[a-z_]{3,20}", "[A-Za-z0-9. ]{0,12}", 0..4)
         .prop_map(|parameters| PostgreSQLSettings { parameters }))
@@ -383,10 +419,13 @@ pub fn cluster_status() -> impl Strategy<Value = PostgreSQLClusterStatus> {
         of(name()),
         vec(instance_status(), 0..4),
         of(0i64..100),
+        (of(name()), of(primary_change())),
     );
     let history = (conditions(), of(time()), of(time()), of(name()));
     (state, history).prop_map(|(state, history)| {
-        let (phase, ready_replicas, current_version, current_primary, instances, observed) = state;
+        let (phase, ready_replicas, current_version, current_primary, instances, observed, change) =
+            state;
+        let (target_primary, primary_change) = change;
         let (conditions, last_scheduled_backup, next_scheduled_backup, last_successful_backup) =
             history;
         PostgreSQLClusterStatus {
@@ -394,6 +433,8 @@ pub fn cluster_status() -> impl Strategy<Value = PostgreSQLClusterStatus> {
             ready_replicas,
             current_version,
             current_primary,
+            target_primary,
+            primary_change,
             instances,
             observed_generation: observed,
             conditions,

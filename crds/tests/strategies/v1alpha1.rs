@@ -73,11 +73,12 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
         of(cluster_backup_settings()),
         postgresql_settings(),
         of(bootstrap()),
+        high_availability(),
     );
     (instances, pods, data).prop_map(|(instances, pods, data)| {
         let (replicas, version, storage, resources) = instances;
         let (node_selector, tolerations, affinity) = pods;
-        let (backup, postgresql, bootstrap) = data;
+        let (backup, postgresql, bootstrap, high_availability) = data;
         PostgreSQLClusterSpec {
             replicas,
             version,
@@ -89,6 +90,7 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
             affinity,
             postgresql,
             bootstrap,
+            high_availability,
         }
     })
 }

@@ -230,6 +230,7 @@ impl TestCluster {
             affinity: None,
             postgresql: None,
             bootstrap: None,
+            high_availability: None,
         };
         local_node_scheduling().apply_to_cluster(&mut spec);
         TestClusterBuilder {
