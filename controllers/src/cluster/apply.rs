@@ -59,12 +59,14 @@ pub async fn apply(
         config_map,
         credentials,
         replication_credentials,
+        control_token,
         pod_disruption_budget,
     } = desired;
     let mut writes = 0;
     for (secret, exists) in [
         (&credentials, live.credentials_exist),
         (&replication_credentials, live.replication_credentials_exist),
+        (&control_token, live.control_token_exists),
     ] {
         if !exists {
             create_kept_secret(client, namespace, secret).await?;

@@ -69,6 +69,11 @@ const SUPERUSER_VOLUME: &str = "superuser";
 const SUPERUSER_MOUNT: &str = "/etc/pgkube/superuser";
 const REPLICATION_VOLUME: &str = "replication";
 const REPLICATION_MOUNT: &str = "/etc/pgkube/replication";
+const CONTROL_VOLUME: &str = "control";
+const CONTROL_MOUNT: &str = "/etc/pgkube/control";
+/// Key of the control Secret: the token the operator presents to the instance managers'
+/// control endpoints (promote, follow).
+pub const CONTROL_TOKEN_KEY: &str = "token";
 const SHM_VOLUME: &str = "shm";
 /// The instance manager, as the init container installs it.
 const INSTANCE_MANAGER: &str = "/controller/pgkube";
@@ -101,6 +106,8 @@ pub struct ChildNames {
     pub secret: String,
     /// The replication role's credentials.
     pub replication_secret: String,
+    /// The token of the instance managers' control endpoints.
+    pub control_secret: String,
     pub pod_disruption_budget: String,
     /// Value of `app.kubernetes.io/instance`.
     pub instance_label: String,
@@ -127,6 +134,7 @@ impl ChildNames {
             config_map: subdomain("-postgresql-config"),
             secret: subdomain("-postgresql-credentials"),
             replication_secret: subdomain("-postgresql-replication"),
+            control_secret: subdomain("-postgresql-control"),
             pod_disruption_budget: subdomain("-postgresql"),
             instance_label: names::label_value(cluster),
         }
@@ -152,6 +160,9 @@ pub struct DesiredChildren {
     pub credentials: Secret,
     /// Created once if missing, never updated: it holds the generated replication password.
     pub replication_credentials: Secret,
+    /// Created once if missing, never updated: the generated control token. Owned by the
+    /// cluster (it guards no data).
+    pub control_token: Secret,
     /// Only with more than one replica; otherwise an existing one is deleted.
     pub pod_disruption_budget: Option<PodDisruptionBudget>,
 }
@@ -168,6 +179,10 @@ pub struct BuildInput<'a> {
     /// Passwords for the Secrets, used only if they have to be created.
     pub superuser_password: &'a str,
     pub replication_password: &'a str,
+    /// Token for the control Secret, used only if it has to be created.
+    pub control_token: &'a str,
+    /// Standbys that must confirm each commit (`synchronous_standby_names`); 0: asynchronous.
+    pub synchronous_standbys: u32,
 }
 
 /// The desired children of `cluster`.
@@ -189,7 +204,7 @@ pub fn build(cluster: &ValidatedCluster, input: &BuildInput<'_>) -> DesiredChild
         rw_service: client_service(&names.rw_service, Some(super::roles::PRIMARY)),
         ro_service: client_service(&names.ro_service, Some(super::roles::REPLICA)),
         r_service: client_service(&names.r_service, None),
-        config_map: config_map(cluster, &names, input.primary),
+        config_map: config_map(cluster, &names, input),
         credentials: kept_secret(
             cluster,
             &names,
@@ -204,6 +219,7 @@ pub fn build(cluster: &ValidatedCluster, input: &BuildInput<'_>) -> DesiredChild
             REPLICATION_USER,
             input.replication_password,
         ),
+        control_token: control_secret(cluster, &names, input.control_token),
         pod_disruption_budget: (cluster.replicas > 1)
             .then(|| pod_disruption_budget(cluster, &names)),
     }
@@ -345,6 +361,7 @@ fn volumes(names: &ChildNames) -> Vec<Volume> {
         },
         secret(SUPERUSER_VOLUME, &names.secret),
         secret(REPLICATION_VOLUME, &names.replication_secret),
+        secret(CONTROL_VOLUME, &names.control_secret),
         // PostgreSQL's parallel queries use POSIX shared memory; a container runtime's own
         // /dev/shm is 64MB, too small for them.
         empty_dir(SHM_VOLUME, Some("Memory")),
@@ -397,6 +414,7 @@ fn postgres_container(cluster: &ValidatedCluster, image_repository: &str) -> Con
             mount(CONFIG_VOLUME, CONFIG_MOUNT, true),
             mount(SUPERUSER_VOLUME, SUPERUSER_MOUNT, true),
             mount(REPLICATION_VOLUME, REPLICATION_MOUNT, true),
+            mount(CONTROL_VOLUME, CONTROL_MOUNT, true),
             mount(SHM_VOLUME, "/dev/shm", false),
         ]),
         ..Container::default()
@@ -429,6 +447,7 @@ fn instance_manager_env() -> Vec<EnvVar> {
         value("PGKUBE_CONFIG_DIR", CONFIG_MOUNT),
         value("PGKUBE_SUPERUSER_DIR", SUPERUSER_MOUNT),
         value("PGKUBE_REPLICATION_DIR", REPLICATION_MOUNT),
+        value("PGKUBE_CONTROL_DIR", CONTROL_MOUNT),
         value("PGKUBE_STATUS_PORT", &STATUS_PORT.to_string()),
         value("PGKUBE_SHUTDOWN_TIMEOUT", SHUTDOWN_TIMEOUT),
     ]
@@ -496,11 +515,15 @@ fn service(cluster: &ValidatedCluster, names: &ChildNames, name: &str, headless:
     }
 }
 
-fn config_map(cluster: &ValidatedCluster, names: &ChildNames, primary: &str) -> ConfigMap {
+fn config_map(cluster: &ValidatedCluster, names: &ChildNames, input: &BuildInput<'_>) -> ConfigMap {
+    let primary = input.primary;
     ConfigMap {
         metadata: metadata(cluster, names, &names.config_map),
         data: Some(BTreeMap::from([
-            (CONFIG_FILE.to_owned(), postgresql_conf(cluster)),
+            (
+                CONFIG_FILE.to_owned(),
+                postgresql_conf(cluster, names, input.synchronous_standbys),
+            ),
             (HBA_FILE.to_owned(), PG_HBA.to_owned()),
             (
                 INSTANCE_FILE.to_owned(),
@@ -511,8 +534,9 @@ fn config_map(cluster: &ValidatedCluster, names: &ChildNames, primary: &str) -> 
     }
 }
 
-fn postgresql_conf(cluster: &ValidatedCluster) -> String {
+fn postgresql_conf(cluster: &ValidatedCluster, names: &ChildNames, synchronous: u32) -> String {
     let memory = MemorySettings::for_resources(cluster.resources.as_ref()).config_lines();
+    let synchronous = synchronous_standby_names(cluster, names, synchronous);
     format!(
         "# Managed by pgkube; edits are overwritten.\n\
          listen_addresses = '*'\n\
@@ -529,9 +553,46 @@ fn postgresql_conf(cluster: &ValidatedCluster) -> String {
          max_wal_senders = 10\n\
          max_replication_slots = 10\n\
          wal_log_hints = on\n\
+         {synchronous}\
          {parameters}",
         parameters = user_parameters(&cluster.parameters),
     )
+}
+
+/// `synchronous_standby_names` asking `count` standbys to confirm each commit, or nothing when
+/// `count` is 0. Every instance is named, the primary too: a server is never its own standby,
+/// so the same line holds whichever instance is the primary, and a failover needs no change.
+/// Standbys connect with their pod name as `application_name`.
+fn synchronous_standby_names(cluster: &ValidatedCluster, names: &ChildNames, count: u32) -> String {
+    if count == 0 {
+        return String::new();
+    }
+    let standbys: Vec<String> = (0..cluster.replicas)
+        .map(|ordinal| {
+            format!(
+                "\"{}\"",
+                super::roles::pod_name(&names.statefulset, ordinal)
+            )
+        })
+        .collect();
+    format!(
+        "# Synchronous replication (spec.highAvailability.synchronous)\n\
+         synchronous_standby_names = 'ANY {count} ({})'\n",
+        standbys.join(", ")
+    )
+}
+
+/// The Secret of the control token, owned by the cluster.
+fn control_secret(cluster: &ValidatedCluster, names: &ChildNames, token: &str) -> Secret {
+    Secret {
+        metadata: metadata(cluster, names, &names.control_secret),
+        type_: Some("Opaque".to_owned()),
+        string_data: Some(BTreeMap::from([(
+            CONTROL_TOKEN_KEY.to_owned(),
+            token.to_owned(),
+        )])),
+        ..Secret::default()
+    }
 }
 
 /// Local connections as the matching system user (the instance manager runs as `postgres`),
@@ -553,13 +614,15 @@ struct InstanceTopology<'a> {
     statefulset: &'a str,
 }
 
+/// The stable DNS name of instance `pod`, through the headless Service.
+pub fn instance_host(names: &ChildNames, namespace: &str, pod: &str) -> String {
+    format!("{pod}.{}.{namespace}.svc", names.headless_service)
+}
+
 fn instance_json(cluster: &ValidatedCluster, names: &ChildNames, primary: &str) -> String {
     let topology = InstanceTopology {
         primary,
-        primary_host: format!(
-            "{primary}.{}.{}.svc",
-            names.headless_service, cluster.namespace
-        ),
+        primary_host: instance_host(names, &cluster.namespace, primary),
         port: POSTGRES_PORT,
         replicas: cluster.replicas,
         statefulset: &names.statefulset,
@@ -651,6 +714,8 @@ mod tests {
             primary: PRIMARY,
             superuser_password: "secret",
             replication_password: "replication secret",
+            control_token: "token",
+            synchronous_standbys: 0,
         }
     }
 
@@ -1047,6 +1112,7 @@ mod tests {
             ("PGKUBE_CONFIG_DIR", "/etc/pgkube/config"),
             ("PGKUBE_SUPERUSER_DIR", "/etc/pgkube/superuser"),
             ("PGKUBE_REPLICATION_DIR", "/etc/pgkube/replication"),
+            ("PGKUBE_CONTROL_DIR", "/etc/pgkube/control"),
             ("PGKUBE_STATUS_PORT", "8000"),
             ("PGKUBE_SHUTDOWN_TIMEOUT", "50s"),
         ]
@@ -1089,6 +1155,7 @@ mod tests {
                 expect("config", "/etc/pgkube/config", Some(true)),
                 expect("superuser", "/etc/pgkube/superuser", Some(true)),
                 expect("replication", "/etc/pgkube/replication", Some(true)),
+                expect("control", "/etc/pgkube/control", Some(true)),
                 expect("shm", "/dev/shm", None),
             ]
         );
@@ -1124,9 +1191,50 @@ mod tests {
                     "replication".to_owned(),
                     Some("secret my-cluster-postgresql-replication".to_owned())
                 ),
+                (
+                    "control".to_owned(),
+                    Some("secret my-cluster-postgresql-control".to_owned())
+                ),
                 ("shm".to_owned(), None),
             ]
         );
+    }
+
+    #[test]
+    fn the_control_token_secret_is_owned_by_the_cluster() {
+        let children = built(&validated("my-cluster", 3));
+        let secret = &children.control_token;
+        assert_eq!(
+            secret.metadata.name.as_deref(),
+            Some("my-cluster-postgresql-control")
+        );
+        assert!(
+            secret.metadata.owner_references.is_some(),
+            "deleted with the cluster"
+        );
+        assert_eq!(
+            secret
+                .string_data
+                .as_ref()
+                .map(|data| data[CONTROL_TOKEN_KEY].as_str()),
+            Some("token")
+        );
+    }
+
+    #[test]
+    fn synchronous_replication_names_every_instance_and_asks_for_the_given_count() {
+        let cluster = validated("my-cluster", 3);
+        let conf = |synchronous_standbys| {
+            let input = BuildInput {
+                synchronous_standbys,
+                ..input("postgres")
+            };
+            build(&cluster, &input).config_map.data.expect("data")[CONFIG_FILE].clone()
+        };
+        assert!(!conf(0).contains("synchronous_standby_names"));
+        assert!(conf(2).contains(
+            "synchronous_standby_names = 'ANY 2 (\"my-cluster-postgresql-0\", \"my-cluster-postgresql-1\", \"my-cluster-postgresql-2\")'\n"
+        ), "{}", conf(2));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -111,6 +111,10 @@ pub struct InstanceReport {
     /// Settings changed in the configuration that take effect only after a restart.
     #[serde(default)]
     pub pending_restart: Vec<String>,
+    /// A replica: the pod of the primary it streams from (or tries to). Older instance
+    /// managers do not say.
+    #[serde(default)]
+    pub following: Option<String>,
 }
 
 /// Why an instance has no report. Each reason has one fixed description, stable from one
@@ -151,6 +155,54 @@ pub trait InstanceStatusSource: fmt::Debug + Send + Sync {
         &'a self,
         address: &'a InstanceAddress,
     ) -> BoxFuture<'a, Result<InstanceReport, FetchError>>;
+
+    /// Sends `command` to the control endpoint of `address.pod`'s instance manager, with the
+    /// cluster's control `token`. Sources for pods that never run send none.
+    fn command<'a>(
+        &'a self,
+        address: &'a InstanceAddress,
+        token: &'a str,
+        command: &'a ControlCommand,
+    ) -> BoxFuture<'a, Result<(), FetchError>> {
+        let _ = (token, command);
+        Box::pin(async move {
+            Err(FetchError::Unreachable(format!(
+                "{} takes no commands from this status source",
+                address.pod
+            )))
+        })
+    }
+}
+
+/// A command to an instance manager's control endpoint, as it is sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ControlCommand {
+    /// `POST /control/promote`: a replica becomes the primary.
+    Promote,
+    /// `POST /control/follow`: become a standby of `primary`, reached at `primary_host`.
+    Follow {
+        primary: String,
+        primary_host: String,
+    },
+}
+
+impl ControlCommand {
+    fn path(&self) -> &'static str {
+        match self {
+            Self::Promote => "/control/promote",
+            Self::Follow { .. } => "/control/follow",
+        }
+    }
+
+    fn body(&self) -> serde_json::Value {
+        match self {
+            Self::Promote => serde_json::json!({}),
+            Self::Follow {
+                primary,
+                primary_host,
+            } => serde_json::json!({"primary": primary, "primaryHost": primary_host}),
+        }
+    }
 }
 
 /// Why a fetch failed, with the detail for the log.
@@ -175,7 +227,7 @@ impl FetchError {
 /// kubelet's probes of the same endpoint), with connections kept for the next refresh.
 #[derive(Clone)]
 pub struct HttpInstanceStatus {
-    client: Client<HttpConnector, Empty<Bytes>>,
+    client: Client<HttpConnector, Full<Bytes>>,
     port: u16,
     timeout: Duration,
 }
@@ -235,7 +287,62 @@ impl HttpInstanceStatus {
     }
 }
 
+impl HttpInstanceStatus {
+    /// `POST`s `command` with the bearer `token`; any 2xx answer is success.
+    async fn post(
+        &self,
+        address: &InstanceAddress,
+        token: &str,
+        command: &ControlCommand,
+    ) -> Result<(), FetchError> {
+        let socket = SocketAddr::new(address.ip, self.port);
+        let request = http::Request::post(format!("http://{socket}{}", command.path()))
+            .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(command.body().to_string())))
+            .map_err(|error| FetchError::BadAnswer(format!("request to {socket}: {error}")))?;
+        let response = self
+            .client
+            .request(request)
+            .await
+            .map_err(|error| FetchError::Unreachable(error.to_string()))?;
+        let status = response.status();
+        let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
+            .collect()
+            .await
+            .map_err(|error| FetchError::Unreachable(format!("reading the body: {error}")))?
+            .to_bytes();
+        if status.is_success() {
+            return Ok(());
+        }
+        Err(FetchError::BadAnswer(format!(
+            "HTTP {status}: {}",
+            String::from_utf8_lossy(&body).trim()
+        )))
+    }
+}
+
+/// How long a command may take: a promotion waits for the server to leave recovery.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(65);
+
 impl InstanceStatusSource for HttpInstanceStatus {
+    fn command<'a>(
+        &'a self,
+        address: &'a InstanceAddress,
+        token: &'a str,
+        command: &'a ControlCommand,
+    ) -> BoxFuture<'a, Result<(), FetchError>> {
+        Box::pin(async move {
+            tokio::time::timeout(COMMAND_TIMEOUT, self.post(address, token, command))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(FetchError::Unreachable(format!(
+                        "no answer within {COMMAND_TIMEOUT:?}"
+                    )))
+                })
+        })
+    }
+
     fn fetch<'a>(
         &'a self,
         address: &'a InstanceAddress,
@@ -285,13 +392,15 @@ pub async fn observe(pods: &[Pod], source: &dyn InstanceStatusSource) -> Vec<Obs
     futures::future::join_all(asks).await
 }
 
+/// The pod's name and address, once it has one.
+pub fn pod_address(pod: &Pod) -> Option<(String, IpAddr)> {
+    let ip = pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?;
+    Some((pod.name_any(), ip))
+}
+
 async fn observe_one(pod: &Pod, source: &dyn InstanceStatusSource) -> ObservedInstance {
     let name = pod.name_any();
-    let ip = pod
-        .status
-        .as_ref()
-        .and_then(|status| status.pod_ip.as_deref())
-        .and_then(|ip| ip.parse::<IpAddr>().ok());
+    let ip = pod_address(pod).map(|(_, ip)| ip);
     let report = match ip {
         None => Err(Unavailable::NoAddress),
         Some(ip) => {
@@ -439,6 +548,7 @@ mod tests {
             replayed_lsn: None,
             streaming: false,
             pending_restart: Vec::new(),
+            following: None,
         }
     }
 

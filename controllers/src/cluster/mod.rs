@@ -28,6 +28,7 @@ pub mod backups;
 pub mod build;
 mod cache;
 mod drift;
+pub mod failover;
 pub mod instances;
 mod memory;
 mod read;
@@ -519,6 +520,40 @@ async fn reconcile_cluster(
     }
     .instrument(info_span!("read"))
     .await?;
+    let high_availability = cluster.spec.high_availability.as_ref();
+    let failover_delay = Duration::from_secs(u64::from(
+        pgkube_crds::HighAvailability::failover_delay_seconds(high_availability),
+    ));
+    let situation = failover::Situation {
+        statefulset: &names.statefulset,
+        replicas: live_replicas(&live, cluster.spec.replicas),
+        failover_delay,
+        synchronous_min: high_availability
+            .and_then(|ha| ha.synchronous.as_ref())
+            .map_or(0, |sync| sync.min_standbys),
+        status: cluster.status.as_ref(),
+        primary: &primary,
+        switchover_request: cluster
+            .annotations()
+            .get(failover::SWITCHOVER_ANNOTATION)
+            .map(String::as_str),
+        instances: &live.instances,
+        restoring: is_restoring(cluster.status.as_ref()),
+        now: Timestamp::now(),
+    };
+    let plan = failover::plan(&situation);
+    if plan.clear_request {
+        answer_switchover_request(context, cluster, &namespace, plan.refusal.as_deref()).await?;
+    }
+    if let Some(change) = plan.designate {
+        return Box::pin(record_primary_change(
+            cluster, context, &names, live, change,
+        ))
+        .instrument(info_span!("designate"))
+        .await;
+    }
+    let commands = failover::commands(&situation);
+    let synchronous_standbys = synchronous_standbys(cluster, &live.instances, &primary);
     let facts = LiveFacts {
         primary_ordinal: roles::ordinal(&names.statefulset, &primary),
         ..live.facts()
@@ -526,6 +561,7 @@ async fn reconcile_cluster(
     let validated = info_span!("validate").in_scope(|| validate::validate(cluster, &facts));
     let label_changes = roles::label_changes(&live.instances, &primary);
     let instances = live.instances.clone();
+    let addresses = live.addresses.clone();
     let outcome = match validated {
         Ok(validation) => {
             apply_validated(
@@ -535,6 +571,7 @@ async fn reconcile_cluster(
                 live,
                 &primary,
                 &label_changes,
+                synchronous_standbys,
             )
             .await?
         }
@@ -570,16 +607,255 @@ async fn reconcile_cluster(
         backups: &backups,
         restores: &restores,
         bootstrap: bootstrap.as_ref(),
+        failover_waiting: plan.waiting.as_deref(),
     };
     let new_status = Box::pin(write_status(cluster, context, observation))
         .instrument(info_span!("status"))
         .await?;
-    Ok(Action::requeue(next_look(
+    // After the labels (the old primary is fenced) and the status (the change is recorded).
+    send_commands(context, cluster, &names, &addresses, &commands)
+        .instrument(info_span!("commands", count = commands.len()))
+        .await?;
+    let mut next = next_look(
         &outcome,
         &new_status,
         !instances.is_empty(),
         context.base.settings.resync_interval,
-    )))
+    );
+    if situation_has_standbys(&new_status, outcome.desired_replicas) {
+        next = next.min(failover::watch_period(failover_delay, plan.urgent));
+    }
+    Ok(Action::requeue(next))
+}
+
+/// The instances the cluster has now: the StatefulSet's replicas, else the spec's.
+fn live_replicas(live: &read::LiveChildren, spec_replicas: i32) -> i32 {
+    live.statefulset
+        .as_ref()
+        .and_then(|sts| sts.spec.as_ref()?.replicas)
+        .unwrap_or(spec_replicas)
+}
+
+/// Whether a restore into the cluster runs (its `Restoring` condition is True).
+fn is_restoring(status: Option<&PostgreSQLClusterStatus>) -> bool {
+    status.is_some_and(|status| {
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == restores::RESTORING && c.status == "True")
+    })
+}
+
+/// A cluster whose primary has come up and that has replicas to fail over to is watched at
+/// the failover pace.
+fn situation_has_standbys(status: &PostgreSQLClusterStatus, replicas: i32) -> bool {
+    status.current_primary.is_some() && replicas > 1
+}
+
+/// Standbys each commit waits for: as many replicas as stream, within the spec's
+/// `[minStandbys, maxStandbys]` and never more than the cluster's other instances; 0 without
+/// synchronous replication.
+fn synchronous_standbys(
+    cluster: &PostgreSQLCluster,
+    instances: &[instances::ObservedInstance],
+    primary: &str,
+) -> u32 {
+    let Some(sync) = cluster
+        .spec
+        .high_availability
+        .as_ref()
+        .and_then(|ha| ha.synchronous.as_ref())
+    else {
+        return 0;
+    };
+    let streaming = instances
+        .iter()
+        .filter(|instance| instance.pod != primary)
+        .filter(|instance| instance.reported().is_some_and(|report| report.streaming))
+        .count();
+    let streaming = u32::try_from(streaming).unwrap_or(u32::MAX);
+    let others = u32::try_from(cluster.spec.replicas.saturating_sub(1)).unwrap_or(0);
+    streaming
+        .clamp(sync.min_standbys, sync.max_standbys.max(sync.min_standbys))
+        .min(others)
+}
+
+/// Records a switchover or failover in the status before anything is done about it, so that
+/// the next reconcile (of this manager or of a new leader) carries it through; publishes the
+/// Event and counts it. The children are left as they are until then.
+async fn record_primary_change(
+    cluster: &PostgreSQLCluster,
+    context: &ClusterContext,
+    names: &ChildNames,
+    live: read::LiveChildren,
+    change: pgkube_crds::PrimaryChange,
+) -> Result<Action, Error> {
+    tracing::warn!(kind = change.kind.as_str(), from = %change.from, to = %change.to, reason = %change.reason, "moving the primary");
+    let mut previous = cluster.status.clone().unwrap_or_default();
+    previous.target_primary = Some(change.to.clone());
+    previous.primary_change = Some(change.clone());
+    let backups = context.backups_of(cluster);
+    let backups: Vec<&PostgreSQLBackup> = backups.iter().map(AsRef::as_ref).collect();
+    let restores = context.restores_of(cluster);
+    let restores: Vec<&PostgreSQLRestore> = restores.iter().map(AsRef::as_ref).collect();
+    let bootstrap = restores::bootstrap(cluster, &restores, cluster.status.as_ref());
+    let observation = Observation {
+        generation: cluster.metadata.generation,
+        desired_replicas: live_replicas(&live, cluster.spec.replicas),
+        statefulset: live.statefulset.as_ref(),
+        issue: None,
+        previous: Some(&previous),
+        statefulset_name: &names.statefulset,
+        primary: &change.to,
+        instances: &live.instances,
+        backups: &backups,
+        restores: &restores,
+        bootstrap: bootstrap.as_ref(),
+        failover_waiting: None,
+    };
+    let new_status = status::compute(observation, Timestamp::now());
+    patch_status(cluster, context, &new_status).await?;
+    context
+        .base
+        .metrics
+        .observe_primary_change(change.kind.as_str());
+    let (warning, reason) = match change.kind {
+        pgkube_crds::PrimaryChangeKind::Failover => (true, "FailoverStarted"),
+        pgkube_crds::PrimaryChangeKind::Switchover => (false, "SwitchoverStarted"),
+    };
+    let note = format!("{} -> {}: {}", change.from, change.to, change.reason);
+    publish_event(context, cluster, warning, reason, note).await;
+    // The status change comes back through the watch and triggers the next step; this is
+    // the fallback.
+    Ok(Action::requeue(Duration::from_secs(1)))
+}
+
+/// Removes the switchover annotation once the request is recorded or refused; a refusal is
+/// a Warning Event that says why.
+async fn answer_switchover_request(
+    context: &ClusterContext,
+    cluster: &PostgreSQLCluster,
+    namespace: &str,
+    refusal: Option<&str>,
+) -> Result<(), Error> {
+    let name = cluster.name_any();
+    let patch = json!({"metadata": {"annotations": {failover::SWITCHOVER_ANNOTATION: null}}});
+    Api::<PostgreSQLCluster>::namespaced(context.base.client.clone(), namespace)
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|source| Error::Kube {
+            action: "remove the switchover annotation of",
+            kind: "PostgreSQLCluster".to_owned(),
+            name: name.clone(),
+            source,
+        })?;
+    if let Some(refusal) = refusal {
+        tracing::warn!(%refusal, "switchover refused");
+        publish_event(
+            context,
+            cluster,
+            true,
+            "SwitchoverRefused",
+            refusal.to_owned(),
+        )
+        .await;
+    }
+    Ok(())
+}
+
+/// Sends each command to its instance manager. The control token is read from its Secret
+/// only when there is a command to send (rare): the manager keeps no Secret data in its
+/// caches. A command that fails is logged and sent again by a later reconcile, which looks
+/// at the instances anew.
+async fn send_commands(
+    context: &ClusterContext,
+    cluster: &PostgreSQLCluster,
+    names: &ChildNames,
+    addresses: &std::collections::BTreeMap<String, std::net::IpAddr>,
+    commands: &[failover::Command],
+) -> Result<(), Error> {
+    if commands.is_empty() {
+        return Ok(());
+    }
+    let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
+    let token = control_token(context, &namespace, names).await?;
+    let source = context.base.settings.instance_status.as_ref();
+    for command in commands {
+        let pod = command.pod();
+        let Some(ip) = addresses.get(pod) else {
+            continue;
+        };
+        let address = instances::InstanceAddress {
+            pod: pod.to_owned(),
+            ip: *ip,
+        };
+        let control = match command {
+            failover::Command::Promote { .. } => instances::ControlCommand::Promote,
+            failover::Command::Follow { primary, .. } => instances::ControlCommand::Follow {
+                primary: primary.clone(),
+                primary_host: build::instance_host(names, &namespace, primary),
+            },
+        };
+        match source.command(&address, &token, &control).await {
+            Ok(()) => tracing::info!(%pod, ?control, "instance manager commanded"),
+            Err(error) => tracing::warn!(%pod, ?control, %error, "command not taken; retried"),
+        }
+    }
+    Ok(())
+}
+
+/// The cluster's control token, from its Secret.
+async fn control_token(
+    context: &ClusterContext,
+    namespace: &str,
+    names: &ChildNames,
+) -> Result<String, Error> {
+    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
+        context.base.client.clone(),
+        namespace,
+    )
+    .get(&names.control_secret)
+    .await
+    .map_err(|source| Error::Kube {
+        action: "read",
+        kind: "Secret".to_owned(),
+        name: names.control_secret.clone(),
+        source,
+    })?;
+    secret
+        .data
+        .as_ref()
+        .and_then(|data| data.get(build::CONTROL_TOKEN_KEY))
+        .and_then(|token| String::from_utf8(token.0.clone()).ok())
+        .ok_or(Error::Invariant("the control Secret has no token"))
+}
+
+/// Publishes an Event about `cluster`; one that cannot be published is only logged.
+async fn publish_event(
+    context: &ClusterContext,
+    cluster: &PostgreSQLCluster,
+    warning: bool,
+    reason: &str,
+    note: String,
+) {
+    let event = KubeEvent {
+        type_: if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.to_owned(),
+        note: Some(truncate_note(note)),
+        action: "Reconcile".to_owned(),
+        secondary: None,
+    };
+    if let Err(error) = context
+        .recorder
+        .publish(&event, &cluster.object_ref(&()))
+        .await
+    {
+        tracing::warn!(%error, "cannot publish an Event");
+    }
 }
 
 /// Creates the cluster's bootstrap restore unless the cache has it. One that exists already
@@ -699,6 +975,7 @@ async fn apply_validated(
     live: read::LiveChildren,
     primary: &str,
     label_changes: &[roles::LabelChange],
+    synchronous_standbys: u32,
 ) -> Result<Outcome, Error> {
     let validate::Validation {
         effective,
@@ -710,12 +987,15 @@ async fn apply_validated(
     }
     let settings = &context.base.settings;
     let (superuser_password, replication_password) = (generate_password(), generate_password());
+    let control_token = generate_token();
     let input = build::BuildInput {
         image_repository: &settings.postgres_image_repository,
         instance_manager_image: &settings.agent_image,
         primary,
         superuser_password: &superuser_password,
         replication_password: &replication_password,
+        control_token: &control_token,
+        synchronous_standbys,
     };
     let desired = info_span!("build").in_scope(|| build::build(&effective, &input));
     let apply_span = info_span!("apply", writes = field::Empty);
@@ -770,6 +1050,26 @@ async fn write_status(
     if !status::changed(&new_status, observation.previous) {
         return Ok(new_status);
     }
+    patch_status(cluster, context, &new_status).await?;
+    tracing::info!(phase = ?new_status.phase, ready = new_status.ready_replicas, "status updated");
+    if let Some((kind, took)) = status::completed_change(&new_status, observation.previous) {
+        context
+            .base
+            .metrics
+            .observe_primary_change_completed(kind.as_str(), took);
+    }
+    for event in status::events(&new_status, observation.previous) {
+        publish_event(context, cluster, event.warning, &event.reason, event.note).await;
+    }
+    Ok(new_status)
+}
+
+/// Writes `new_status` with server-side apply, as this controller's status field manager.
+async fn patch_status(
+    cluster: &PostgreSQLCluster,
+    context: &ClusterContext,
+    new_status: &PostgreSQLClusterStatus,
+) -> Result<(), Error> {
     let name = cluster.name_any();
     let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
     let body = json!({
@@ -790,26 +1090,13 @@ async fn write_status(
             name: name.clone(),
             source,
         })?;
-    tracing::info!(phase = ?new_status.phase, ready = new_status.ready_replicas, "status updated");
-    let reference = cluster.object_ref(&());
-    for event in status::events(&new_status, observation.previous) {
-        let event = KubeEvent {
-            type_: if event.warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: event.reason,
-            note: Some(truncate_note(event.note)),
-            action: "Reconcile".to_owned(),
-            secondary: None,
-        };
-        // An Event that cannot be published is not worth failing the reconcile for.
-        if let Err(error) = context.recorder.publish(&event, &reference).await {
-            tracing::warn!(%error, "cannot publish an Event");
-        }
-    }
-    Ok(new_status)
+    Ok(())
+}
+
+/// A random control token: 32 bytes in hexadecimal.
+fn generate_token() -> String {
+    let bytes: [u8; 32] = rand::rng().random();
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 /// A random 32-character alphanumeric password.

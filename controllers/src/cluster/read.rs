@@ -2,6 +2,9 @@
 //! and what the instance managers of its pods report. The children come from the controller's
 //! caches (see `cache`): a reconcile reads nothing from the API server.
 
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -29,11 +32,14 @@ pub struct LiveChildren {
     pub config_map: Option<ConfigMap>,
     pub credentials_exist: bool,
     pub replication_credentials_exist: bool,
+    pub control_token_exists: bool,
     pub pod_disruption_budget: Option<PodDisruptionBudget>,
     /// The StatefulSet's data volume claims (`data-<statefulset>-N`), any ordinal.
     pub data_claims: Vec<PersistentVolumeClaim>,
     /// The StatefulSet's pods and what their instance managers report, by ordinal.
     pub instances: Vec<ObservedInstance>,
+    /// The pods' addresses, by pod name, for commands to their instance managers.
+    pub addresses: BTreeMap<String, IpAddr>,
 }
 
 /// Reads the children named by `names` in `namespace` from `stores`, and asks the instance
@@ -46,14 +52,15 @@ pub async fn read(
 ) -> LiveChildren {
     let statefulset = cached_clone(&stores.statefulsets, namespace, &names.statefulset);
     let service = |name| cached_clone(&stores.services, namespace, name);
-    let (data_claims, instances) = if statefulset.is_some() {
+    let (data_claims, instances, addresses) = if statefulset.is_some() {
         let pods = pods(stores, namespace, names);
         let instances = instances::observe(&pods, source)
             .instrument(info_span!("instances", pods = pods.len()))
             .await;
-        (data_claims(stores, namespace, names), instances)
+        let addresses = pods.iter().filter_map(instances::pod_address).collect();
+        (data_claims(stores, namespace, names), instances, addresses)
     } else {
-        (Vec::new(), Vec::new())
+        (Vec::new(), Vec::new(), BTreeMap::new())
     };
     let secret_exists = |name| cached_object(&stores.secrets, namespace, name).is_some();
     LiveChildren {
@@ -66,6 +73,7 @@ pub async fn read(
         config_map: cached_clone(&stores.config_maps, namespace, &names.config_map),
         credentials_exist: secret_exists(&names.secret),
         replication_credentials_exist: secret_exists(&names.replication_secret),
+        control_token_exists: secret_exists(&names.control_secret),
         pod_disruption_budget: cached_clone(
             &stores.budgets,
             namespace,
@@ -73,6 +81,7 @@ pub async fn read(
         ),
         data_claims,
         instances,
+        addresses,
     }
 }
 

@@ -1,8 +1,8 @@
 //! Roles (pure): which instance is the designated primary, and which role label each pod
 //! should carry so that the `-rw` and `-ro` Services route to the right instances.
 //!
-//! The operator designates the primary (`status.currentPrimary`, else the first instance of a
-//! new cluster, which runs initdb while every other one clones it); an instance manager reports
+//! The operator designates the primary (`status.targetPrimary` during a switchover or failover,
+//! else `status.currentPrimary`, else the first instance of a new cluster, which runs initdb while every other one clones it); an instance manager reports
 //! what its server actually is. A pod gets [`ROLE_LABEL`](super::build::ROLE_LABEL)`=primary`
 //! only when it is the designated primary *and* reports itself as one, and `replica` when it
 //! reports a replica. A pod that reports nothing (starting, unreachable) keeps its label, as
@@ -33,10 +33,16 @@ pub fn ordinal(statefulset: &str, pod: &str) -> Option<i32> {
         .filter(|ordinal| *ordinal >= 0)
 }
 
-/// The pod that should be the primary: the one the status names, else the first instance.
+/// The pod that should be the primary: the target of a switchover or failover under way, else
+/// the primary the status names, else the first instance.
 pub fn designated_primary(status: Option<&PostgreSQLClusterStatus>, names: &ChildNames) -> String {
     status
-        .and_then(|status| status.current_primary.clone())
+        .and_then(|status| {
+            status
+                .target_primary
+                .clone()
+                .or_else(|| status.current_primary.clone())
+        })
         .filter(|pod| ordinal(&names.statefulset, pod).is_some())
         .unwrap_or_else(|| pod_name(&names.statefulset, 0))
 }
@@ -111,6 +117,7 @@ mod tests {
                     replayed_lsn: None,
                     streaming: role == ReportedRole::Replica,
                     pending_restart: Vec::new(),
+                    following: None,
                 })
                 .ok_or(Unavailable::Unreachable),
         }

@@ -17,11 +17,12 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use pgkube_crds::{
     ClusterPhase, InstanceRole, InstanceStatus, PostgreSQLBackup, PostgreSQLClusterStatus,
-    PostgreSQLRestore,
+    PostgreSQLRestore, PrimaryChange, PrimaryChangeKind,
 };
 
 use super::backups::summarize;
 use super::build::VERSION_ANNOTATION;
+use super::failover::PRIMARY_AVAILABLE;
 use super::instances::{Lsn, ObservedInstance, ReportedRole};
 use super::restores::{Bootstrap, restoring_condition};
 use super::roles::pod_name;
@@ -61,6 +62,8 @@ pub struct Observation<'a> {
     pub restores: &'a [&'a PostgreSQLRestore],
     /// Where its bootstrap from a backup stands, if it has one.
     pub bootstrap: Option<&'a Bootstrap>,
+    /// Why the cluster does not fail over although its primary is unavailable.
+    pub failover_waiting: Option<&'a str>,
 }
 
 /// An Event to publish about the cluster.
@@ -107,6 +110,10 @@ pub fn compute(observation: Observation<'_>, now: Timestamp) -> PostgreSQLCluste
         Some(ready_condition(observation, &replicas, phase)),
         Some(progressing_condition(observation, &replicas, phase)),
         Some(streaming_condition(observation)),
+        Some(primary_available_condition(
+            observation,
+            primary_problem.as_deref(),
+        )),
         backups.condition,
         restoring_condition(observation.restores),
         observation.bootstrap.map(Bootstrap::condition),
@@ -115,11 +122,14 @@ pub fn compute(observation: Observation<'_>, now: Timestamp) -> PostgreSQLCluste
     .flatten()
     .map(|condition| keep_transition_time(condition, observation.previous, now))
     .collect();
+    let (target_primary, primary_change) = primary_move(observation, now);
     PostgreSQLClusterStatus {
         phase: Some(phase),
         ready_replicas,
         current_version,
         current_primary: current_primary(observation),
+        target_primary,
+        primary_change,
         instances: instance_statuses(observation),
         observed_generation: observation.generation,
         conditions,
@@ -138,6 +148,55 @@ fn current_primary(observation: Observation<'_>) -> Option<String> {
     } else {
         observation.previous.and_then(|s| s.current_primary.clone())
     }
+}
+
+/// The switchover or failover under way and the last one: the target stays until it reports
+/// itself primary, and the change is then marked completed.
+fn primary_move(
+    observation: Observation<'_>,
+    now: Timestamp,
+) -> (Option<String>, Option<PrimaryChange>) {
+    let previous = observation.previous;
+    let target = previous.and_then(|s| s.target_primary.clone());
+    let mut change = previous.and_then(|s| s.primary_change.clone());
+    let Some(target) = target else {
+        return (None, change);
+    };
+    let took_over = find(observation.instances, &target)
+        .and_then(ObservedInstance::reported)
+        .is_some_and(|report| report.role == ReportedRole::Primary);
+    if !took_over {
+        return (Some(target), change);
+    }
+    if let Some(change) = change.as_mut().filter(|c| c.to == target) {
+        change.completed_at.get_or_insert(Time(now));
+    }
+    (None, change)
+}
+
+/// `PrimaryAvailable`: whether the designated primary serves; when not, since when (the
+/// transition time, which the failover delay counts from) and why no failover happens yet.
+fn primary_available_condition(observation: Observation<'_>, problem: Option<&str>) -> Condition {
+    let Some(problem) = problem else {
+        return condition(
+            PRIMARY_AVAILABLE,
+            "True",
+            "PrimaryReady",
+            format!("{} is a ready primary", observation.primary),
+            observation.generation,
+        );
+    };
+    let mut message = format!("the primary {}: {problem}", observation.primary);
+    if let Some(waiting) = observation.failover_waiting {
+        message.push_str(&format!("; no failover: {waiting}"));
+    }
+    condition(
+        PRIMARY_AVAILABLE,
+        "False",
+        "PrimaryUnavailable",
+        message,
+        observation.generation,
+    )
 }
 
 fn find<'a>(instances: &'a [ObservedInstance], pod: &str) -> Option<&'a ObservedInstance> {
@@ -231,10 +290,31 @@ pub fn changed(new: &PostgreSQLClusterStatus, previous: Option<&PostgreSQLCluste
         || new.ready_replicas != previous.ready_replicas
         || new.current_version != previous.current_version
         || new.current_primary != previous.current_primary
+        || new.target_primary != previous.target_primary
+        || new.primary_change != previous.primary_change
         || new.instances != previous.instances
         || new.observed_generation != previous.observed_generation
         || new.last_successful_backup != previous.last_successful_backup
         || !new.conditions.iter().all(same_condition)
+}
+
+/// The switchover or failover that `new` completes, and how long it took from its decision.
+pub fn completed_change(
+    new: &PostgreSQLClusterStatus,
+    previous: Option<&PostgreSQLClusterStatus>,
+) -> Option<(PrimaryChangeKind, std::time::Duration)> {
+    let change = new.primary_change.as_ref()?;
+    let completed = change.completed_at.as_ref()?;
+    let before = previous.and_then(|p| p.primary_change.as_ref());
+    if before.is_some_and(|before| {
+        before.completed_at.is_some()
+            && before.to == change.to
+            && before.started_at == change.started_at
+    }) {
+        return None;
+    }
+    let took = completed.0.duration_since(change.started_at.0);
+    Some((change.kind, took.unsigned_abs()))
 }
 
 /// Events for what changed between `previous` and `new`: a new phase, a new reason why the
@@ -272,6 +352,21 @@ pub fn events(
             warning: true,
             reason: progressing.reason,
             note: progressing.message,
+        });
+    }
+    if let Some((kind, took)) = completed_change(new, previous)
+        && let Some(change) = &new.primary_change
+    {
+        events.push(EventSpec {
+            warning: false,
+            reason: "PrimaryChanged".to_owned(),
+            note: format!(
+                "{}: {} is the primary (was {}), {:.1} s after the decision",
+                kind.as_str(),
+                change.to,
+                change.from,
+                took.as_secs_f64()
+            ),
         });
     }
     let streaming = |status| find(status, REPLICAS_STREAMING).map(|c| c.status);
@@ -613,6 +708,7 @@ mod tests {
             replayed_lsn: (role == ReportedRole::Replica).then_some(PRIMARY_LSN),
             streaming: role == ReportedRole::Replica,
             pending_restart: Vec::new(),
+            following: None,
         }
     }
 
@@ -660,6 +756,7 @@ mod tests {
             backups: &[],
             restores: &[],
             bootstrap: None,
+            failover_waiting: None,
         }
     }
 
@@ -673,6 +770,88 @@ mod tests {
             .iter()
             .find(|c| c.type_ == type_)
             .expect("condition present")
+    }
+
+    #[test]
+    fn a_change_under_way_is_kept_until_its_target_reports_primary_then_completed() {
+        let started = Time(Timestamp::from_second(1_699_999_990).expect("valid"));
+        let moving = PostgreSQLClusterStatus {
+            current_primary: Some(PRIMARY.to_owned()),
+            target_primary: Some("db-postgresql-1".to_owned()),
+            primary_change: Some(PrimaryChange {
+                kind: PrimaryChangeKind::Failover,
+                from: PRIMARY.to_owned(),
+                to: "db-postgresql-1".to_owned(),
+                reason: "lost".to_owned(),
+                started_at: started.clone(),
+                completed_at: None,
+            }),
+            ..PostgreSQLClusterStatus::default()
+        };
+        let sts_ready = sts(2, 2, 2, ("r1", "r1"));
+        // The target still reports a replica: nothing completes, the primary is unavailable.
+        let mut waiting = observe(2, Some(&sts_ready), Some(&moving));
+        waiting.primary = "db-postgresql-1";
+        let still = compute(waiting, now());
+        assert_eq!(still.target_primary.as_deref(), Some("db-postgresql-1"));
+        assert_eq!(still.current_primary.as_deref(), Some(PRIMARY));
+        assert_eq!(condition_of(&still, PRIMARY_AVAILABLE).status, "False");
+        assert_eq!(completed_change(&still, Some(&moving)), None);
+        // It reports primary: it is the current primary, and the change is completed.
+        let promoted = [
+            observed(PRIMARY, Err(Unavailable::Unreachable)),
+            observed(
+                "db-postgresql-1",
+                Ok(report("db-postgresql-1", ReportedRole::Primary)),
+            ),
+        ];
+        let mut done = observe(2, Some(&sts_ready), Some(&moving));
+        done.primary = "db-postgresql-1";
+        done.instances = &promoted;
+        let after = compute(done, now());
+        assert_eq!(after.target_primary, None);
+        assert_eq!(after.current_primary.as_deref(), Some("db-postgresql-1"));
+        let change = after.primary_change.clone().expect("kept");
+        assert_eq!(change.completed_at, Some(Time(now())));
+        assert_eq!(condition_of(&after, PRIMARY_AVAILABLE).status, "True");
+        assert_eq!(
+            completed_change(&after, Some(&moving)),
+            Some((
+                PrimaryChangeKind::Failover,
+                std::time::Duration::from_secs(10)
+            ))
+        );
+        let made = events(&after, Some(&moving));
+        assert!(
+            made.iter().any(|e| e.reason == "PrimaryChanged"
+                && e.note == "Failover: db-postgresql-1 is the primary (was db-postgresql-0), 10.0 s after the decision"),
+            "{made:?}"
+        );
+        // Once recorded, it is not completed again.
+        assert_eq!(completed_change(&after, Some(&after)), None);
+    }
+
+    #[test]
+    fn primary_available_says_since_when_and_why_no_failover() {
+        let sts_ready = sts(2, 2, 2, ("r1", "r1"));
+        let healthy = compute(observe(2, Some(&sts_ready), None), now());
+        assert_eq!(condition_of(&healthy, PRIMARY_AVAILABLE).status, "True");
+        let lost = [
+            observed(PRIMARY, Err(Unavailable::Unreachable)),
+            HEALTHY[1].clone(),
+        ];
+        let mut observation = observe(2, Some(&sts_ready), Some(&healthy));
+        observation.instances = &lost;
+        observation.failover_waiting = Some("a restore is running");
+        let later = Timestamp::from_second(1_700_000_100).expect("valid");
+        let status = compute(observation, later);
+        let condition = condition_of(&status, PRIMARY_AVAILABLE);
+        assert_eq!(condition.status, "False");
+        assert_eq!(condition.last_transition_time, Time(later));
+        assert_eq!(
+            condition.message,
+            "the primary db-postgresql-0: instance manager unreachable; no failover: a restore is running"
+        );
     }
 
     #[test]
@@ -809,6 +988,7 @@ mod tests {
             backups: &[],
             restores: &[],
             bootstrap: None,
+            failover_waiting: None,
             ..observe(3, Some(&sts), None)
         };
         let status = compute(observation, now());
@@ -859,6 +1039,7 @@ mod tests {
             backups: &[],
             restores: &[],
             bootstrap: None,
+            failover_waiting: None,
             ..observe(2, Some(&sts), None)
         };
         let creating = compute(observation, now());
@@ -899,6 +1080,7 @@ mod tests {
             backups: &[],
             restores: &[],
             bootstrap: None,
+            failover_waiting: None,
             ..observe(2, Some(&sts), Some(&creating))
         };
         let again = compute(observation, now());
@@ -914,6 +1096,7 @@ mod tests {
             backups: &[],
             restores: &[],
             bootstrap: None,
+            failover_waiting: None,
             ..observe(2, Some(&sts), Some(&running))
         };
         let degraded = compute(observation, now());
@@ -949,6 +1132,7 @@ mod tests {
                 backups: &[],
                 restores: &[],
                 bootstrap: None,
+                failover_waiting: None,
                 ..observe(1, Some(&sts), None)
             };
             let status = compute(observation, now());
@@ -981,6 +1165,7 @@ mod tests {
             backups: &[],
             restores: &[],
             bootstrap: None,
+            failover_waiting: None,
             ..observe(5, Some(&sts), None)
         };
         let status = compute(observation, now());
@@ -1018,6 +1203,7 @@ mod tests {
             backups: &[],
             restores: &[],
             bootstrap: None,
+            failover_waiting: None,
             ..observe(3, Some(&sts), Some(&streaming))
         };
         let broken = compute(observation, now());
@@ -1075,6 +1261,7 @@ mod tests {
             backups: &[],
             restores: &[],
             bootstrap: None,
+            failover_waiting: None,
             ..observe(3, Some(&sts), Some(&previous))
         };
         let status = compute(observation, now());

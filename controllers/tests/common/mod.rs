@@ -142,6 +142,7 @@ impl SimulatedInstances {
             replayed_lsn: (!primary).then_some(lsn),
             streaming: !primary,
             pending_restart: Vec::new(),
+            following: None,
         }
     }
 

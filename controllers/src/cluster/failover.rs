@@ -1,0 +1,394 @@
+//! Moving the primary (pure): a switchover when a user asks for one, a failover when the
+//! primary is lost, and the commands to the instance managers that carry a change through.
+//!
+//! The designated primary is `status.targetPrimary` while a change is under way, else
+//! `status.currentPrimary` (see [`roles::designated_primary`](super::roles::designated_primary)).
+//! A change is decided here and *recorded in the status before anything is done*: a new leader
+//! of the manager, or the next reconcile, carries it through from the status alone. Carrying
+//! it through is the same rule every reconcile, change or not ([`commands`]):
+//!
+//! - an instance that reports itself primary but is not the designated one is told to follow
+//!   the designated one (it shuts down cleanly, is rewound if it diverged, and streams). Its
+//!   `db.example.com/role=primary` label, what the `-rw` Service selects, is removed in the same
+//!   reconcile before any other pod gets it, so rw never routes to it again: it is fenced;
+//! - the designated primary, while it reports a replica, is promoted once no other instance
+//!   reports a primary and it has received at least as much WAL as every instance that answers;
+//!   for a switchover, once the old primary reports that it follows (it shut down cleanly
+//!   first, so the target has everything it committed);
+//! - a replica that follows another instance than the designated primary is told to follow it.
+//!
+//! A failover is decided when the designated primary has not reported a ready primary for the
+//! failover delay (the `PrimaryAvailable` condition's last transition tells since when). It
+//! promotes the ready replica that received the most WAL. It waits, saying why, while a restore
+//! runs, when no replica is ready, and, with synchronous replication, while too few replicas
+//! answer to be sure that one of them has every acknowledged commit.
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use pgkube_crds::{PostgreSQLClusterStatus, PrimaryChange, PrimaryChangeKind};
+
+use super::instances::{Lsn, ObservedInstance, ReportedRole};
+use super::roles;
+
+/// The annotation a user sets to ask for a switchover:
+/// `kubectl annotate pgcluster <cluster> db.example.com/switchover-to=<pod>`. The operator
+/// removes it once it has recorded the switchover, or refused it (with a Warning Event).
+pub const SWITCHOVER_ANNOTATION: &str = "db.example.com/switchover-to";
+/// Condition type: the designated primary reports a ready primary.
+pub const PRIMARY_AVAILABLE: &str = "PrimaryAvailable";
+
+/// What the decision is made from.
+#[derive(Clone, Copy, Debug)]
+pub struct Situation<'a> {
+    /// Name of the StatefulSet, whose pods are `<statefulset>-<ordinal>`.
+    pub statefulset: &'a str,
+    /// Instances the cluster has now.
+    pub replicas: i32,
+    pub failover_delay: Duration,
+    /// `minStandbys` of synchronous replication; 0 when replication is asynchronous.
+    pub synchronous_min: u32,
+    pub status: Option<&'a PostgreSQLClusterStatus>,
+    /// The designated primary.
+    pub primary: &'a str,
+    /// The value of [`SWITCHOVER_ANNOTATION`], if set.
+    pub switchover_request: Option<&'a str>,
+    pub instances: &'a [ObservedInstance],
+    /// A restore into the cluster is running.
+    pub restoring: bool,
+    pub now: Timestamp,
+}
+
+/// A command to one instance manager.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// `POST /control/promote`.
+    Promote { pod: String },
+    /// `POST /control/follow`: become a standby of `primary`.
+    Follow { pod: String, primary: String },
+}
+
+impl Command {
+    pub fn pod(&self) -> &str {
+        match self {
+            Self::Promote { pod } | Self::Follow { pod, .. } => pod,
+        }
+    }
+}
+
+/// What to do about the primary in this reconcile.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// A new primary to record in the status, before anything else is done.
+    pub designate: Option<PrimaryChange>,
+    /// The switchover annotation is to be removed: recorded, refused or already true.
+    pub clear_request: bool,
+    /// Why the switchover request was refused.
+    pub refusal: Option<String>,
+    /// Why the cluster does not fail over although its primary is unavailable.
+    pub waiting: Option<String>,
+    /// Look again within a second: the primary is unavailable or a change is under way.
+    pub urgent: bool,
+}
+
+/// Decides whether the primary moves now.
+pub fn plan(situation: &Situation<'_>) -> Plan {
+    let in_progress = change_in_progress(situation.status);
+    let mut plan = Plan {
+        urgent: in_progress || !primary_available(situation),
+        ..Plan::default()
+    };
+    if let Some(target) = situation.switchover_request {
+        if in_progress {
+            // Handled once the change under way completes.
+            return plan;
+        }
+        plan.clear_request = true;
+        match switchover(situation, target) {
+            Ok(change) => plan.designate = change,
+            Err(reason) => plan.refusal = Some(reason),
+        }
+        return plan;
+    }
+    if in_progress || primary_available(situation) {
+        return plan;
+    }
+    match failover(situation) {
+        Ok(Some(change)) => plan.designate = Some(change),
+        Ok(None) => {}
+        Err(waiting) => plan.waiting = Some(waiting),
+    }
+    plan
+}
+
+/// Whether a switchover or failover was recorded and its target has not taken over yet.
+pub fn change_in_progress(status: Option<&PostgreSQLClusterStatus>) -> bool {
+    status.is_some_and(|status| status.target_primary.is_some())
+}
+
+/// Whether the designated primary reports a ready primary.
+pub fn primary_available(situation: &Situation<'_>) -> bool {
+    find(situation.instances, situation.primary).is_some_and(ObservedInstance::is_ready_primary)
+}
+
+/// Why the designated primary is not available, for the condition and the failover reason.
+pub fn unavailability(instances: &[ObservedInstance], primary: &str) -> String {
+    match find(instances, primary) {
+        None => "its pod does not exist".to_owned(),
+        Some(instance) => match &instance.report {
+            Err(unavailable) => unavailable.to_string(),
+            Ok(report) => match report.role {
+                ReportedRole::Primary if !report.ready => "not ready".to_owned(),
+                ReportedRole::Primary => "available".to_owned(),
+                ReportedRole::Replica => "runs as a replica".to_owned(),
+                ReportedRole::Starting => "its server is not running".to_owned(),
+            },
+        },
+    }
+}
+
+/// The switchover to `target`, `None` when it is already the primary, or why not.
+fn switchover(situation: &Situation<'_>, target: &str) -> Result<Option<PrimaryChange>, String> {
+    let primary = situation.primary;
+    let is_instance = roles::ordinal(situation.statefulset, target)
+        .is_some_and(|ordinal| ordinal < situation.replicas);
+    if !is_instance {
+        return Err(format!(
+            "{target} is not an instance of this cluster (its instances are {}-0 to {}-{})",
+            situation.statefulset,
+            situation.statefulset,
+            situation.replicas - 1
+        ));
+    }
+    if target == primary {
+        return if primary_available(situation) {
+            Ok(None)
+        } else {
+            Err(format!(
+                "{target} is the primary already, but not available ({})",
+                unavailability(situation.instances, primary)
+            ))
+        };
+    }
+    if !primary_available(situation) {
+        return Err(format!(
+            "the primary {primary} is not available ({}): a switchover needs it to shut down cleanly; a failover takes over after the failover delay",
+            unavailability(situation.instances, primary)
+        ));
+    }
+    let streaming = find(situation.instances, target)
+        .and_then(ObservedInstance::reported)
+        .is_some_and(|report| {
+            report.role == ReportedRole::Replica && report.ready && report.streaming
+        });
+    if !streaming {
+        return Err(format!(
+            "{target} is not a ready replica streaming from the primary ({})",
+            unavailability(situation.instances, target)
+        ));
+    }
+    Ok(Some(PrimaryChange {
+        kind: PrimaryChangeKind::Switchover,
+        from: primary.to_owned(),
+        to: target.to_owned(),
+        reason: format!("asked for with the {SWITCHOVER_ANNOTATION} annotation"),
+        started_at: Time(situation.now),
+        completed_at: None,
+    }))
+}
+
+/// The failover to make now, `None` while the delay runs, or why the cluster waits.
+fn failover(situation: &Situation<'_>) -> Result<Option<PrimaryChange>, String> {
+    let status = situation.status;
+    // A cluster whose primary never came up has nothing to fail over from.
+    if status.and_then(|s| s.current_primary.as_ref()).is_none() {
+        return Ok(None);
+    }
+    if situation.restoring {
+        return Err("a restore is running; failover decisions wait for it to end".to_owned());
+    }
+    let since = unavailable_since(status).unwrap_or(situation.now);
+    let elapsed = situation.now.duration_since(since);
+    let delay = situation.failover_delay;
+    if elapsed.as_secs_f64() < delay.as_secs_f64() {
+        return Ok(None);
+    }
+    let candidate = best_replica(situation).ok_or_else(|| {
+        "no ready replica to promote; the cluster waits for the primary or a replica".to_owned()
+    })?;
+    check_synchronous_quorum(situation)?;
+    let why = unavailability(situation.instances, situation.primary);
+    Ok(Some(PrimaryChange {
+        kind: PrimaryChangeKind::Failover,
+        from: situation.primary.to_owned(),
+        to: candidate.pod.clone(),
+        reason: format!(
+            "the primary {} was unavailable for {}s ({why}); {} is the ready replica with the most WAL",
+            situation.primary,
+            elapsed.as_secs(),
+            candidate.pod
+        ),
+        started_at: Time(situation.now),
+        completed_at: None,
+    }))
+}
+
+/// With `ANY k` synchronous replication among the `m` other instances, a commit was confirmed
+/// by at least `minStandbys` of them; any `m - minStandbys + 1` of them include one that has
+/// it. Fewer answering replicas could all lack an acknowledged commit.
+fn check_synchronous_quorum(situation: &Situation<'_>) -> Result<(), String> {
+    if situation.synchronous_min == 0 {
+        return Ok(());
+    }
+    let standbys = u32::try_from(situation.replicas.saturating_sub(1)).unwrap_or(0);
+    let needed = standbys.saturating_sub(situation.synchronous_min) + 1;
+    let answering = replicas_answering(situation).count();
+    if u32::try_from(answering).unwrap_or(u32::MAX) >= needed {
+        return Ok(());
+    }
+    Err(format!(
+        "synchronous replication: {answering} of {standbys} replicas answer, {needed} are needed to be sure the new primary has every acknowledged commit"
+    ))
+}
+
+/// When the `PrimaryAvailable` condition last became False.
+fn unavailable_since(status: Option<&PostgreSQLClusterStatus>) -> Option<Timestamp> {
+    status?
+        .conditions
+        .iter()
+        .find(|condition| condition.type_ == PRIMARY_AVAILABLE && condition.status == "False")
+        .map(|condition| condition.last_transition_time.0)
+}
+
+/// Instances other than the designated primary that report a replica.
+fn replicas_answering<'a>(
+    situation: &'a Situation<'a>,
+) -> impl Iterator<Item = &'a ObservedInstance> + 'a {
+    situation.instances.iter().filter(|instance| {
+        instance.pod != situation.primary
+            && instance
+                .reported()
+                .is_some_and(|report| report.role == ReportedRole::Replica)
+    })
+}
+
+/// The ready replica that received the most WAL; the lowest ordinal among equals.
+fn best_replica<'a>(situation: &'a Situation<'a>) -> Option<&'a ObservedInstance> {
+    replicas_answering(situation)
+        .filter(|instance| instance.reported().is_some_and(|report| report.ready))
+        .max_by(|a, b| {
+            let position = |instance: &ObservedInstance| wal_position(instance);
+            let ordinal = |instance: &ObservedInstance| {
+                roles::ordinal(situation.statefulset, &instance.pod).unwrap_or(i32::MAX)
+            };
+            position(a)
+                .cmp(&position(b))
+                .then_with(|| ordinal(b).cmp(&ordinal(a)))
+        })
+}
+
+/// How far an instance's WAL goes: written (primary), else received, else replayed.
+fn wal_position(instance: &ObservedInstance) -> Option<Lsn> {
+    let report = instance.reported()?;
+    report
+        .current_lsn
+        .max(report.received_lsn)
+        .max(report.replayed_lsn)
+}
+
+/// The commands that make the instances match the designated primary (see the module doc).
+pub fn commands(situation: &Situation<'_>) -> Vec<Command> {
+    let primary = situation.primary;
+    let mut commands: Vec<Command> = situation
+        .instances
+        .iter()
+        .filter(|instance| instance.pod != primary)
+        .filter_map(|instance| {
+            let report = instance.reported()?;
+            let follows_primary = report.following.as_deref() == Some(primary);
+            let stray_primary = report.role == ReportedRole::Primary;
+            // A replica that does not say whom it follows (an older instance manager) is left
+            // alone rather than told the same thing every reconcile.
+            let follows_another = report.role == ReportedRole::Replica
+                && report.following.is_some()
+                && !follows_primary;
+            (stray_primary || follows_another).then(|| Command::Follow {
+                pod: instance.pod.clone(),
+                primary: primary.to_owned(),
+            })
+        })
+        .collect();
+    if let Some(promote) = promotion(situation) {
+        commands.push(promote);
+    }
+    commands
+}
+
+/// The promotion of the designated primary, when it reports a replica and may take over.
+fn promotion(situation: &Situation<'_>) -> Option<Command> {
+    let primary = situation.primary;
+    let target = find(situation.instances, primary)?;
+    let report = target.reported()?;
+    if report.role != ReportedRole::Replica || !report.ready {
+        return None;
+    }
+    let others: Vec<&ObservedInstance> = situation
+        .instances
+        .iter()
+        .filter(|instance| instance.pod != primary)
+        .collect();
+    if others.iter().any(|instance| {
+        instance
+            .reported()
+            .is_some_and(|r| r.role == ReportedRole::Primary)
+    }) {
+        // Demoted first: two primaries must never run at once.
+        return None;
+    }
+    if !old_primary_stepped_down(situation) {
+        return None;
+    }
+    let has_most_wal = others
+        .iter()
+        .all(|instance| wal_position(instance) <= wal_position(target));
+    has_most_wal.then(|| Command::Promote {
+        pod: primary.to_owned(),
+    })
+}
+
+/// For a switchover: the old primary reports a replica (it shut down cleanly and follows), or
+/// it has not answered for the failover delay since the switchover began (then it is lost and
+/// this is a failover in effect). Always true for a failover.
+fn old_primary_stepped_down(situation: &Situation<'_>) -> bool {
+    let Some(change) = situation.status.and_then(|s| s.primary_change.as_ref()) else {
+        return true;
+    };
+    if change.kind != PrimaryChangeKind::Switchover || change.completed_at.is_some() {
+        return true;
+    }
+    let old = find(situation.instances, &change.from).and_then(ObservedInstance::reported);
+    match old {
+        Some(report) => report.role == ReportedRole::Replica,
+        None => {
+            let waited = situation.now.duration_since(change.started_at.0);
+            waited.as_secs_f64() >= situation.failover_delay.as_secs_f64()
+        }
+    }
+}
+
+fn find<'a>(instances: &'a [ObservedInstance], pod: &str) -> Option<&'a ObservedInstance> {
+    instances.iter().find(|instance| instance.pod == pod)
+}
+
+/// How soon to look at a cluster of several instances again: often enough that a lost
+/// primary is noticed well within the failover delay.
+pub fn watch_period(failover_delay: Duration, urgent: bool) -> Duration {
+    if urgent {
+        return Duration::from_secs(1);
+    }
+    (failover_delay / 2).clamp(Duration::from_secs(1), super::INSTANCE_REFRESH)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,379 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+
+use super::*;
+use crate::cluster::instances::{InstanceReport, Unavailable};
+
+const STS: &str = "db-postgresql";
+
+fn pod(ordinal: i32) -> String {
+    format!("{STS}-{ordinal}")
+}
+
+fn now() -> Timestamp {
+    "2026-12-01T02:00:00Z".parse().expect("timestamp")
+}
+
+fn seconds_ago(seconds: i64) -> Timestamp {
+    now() - k8s_openapi::jiff::SignedDuration::from_secs(seconds)
+}
+
+/// An instance that reports `role`, ready, at WAL position `lsn`, following `following`.
+fn reporting(
+    ordinal: i32,
+    role: ReportedRole,
+    lsn: u64,
+    following: Option<i32>,
+) -> ObservedInstance {
+    let replica = role == ReportedRole::Replica;
+    ObservedInstance {
+        pod: pod(ordinal),
+        uid: Some(format!("uid-{ordinal}")),
+        role_label: None,
+        report: Ok(InstanceReport {
+            pod: pod(ordinal),
+            role,
+            ready: role != ReportedRole::Starting,
+            timeline: Some(1),
+            current_lsn: (!replica).then_some(Lsn(lsn)),
+            received_lsn: replica.then_some(Lsn(lsn)),
+            replayed_lsn: replica.then_some(Lsn(lsn)),
+            streaming: replica,
+            pending_restart: Vec::new(),
+            following: following.map(pod),
+        }),
+    }
+}
+
+fn primary(ordinal: i32, lsn: u64) -> ObservedInstance {
+    reporting(ordinal, ReportedRole::Primary, lsn, None)
+}
+
+fn replica(ordinal: i32, lsn: u64, following: i32) -> ObservedInstance {
+    reporting(ordinal, ReportedRole::Replica, lsn, Some(following))
+}
+
+fn unreachable(ordinal: i32) -> ObservedInstance {
+    ObservedInstance {
+        pod: pod(ordinal),
+        uid: None,
+        role_label: None,
+        report: Err(Unavailable::Unreachable),
+    }
+}
+
+/// A status whose primary is `current`, unavailable since `since` when given.
+fn status(current: i32, unavailable_since: Option<Timestamp>) -> PostgreSQLClusterStatus {
+    PostgreSQLClusterStatus {
+        current_primary: Some(pod(current)),
+        conditions: unavailable_since
+            .map(|since| Condition {
+                type_: PRIMARY_AVAILABLE.to_owned(),
+                status: "False".to_owned(),
+                reason: "PrimaryUnavailable".to_owned(),
+                message: String::new(),
+                observed_generation: None,
+                last_transition_time: Time(since),
+            })
+            .into_iter()
+            .collect(),
+        ..PostgreSQLClusterStatus::default()
+    }
+}
+
+fn situation<'a>(
+    status: &'a PostgreSQLClusterStatus,
+    primary: &'a str,
+    instances: &'a [ObservedInstance],
+) -> Situation<'a> {
+    Situation {
+        statefulset: STS,
+        replicas: 3,
+        failover_delay: Duration::from_secs(5),
+        synchronous_min: 0,
+        status: Some(status),
+        primary,
+        switchover_request: None,
+        instances,
+        restoring: false,
+        now: now(),
+    }
+}
+
+#[test]
+fn a_healthy_cluster_decides_nothing_and_commands_nothing() {
+    let status = status(0, None);
+    let instances = [primary(0, 100), replica(1, 100, 0), replica(2, 90, 0)];
+    let primary_pod = pod(0);
+    let situation = situation(&status, &primary_pod, &instances);
+    assert_eq!(plan(&situation), Plan::default());
+    assert!(commands(&situation).is_empty());
+}
+
+#[test]
+fn a_lost_primary_is_failed_over_to_the_replica_with_the_most_wal_after_the_delay() {
+    let instances = [unreachable(0), replica(1, 90, 0), replica(2, 120, 0)];
+    let primary_pod = pod(0);
+    // Within the delay: nothing yet, but look again soon.
+    let early = status(0, Some(seconds_ago(3)));
+    let early_plan = plan(&situation(&early, &primary_pod, &instances));
+    assert_eq!(early_plan.designate, None);
+    assert!(early_plan.urgent);
+    // After it: the replica with the most WAL.
+    let late = status(0, Some(seconds_ago(6)));
+    let change = plan(&situation(&late, &primary_pod, &instances))
+        .designate
+        .expect("a failover");
+    assert_eq!(change.kind, PrimaryChangeKind::Failover);
+    assert_eq!(
+        (change.from.as_str(), change.to.as_str()),
+        ("db-postgresql-0", "db-postgresql-2")
+    );
+    assert!(
+        change.reason.contains("instance manager unreachable"),
+        "{}",
+        change.reason
+    );
+}
+
+#[test]
+fn among_equals_the_lowest_ordinal_is_promoted() {
+    let instances = [unreachable(0), replica(1, 100, 0), replica(2, 100, 0)];
+    let late = status(0, Some(seconds_ago(60)));
+    let primary_pod = pod(0);
+    let change = plan(&situation(&late, &primary_pod, &instances)).designate;
+    assert_eq!(change.map(|c| c.to), Some(pod(1)));
+}
+
+#[test]
+fn without_a_ready_replica_the_cluster_waits_and_says_why() {
+    let late = status(0, Some(seconds_ago(60)));
+    let primary_pod = pod(0);
+    let instances = [
+        unreachable(0),
+        unreachable(1),
+        reporting(2, ReportedRole::Starting, 0, None),
+    ];
+    let plan = plan(&situation(&late, &primary_pod, &instances));
+    assert_eq!(plan.designate, None);
+    assert!(plan.waiting.expect("a reason").contains("no ready replica"));
+}
+
+#[test]
+fn a_cluster_whose_primary_never_came_up_does_not_fail_over() {
+    let mut new = status(0, Some(seconds_ago(600)));
+    new.current_primary = None;
+    let primary_pod = pod(0);
+    let instances = [
+        reporting(0, ReportedRole::Starting, 0, None),
+        replica(1, 0, 0),
+    ];
+    assert_eq!(
+        plan(&situation(&new, &primary_pod, &instances)).designate,
+        None
+    );
+}
+
+#[test]
+fn failover_waits_while_a_restore_runs() {
+    let late = status(0, Some(seconds_ago(60)));
+    let primary_pod = pod(0);
+    let instances = [unreachable(0), replica(1, 100, 0)];
+    let mut restoring = situation(&late, &primary_pod, &instances);
+    restoring.restoring = true;
+    let plan = plan(&restoring);
+    assert_eq!(plan.designate, None);
+    assert!(plan.waiting.expect("a reason").contains("restore"));
+}
+
+#[test]
+fn with_synchronous_replication_enough_replicas_must_answer() {
+    let late = status(0, Some(seconds_ago(60)));
+    let primary_pod = pod(0);
+    // ANY 1 of 2 standbys: one of any 2 has every acknowledged commit; one answering is not
+    // enough, as the other may be the only one that confirmed the last commits.
+    let one_answers = [unreachable(0), replica(1, 100, 0), unreachable(2)];
+    let mut sync = situation(&late, &primary_pod, &one_answers);
+    sync.synchronous_min = 1;
+    let waiting = plan(&sync).waiting.expect("waits");
+    assert!(
+        waiting.contains("1 of 2 replicas answer, 2 are needed"),
+        "{waiting}"
+    );
+    let both_answer = [unreachable(0), replica(1, 100, 0), replica(2, 110, 0)];
+    sync.instances = &both_answer;
+    assert_eq!(plan(&sync).designate.map(|c| c.to), Some(pod(2)));
+    // ANY 2 of 2: every replica has every acknowledged commit; one answering suffices.
+    sync.synchronous_min = 2;
+    sync.instances = &one_answers;
+    assert_eq!(plan(&sync).designate.map(|c| c.to), Some(pod(1)));
+}
+
+#[test]
+fn a_switchover_to_a_streaming_replica_is_recorded_and_the_request_cleared() {
+    let healthy = status(0, None);
+    let primary_pod = pod(0);
+    let instances = [primary(0, 100), replica(1, 100, 0), replica(2, 100, 0)];
+    let target = pod(2);
+    let mut asked = situation(&healthy, &primary_pod, &instances);
+    asked.switchover_request = Some(&target);
+    let plan = plan(&asked);
+    assert!(plan.clear_request);
+    let change = plan.designate.expect("a switchover");
+    assert_eq!(change.kind, PrimaryChangeKind::Switchover);
+    assert_eq!(change.to, target);
+}
+
+#[test]
+fn bad_switchover_requests_are_refused_with_the_reason() {
+    let healthy = status(0, None);
+    let primary_pod = pod(0);
+    let instances = [primary(0, 100), replica(1, 100, 0), unreachable(2)];
+    let refusal = |target: &str, instances: &[ObservedInstance]| {
+        let mut asked = situation(&healthy, &primary_pod, instances);
+        asked.switchover_request = Some(target);
+        let plan = plan(&asked);
+        assert!(plan.clear_request && plan.designate.is_none());
+        plan.refusal.expect("refused")
+    };
+    assert!(refusal("db-postgresql-7", &instances).contains("not an instance of this cluster"));
+    assert!(refusal("other-0", &instances).contains("not an instance"));
+    assert!(refusal(&pod(2), &instances).contains("not a ready replica"));
+    let lost = [unreachable(0), replica(1, 100, 0)];
+    assert!(refusal(&pod(1), &lost).contains("is not available"));
+    // Asking for the primary it already is: nothing to do, nothing refused.
+    let mut same = situation(&healthy, &primary_pod, &instances);
+    same.switchover_request = Some(&primary_pod);
+    assert_eq!(
+        plan(&same),
+        Plan {
+            clear_request: true,
+            ..Plan::default()
+        }
+    );
+}
+
+#[test]
+fn a_request_during_a_change_waits_for_it() {
+    let mut moving = status(0, None);
+    moving.target_primary = Some(pod(1));
+    let target = pod(1);
+    let instances = [primary(0, 100), replica(1, 100, 0)];
+    let other = pod(0);
+    let mut asked = situation(&moving, &target, &instances);
+    asked.switchover_request = Some(&other);
+    let plan = plan(&asked);
+    assert!(!plan.clear_request && plan.designate.is_none() && plan.urgent);
+}
+
+fn switchover_status(from: i32, to: i32, started: Timestamp) -> PostgreSQLClusterStatus {
+    let mut status = status(from, None);
+    status.target_primary = Some(pod(to));
+    status.primary_change = Some(PrimaryChange {
+        kind: PrimaryChangeKind::Switchover,
+        from: pod(from),
+        to: pod(to),
+        reason: String::new(),
+        started_at: Time(started),
+        completed_at: None,
+    });
+    status
+}
+
+#[test]
+fn a_switchover_demotes_the_old_primary_before_it_promotes_the_target() {
+    let moving = switchover_status(0, 1, seconds_ago(1));
+    let target = pod(1);
+    // The old primary still runs: it is told to follow; the target is not promoted yet.
+    let before = [primary(0, 100), replica(1, 100, 0), replica(2, 100, 0)];
+    assert_eq!(
+        commands(&situation(&moving, &target, &before)),
+        vec![
+            Command::Follow {
+                pod: pod(0),
+                primary: target.clone()
+            },
+            Command::Follow {
+                pod: pod(2),
+                primary: target.clone()
+            },
+        ]
+    );
+    // Stopping: it answers nothing useful; still no promotion (within the delay).
+    let stopping = [
+        reporting(0, ReportedRole::Starting, 0, None),
+        replica(1, 100, 0),
+    ];
+    assert!(commands(&situation(&moving, &target, &stopping)).is_empty());
+    // It follows: the target has all it wrote, and is promoted.
+    let stepped_down = [replica(0, 100, 1), replica(1, 100, 0)];
+    assert_eq!(
+        commands(&situation(&moving, &target, &stepped_down)),
+        vec![Command::Promote {
+            pod: target.clone()
+        }]
+    );
+}
+
+#[test]
+fn a_target_behind_another_instance_is_not_promoted() {
+    let moving = switchover_status(0, 1, seconds_ago(1));
+    let target = pod(1);
+    let behind = [replica(0, 120, 1), replica(1, 100, 0)];
+    assert!(commands(&situation(&moving, &target, &behind)).is_empty());
+}
+
+#[test]
+fn a_switchover_whose_old_primary_is_lost_goes_on_after_the_delay() {
+    let target = pod(1);
+    let lost = [unreachable(0), replica(1, 100, 0)];
+    let recent = switchover_status(0, 1, seconds_ago(2));
+    assert!(commands(&situation(&recent, &target, &lost)).is_empty());
+    let old = switchover_status(0, 1, seconds_ago(10));
+    assert_eq!(
+        commands(&situation(&old, &target, &lost)),
+        vec![Command::Promote {
+            pod: target.clone()
+        }]
+    );
+}
+
+#[test]
+fn after_a_failover_the_old_primary_that_returns_is_told_to_follow() {
+    // The failover made 2 the primary; 0 comes back still believing it is one.
+    let settled = status(2, None);
+    let primary_pod = pod(2);
+    let instances = [primary(0, 80), replica(1, 100, 0), primary(2, 130)];
+    assert_eq!(
+        commands(&situation(&settled, &primary_pod, &instances)),
+        vec![
+            Command::Follow {
+                pod: pod(0),
+                primary: primary_pod.clone()
+            },
+            Command::Follow {
+                pod: pod(1),
+                primary: primary_pod.clone()
+            },
+        ]
+    );
+}
+
+#[test]
+fn the_watch_period_is_half_the_delay_within_bounds() {
+    assert_eq!(
+        watch_period(Duration::from_secs(5), false),
+        Duration::from_millis(2500)
+    );
+    assert_eq!(
+        watch_period(Duration::from_secs(1), false),
+        Duration::from_secs(1)
+    );
+    assert_eq!(
+        watch_period(Duration::from_secs(600), false),
+        crate::cluster::INSTANCE_REFRESH
+    );
+    assert_eq!(
+        watch_period(Duration::from_secs(600), true),
+        Duration::from_secs(1)
+    );
+}
