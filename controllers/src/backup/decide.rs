@@ -157,6 +157,30 @@ fn first_unfinished(backup: &PostgreSQLBackup, siblings: &[&PostgreSQLBackup]) -
         .min()
 }
 
+/// Why a running backup is to be stopped and failed: its cluster's primary moved (a switchover
+/// or failover decided) after the backup's Job started. Its connection went to the old primary,
+/// which shut down or was cut off: the dump either failed already or could hang on a dead
+/// connection, and a clean failure asks for a new backup rather than a wait.
+pub fn interrupted_by_primary_change(
+    backup: &PostgreSQLBackup,
+    cluster: &PostgreSQLCluster,
+) -> Option<Reason> {
+    let started = backup.status.as_ref()?.start_time.as_ref()?;
+    let change = cluster.status.as_ref()?.primary_change.as_ref()?;
+    (change.started_at.0 >= started.0).then(|| {
+        Reason::new(
+            "PrimaryChanged",
+            format!(
+                "a {} moved the primary from {} to {} at {} while the backup ran; its Job was stopped: take a new backup",
+                change.kind.as_str().to_lowercase(),
+                change.from,
+                change.to,
+                change.started_at.0
+            ),
+        )
+    })
+}
+
 /// How the backup compresses: its own `spec.compression` if set (the whole of it: a backup's
 /// `{method: gzip}` is gzip at pg_dump's default level even if the cluster sets a level), else
 /// its cluster's `backup.compression`, else zstd at the agent's default level.
@@ -251,6 +275,47 @@ mod tests {
             Next::Wait(reason) | Next::Fail(reason) => Some(reason.reason),
             _ => None,
         }
+    }
+
+    #[test]
+    fn a_running_backup_is_stopped_when_the_primary_moved_after_it_started() {
+        let time = |seconds| {
+            Time(k8s_openapi::jiff::Timestamp::from_second(at(seconds).timestamp()).expect("ts"))
+        };
+        let mut running = backup("b1", 0, Some(BackupPhase::Running));
+        if let Some(status) = running.status.as_mut() {
+            status.start_time = Some(time(10));
+        }
+        let mut moved = cluster(ClusterPhase::Running, true);
+        let change = |started| pgkube_crds::PrimaryChange {
+            kind: pgkube_crds::PrimaryChangeKind::Failover,
+            from: "main-postgresql-0".to_owned(),
+            to: "main-postgresql-1".to_owned(),
+            reason: String::new(),
+            started_at: time(started),
+            completed_at: None,
+        };
+        assert_eq!(interrupted_by_primary_change(&running, &moved), None);
+        if let Some(status) = moved.status.as_mut() {
+            status.primary_change = Some(change(5));
+        }
+        assert_eq!(
+            interrupted_by_primary_change(&running, &moved),
+            None,
+            "a change before the backup started does not concern it"
+        );
+        if let Some(status) = moved.status.as_mut() {
+            status.primary_change = Some(change(20));
+        }
+        let reason = interrupted_by_primary_change(&running, &moved).expect("stopped");
+        assert_eq!(reason.reason, "PrimaryChanged");
+        assert!(
+            reason.message.starts_with(
+                "a failover moved the primary from main-postgresql-0 to main-postgresql-1"
+            ),
+            "{}",
+            reason.message
+        );
     }
 
     #[test]

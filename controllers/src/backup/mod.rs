@@ -387,7 +387,14 @@ async fn follow_job(
         JobState::Failed(format!("the backup Job {name} was deleted before it ended"))
     });
     match state {
-        JobState::Running => Ok(Action::requeue(FOLLOW_REQUEUE)),
+        JobState::Running => {
+            if let Some(reason) = interruption(context, backup, namespace).await? {
+                remove::stop_job(context, namespace, &name).await?;
+                status::write(context, backup, Change::Failed(reason)).await?;
+                return Ok(Action::await_change());
+            }
+            Ok(Action::requeue(FOLLOW_REQUEUE))
+        }
         JobState::Succeeded(result) => {
             complete(context, backup, namespace, result.map(|r| *r)).await
         }
@@ -400,6 +407,22 @@ async fn follow_job(
             Ok(Action::await_change())
         }
     }
+}
+
+/// Why the running backup must stop: its cluster's primary moved since it started. The
+/// cluster is read fresh (one GET per look at a running backup, which are few): this
+/// controller does not watch clusters.
+async fn interruption(
+    context: &BackupContext,
+    backup: &PostgreSQLBackup,
+    namespace: &str,
+) -> Result<Option<decide::Reason>, Error> {
+    let name = &backup.spec.cluster.name;
+    let cluster = Api::<PostgreSQLCluster>::namespaced(context.base.client.clone(), namespace)
+        .get_opt(name)
+        .await
+        .map_err(kube_error("read", "PostgreSQLCluster", name))?;
+    Ok(cluster.and_then(|cluster| decide::interrupted_by_primary_change(backup, &cluster)))
 }
 
 /// Verifies what the agent reported, then Completed (or Failed when it does not check out).

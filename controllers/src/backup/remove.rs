@@ -130,6 +130,19 @@ async fn job_still_there(
     Ok(true)
 }
 
+/// Deletes the Job `name` and its pods (in the background), if it is still there.
+pub async fn stop_job(context: &BackupContext, namespace: &str, name: &str) -> Result<(), Error> {
+    tracing::info!(job = %name, "stopping the backup Job");
+    let deleted = Api::<Job>::namespaced(context.base.client.clone(), namespace)
+        .delete(name, &DeleteParams::background())
+        .await;
+    match deleted {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(response)) if response.code == 404 => Ok(()),
+        Err(source) => Err(kube_error("delete", "Job", name)(source)),
+    }
+}
+
 /// Deletes every object under the backup's directory. A backup that never started has none.
 async fn delete_data(
     backup: &PostgreSQLBackup,
