@@ -12,7 +12,9 @@
 //!   `db.example.com/role=primary` label, what the `-rw` Service selects, is removed in the same
 //!   reconcile before any other pod gets it, so rw never routes to it again: it is fenced;
 //! - the designated primary, while it reports a replica, is promoted once no other instance
-//!   reports a primary and it has received at least as much WAL as every instance that answers;
+//!   reports a primary; for a switchover, once it has received at least as much WAL as every
+//!   instance that answers (a failover chose the replica with the most WAL when it was
+//!   decided);
 //!   for a switchover, once the old primary reports that it follows (it shut down cleanly
 //!   first, so the target has everything it committed);
 //! - a replica that follows another instance than the designated primary is told to follow it.
@@ -349,12 +351,32 @@ fn promotion(situation: &Situation<'_>) -> Option<Command> {
     if !old_primary_stepped_down(situation) {
         return None;
     }
+    // A failover chose its target as the answering replica with the most WAL, which holds
+    // every acknowledged commit (see `check_synchronous_quorum`). WAL that an instance shows
+    // beyond it now (the old primary back with commits asynchronous replication lost, or its
+    // own crash recovery's checkpoint; a replica that did not answer then) is what a rewind
+    // discards: it must not hold the promotion back, or the cluster would wait forever.
+    if failover_under_way(situation) {
+        return Some(Command::Promote {
+            pod: primary.to_owned(),
+        });
+    }
     let has_most_wal = others
         .iter()
         .all(|instance| wal_position(instance) <= wal_position(target));
     has_most_wal.then(|| Command::Promote {
         pod: primary.to_owned(),
     })
+}
+
+/// Whether a failover was decided and has not completed.
+fn failover_under_way(situation: &Situation<'_>) -> bool {
+    situation
+        .status
+        .and_then(|s| s.primary_change.as_ref())
+        .is_some_and(|change| {
+            change.kind == PrimaryChangeKind::Failover && change.completed_at.is_none()
+        })
 }
 
 /// For a switchover: the old primary reports a replica (it shut down cleanly and follows), or

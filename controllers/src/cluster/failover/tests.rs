@@ -323,6 +323,30 @@ fn a_target_behind_another_instance_is_not_promoted() {
 }
 
 #[test]
+fn a_failover_promotes_its_target_whatever_wal_others_show_later() {
+    let mut failing_over = switchover_status(0, 1, seconds_ago(1));
+    if let Some(change) = failing_over.primary_change.as_mut() {
+        change.kind = PrimaryChangeKind::Failover;
+    }
+    let target = pod(1);
+    // 0 came back ahead of the target (it reports a replica, told to follow); 2, which did not
+    // answer when the failover was decided, is ahead too: their extra WAL is rewound away.
+    let back = [replica(0, 150, 1), replica(1, 100, 0), replica(2, 110, 0)];
+    assert!(
+        commands(&situation(&failing_over, &target, &back)).contains(&Command::Promote {
+            pod: target.clone()
+        })
+    );
+    // But never while another instance still runs as a primary.
+    let still_primary = [primary(0, 150), replica(1, 100, 0)];
+    assert!(
+        !commands(&situation(&failing_over, &target, &still_primary)).contains(&Command::Promote {
+            pod: target.clone()
+        })
+    );
+}
+
+#[test]
 fn a_switchover_whose_old_primary_is_lost_goes_on_after_the_delay() {
     let target = pod(1);
     let lost = [unreachable(0), replica(1, 100, 0)];
