@@ -9,7 +9,7 @@ use std::process::Stdio;
 
 use tokio::process::Command;
 
-use super::desired::{Credentials, Desired, Topology, slot_name};
+use super::desired::{Credentials, Desired, slot_name};
 
 /// Present once a data directory is complete (initdb and pg_basebackup write it).
 const VERSION_FILE: &str = "PG_VERSION";
@@ -84,12 +84,13 @@ pub enum StartPlan {
     RunPrimary,
     /// Existing standby data, following the primary.
     Follow,
-    /// Standby data, but the operator designated this instance the primary: it starts without
-    /// standby.signal, which promotes it.
+    /// Standby data, but the operator designated this instance the primary: it starts as a
+    /// standby following no one and waits for the operator's `/control/promote`, which comes
+    /// once the operator has checked that nothing is lost by promoting it.
     Promote,
     /// A primary's data, but another instance is the primary: it must never take writes behind
-    /// the primary's back, so it starts as a standby (fenced). Rejoining a diverged timeline is
-    /// the failover work's (pg_rewind).
+    /// the primary's back. It waits for that primary, rewinds its data to the primary's history
+    /// (pg_rewind; a new clone when that fails), and starts as its standby.
     Demote,
 }
 
@@ -116,8 +117,10 @@ pub enum Role {
 impl StartPlan {
     pub fn role(self) -> Role {
         match self {
-            StartPlan::Initdb | StartPlan::RunPrimary | StartPlan::Promote => Role::Primary,
-            StartPlan::Clone | StartPlan::Follow | StartPlan::Demote => Role::Replica,
+            StartPlan::Initdb | StartPlan::RunPrimary => Role::Primary,
+            StartPlan::Clone | StartPlan::Follow | StartPlan::Demote | StartPlan::Promote => {
+                Role::Replica
+            }
         }
     }
 }
@@ -205,12 +208,13 @@ pub async fn recorded_settings(pgdata: &Path) -> Result<Vec<Floor>, DataDirError
 }
 
 /// The `postgresql.conf` this instance runs with: the operator's settings, then this
-/// instance's own. A replica gets how to reach the primary and its slot (the password is in
+/// instance's own. A replica gets how to reach its `upstream` (the primary's host; none for a
+/// primary, or a standby waiting to be promoted) and its slot (the password is in
 /// `pgpass_file`, never in the configuration), and its `floors`.
 pub fn server_config(
     desired: &Desired,
     pod: &str,
-    role: Role,
+    upstream: Option<&str>,
     pgpass_file: &Path,
     floors: &[Floor],
 ) -> String {
@@ -222,11 +226,12 @@ pub fn server_config(
         desired.postgresql_conf.trim_end(),
         quote(pod),
     );
-    if role == Role::Replica {
+    if let Some(host) = upstream {
         config.push_str(&format!(
             "primary_conninfo = '{}'\nprimary_slot_name = '{}'\n",
             quote(&primary_conninfo(
-                &desired.topology,
+                host,
+                desired.topology.port,
                 &desired.replication,
                 pod,
                 pgpass_file
@@ -247,19 +252,44 @@ pub fn server_config(
 
 /// libpq connection string to the primary, as the replica's WAL receiver uses it.
 fn primary_conninfo(
-    topology: &Topology,
+    host: &str,
+    port: u16,
     replication: &Credentials,
     pod: &str,
     pgpass_file: &Path,
 ) -> String {
-    let value = |text: &str| format!("'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"));
     format!(
         "host={} port={} user={} passfile={} application_name={} sslmode=prefer",
-        value(&topology.primary_host),
-        topology.port,
-        value(&replication.username),
-        value(&pgpass_file.to_string_lossy()),
-        value(pod),
+        conninfo_value(host),
+        port,
+        conninfo_value(&replication.username),
+        conninfo_value(&pgpass_file.to_string_lossy()),
+        conninfo_value(pod),
+    )
+}
+
+/// A value in a libpq connection string, quoted.
+fn conninfo_value(text: &str) -> String {
+    format!("'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"))
+}
+
+/// libpq connection string to `host` as the superuser, for pg_rewind's `--source-server` (the
+/// password is in `passfile`).
+pub fn superuser_conninfo(
+    host: &str,
+    port: u16,
+    superuser: &Credentials,
+    pod: &str,
+    passfile: &Path,
+) -> String {
+    format!(
+        "host={} port={} user={} dbname=postgres passfile={} application_name={} \
+         connect_timeout=10 sslmode=prefer",
+        conninfo_value(host),
+        port,
+        conninfo_value(&superuser.username),
+        conninfo_value(&passfile.to_string_lossy()),
+        conninfo_value(&format!("{pod}-rewind")),
     )
 }
 
@@ -345,7 +375,8 @@ pub async fn initdb(pgdata: &Path, superuser: &Credentials) -> Result<(), DataDi
 /// complete, so that an interrupted clone never looks like data.
 pub async fn clone_primary(
     pgdata: &Path,
-    topology: &Topology,
+    primary_host: &str,
+    port: u16,
     pod: &str,
     pgpass_file: &Path,
     replication: &Credentials,
@@ -355,8 +386,8 @@ pub async fn clone_primary(
     let mut command = Command::new("pg_basebackup");
     command
         .arg(format!("--pgdata={}", partial.display()))
-        .arg(format!("--host={}", topology.primary_host))
-        .arg(format!("--port={}", topology.port))
+        .arg(format!("--host={primary_host}"))
+        .arg(format!("--port={port}"))
         .arg(format!("--username={}", replication.username))
         .arg(format!("--slot={}", slot_name(pod)))
         .args(["--wal-method=stream", "--checkpoint=fast", "--no-password"])
@@ -364,6 +395,40 @@ pub async fn clone_primary(
         .env("PGAPPNAME", pod);
     run_tool("pg_basebackup", command).await?;
     std::fs::rename(&partial, pgdata).map_err(io_error("cannot move the clone to", pgdata))
+}
+
+/// Rewinds `pgdata` (a former primary's data, stopped) to the history of the primary that
+/// `source_conninfo` reaches, with pg_rewind. It says "no rewind required" and changes nothing
+/// when the histories did not diverge; a target that was not shut down cleanly is first
+/// recovered by pg_rewind itself (single-user mode, PostgreSQL 13 and later).
+pub async fn rewind(pgdata: &Path, source_conninfo: &str) -> Result<(), DataDirError> {
+    let mut command = Command::new("pg_rewind");
+    command
+        .arg(format!("--target-pgdata={}", pgdata.display()))
+        .arg(format!("--source-server={source_conninfo}"))
+        .arg("--progress")
+        // Its messages are read by people, in the container's log.
+        .env("LC_ALL", "C");
+    run_tool("pg_rewind", command).await
+}
+
+/// Removes the replication slots kept in a stopped server's data directory. A former primary
+/// that rejoins as a standby would otherwise keep the WAL its old replicas needed, forever:
+/// nobody streams from a standby here. (pg_basebackup never copies slots; pg_rewind leaves
+/// the target's in place.)
+pub fn remove_slots(pgdata: &Path) -> Result<(), DataDirError> {
+    let dir = pgdata.join("pg_replslot");
+    let entries = match std::fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(error) => return Err(io_error("cannot read", &dir)(error)),
+    };
+    for entry in entries {
+        let path = entry.map_err(io_error("cannot read", &dir))?.path();
+        remove_dir(&path)?;
+        tracing::info!(slot = %path.display(), "replication slot of the former primary removed");
+    }
+    Ok(())
 }
 
 /// Removes a directory and everything in it, if it exists.
@@ -397,6 +462,7 @@ async fn run_tool(program: &'static str, mut command: Command) -> Result<(), Dat
 
 #[cfg(test)]
 mod tests {
+    use super::super::desired::Topology;
     use super::*;
 
     fn desired() -> Desired {
@@ -414,6 +480,7 @@ mod tests {
                 port: 5432,
                 replicas: 3,
                 statefulset: "db-postgresql".to_owned(),
+                hosts: Default::default(),
             },
             superuser: credentials("postgres", "super"),
             replication: credentials("streaming_replica", "pa:ss\\word"),
@@ -435,16 +502,21 @@ mod tests {
         for (pod, state, expected) in cases {
             let plan = plan(pod, "a-0", state);
             assert_eq!(plan, expected, "{pod} with {state:?}");
-            assert_eq!(plan.role() == Role::Primary, pod == "a-0");
+            // A designated standby waits for /control/promote: it starts as a replica.
+            assert_eq!(
+                plan.role() == Role::Primary,
+                pod == "a-0" && state != Standby
+            );
         }
     }
 
     #[test]
     fn a_replica_config_names_the_primary_and_its_slot_but_no_password() {
+        let desired = desired();
         let config = server_config(
-            &desired(),
+            &desired,
             "db-postgresql-2",
-            Role::Replica,
+            Some(&desired.topology.primary_host),
             Path::new("/controller/pgpass"),
             &[],
         );
@@ -460,13 +532,7 @@ mod tests {
 
     #[test]
     fn a_primary_config_has_no_primary_conninfo() {
-        let config = server_config(
-            &desired(),
-            "db-postgresql-0",
-            Role::Primary,
-            Path::new("/p"),
-            &[],
-        );
+        let config = server_config(&desired(), "db-postgresql-0", None, Path::new("/p"), &[]);
         assert!(config.contains("cluster_name = 'db-postgresql-0'\n"));
         assert!(!config.contains("primary_conninfo"));
     }
@@ -487,7 +553,7 @@ mod tests {
         let config = server_config(
             &desired(),
             "db-postgresql-1",
-            Role::Replica,
+            Some("h"),
             Path::new("/p"),
             &floors,
         );
@@ -497,6 +563,24 @@ mod tests {
         assert!(standby_floors(lowered, &replayed).is_empty());
         // A setting left to its default counts as the default.
         assert!(standby_floors("work_mem = '8MB'\n", &recorded).is_empty());
+    }
+
+    #[test]
+    fn the_rewind_source_is_the_new_primary_as_the_superuser_with_a_passfile() {
+        let conninfo = superuser_conninfo(
+            "db-postgresql-1.h",
+            5432,
+            &desired().superuser,
+            "db-postgresql-0",
+            Path::new("/controller/pgpass-superuser"),
+        );
+        assert_eq!(
+            conninfo,
+            "host='db-postgresql-1.h' port=5432 user='postgres' dbname=postgres \
+             passfile='/controller/pgpass-superuser' application_name='db-postgresql-0-rewind' \
+             connect_timeout=10 sslmode=prefer"
+        );
+        assert!(!conninfo.contains("super'"));
     }
 
     #[test]
@@ -521,6 +605,16 @@ mod tests {
         assert_eq!(DataState::of(&dir), DataState::Primary);
         assert!(write_config(&dir, "a = 1\n", "local all all peer\n").expect("first"));
         assert!(!write_config(&dir, "a = 1\n", "local all all peer\n").expect("same"));
+        remove_slots(&dir).expect("no slots directory");
+        std::fs::create_dir_all(dir.join("pg_replslot/pgkube_a_1")).expect("slot dir");
+        std::fs::write(dir.join("pg_replslot/pgkube_a_1/state"), "x").expect("slot state");
+        remove_slots(&dir).expect("slots removed");
+        assert_eq!(
+            std::fs::read_dir(dir.join("pg_replslot"))
+                .expect("kept")
+                .count(),
+            0
+        );
         remove_dir(&dir).expect("clean up");
         remove_dir(&dir).expect("already gone");
     }

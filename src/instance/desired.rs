@@ -5,6 +5,7 @@
 //! Kubernetes refreshes these files in place when their sources change, so reading them again
 //! is how the instance manager learns of a new setting or a rotated password.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -88,6 +89,10 @@ pub struct Topology {
     pub replicas: u32,
     /// Instances are the pods `<statefulset>-0` up to `<statefulset>-(replicas - 1)`.
     pub statefulset: String,
+    /// Host names of instances that are not `<pod>.<what follows the primary's name in
+    /// primaryHost>` (the operator leaves it out; tests on one machine give addresses).
+    #[serde(default)]
+    pub hosts: BTreeMap<String, String>,
 }
 
 impl Topology {
@@ -105,11 +110,31 @@ impl Topology {
         Ok(topology)
     }
 
-    /// The replication slots the primary keeps: one per instance other than itself.
-    pub fn replica_slots(&self) -> Vec<String> {
-        (0..self.replicas)
-            .map(|ordinal| format!("{}-{ordinal}", self.statefulset))
-            .filter(|pod| *pod != self.primary)
+    /// The instances' pod names.
+    pub fn instances(&self) -> impl Iterator<Item = String> + '_ {
+        (0..self.replicas).map(|ordinal| format!("{}-{ordinal}", self.statefulset))
+    }
+
+    /// The host name of instance `pod`: from [`Self::hosts`], else derived from the primary's
+    /// (`<primary>.<headless service>.<namespace>.svc` becomes `<pod>.<...>`).
+    pub fn host_of(&self, pod: &str) -> Option<String> {
+        if let Some(host) = self.hosts.get(pod) {
+            return Some(host.clone());
+        }
+        if pod == self.primary {
+            return Some(self.primary_host.clone());
+        }
+        let domain = self
+            .primary_host
+            .strip_prefix(self.primary.as_str())?
+            .strip_prefix('.')?;
+        Some(format!("{pod}.{domain}"))
+    }
+
+    /// The replication slots `primary` keeps: one per instance other than itself.
+    pub fn slots_kept_by(&self, primary: &str) -> Vec<String> {
+        self.instances()
+            .filter(|pod| pod != primary)
             .map(|pod| slot_name(&pod))
             .collect()
     }
@@ -197,9 +222,36 @@ mod tests {
         )
         .expect("valid");
         assert_eq!(
-            topology.replica_slots(),
+            topology.slots_kept_by(&topology.primary),
             ["pgkube_db_postgresql_0", "pgkube_db_postgresql_2"]
         );
+    }
+
+    #[test]
+    fn instance_hosts_are_derived_from_the_primarys_unless_given() {
+        let mut topology = topology(
+            r#"{"primary":"db-postgresql-1","primaryHost":"db-postgresql-1.db-postgresql-headless.ns.svc",
+                "port":5432,"replicas":3,"statefulset":"db-postgresql"}"#,
+        )
+        .expect("valid");
+        assert_eq!(
+            topology.host_of("db-postgresql-2").as_deref(),
+            Some("db-postgresql-2.db-postgresql-headless.ns.svc")
+        );
+        topology.primary_host = "10.0.0.7".to_owned();
+        assert_eq!(topology.host_of("db-postgresql-2"), None);
+        assert_eq!(
+            topology.host_of("db-postgresql-1").as_deref(),
+            Some("10.0.0.7")
+        );
+        let given = Topology::parse(
+            r#"{"primary":"a-0","primaryHost":"127.0.0.1","port":5432,"replicas":2,
+                "statefulset":"a","hosts":{"a-1":"127.0.0.2"}}"#,
+            Path::new("instance.json"),
+        )
+        .expect("valid");
+        assert_eq!(given.host_of("a-1").as_deref(), Some("127.0.0.2"));
+        assert_eq!(given.instances().collect::<Vec<_>>(), ["a-0", "a-1"]);
     }
 
     #[test]

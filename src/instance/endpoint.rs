@@ -3,7 +3,9 @@
 //! - `/healthz`: 200 while the instance manager runs. It exits when postgres dies, so liveness
 //!   never has to judge the server, and never kills one that is recovering.
 //! - `/readyz`: 200 when the server answers queries, 503 otherwise.
-//! - `/status`: the instance as JSON (role, readiness, timeline, WAL positions, streaming).
+//! - `/status`: the instance as JSON (role, readiness, timeline, WAL positions, streaming, and
+//!   on a replica the primary it follows).
+//! - `POST /control/promote`, `POST /control/follow`: the operator's orders ([`super::control`]).
 //!
 //! No Service exposes the port: it is reached at the pod's address, from inside the cluster.
 
@@ -11,12 +13,14 @@ use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
 use serde::Serialize;
 
+use super::control::{self, Control};
 use super::sql::ServerState;
 
 /// The role as the operator reads it.
@@ -42,6 +46,9 @@ pub struct InstanceStatus {
     pub replayed_lsn: Option<String>,
     pub streaming: bool,
     pub pending_restart: Vec<String>,
+    /// The pod this replica's `primary_conninfo` names; none on a primary, and on a standby
+    /// that waits to be promoted.
+    pub following: Option<String>,
 }
 
 impl InstanceStatus {
@@ -57,11 +64,12 @@ impl InstanceStatus {
             replayed_lsn: None,
             streaming: false,
             pending_restart: Vec::new(),
+            following: None,
         }
     }
 
-    /// What a server that answered reports.
-    pub fn observed(pod: &str, server: ServerState) -> Self {
+    /// What a server that answered reports; `following` counts only on a standby.
+    pub fn observed(pod: &str, server: ServerState, following: Option<&str>) -> Self {
         Self {
             pod: pod.to_owned(),
             role: if server.in_recovery {
@@ -76,6 +84,7 @@ impl InstanceStatus {
             replayed_lsn: server.replayed_lsn,
             streaming: server.streaming,
             pending_restart: server.pending_restart,
+            following: following.filter(|_| server.in_recovery).map(str::to_owned),
         }
     }
 }
@@ -83,19 +92,44 @@ impl InstanceStatus {
 /// The status the endpoint serves, updated by the supervisor.
 pub type SharedStatus = Arc<RwLock<InstanceStatus>>;
 
-/// Serves the endpoint on `address` until the task is dropped.
-pub async fn serve(address: SocketAddr, status: SharedStatus) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(address).await?;
-    tracing::info!(%address, "status endpoint listening");
-    axum::serve(listener, router(status)).await
+/// What the handlers share: the status, and the way to the supervisor.
+#[derive(Clone)]
+struct Shared {
+    status: SharedStatus,
+    control: Arc<Control>,
 }
 
-fn router(status: SharedStatus) -> Router {
+/// Serves the endpoint on `address` until the task is dropped.
+pub async fn serve(
+    address: SocketAddr,
+    status: SharedStatus,
+    control: Control,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    tracing::info!(%address, "status endpoint listening");
+    let shared = Shared {
+        status,
+        control: Arc::new(control),
+    };
+    axum::serve(listener, router(shared)).await
+}
+
+fn router(shared: Shared) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readyz))
         .route("/status", get(status_json))
-        .with_state(status)
+        .route("/control/promote", post(promote))
+        .route("/control/follow", post(follow))
+        .with_state(shared)
+}
+
+async fn promote(State(shared): State<Shared>, headers: HeaderMap) -> Response {
+    control::promote(&shared.control, snapshot(&shared.status), &headers).await
+}
+
+async fn follow(State(shared): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+    control::follow(&shared.control, &headers, &body).await
 }
 
 fn snapshot(status: &SharedStatus) -> InstanceStatus {
@@ -106,16 +140,16 @@ fn snapshot(status: &SharedStatus) -> InstanceStatus {
         .clone()
 }
 
-async fn readyz(State(status): State<SharedStatus>) -> impl IntoResponse {
-    if snapshot(&status).ready {
+async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
+    if snapshot(&shared.status).ready {
         (StatusCode::OK, "ready")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready")
     }
 }
 
-async fn status_json(State(status): State<SharedStatus>) -> impl IntoResponse {
-    match serde_json::to_string(&snapshot(&status)) {
+async fn status_json(State(shared): State<Shared>) -> impl IntoResponse {
+    match serde_json::to_string(&snapshot(&shared.status)) {
         Ok(body) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],
@@ -146,6 +180,7 @@ mod tests {
                 streaming: true,
                 pending_restart: vec![],
             },
+            Some("db-postgresql-0"),
         );
         let json = serde_json::to_value(&status).expect("serializes");
         assert_eq!(
@@ -153,9 +188,12 @@ mod tests {
             serde_json::json!({
                 "pod": "db-postgresql-1", "role": "replica", "ready": true, "timeline": 1,
                 "currentLsn": null, "receivedLsn": "0/3000148", "replayedLsn": "0/3000100",
-                "streaming": true, "pendingRestart": []
+                "streaming": true, "pendingRestart": [], "following": "db-postgresql-0"
             })
         );
+        let primary = InstanceStatus::observed("p", ServerState::default(), Some("q"));
+        assert_eq!(primary.role, ReportedRole::Primary);
+        assert_eq!(primary.following, None);
         assert_eq!(
             serde_json::to_value(InstanceStatus::starting("p")).expect("serializes")["role"],
             "starting"

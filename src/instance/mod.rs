@@ -10,25 +10,41 @@
 //! 1. Reads what the operator decided ([`desired`]): the ConfigMap's `postgresql.conf`,
 //!    `pg_hba.conf` and `instance.json` (which pod is the primary, how many instances), and the
 //!    superuser and replication Secrets.
-//! 2. Prepares the data directory ([`datadir::plan`]): the designated primary of a new cluster
-//!    runs initdb; every other instance makes its replication slot on the primary and clones it
-//!    with pg_basebackup. A replica whose slot is gone was removed from the cluster (scaled
-//!    down) or the primary is a new one: its copy is stale and is cloned again.
+//! 2. Prepares the data directory ([`datadir::plan`], carried out by [`roles`]): the designated
+//!    primary of a new cluster runs initdb; every other instance makes its replication slot on
+//!    the primary and clones it with pg_basebackup. A replica whose slot is gone was removed
+//!    from the cluster (scaled down) or the primary is a new one: its copy is stale and is
+//!    cloned again. A designated standby starts as a standby and waits for the operator's
+//!    `/control/promote`. A primary's data starts as a primary only if it is the designated
+//!    one and no other instance reports itself primary (`GET /status` of each, 2 s); else it
+//!    waits until that primary answers as one, rewinds to its history with pg_rewind (a new
+//!    clone if that fails) and starts as its standby.
 //! 3. Writes `postgresql.conf` (with the instance's `primary_conninfo` and slot on a replica)
 //!    and `pg_hba.conf` into the data directory, and starts `postgres` as its child.
 //! 4. Every `--watch-period`: re-reads the files; reloads the server when its configuration
 //!    changed and restarts it when a changed setting needs a restart; sets the role passwords
 //!    when a Secret changed (on the primary, without a restart); drops the slots of instances no
-//!    longer in the cluster, after a grace period ([`slots`]); refreshes the status served by
-//!    the [`endpoint`].
-//! 5. On SIGTERM or SIGINT: a fast shutdown, immediate once `--shutdown-timeout` has passed,
+//!    longer in the cluster, after a grace period ([`slots`]); on a replica told to follow a
+//!    new primary, makes its slot there; refreshes the status served by the [`endpoint`].
+//! 5. Carries out the operator's orders ([`control`], bearer token from `--control-dir`), one
+//!    at a time, in the same loop: `/control/promote` promotes (pg_promote, waiting up to 60 s)
+//!    and answers with the status; `/control/follow` makes a replica follow another primary
+//!    (new primary_conninfo, reload), and a primary stop cleanly and rejoin as that primary's
+//!    standby (pg_rewind when it already is a primary; else, in a switchover, on its own data).
+//!    An order is ahead of `instance.json`, which reaches the pod later: the manager acts on the
+//!    file only when the primary it names changes, and then never promotes itself — it follows
+//!    the named primary if that is another pod ([`ha`]).
+//! 6. On SIGTERM or SIGINT: a fast shutdown, immediate once `--shutdown-timeout` has passed,
 //!    then exits. SIGQUIT asks for an immediate shutdown; SIGHUP is passed on (reload). If
 //!    postgres exits by itself, so does the manager, with an error: the kubelet restarts the
 //!    container.
 
+mod control;
 mod datadir;
 mod desired;
 mod endpoint;
+mod ha;
+mod roles;
 mod server;
 mod slots;
 mod sql;
@@ -43,9 +59,11 @@ use clap::{Args, Subcommand};
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
 
-use datadir::{DataState, Role, StartPlan};
-use desired::{Desired, Sources, slot_name};
+use control::{ControlRequest, Target};
+use datadir::Role;
+use desired::{Desired, Sources};
 use endpoint::{InstanceStatus, SharedStatus};
+use ha::Designation;
 use server::{Server, Shutdown};
 
 #[derive(Subcommand)]
@@ -90,7 +108,16 @@ pub struct RunArgs {
     )]
     replication_dir: PathBuf,
 
-    /// A directory of the manager's own (the replication password file goes there).
+    /// The control Secret: `token`, which the operator's orders must bear. Without it the
+    /// control endpoints are disabled.
+    #[arg(
+        long,
+        env = "PGKUBE_CONTROL_DIR",
+        default_value = "/etc/pgkube/control"
+    )]
+    control_dir: PathBuf,
+
+    /// A directory of the manager's own (the password files go there).
     #[arg(long, env = "PGKUBE_RUN_DIR", default_value = "/controller")]
     run_dir: PathBuf,
 
@@ -171,7 +198,18 @@ enum Wakeup {
     Stop(StopRequest),
     Reload,
     ServerExited(std::io::Result<std::process::ExitStatus>),
+    Order(ControlRequest),
+    OrdersClosed,
     Tick,
+}
+
+/// What the supervisor does after handling a wakeup.
+enum Next {
+    Continue,
+    /// Changed settings need a restart.
+    Restart,
+    /// Become a standby of this primary (an order, or instance.json).
+    Follow(Target),
 }
 
 /// The signals the manager handles, as PID 1 must (the kernel ignores unhandled ones for it).
@@ -216,86 +254,39 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
     let mut signals = Signals::install().context("cannot handle signals")?;
     let status: SharedStatus = Arc::new(RwLock::new(InstanceStatus::starting(&args.pod_name)));
     let address = SocketAddr::new(args.status_address, args.status_port);
-    let endpoint = tokio::spawn(endpoint::serve(address, status.clone()));
+    let (requests, orders) = tokio::sync::mpsc::channel(control::QUEUE);
+    let control = control::Control {
+        token_file: args.control_dir.join("token"),
+        pod: args.pod_name.clone(),
+        requests,
+    };
+    let endpoint = tokio::spawn(endpoint::serve(address, status.clone(), control));
     let sources = Sources {
         config_dir: args.config_dir.clone(),
         superuser_dir: args.superuser_dir.clone(),
         replication_dir: args.replication_dir.clone(),
     };
     let desired = Desired::load(&sources)?;
-    let prepared = tokio::select! {
-        prepared = prepare(&args, &desired) => prepared?,
-        request = signals.stop_requested() => {
-            tracing::info!(?request, "stopping before the server started");
-            return Ok(());
-        }
-    };
-    let server = Server::start(&args.pgdata).context("cannot start postgres")?;
-    let slot_reaper = slots::SlotReaper::new(args.slot_drop_grace);
     let mut instance = Instance {
+        slot_reaper: slots::SlotReaper::new(args.slot_drop_grace),
         args,
         sources,
         status,
-        role: prepared.role,
-        floors: prepared.floors,
+        role: Role::Replica,
+        upstream: None,
+        slot_on_upstream: true,
+        floors: Vec::new(),
         applied: desired,
         credentials_applied: false,
         changed_since_start: false,
         reload_pending: false,
-        slot_reaper,
         client: None,
+        orders,
+        orders_open: true,
     };
-    let result = instance.run(server, &mut signals).await;
+    let result = instance.start_and_run(&mut signals).await;
     endpoint.abort();
     result
-}
-
-/// Makes the data directory ready for `postgres` and returns the role it starts in.
-async fn prepare(args: &RunArgs, desired: &Desired) -> anyhow::Result<Prepared> {
-    let pgpass_file = args.run_dir.join("pgpass");
-    datadir::write_file(&pgpass_file, &datadir::pgpass(&desired.replication), 0o600)?;
-    let topology = &desired.topology;
-    let state = DataState::of(&args.pgdata);
-    let plan = datadir::plan(&args.pod_name, &topology.primary, state);
-    tracing::info!(?state, ?plan, primary = %topology.primary, "starting");
-    match plan {
-        StartPlan::Initdb => {
-            let partial = args.pgdata.with_extension("initdb");
-            datadir::remove_dir(&partial)?;
-            datadir::initdb(&partial, &desired.superuser).await?;
-            std::fs::rename(&partial, &args.pgdata)
-                .with_context(|| format!("cannot move {} in place", partial.display()))?;
-        }
-        StartPlan::Clone => clone(args, desired, &pgpass_file).await?,
-        StartPlan::Follow => {
-            if slot_is_gone(args, desired).await {
-                tracing::warn!(
-                    slot = %slot_name(&args.pod_name),
-                    "this replica's slot is gone from the primary (the instance was removed, or the primary is a new one): its copy is stale and is cloned again"
-                );
-                datadir::remove_dir(&args.pgdata)?;
-                clone(args, desired, &pgpass_file).await?;
-            }
-        }
-        StartPlan::Demote => tracing::warn!(
-            primary = %topology.primary,
-            "this instance holds a primary's data but is not the primary: it starts as a standby and never takes writes"
-        ),
-        StartPlan::Promote => tracing::warn!("this standby is the designated primary: promoting"),
-        StartPlan::RunPrimary => {}
-    }
-    let role = plan.role();
-    datadir::set_standby(&args.pgdata, role == Role::Replica)?;
-    let floors = floors(role, &args.pgdata, desired).await?;
-    let config = datadir::server_config(desired, &args.pod_name, role, &pgpass_file, &floors);
-    datadir::write_config(&args.pgdata, &config, &desired.pg_hba_conf)?;
-    Ok(Prepared { role, floors })
-}
-
-/// The role an instance starts in, and the settings it keeps higher than asked.
-struct Prepared {
-    role: Role,
-    floors: Vec<datadir::Floor>,
 }
 
 /// A replica's settings that must stay at what its primary ran with ([`datadir::standby_floors`]).
@@ -311,66 +302,18 @@ async fn floors(
     Ok(datadir::standby_floors(&desired.postgresql_conf, &recorded))
 }
 
-/// A new copy of the primary, with this instance's slot made first so that the primary keeps
-/// the WAL the copy needs from its first byte on.
-async fn clone(args: &RunArgs, desired: &Desired, pgpass_file: &Path) -> anyhow::Result<()> {
-    let slot = slot_name(&args.pod_name);
-    let client = wait_for_primary(args, desired).await;
-    if !sql::slot_exists(&client, &slot).await? {
-        sql::create_slot(&client, &slot).await?;
-    }
-    datadir::clone_primary(
-        &args.pgdata,
-        &desired.topology,
-        &args.pod_name,
-        pgpass_file,
-        &desired.replication,
-    )
-    .await?;
-    Ok(())
-}
-
-/// Connects to the primary, retrying until it answers (it may still be starting).
-async fn wait_for_primary(args: &RunArgs, desired: &Desired) -> tokio_postgres::Client {
-    let mut attempts: u64 = 0;
-    loop {
-        match sql::connect_primary(&desired.topology, &desired.replication, &args.pod_name).await {
-            Ok(client) => return client,
-            Err(error) => {
-                // Once, then every minute or so: a primary that takes a while is not news.
-                if attempts.is_multiple_of(30) {
-                    tracing::warn!(host = %desired.topology.primary_host, %error, "waiting for the primary");
-                }
-                attempts += 1;
-                tokio::time::sleep(Duration::from_secs(2)).await;
-            }
-        }
-    }
-}
-
-/// Whether the primary answered and has no slot for this replica. A primary that does not
-/// answer within a while proves nothing: the replica starts on its data and streams later.
-async fn slot_is_gone(args: &RunArgs, desired: &Desired) -> bool {
-    let wait = tokio::time::timeout(Duration::from_secs(30), wait_for_primary(args, desired));
-    let Ok(client) = wait.await else {
-        tracing::warn!("the primary does not answer; starting on the existing data");
-        return false;
-    };
-    match sql::slot_exists(&client, &slot_name(&args.pod_name)).await {
-        Ok(exists) => !exists,
-        Err(error) => {
-            tracing::warn!(%error, "cannot look up this replica's slot; starting on the existing data");
-            false
-        }
-    }
-}
-
 /// A running instance and what has been applied to it.
 struct Instance {
     args: RunArgs,
     sources: Sources,
     status: SharedStatus,
     role: Role,
+    /// The primary a replica follows: whom its primary_conninfo names. None on a primary, and
+    /// on a designated standby waiting for `/control/promote`. The operator's orders set it
+    /// ahead of `instance.json`, which reaches the pod later.
+    upstream: Option<Target>,
+    /// Whether this replica's slot is known to exist on its upstream; made each tick until so.
+    slot_on_upstream: bool,
     /// Settings kept higher than the files ask ([`datadir::standby_floors`]).
     floors: Vec<datadir::Floor>,
     /// The files as last applied.
@@ -385,9 +328,25 @@ struct Instance {
     /// On the primary: when the slots of removed instances go.
     slot_reaper: slots::SlotReaper,
     client: Option<Arc<tokio_postgres::Client>>,
+    /// The operator's orders, from the control endpoints.
+    orders: tokio::sync::mpsc::Receiver<ControlRequest>,
+    /// False once the endpoint is gone (it could not listen): no order comes any more.
+    orders_open: bool,
 }
 
 impl Instance {
+    /// Prepares the data directory, starts the server and supervises it until asked to stop.
+    async fn start_and_run(&mut self, signals: &mut Signals) -> anyhow::Result<()> {
+        let server = tokio::select! {
+            server = self.prepare() => server?,
+            request = signals.stop_requested() => {
+                tracing::info!(?request, "stopping before the server started");
+                return Ok(());
+            }
+        };
+        self.run(server, signals).await
+    }
+
     async fn run(&mut self, mut server: Server, signals: &mut Signals) -> anyhow::Result<()> {
         let mut ticker = tokio::time::interval(self.args.watch_period);
         loop {
@@ -397,31 +356,56 @@ impl Instance {
                     None => Wakeup::Reload,
                 },
                 exit = server.exited() => Wakeup::ServerExited(exit),
+                order = self.orders.recv(), if self.orders_open => match order {
+                    Some(order) => Wakeup::Order(order),
+                    None => Wakeup::OrdersClosed,
+                },
                 _ = ticker.tick() => Wakeup::Tick,
             };
-            match wakeup {
+            let next = match wakeup {
                 Wakeup::Stop(request) => return self.stop(server, request).await,
-                Wakeup::Reload => server.signal(Signal::SIGHUP),
+                Wakeup::Reload => {
+                    server.signal(Signal::SIGHUP);
+                    Next::Continue
+                }
                 Wakeup::ServerExited(exit) => {
                     self.set_status(InstanceStatus::starting(&self.args.pod_name));
                     anyhow::bail!("postgres exited by itself ({exit:?})");
                 }
-                Wakeup::Tick => {
-                    if self.tick().await {
-                        server = self.restart(server).await?;
-                    }
+                Wakeup::OrdersClosed => {
+                    tracing::error!("the control endpoint is gone; no order can come");
+                    self.orders_open = false;
+                    Next::Continue
                 }
-            }
+                Wakeup::Order(ControlRequest::Promote(reply)) => {
+                    // The endpoint may have given up waiting; the promotion stands anyway.
+                    let _ = reply.send(self.promote().await);
+                    Next::Continue
+                }
+                Wakeup::Order(ControlRequest::Follow(target)) => Next::Follow(target),
+                Wakeup::Tick => self.tick().await,
+            };
+            server = match next {
+                Next::Continue => server,
+                Next::Restart => self.restart(server).await?,
+                Next::Follow(target) => match self.follow(server, target, signals).await? {
+                    Some(server) => server,
+                    None => return Ok(()),
+                },
+            };
         }
     }
 
-    /// One look at the files and the server; true when the server must restart.
-    async fn tick(&mut self) -> bool {
-        self.apply_files();
+    /// One look at the files and the server: what to do next.
+    async fn tick(&mut self) -> Next {
+        if let Some(target) = self.apply_files() {
+            return Next::Follow(target);
+        }
         self.update_floors().await;
+        self.ensure_upstream_slot().await;
         let Some(client) = self.client().await else {
             self.set_status(InstanceStatus::starting(&self.args.pod_name));
-            return false;
+            return Next::Continue;
         };
         if let Err(error) = self.apply_to_server(&client).await {
             tracing::warn!(%error, "cannot apply the desired state to the server");
@@ -433,15 +417,31 @@ impl Instance {
                 if restart {
                     tracing::info!(settings = ?state.pending_restart, "changed settings need a restart");
                 }
-                self.set_status(InstanceStatus::observed(&self.args.pod_name, state));
-                restart
+                self.set_status(InstanceStatus::observed(
+                    &self.args.pod_name,
+                    state,
+                    self.following(),
+                ));
+                if restart {
+                    Next::Restart
+                } else {
+                    Next::Continue
+                }
             }
             Err(error) => {
                 tracing::debug!(%error, "cannot observe the server");
                 self.client = None;
                 self.set_status(InstanceStatus::starting(&self.args.pod_name));
-                false
+                Next::Continue
             }
+        }
+    }
+
+    /// The pod this replica's primary_conninfo names.
+    fn following(&self) -> Option<&str> {
+        match self.role {
+            Role::Primary => None,
+            Role::Replica => self.upstream.as_ref().map(|target| target.pod.as_str()),
         }
     }
 
@@ -465,25 +465,36 @@ impl Instance {
         }
     }
 
-    /// Re-reads the mounted files and writes what changed into the data directory.
-    fn apply_files(&mut self) {
+    /// Re-reads the mounted files and writes what changed into the data directory; the primary
+    /// to follow when instance.json names another one ([`ha::on_new_designation`]).
+    fn apply_files(&mut self) -> Option<Target> {
         let desired = match Desired::load(&self.sources) {
             Ok(desired) => desired,
             Err(error) => {
                 tracing::warn!(%error, "keeping the settings last read");
-                return;
+                return None;
             }
         };
         if desired == self.applied {
-            return;
+            return None;
         }
         if let Err(error) = self.write_files(&desired) {
             tracing::warn!(%error, "cannot write the new settings");
-            return;
+            return None;
         }
+        let mut follow = None;
         if desired.topology.primary != self.applied.topology.primary {
-            // Moving the primary (switchover, failover) is not this manager's job yet.
-            tracing::warn!(primary = %desired.topology.primary, "the designated primary changed; this instance keeps its role until it restarts");
+            let pod = &self.args.pod_name;
+            match ha::on_new_designation(pod, self.role, self.following(), &desired.topology) {
+                Designation::Keep => {}
+                Designation::WaitForPromote => tracing::info!(
+                    "instance.json names this standby the primary; only /control/promote promotes it"
+                ),
+                Designation::Follow(target) => {
+                    tracing::info!(primary = %target.pod, "instance.json names another primary");
+                    follow = Some(target);
+                }
+            }
         }
         if desired.superuser != self.applied.superuser
             || desired.replication != self.applied.replication
@@ -491,15 +502,19 @@ impl Instance {
             self.credentials_applied = false;
         }
         self.applied = desired;
+        follow
     }
 
     fn write_files(&mut self, desired: &Desired) -> anyhow::Result<()> {
-        let pgpass_file = self.args.run_dir.join("pgpass");
-        datadir::write_file(&pgpass_file, &datadir::pgpass(&desired.replication), 0o600)?;
+        let pgpass_file = self.write_passfiles(desired)?;
+        let upstream = match self.role {
+            Role::Primary => None,
+            Role::Replica => self.upstream.as_ref().map(|target| target.host.as_str()),
+        };
         let config = datadir::server_config(
             desired,
             &self.args.pod_name,
-            self.role,
+            upstream,
             &pgpass_file,
             &self.floors,
         );
@@ -531,7 +546,7 @@ impl Instance {
             tracing::info!("role passwords set from the Secrets");
             self.credentials_applied = true;
         }
-        let wanted = self.applied.topology.replica_slots();
+        let wanted = self.applied.topology.slots_kept_by(&self.args.pod_name);
         let unwanted = sql::unwanted_slots(client, &wanted).await?;
         for slot in self.slot_reaper.due(&unwanted, std::time::Instant::now()) {
             sql::drop_slot(client, &slot).await?;

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde::Serialize;
 use tokio_postgres::{Client, Config, NoTls};
 
-use super::desired::{Credentials, Topology, is_managed_slot};
+use super::desired::{Credentials, is_managed_slot};
 
 /// How long one connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -44,18 +44,20 @@ pub async fn connect_local(
     connect(&config).await
 }
 
-/// The primary, as the replication role.
-pub async fn connect_primary(
-    topology: &Topology,
-    replication: &Credentials,
+/// Another instance (the primary, or the one that is to be), as `credentials` (the replication
+/// role, or the superuser for a look at its role).
+pub async fn connect_remote(
+    host: &str,
+    port: u16,
+    credentials: &Credentials,
     application_name: &str,
 ) -> Result<Client, tokio_postgres::Error> {
     let mut config = Config::new();
     config
-        .host(&topology.primary_host)
-        .port(topology.port)
-        .user(&replication.username)
-        .password(&replication.password)
+        .host(host)
+        .port(port)
+        .user(&credentials.username)
+        .password(&credentials.password)
         .dbname("postgres")
         .application_name(application_name)
         .connect_timeout(CONNECT_TIMEOUT);
@@ -102,6 +104,23 @@ pub async fn observe(client: &Client) -> Result<ServerState, tokio_postgres::Err
         streaming: row.try_get(5)?,
         pending_restart: row.try_get(6)?,
     })
+}
+
+/// Whether the server is a standby (in recovery).
+pub async fn in_recovery(client: &Client) -> Result<bool, tokio_postgres::Error> {
+    client
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await?
+        .try_get(0)
+}
+
+/// Promotes a standby and waits up to a minute for it to take writes; false when it did not
+/// finish in that time (the server goes on with it).
+pub async fn promote(client: &Client) -> Result<bool, tokio_postgres::Error> {
+    client
+        .query_one("SELECT pg_promote(wait => true, wait_seconds => 60)", &[])
+        .await?
+        .try_get(0)
 }
 
 /// Re-reads the configuration files.

@@ -1,0 +1,227 @@
+//! The control endpoints, through which the operator moves the primary (issue 16):
+//!
+//! - `POST /control/promote` (body `{}`): the standby becomes the primary. The answer comes
+//!   after the promotion: 200 with the `/status` body, or 409 with `{"message": ...}` when the
+//!   server is not running or the promotion failed. Idempotent on a primary.
+//! - `POST /control/follow` (body `{"primary": "<pod>", "primaryHost": "<host>"}`): become, or
+//!   stay, a standby of that primary. 202 at once; the supervisor does the work (a primary shuts
+//!   down, rewinds or clones, and starts as a standby).
+//!
+//! Both need `Authorization: Bearer <token>`, the token being the file `token` of the control
+//! directory (mounted from the cluster's control Secret): 401 without it or with another, 403
+//! when no token is mounted (control disabled). The token is read at every request, so a
+//! rotated Secret takes effect without a restart, and compared in constant time.
+//!
+//! The handlers only check and pass the request on: the supervisor loop owns the server and
+//! does everything to it, in order ([`ControlRequest`]).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use tokio::sync::{mpsc, oneshot};
+
+use super::endpoint::{InstanceStatus, ReportedRole};
+
+/// How long a promotion may take before the endpoint gives up waiting: the server's own wait
+/// (60 s) and some.
+const PROMOTE_ANSWER_TIMEOUT: Duration = Duration::from_secs(90);
+/// Requests waiting for the supervisor; more are refused with 503 (the operator retries).
+pub const QUEUE: usize = 16;
+
+/// An instance to follow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// Its pod name.
+    pub pod: String,
+    /// Its host name (the PostgreSQL port is the cluster's).
+    pub host: String,
+}
+
+/// What the endpoint asks of the supervisor.
+#[derive(Debug)]
+pub enum ControlRequest {
+    /// Promote; the answer is the status after the promotion, or why it did not happen.
+    Promote(oneshot::Sender<Result<InstanceStatus, String>>),
+    /// Become or stay a standby of this primary.
+    Follow(Target),
+}
+
+/// What the control endpoints need.
+#[derive(Debug)]
+pub struct Control {
+    pub token_file: PathBuf,
+    pub pod: String,
+    pub requests: mpsc::Sender<ControlRequest>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FollowBody {
+    primary: String,
+    primary_host: String,
+}
+
+/// `POST /control/promote`.
+pub async fn promote(control: &Control, status: InstanceStatus, headers: &HeaderMap) -> Response {
+    if let Err((code, why)) = authorize(&control.token_file, headers) {
+        return message(code, why);
+    }
+    if status.role == ReportedRole::Starting {
+        return message(StatusCode::CONFLICT, "the server is not running");
+    }
+    let (reply, answer) = oneshot::channel();
+    if control
+        .requests
+        .try_send(ControlRequest::Promote(reply))
+        .is_err()
+    {
+        return message(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the instance manager is busy",
+        );
+    }
+    match tokio::time::timeout(PROMOTE_ANSWER_TIMEOUT, answer).await {
+        Ok(Ok(Ok(status))) => json(StatusCode::OK, &status),
+        Ok(Ok(Err(why))) => message(StatusCode::CONFLICT, &why),
+        Ok(Err(_)) => message(StatusCode::CONFLICT, "the instance manager is stopping"),
+        Err(_) => message(StatusCode::CONFLICT, "the promotion did not finish in time"),
+    }
+}
+
+/// `POST /control/follow`.
+pub async fn follow(control: &Control, headers: &HeaderMap, body: &[u8]) -> Response {
+    if let Err((code, why)) = authorize(&control.token_file, headers) {
+        return message(code, why);
+    }
+    let body: FollowBody = match serde_json::from_slice(body) {
+        Ok(body) => body,
+        Err(error) => return message(StatusCode::BAD_REQUEST, &format!("bad body: {error}")),
+    };
+    if body.primary.is_empty() || body.primary_host.is_empty() {
+        return message(
+            StatusCode::BAD_REQUEST,
+            "primary and primaryHost must not be empty",
+        );
+    }
+    if body.primary == control.pod {
+        return message(
+            StatusCode::BAD_REQUEST,
+            "an instance cannot follow itself; /control/promote makes it the primary",
+        );
+    }
+    let target = Target {
+        pod: body.primary,
+        host: body.primary_host,
+    };
+    let text = format!("following {}", target.pod);
+    match control.requests.try_send(ControlRequest::Follow(target)) {
+        Ok(()) => message(StatusCode::ACCEPTED, &text),
+        Err(_) => message(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the instance manager is busy",
+        ),
+    }
+}
+
+/// Whether the request carries the mounted token; the code and message to answer when not.
+fn authorize(token_file: &Path, headers: &HeaderMap) -> Result<(), (StatusCode, &'static str)> {
+    let token = match std::fs::read_to_string(token_file) {
+        Ok(token) => token.trim().to_owned(),
+        Err(error) => {
+            if error.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(%error, file = %token_file.display(), "cannot read the control token");
+            }
+            String::new()
+        }
+    };
+    if token.is_empty() {
+        return Err((
+            StatusCode::FORBIDDEN,
+            "control is disabled: no token is mounted (the cluster's control Secret)",
+        ));
+    }
+    let offered = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    if constant_time_eq(offered.trim().as_bytes(), token.as_bytes()) {
+        Ok(())
+    } else {
+        Err((StatusCode::UNAUTHORIZED, "a valid bearer token is required"))
+    }
+}
+
+/// Compares without stopping at the first difference, so that the time taken tells nothing
+/// about how much of a guess was right. (The length may show; the operator's tokens all have
+/// the same.)
+fn constant_time_eq(offered: &[u8], expected: &[u8]) -> bool {
+    if offered.len() != expected.len() {
+        return false;
+    }
+    let difference = offered
+        .iter()
+        .zip(expected)
+        .fold(0u8, |acc, (a, b)| acc | (a ^ b));
+    // Keeps the compiler from turning the fold into an early exit.
+    std::hint::black_box(difference) == 0
+}
+
+fn message(code: StatusCode, text: &str) -> Response {
+    json(code, &serde_json::json!({ "message": text }))
+}
+
+fn json(code: StatusCode, body: &impl serde::Serialize) -> Response {
+    match serde_json::to_string(body) {
+        Ok(body) => (code, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn headers(authorization: Option<&str>) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        if let Some(value) = authorization {
+            headers.insert(
+                header::AUTHORIZATION,
+                HeaderValue::from_str(value).expect("header"),
+            );
+        }
+        headers
+    }
+
+    #[test]
+    fn only_the_mounted_token_is_accepted_and_no_token_disables_control() {
+        let dir = std::env::temp_dir().join(format!("pgkube-control-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let file = dir.join("token");
+        let code = |authorization| match authorize(&file, &headers(authorization)) {
+            Ok(()) => StatusCode::OK,
+            Err((code, _)) => code,
+        };
+        assert_eq!(code(Some("Bearer abc")), StatusCode::FORBIDDEN);
+        std::fs::write(&file, "abc\n").expect("token");
+        assert_eq!(code(Some("Bearer abc")), StatusCode::OK);
+        assert_eq!(code(Some("Bearer abd")), StatusCode::UNAUTHORIZED);
+        assert_eq!(code(Some("Bearer ab")), StatusCode::UNAUTHORIZED);
+        assert_eq!(code(Some("Basic abc")), StatusCode::UNAUTHORIZED);
+        assert_eq!(code(None), StatusCode::UNAUTHORIZED);
+        std::fs::write(&file, "").expect("empty token");
+        assert_eq!(code(Some("Bearer ")), StatusCode::FORBIDDEN);
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
+
+    #[test]
+    fn equal_bytes_compare_equal_and_any_difference_does_not() {
+        assert!(constant_time_eq(b"0123abcd", b"0123abcd"));
+        assert!(!constant_time_eq(b"0123abcd", b"0123abce"));
+        assert!(!constant_time_eq(b"", b"x"));
+    }
+}

@@ -1,0 +1,449 @@
+//! How an instance takes its role: at start (from the data directory and `instance.json`,
+//! [`datadir::plan`]) and on the operator's orders (`/control/promote`, `/control/follow`).
+//!
+//! - A designated standby (plan Promote) starts as a standby following no one and waits for
+//!   `/control/promote`.
+//! - A primary's data that is not the designated primary's (plan Demote), or whose instance
+//!   finds another instance reporting itself primary at start, waits for that primary, rewinds
+//!   to its history with pg_rewind (a new clone when that fails) and starts as its standby.
+//! - A replica told to follow another primary rewrites its primary_conninfo and reloads, and
+//!   makes its slot on the new primary (each tick until it exists: the new primary may still
+//!   be a standby, where a slot can be made too and survives the promotion).
+//! - A running primary told to follow shuts down cleanly; if the new primary already answers
+//!   as a primary (failover) it rewinds to it, else (switchover: the target is promoted only
+//!   once this one reports replica) it starts as a standby on its own data, which ends at its
+//!   last WAL, sent to the target before the shutdown finished.
+//!
+//! A former primary's replication slots are removed before it starts as a standby: nobody
+//! streams from a standby here, and they would keep WAL forever.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+
+use super::control::Target;
+use super::datadir::{self, DataState, Role, StartPlan};
+use super::desired::slot_name;
+use super::endpoint::InstanceStatus;
+use super::ha::{self, Rejoin, Wait};
+use super::server::{Server, Shutdown};
+use super::{ControlRequest, Instance, Signals, floors, sql};
+
+/// How long a look at another instance (its `/status`, or a connection to it) may take.
+const PEER_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often a former primary asks again whether the new primary answers.
+const REJOIN_RETRY: Duration = Duration::from_secs(2);
+
+impl Instance {
+    /// Makes the data directory ready, decides the role and starts `postgres`.
+    pub(super) async fn prepare(&mut self) -> anyhow::Result<Server> {
+        self.write_passfiles(&self.applied.clone())?;
+        let topology = self.applied.topology.clone();
+        let state = DataState::of(&self.args.pgdata);
+        let plan = datadir::plan(&self.args.pod_name, &topology.primary, state);
+        tracing::info!(?state, ?plan, primary = %topology.primary, "starting");
+        let designated = Target {
+            pod: topology.primary.clone(),
+            host: topology.primary_host.clone(),
+        };
+        self.role = plan.role();
+        match plan {
+            StartPlan::Initdb => self.initdb().await?,
+            StartPlan::Clone => {
+                self.upstream = Some(designated);
+                self.clone_upstream().await?;
+            }
+            StartPlan::Follow => {
+                self.upstream = Some(designated);
+                self.reclone_if_slot_gone().await?;
+            }
+            StartPlan::Promote => tracing::warn!(
+                "this standby is the designated primary: it starts as a standby and waits for the operator's /control/promote"
+            ),
+            StartPlan::RunPrimary => {
+                // A stale instance.json may name this instance still: the operator may have
+                // moved the primary while it was away.
+                if let Some(peer) = self.primary_peer().await {
+                    tracing::warn!(primary = %peer.pod, "another instance reports itself primary: this one does not start as a primary but rejoins as its standby");
+                    self.rejoin_stopped(peer, Wait::ForPrimary).await?;
+                }
+            }
+            StartPlan::Demote => {
+                tracing::warn!(primary = %designated.pod, "this instance holds a primary's data but is not the primary: it rejoins as the primary's standby and never takes writes");
+                self.rejoin_stopped(designated, Wait::ForPrimary).await?;
+            }
+        }
+        self.start_server().await
+    }
+
+    /// Writes the standby marker, the floors and the configuration, and starts `postgres`.
+    async fn start_server(&mut self) -> anyhow::Result<Server> {
+        let pgdata = &self.args.pgdata;
+        datadir::set_standby(pgdata, self.role == Role::Replica)?;
+        self.floors = floors(self.role, pgdata, &self.applied).await?;
+        let desired = self.applied.clone();
+        self.write_files(&desired)?;
+        // The server reads the files as they are now: nothing to reload or restart for.
+        self.changed_since_start = false;
+        self.reload_pending = false;
+        self.credentials_applied = false;
+        self.client = None;
+        Server::start(&self.args.pgdata).context("cannot start postgres")
+    }
+
+    /// The replication and superuser password files; returns the replication one's path.
+    pub(super) fn write_passfiles(
+        &self,
+        desired: &super::Desired,
+    ) -> anyhow::Result<std::path::PathBuf> {
+        let replication = self.args.run_dir.join("pgpass");
+        datadir::write_file(&replication, &datadir::pgpass(&desired.replication), 0o600)?;
+        let superuser = self.args.run_dir.join("pgpass-superuser");
+        datadir::write_file(&superuser, &datadir::pgpass(&desired.superuser), 0o600)?;
+        Ok(replication)
+    }
+
+    async fn initdb(&mut self) -> anyhow::Result<()> {
+        let partial = self.args.pgdata.with_extension("initdb");
+        datadir::remove_dir(&partial)?;
+        datadir::initdb(&partial, &self.applied.superuser).await?;
+        std::fs::rename(&partial, &self.args.pgdata)
+            .with_context(|| format!("cannot move {} in place", partial.display()))
+    }
+
+    /// A new copy of the upstream, with this instance's slot made first so that the primary
+    /// keeps the WAL the copy needs from its first byte on.
+    async fn clone_upstream(&mut self) -> anyhow::Result<()> {
+        let target = self.upstream.clone().context("no primary to clone")?;
+        let client = self.wait_for(&target).await;
+        let slot = slot_name(&self.args.pod_name);
+        if !sql::slot_exists(&client, &slot).await? {
+            sql::create_slot(&client, &slot).await?;
+        }
+        self.slot_on_upstream = true;
+        datadir::clone_primary(
+            &self.args.pgdata,
+            &target.host,
+            self.applied.topology.port,
+            &self.args.pod_name,
+            &self.args.run_dir.join("pgpass"),
+            &self.applied.replication,
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Connects to `target` as the replication role, retrying until it answers.
+    async fn wait_for(&self, target: &Target) -> tokio_postgres::Client {
+        let mut attempts: u64 = 0;
+        loop {
+            match self.connect_replication(&target.host).await {
+                Ok(client) => return client,
+                Err(error) => {
+                    // Once, then every minute or so: a primary that takes a while is not news.
+                    if attempts.is_multiple_of(30) {
+                        tracing::warn!(host = %target.host, %error, "waiting for the primary");
+                    }
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+            }
+        }
+    }
+
+    async fn connect_replication(&self, host: &str) -> anyhow::Result<tokio_postgres::Client> {
+        let connect = sql::connect_remote(
+            host,
+            self.applied.topology.port,
+            &self.applied.replication,
+            &self.args.pod_name,
+        );
+        Ok(tokio::time::timeout(PEER_TIMEOUT * 3, connect).await??)
+    }
+
+    /// A replica whose slot is gone from the primary was removed from the cluster (scaled
+    /// down) or the primary is a new one: its copy is stale and is cloned again. A primary that
+    /// does not answer within a while proves nothing: the replica starts on its data.
+    async fn reclone_if_slot_gone(&mut self) -> anyhow::Result<()> {
+        let Some(target) = self.upstream.clone() else {
+            return Ok(());
+        };
+        let wait = tokio::time::timeout(Duration::from_secs(30), self.wait_for(&target));
+        let Ok(client) = wait.await else {
+            tracing::warn!("the primary does not answer; starting on the existing data");
+            return Ok(());
+        };
+        let slot = slot_name(&self.args.pod_name);
+        match sql::slot_exists(&client, &slot).await {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                tracing::warn!(%slot, "this replica's slot is gone from the primary (the instance was removed, or the primary is a new one): its copy is stale and is cloned again");
+                datadir::remove_dir(&self.args.pgdata)?;
+                self.clone_upstream().await
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot look up this replica's slot; starting on the existing data");
+                Ok(())
+            }
+        }
+    }
+
+    /// Another instance whose `/status` says it is a primary (each asked for at most
+    /// [`PEER_TIMEOUT`]).
+    async fn primary_peer(&self) -> Option<Target> {
+        let client = reqwest::Client::builder()
+            .timeout(PEER_TIMEOUT)
+            .build()
+            .inspect_err(|error| tracing::warn!(%error, "cannot make an HTTP client"))
+            .ok()?;
+        let topology = &self.applied.topology;
+        for pod in topology.instances() {
+            if pod == self.args.pod_name {
+                continue;
+            }
+            let Some(host) = topology.host_of(&pod) else {
+                tracing::warn!(%pod, "cannot tell this instance's host; not asking it");
+                continue;
+            };
+            let url = format!("http://{host}:{}/status", self.args.status_port);
+            let body = match client.get(&url).send().await {
+                Ok(response) => response.text().await.unwrap_or_default(),
+                Err(error) => {
+                    tracing::info!(%pod, %error, "no status from this instance");
+                    continue;
+                }
+            };
+            if ha::reports_primary(&body) {
+                return Some(Target { pod, host });
+            }
+        }
+        None
+    }
+
+    /// Turns the stopped server's data (a primary's) into a standby's of `target`: waits as
+    /// `wait` says, then rewinds or not ([`ha::rejoin_path`]). Orders that come meanwhile
+    /// change the target.
+    async fn rejoin_stopped(&mut self, mut target: Target, wait: Wait) -> anyhow::Result<()> {
+        // Made on the new primary by the rewind or the clone, else by the ticks that follow.
+        self.slot_on_upstream = false;
+        let mut attempts: u64 = 0;
+        let path = loop {
+            let answer = self.target_in_recovery(&target).await;
+            if let Some(path) = ha::rejoin_path(answer, wait) {
+                break path;
+            }
+            if attempts.is_multiple_of(15) {
+                tracing::info!(primary = %target.pod, ?answer, ?wait, "waiting for the new primary before rejoining");
+            }
+            attempts += 1;
+            target = self.wait_for_orders(target).await;
+        };
+        let pgdata = &self.args.pgdata;
+        match path {
+            Rejoin::Standby => {
+                // Marked at once: a crash from here on restarts as a standby.
+                datadir::set_standby(pgdata, true)?;
+                tracing::info!(primary = %target.pod, "the new primary is still a standby (switchover): starting as its standby on this instance's data");
+            }
+            Rejoin::Rewind => self.rewind_to(&target).await?,
+        }
+        datadir::remove_slots(&self.args.pgdata)?;
+        self.role = Role::Replica;
+        self.upstream = Some(target);
+        Ok(())
+    }
+
+    /// Whether `target` answers, as the superuser, and is in recovery.
+    async fn target_in_recovery(&self, target: &Target) -> Option<bool> {
+        let connect = sql::connect_remote(
+            &target.host,
+            self.applied.topology.port,
+            &self.applied.superuser,
+            &self.args.pod_name,
+        );
+        let client = tokio::time::timeout(PEER_TIMEOUT * 3, connect)
+            .await
+            .ok()?
+            .inspect_err(|error| tracing::debug!(%error, host = %target.host, "no answer"))
+            .ok()?;
+        sql::in_recovery(&client).await.ok()
+    }
+
+    /// Waits [`REJOIN_RETRY`] for orders while the server is stopped: a follow order changes the
+    /// target, a promotion is refused.
+    async fn wait_for_orders(&mut self, target: Target) -> Target {
+        let sleep = tokio::time::sleep(REJOIN_RETRY);
+        tokio::pin!(sleep);
+        let mut target = target;
+        loop {
+            tokio::select! {
+                _ = &mut sleep => return self.retarget_from_file(target),
+                order = self.orders.recv(), if self.orders_open => match order {
+                    Some(ControlRequest::Follow(next)) => target = next,
+                    Some(ControlRequest::Promote(reply)) => {
+                        let _ = reply.send(Err("the server is not running: this instance is rejoining as a standby".to_owned()));
+                    }
+                    None => self.orders_open = false,
+                },
+            }
+        }
+    }
+
+    /// instance.json, read again while waiting: when it names another primary than before (and
+    /// not this instance), that one is the target.
+    fn retarget_from_file(&mut self, target: Target) -> Target {
+        let Ok(desired) = super::Desired::load(&self.sources) else {
+            return target;
+        };
+        let changed = desired.topology.primary != self.applied.topology.primary;
+        let named = Target {
+            pod: desired.topology.primary.clone(),
+            host: desired.topology.primary_host.clone(),
+        };
+        // The files are written when the server starts.
+        self.applied = desired;
+        if changed && named.pod != self.args.pod_name && named != target {
+            tracing::info!(primary = %named.pod, "instance.json names another primary");
+            return named;
+        }
+        target
+    }
+
+    /// pg_rewind to `target`'s history, with this instance's slot made on it first so that it
+    /// keeps the WAL from then on; a new clone when the rewind fails.
+    async fn rewind_to(&mut self, target: &Target) -> anyhow::Result<()> {
+        self.slot_on_upstream = self.make_slot_on(&target.host).await.is_ok();
+        self.write_passfiles(&self.applied.clone())?;
+        let conninfo = datadir::superuser_conninfo(
+            &target.host,
+            self.applied.topology.port,
+            &self.applied.superuser,
+            &self.args.pod_name,
+            &self.args.run_dir.join("pgpass-superuser"),
+        );
+        tracing::info!(primary = %target.pod, "rewinding to the new primary's history");
+        match datadir::rewind(&self.args.pgdata, &conninfo).await {
+            Ok(()) => {
+                tracing::info!(primary = %target.pod, "rewound");
+                // pg_rewind copies the source's files, standby.signal never among them.
+                datadir::set_standby(&self.args.pgdata, true)?;
+                Ok(())
+            }
+            Err(error) => {
+                tracing::warn!(%error, "pg_rewind failed; this instance is cloned afresh from the new primary");
+                datadir::remove_dir(&self.args.pgdata)?;
+                self.upstream = Some(target.clone());
+                self.clone_upstream().await
+            }
+        }
+    }
+
+    /// Makes this instance's slot on `host` unless it exists.
+    async fn make_slot_on(&self, host: &str) -> anyhow::Result<()> {
+        let client = self.connect_replication(host).await?;
+        let slot = slot_name(&self.args.pod_name);
+        if !sql::slot_exists(&client, &slot).await? {
+            sql::create_slot(&client, &slot).await?;
+        }
+        Ok(())
+    }
+
+    /// A replica told to follow a new primary makes its slot there; retried each tick.
+    pub(super) async fn ensure_upstream_slot(&mut self) {
+        if self.role != Role::Replica || self.slot_on_upstream {
+            return;
+        }
+        let Some(target) = self.upstream.clone() else {
+            return;
+        };
+        match self.make_slot_on(&target.host).await {
+            Ok(()) => {
+                tracing::info!(primary = %target.pod, "this replica's slot is on its primary");
+                self.slot_on_upstream = true;
+            }
+            Err(error) => {
+                tracing::debug!(%error, primary = %target.pod, "cannot make this replica's slot yet")
+            }
+        }
+    }
+
+    /// `/control/follow` or instance.json: become or stay a standby of `target`. A replica
+    /// reloads with the new primary_conninfo; a primary stops and rejoins. Returns the server,
+    /// or none when a signal asked to stop meanwhile.
+    pub(super) async fn follow(
+        &mut self,
+        server: Server,
+        target: Target,
+        signals: &mut Signals,
+    ) -> anyhow::Result<Option<Server>> {
+        if self.role == Role::Replica {
+            if self.upstream.as_ref() != Some(&target) {
+                tracing::info!(primary = %target.pod, host = %target.host, "following a new primary");
+            }
+            self.upstream = Some(target);
+            self.slot_on_upstream = false;
+            let desired = self.applied.clone();
+            self.write_files(&desired)?;
+            return Ok(Some(server));
+        }
+        tracing::warn!(primary = %target.pod, "told to follow another primary: this primary stops and rejoins as its standby");
+        self.set_status(InstanceStatus::starting(&self.args.pod_name));
+        self.client = None;
+        let shutdown = server.stop(self.args.shutdown_timeout).await;
+        if shutdown != Shutdown::Clean {
+            tracing::warn!(?shutdown, "the primary did not stop cleanly");
+        }
+        tokio::select! {
+            rejoined = self.rejoin_stopped(target, Wait::ForAnswer) => rejoined?,
+            request = signals.stop_requested() => {
+                tracing::info!(?request, "stopping while rejoining");
+                return Ok(None);
+            }
+        }
+        Ok(Some(self.start_server().await?))
+    }
+
+    /// `/control/promote`: the status after the promotion, or why there was none.
+    pub(super) async fn promote(&mut self) -> Result<InstanceStatus, String> {
+        let Some(client) = self.client().await else {
+            return Err("the server is not running".to_owned());
+        };
+        let in_recovery = sql::in_recovery(&client)
+            .await
+            .map_err(|error| format!("the server does not answer: {error}"))?;
+        if in_recovery {
+            tracing::warn!("promoting this standby (/control/promote)");
+            match sql::promote(&client).await {
+                Ok(true) => {}
+                Ok(false) => return Err("the promotion did not finish within 60 s".to_owned()),
+                Err(error) => return Err(format!("cannot promote: {error}")),
+            }
+        }
+        if self.role != Role::Primary {
+            self.become_primary();
+        }
+        let state = sql::observe(&client)
+            .await
+            .map_err(|error| format!("promoted, but the server does not answer: {error}"))?;
+        let status = InstanceStatus::observed(&self.args.pod_name, state, None);
+        self.set_status(status.clone());
+        Ok(status)
+    }
+
+    /// After a promotion: the files of a primary, the passwords set again.
+    fn become_primary(&mut self) {
+        tracing::info!("this instance is the primary");
+        self.role = Role::Primary;
+        self.upstream = None;
+        self.floors.clear();
+        self.credentials_applied = false;
+        // pg_promote removed standby.signal; make sure, so that a restart stays primary.
+        if let Err(error) = datadir::set_standby(&self.args.pgdata, false) {
+            tracing::warn!(%error, "cannot remove standby.signal");
+        }
+        let desired = self.applied.clone();
+        if let Err(error) = self.write_files(&desired) {
+            tracing::warn!(%error, "cannot write the primary's configuration");
+        }
+    }
+}
