@@ -4,7 +4,10 @@
 //!
 //! initdb refuses to run as root, so as root the manager runs as the machine's `postgres` user
 //! (`setpriv`); otherwise as the current user. Peer authentication maps that OS user to the
-//! superuser, so the superuser is named after it. Everything binds to 127.0.0.1.
+//! superuser, so the superuser is named after it. Instance `it-<n>` has an address of its own,
+//! 127.0.0.<n+1> (all of 127/8 is the loopback), and all use the same ports, as pods do; the
+//! test's `instance.json` names their addresses (`hosts`), which a pod derives from the
+//! primary's DNS name instead.
 //!
 //! The same manager runs in the clusters' pods on the test bed's real node; the tests of
 //! `controllers/tests/cluster_on_real_node.rs` drive it through the operator.
@@ -41,18 +44,40 @@ fn nix_is_root() -> bool {
     uid == 0
 }
 
+/// Instances a bed may have (each needs an address).
+const MAX_INSTANCES: u8 = 4;
+/// The control token the beds' instances accept.
+const TOKEN: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+/// The address of instance `ordinal`.
+fn address_of(ordinal: usize) -> std::net::Ipv4Addr {
+    let last = u8::try_from(ordinal + 1).expect("few instances");
+    std::net::Ipv4Addr::new(127, 0, 0, last)
+}
+
+/// A port free on the addresses of all instances.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|listener| listener.local_addr())
-        .map(|address| address.port())
-        .expect("a free port")
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map(|address| address.port())
+            .expect("a free port");
+        let free_everywhere = (1..usize::from(MAX_INSTANCES))
+            .all(|ordinal| TcpListener::bind((address_of(ordinal), port)).is_ok());
+        if free_everywhere {
+            return port;
+        }
+    }
 }
 
 /// A cluster's files and processes under one temporary directory.
 struct Bed {
     root: PathBuf,
     superuser: String,
-    primary_port: u16,
+    /// PostgreSQL's port, the same on every instance.
+    port: u16,
+    /// The status and control endpoint's port, the same on every instance.
+    status_port: u16,
     instances: Vec<Instance>,
 }
 
@@ -60,6 +85,7 @@ struct Bed {
 struct Instance {
     pod: String,
     dir: PathBuf,
+    address: std::net::Ipv4Addr,
     pg_port: u16,
     status: SocketAddr,
     child: Option<Child>,
@@ -72,7 +98,8 @@ impl Bed {
         let bed = Self {
             root,
             superuser: os_user(),
-            primary_port: free_port(),
+            port: free_port(),
+            status_port: free_port(),
             instances: Vec::new(),
         };
         bed.give_to_os_user(&bed.root);
@@ -93,28 +120,28 @@ impl Bed {
     /// Writes the files of instance `ordinal` for a cluster of `replicas` instances and starts
     /// its manager.
     fn start(&mut self, ordinal: usize, replicas: u32) -> usize {
+        assert!(ordinal < usize::from(MAX_INSTANCES));
         let pod = format!("{STATEFULSET}-{ordinal}");
         let dir = self.root.join(&pod);
-        let pg_port = if ordinal == 0 {
-            self.primary_port
-        } else {
-            free_port()
-        };
         for sub in [
             "config",
             "superuser",
             "replication",
+            "control",
             "run",
             "socket",
             "data",
         ] {
             std::fs::create_dir_all(dir.join(sub)).expect("instance dir");
         }
+        std::fs::write(dir.join("control/token"), format!("{TOKEN}\n")).expect("token");
+        let address = address_of(ordinal);
         let instance = Instance {
             pod,
             dir,
-            pg_port,
-            status: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            address,
+            pg_port: self.port,
+            status: SocketAddr::from((address, self.status_port)),
             child: None,
         };
         std::fs::write(
@@ -126,8 +153,8 @@ impl Bed {
             instance.dir.join("config/pg_hba.conf"),
             format!(
                 "local all all peer\n\
-                 host replication {REPLICATION_USER} 127.0.0.1/32 scram-sha-256\n\
-                 host all all 127.0.0.1/32 scram-sha-256\n"
+                 host replication {REPLICATION_USER} 127.0.0.0/8 scram-sha-256\n\
+                 host all all 127.0.0.0/8 scram-sha-256\n"
             ),
         )
         .expect("hba");
@@ -146,9 +173,23 @@ impl Bed {
     }
 
     fn write_topology(&self, instance: &Instance, replicas: u32) {
+        self.write_topology_naming(instance, replicas, 0);
+    }
+
+    /// Writes `instance.json` naming instance `primary` the primary, as the kubelet would
+    /// after the operator changed the ConfigMap.
+    fn write_topology_naming(&self, instance: &Instance, replicas: u32, primary: usize) {
+        let hosts: serde_json::Map<String, Value> = (0..usize::from(MAX_INSTANCES))
+            .map(|ordinal| {
+                let host = address_of(ordinal).to_string();
+                (format!("{STATEFULSET}-{ordinal}"), Value::String(host))
+            })
+            .collect();
         let topology = serde_json::json!({
-            "primary": format!("{STATEFULSET}-0"), "primaryHost": "127.0.0.1",
-            "port": self.primary_port, "replicas": replicas, "statefulset": STATEFULSET,
+            "primary": format!("{STATEFULSET}-{primary}"),
+            "primaryHost": address_of(primary).to_string(),
+            "port": self.port, "replicas": replicas, "statefulset": STATEFULSET,
+            "hosts": hosts,
         });
         std::fs::write(
             instance.dir.join("config/instance.json"),
@@ -186,10 +227,11 @@ impl Bed {
             .env("PGKUBE_CONFIG_DIR", instance.dir.join("config"))
             .env("PGKUBE_SUPERUSER_DIR", instance.dir.join("superuser"))
             .env("PGKUBE_REPLICATION_DIR", instance.dir.join("replication"))
+            .env("PGKUBE_CONTROL_DIR", instance.dir.join("control"))
             .env("PGKUBE_RUN_DIR", instance.dir.join("run"))
             .env("PGKUBE_SOCKET_DIR", instance.dir.join("socket"))
             .env("PGKUBE_PORT", instance.pg_port.to_string())
-            .env("PGKUBE_STATUS_ADDRESS", "127.0.0.1")
+            .env("PGKUBE_STATUS_ADDRESS", instance.address.to_string())
             .env("PGKUBE_STATUS_PORT", instance.status.port().to_string())
             .env("PGKUBE_SHUTDOWN_TIMEOUT", "20s")
             .env("PGKUBE_WATCH_PERIOD", "500ms")
@@ -202,7 +244,7 @@ impl Bed {
     async fn sql(&self, index: usize, password: &str) -> anyhow::Result<tokio_postgres::Client> {
         let instance = &self.instances[index];
         let (client, connection) = tokio_postgres::Config::new()
-            .host("127.0.0.1")
+            .host(instance.address.to_string())
             .port(instance.pg_port)
             .user(&self.superuser)
             .password(password)
@@ -230,14 +272,16 @@ impl Drop for Bed {
 
 fn server_config(instance: &Instance, extra: &str) -> String {
     format!(
-        "listen_addresses = '127.0.0.1'\n\
+        "listen_addresses = '{}'\n\
          port = {}\n\
          unix_socket_directories = '{}'\n\
          wal_level = replica\n\
          hot_standby = on\n\
          max_wal_senders = 10\n\
          max_replication_slots = 10\n\
+         wal_log_hints = on\n\
          {extra}",
+        instance.address,
         instance.pg_port,
         instance.dir.join("socket").display(),
     )
@@ -265,6 +309,72 @@ fn kill_postgres_of(pgdata: &Path) {
 async fn status(instance: &Instance) -> Option<Value> {
     let (code, body) = http_get(instance.status, "/status").await.ok()?;
     (code == 200).then(|| serde_json::from_str(&body).ok())?
+}
+
+/// `POST <path>` with a JSON `body` to instance `index`'s control endpoint, with `token` as
+/// the bearer token: the status code and the JSON body.
+async fn post(instance: &Instance, path: &str, token: Option<&str>, body: &str) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(instance.status)
+        .await
+        .expect("the endpoint answers");
+    let authorization = token
+        .map(|token| format!("Authorization: Bearer {token}\r\n"))
+        .unwrap_or_default();
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nContent-Length: {}\r\n{authorization}\r\n{body}",
+        instance.status,
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.expect("sends");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("reads");
+    let code = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {response:?}"));
+    let body = response.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    (code, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+/// Orders instance `index` to follow instance `primary`; it accepts at once.
+async fn order_follow(bed: &Bed, index: usize, primary: usize) {
+    let body = serde_json::json!({
+        "primary": bed.instances[primary].pod,
+        "primaryHost": bed.instances[primary].address.to_string(),
+    });
+    let (code, answer) = post(
+        &bed.instances[index],
+        "/control/follow",
+        Some(TOKEN),
+        &body.to_string(),
+    )
+    .await;
+    assert_eq!(code, 202, "{answer}");
+}
+
+async fn count(client: &tokio_postgres::Client) -> anyhow::Result<i64> {
+    Ok(client
+        .query_one("SELECT count(*) FROM kept", &[])
+        .await?
+        .get(0))
+}
+
+/// Waits until instance `index` is a replica of `primary` that streams and has replayed
+/// `rows` rows of `kept`.
+async fn wait_replica_of(bed: &Bed, index: usize, primary: usize, rows: i64) {
+    let pod = bed.instances[primary].pod.clone();
+    wait_status(bed, index, &format!("a streaming replica of {pod}"), |s| {
+        s["role"] == "replica" && s["streaming"] == true && s["following"] == pod.as_str()
+    })
+    .await;
+    let reader = bed.sql(index, "first").await.expect("replica answers");
+    eventually("the replica replays the primary's rows", || async {
+        Ok((count(&reader).await? == rows).then_some(()))
+    })
+    .await;
 }
 
 /// Waits until instance `index`'s `/status` satisfies `condition`.
@@ -488,4 +598,260 @@ async fn passwords_rotate_and_settings_reload_or_restart_without_the_pod_restart
         "a clean shutdown removes postmaster.pid"
     );
     assert_eq!(postgres_processes_of(&pgdata), Vec::<u32>::new());
+}
+
+#[tokio::test]
+async fn control_needs_the_mounted_token() {
+    let mut bed = Bed::new();
+    let primary = bed.start(0, 1);
+    wait_status(&bed, primary, "a ready primary", |s| {
+        s["role"] == "primary" && s["ready"] == true && s["following"].is_null()
+    })
+    .await;
+    let instance = &bed.instances[primary];
+    for token in [None, Some("wrong"), Some(&TOKEN[1..])] {
+        let (code, body) = post(instance, "/control/promote", token, "{}").await;
+        assert_eq!(code, 401, "{token:?}: {body}");
+        let follow = r#"{"primary":"it-1","primaryHost":"127.0.0.2"}"#;
+        let (code, _) = post(instance, "/control/follow", token, follow).await;
+        assert_eq!(code, 401, "{token:?}");
+    }
+    // Already the primary: promoting is idempotent and answers with the status.
+    let (code, body) = post(instance, "/control/promote", Some(TOKEN), "{}").await;
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["role"], "primary");
+    assert_eq!(body["pod"], "it-0");
+    // Bad orders are refused before they reach the server.
+    for bad in ["{}", r#"{"primary":"it-0","primaryHost":"127.0.0.1"}"#] {
+        let (code, body) = post(instance, "/control/follow", Some(TOKEN), bad).await;
+        assert_eq!(code, 400, "{bad}: {body}");
+    }
+    // No token mounted: control is disabled.
+    std::fs::remove_file(instance.dir.join("control/token")).expect("token removed");
+    let (code, body) = post(instance, "/control/promote", Some(TOKEN), "{}").await;
+    assert_eq!(code, 403, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .is_some_and(|text| text.contains("disabled")),
+        "{body}"
+    );
+    wait_status(&bed, primary, "still the primary", |s| {
+        s["role"] == "primary"
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_switchover_demotes_the_primary_cleanly_and_every_replica_follows_the_new_one() {
+    let mut bed = Bed::new();
+    let old = bed.start(0, 3);
+    wait_status(&bed, old, "a ready primary", |s| {
+        s["role"] == "primary" && s["ready"] == true
+    })
+    .await;
+    let writer = bed.sql(old, "first").await.expect("primary answers");
+    writer
+        .batch_execute(
+            "CREATE TABLE kept (id int PRIMARY KEY); INSERT INTO kept SELECT generate_series(1, 100)",
+        )
+        .await
+        .expect("writes on the primary");
+    let new = bed.start(1, 3);
+    let other = bed.start(2, 3);
+    wait_replica_of(&bed, new, old, 100).await;
+    wait_replica_of(&bed, other, old, 100).await;
+
+    // The operator's order: demote the old primary first (a clean shutdown sends it all)...
+    drop(writer);
+    order_follow(&bed, old, new).await;
+    wait_status(&bed, old, "a replica following the new primary", |s| {
+        s["role"] == "replica" && s["following"] == "it-1"
+    })
+    .await;
+    // ...then promote the target, which answers once it takes writes.
+    let (code, status) = post(&bed.instances[new], "/control/promote", Some(TOKEN), "{}").await;
+    assert_eq!(code, 200, "{status}");
+    assert_eq!(status["role"], "primary");
+    assert!(status["following"].is_null(), "{status}");
+    // A second promotion is a no-op.
+    let (code, again) = post(&bed.instances[new], "/control/promote", Some(TOKEN), "{}").await;
+    assert_eq!((code, &again["role"]), (200, &Value::from("primary")));
+    // The other replica is told to follow the new primary.
+    order_follow(&bed, other, new).await;
+
+    let writer = bed
+        .sql(new, "first")
+        .await
+        .expect("the new primary answers");
+    writer
+        .execute("INSERT INTO kept SELECT generate_series(101, 110)", &[])
+        .await
+        .expect("the new primary takes writes");
+    wait_replica_of(&bed, old, new, 110).await;
+    wait_replica_of(&bed, other, new, 110).await;
+    let streaming: Vec<(String, bool)> =
+        eventually("both replicas stream with their slots", || async {
+            let now = slots(&writer).await?;
+            Ok((now.len() == 2 && now.iter().all(|(_, active)| *active)).then_some(now))
+        })
+        .await;
+    assert_eq!(
+        streaming,
+        [
+            ("pgkube_it_0".to_owned(), true),
+            ("pgkube_it_2".to_owned(), true)
+        ]
+    );
+    // The former primary keeps no slot of its own: nobody streams from a standby.
+    let old_reader = bed
+        .sql(old, "first")
+        .await
+        .expect("the old primary answers");
+    assert_eq!(slots(&old_reader).await.expect("slots"), []);
+
+    // instance.json catches up: nothing moves.
+    for index in [old, new, other] {
+        bed.write_topology_naming(&bed.instances[index], 3, new);
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    wait_status(&bed, new, "still the primary", |s| s["role"] == "primary").await;
+    wait_replica_of(&bed, old, new, 110).await;
+}
+
+#[tokio::test]
+async fn a_crashed_primary_with_unreplicated_writes_is_rewound_into_a_replica_of_the_new_one() {
+    let mut bed = Bed::new();
+    let old = bed.start(0, 2);
+    wait_status(&bed, old, "a ready primary", |s| {
+        s["role"] == "primary" && s["ready"] == true
+    })
+    .await;
+    let writer = bed.sql(old, "first").await.expect("primary answers");
+    writer
+        .batch_execute(
+            "CREATE TABLE kept (id int PRIMARY KEY); INSERT INTO kept SELECT generate_series(1, 100)",
+        )
+        .await
+        .expect("writes on the primary");
+    let new = bed.start(1, 2);
+    wait_replica_of(&bed, new, old, 100).await;
+
+    // The replica stops; the primary takes writes it never gets, then crashes.
+    assert!(terminate(&mut bed, new).success());
+    writer
+        .execute("INSERT INTO kept SELECT generate_series(1001, 1100)", &[])
+        .await
+        .expect("writes only the old primary has");
+    drop(writer);
+    kill_postgres_of(&bed.instances[old].dir.join("data/pgdata"));
+    let exit = bed.instances[old]
+        .child
+        .take()
+        .expect("running")
+        .wait()
+        .expect("the manager exits");
+    assert!(
+        !exit.success(),
+        "the manager exits with an error when postgres dies"
+    );
+
+    // Failover: the operator names the replica; it starts as a standby and waits for the order.
+    bed.write_topology_naming(&bed.instances[new], 2, new);
+    bed.spawn(new);
+    wait_status(&bed, new, "a standby waiting to be promoted", |s| {
+        s["role"] == "replica" && s["following"].is_null()
+    })
+    .await;
+    let (code, status) = post(&bed.instances[new], "/control/promote", Some(TOKEN), "{}").await;
+    assert_eq!(code, 200, "{status}");
+    assert_eq!(status["role"], "primary");
+    let writer = bed
+        .sql(new, "first")
+        .await
+        .expect("the new primary answers");
+    writer
+        .execute("INSERT INTO kept SELECT generate_series(101, 110)", &[])
+        .await
+        .expect("the new primary takes writes");
+
+    // The old primary comes back with a stale instance.json that still names it: it finds the
+    // new primary among its peers, rewinds to its history and follows it.
+    bed.spawn(old);
+    wait_replica_of(&bed, old, new, 110).await;
+    let reader = bed
+        .sql(old, "first")
+        .await
+        .expect("the old primary answers");
+    let lost: i64 = reader
+        .query_one("SELECT count(*) FROM kept WHERE id > 1000", &[])
+        .await
+        .expect("reads")
+        .get(0);
+    assert_eq!(lost, 0, "the writes the new primary never had are rewound");
+    let timeline: i32 = reader
+        .query_one("SELECT received_tli FROM pg_stat_wal_receiver", &[])
+        .await
+        .expect("reads")
+        .get(0);
+    assert_eq!(
+        timeline, 2,
+        "the old primary streams the new primary's timeline"
+    );
+    writer
+        .execute("INSERT INTO kept VALUES (111)", &[])
+        .await
+        .expect("a write after the rejoin");
+    wait_replica_of(&bed, old, new, 111).await;
+}
+
+#[tokio::test]
+async fn a_former_primary_not_designated_waits_for_the_new_primary_before_rejoining() {
+    let mut bed = Bed::new();
+    let old = bed.start(0, 2);
+    wait_status(&bed, old, "a ready primary", |s| {
+        s["role"] == "primary" && s["ready"] == true
+    })
+    .await;
+    let writer = bed.sql(old, "first").await.expect("primary answers");
+    writer
+        .batch_execute(
+            "CREATE TABLE kept (id int PRIMARY KEY); INSERT INTO kept SELECT generate_series(1, 100)",
+        )
+        .await
+        .expect("writes on the primary");
+    drop(writer);
+    let new = bed.start(1, 2);
+    wait_replica_of(&bed, new, old, 100).await;
+
+    // The primary's pod goes away; the operator names the replica in instance.json.
+    assert!(terminate(&mut bed, old).success());
+    for index in [old, new] {
+        bed.write_topology_naming(&bed.instances[index], 2, new);
+    }
+    // The file never promotes: the replica stays one, following whom it followed.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    wait_status(&bed, new, "still a replica", |s| {
+        s["role"] == "replica" && s["following"] == "it-0"
+    })
+    .await;
+    // The former primary comes back and waits: the designated one is no primary yet.
+    bed.spawn(old);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    wait_status(&bed, old, "waiting, not serving", |s| {
+        s["role"] == "starting"
+    })
+    .await;
+
+    let (code, status) = post(&bed.instances[new], "/control/promote", Some(TOKEN), "{}").await;
+    assert_eq!(code, 200, "{status}");
+    let writer = bed
+        .sql(new, "first")
+        .await
+        .expect("the new primary answers");
+    writer
+        .execute("INSERT INTO kept SELECT generate_series(101, 110)", &[])
+        .await
+        .expect("the new primary takes writes");
+    wait_replica_of(&bed, old, new, 110).await;
 }
