@@ -173,6 +173,12 @@ impl Instance {
             tracing::warn!("the primary does not answer; starting on the existing data");
             return Ok(());
         };
+        if sql::in_recovery(&client).await.unwrap_or(false) {
+            // A stale instance.json names a former primary, now a standby, whose slots went
+            // when it rejoined: that proves nothing about this copy.
+            tracing::warn!(primary = %target.pod, "the instance named primary is a standby; starting on the existing data");
+            return Ok(());
+        }
         let slot = slot_name(&self.args.pod_name);
         match sql::slot_exists(&client, &slot).await {
             Ok(true) => Ok(()),
