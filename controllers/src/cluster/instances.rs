@@ -322,8 +322,9 @@ impl HttpInstanceStatus {
     }
 }
 
-/// How long a command may take: a promotion waits for the server to leave recovery.
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(65);
+/// How long a command may take: the instance manager answers a promotion once the server left
+/// recovery, waiting up to 90 s for it.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(95);
 
 impl InstanceStatusSource for HttpInstanceStatus {
     fn command<'a>(
