@@ -23,7 +23,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodSpec, Secret, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::{Api, Client};
 use pgkube_crds::{ClusterPhase, PostgreSQLCluster, PostgreSQLClusterSpec, PostgresVersion};
 use tokio_postgres::NoTls;
@@ -42,6 +42,10 @@ pub const CLUSTER_RUNNING_TIMEOUT: Duration = Duration::from_secs(180);
 /// Longest cluster name whose children pgkube names verbatim (`<name>-postgresql` is a
 /// StatefulSet name, at most 52 characters).
 pub const MAX_CLUSTER_NAME: usize = 41;
+/// The port PostgreSQL listens on in each instance pod (at the pod's own address).
+pub const POSTGRES_PORT: u16 = 5432;
+/// How long one try of [`TestCluster::wait_writable`] may take.
+pub const WRITE_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Keys of the credentials and replication Secrets.
 pub const USERNAME_KEY: &str = "username";
 pub const PASSWORD_KEY: &str = "password";
@@ -142,6 +146,8 @@ pub struct InstancePod {
 pub struct TestClusterBuilder {
     cluster: PostgreSQLCluster,
     timeout: Duration,
+    /// JSON merged into the spec as it is sent (`Null`: nothing).
+    extra_spec: serde_json::Value,
 }
 
 impl TestClusterBuilder {
@@ -166,6 +172,14 @@ impl TestClusterBuilder {
         self
     }
 
+    /// Fields merged into the spec as it is sent (a JSON merge: objects merge key by key,
+    /// anything else replaces), for fields the typed spec does not have, such as those of a
+    /// feature whose API is still being written, or values it cannot hold.
+    pub fn extra_spec(mut self, fields: serde_json::Value) -> Self {
+        merge_json(&mut self.extra_spec, fields);
+        self
+    }
+
     /// How long [`TestClusterBuilder::start`] waits for Running ([`CLUSTER_RUNNING_TIMEOUT`]).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -181,8 +195,10 @@ impl TestClusterBuilder {
     pub async fn create(self, namespace: &TestNamespace) -> anyhow::Result<TestCluster> {
         let client = namespace.client().clone();
         let name = self.cluster.metadata.name.clone().unwrap_or_default();
-        Api::<PostgreSQLCluster>::namespaced(client.clone(), namespace.name())
-            .create(&PostParams::default(), &self.cluster)
+        let body = self.body()?;
+        let resource = ApiResource::erase::<PostgreSQLCluster>(&());
+        Api::<DynamicObject>::namespaced_with(client.clone(), namespace.name(), &resource)
+            .create(&PostParams::default(), &body)
             .await
             .with_context(|| format!("creating PostgreSQLCluster {name}"))?;
         Ok(TestCluster {
@@ -190,6 +206,16 @@ impl TestClusterBuilder {
             namespace: namespace.name().to_owned(),
             name,
         })
+    }
+
+    /// The object as it is sent: the typed cluster with [`TestClusterBuilder::extra_spec`]
+    /// merged into its spec.
+    pub fn body(&self) -> anyhow::Result<DynamicObject> {
+        let mut json = serde_json::to_value(&self.cluster).context("serializing the cluster")?;
+        if !self.extra_spec.is_null() {
+            merge_json(&mut json["spec"], self.extra_spec.clone());
+        }
+        serde_json::from_value(json).context("the cluster as a dynamic object")
     }
 
     /// Creates the cluster in `namespace` and waits until it is Running; the error tells the
@@ -236,6 +262,7 @@ impl TestCluster {
         TestClusterBuilder {
             cluster: PostgreSQLCluster::new(name, spec),
             timeout: CLUSTER_RUNNING_TIMEOUT,
+            extra_spec: serde_json::Value::Null,
         }
     }
 
@@ -376,6 +403,56 @@ impl TestCluster {
     /// cluster's `-rw` Service.
     pub async fn sql_to(&self, database: &str) -> anyhow::Result<tokio_postgres::Client> {
         self.connect_via(ClusterService::ReadWrite, database).await
+    }
+
+    /// A SQL connection, as the superuser, to database `postgres` of pod `pod` itself (its
+    /// address, port 5432), whatever its role and whatever the Services say.
+    pub async fn sql_to_pod(&self, pod: &str) -> anyhow::Result<tokio_postgres::Client> {
+        let found = Api::<Pod>::namespaced(self.client.clone(), &self.namespace)
+            .get(pod)
+            .await
+            .with_context(|| format!("reading pod {pod}"))?;
+        let address = instance_pod(&found)
+            .address
+            .with_context(|| format!("pod {pod} has no address"))?;
+        let (user, password) = self.credentials().await?;
+        connect(
+            SocketAddr::new(address, POSTGRES_PORT),
+            &user,
+            &password,
+            "postgres",
+        )
+        .await
+        .with_context(|| format!("connecting to pod {pod} at {address}"))
+    }
+
+    /// Runs `statement` through the `-rw` Service, on a new connection each time, every 100 ms
+    /// until it succeeds or `timeout` passes, and returns how long it took. Each try is cut
+    /// after [`WRITE_ATTEMPT_TIMEOUT`]: a stopped server accepts connections but never answers.
+    pub async fn wait_writable(
+        &self,
+        statement: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<Duration> {
+        let started = std::time::Instant::now();
+        let mut last = String::from("no try yet");
+        while started.elapsed() < timeout {
+            let attempt = async {
+                let sql = self.sql().await?;
+                sql.batch_execute(statement).await?;
+                anyhow::Ok(())
+            };
+            match tokio::time::timeout(WRITE_ATTEMPT_TIMEOUT, attempt).await {
+                Ok(Ok(())) => return Ok(started.elapsed()),
+                Ok(Err(error)) => last = format!("{error:#}"),
+                Err(_) => last = format!("no answer in {WRITE_ATTEMPT_TIMEOUT:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        anyhow::bail!(
+            "{statement:?} through {} did not succeed in {timeout:?}; last: {last}",
+            ClusterService::ReadWrite.name(&self.name)
+        )
     }
 
     async fn connect_via(
@@ -629,6 +706,19 @@ fn describe_container(container: &ContainerStatus) -> String {
     text
 }
 
+/// A JSON merge (RFC 7386, without deletion by `null`): `patch`'s objects merge into
+/// `target`'s key by key, anything else replaces what `target` has there.
+fn merge_json(target: &mut serde_json::Value, patch: serde_json::Value) {
+    match (target, patch) {
+        (serde_json::Value::Object(target), serde_json::Value::Object(patch)) => {
+            for (key, value) in patch {
+                merge_json(target.entry(key).or_insert(serde_json::Value::Null), value);
+            }
+        }
+        (target, patch) => *target = patch,
+    }
+}
+
 /// A DNS-1035 label: lowercase letters, digits and `-`, starting with a letter, not ending
 /// with `-`.
 fn is_dns_label(name: &str) -> bool {
@@ -716,6 +806,40 @@ mod tests {
         assert_eq!(
             (spec.replicas, spec.version, spec.storage.as_str()),
             (3, PostgresVersion::V16, "2Gi")
+        );
+    }
+
+    #[test]
+    fn extra_spec_fields_are_merged_into_the_spec_sent() {
+        let builder = TestCluster::builder("db")
+            .replicas(3)
+            .extra_spec(serde_json::json!({"highAvailability": {"failoverDelaySeconds": 3}}))
+            .extra_spec(serde_json::json!({
+                "highAvailability": {"synchronous": {"minStandbys": 1, "maxStandbys": 1}},
+                "nodeSelector": {"disk": "ssd"},
+            }));
+        let body = builder.body().expect("body");
+        assert_eq!(
+            body.types.as_ref().map(|t| t.kind.as_str()),
+            Some("PostgreSQLCluster")
+        );
+        let spec = &body.data["spec"];
+        assert_eq!(spec["replicas"], 3);
+        assert_eq!(
+            spec["highAvailability"],
+            serde_json::json!({
+                "failoverDelaySeconds": 3,
+                "synchronous": {"minStandbys": 1, "maxStandbys": 1},
+            })
+        );
+        assert_eq!(
+            spec["nodeSelector"],
+            serde_json::json!({"pgkube.io/testbed-node": "local", "disk": "ssd"})
+        );
+        let plain = TestCluster::builder("db").body().expect("body");
+        assert_eq!(
+            plain.data["spec"],
+            serde_json::to_value(TestCluster::builder("db").cluster()).expect("json")["spec"]
         );
     }
 

@@ -45,6 +45,8 @@
 //!   - [`TestCluster::builder`]: a `PostgreSQLCluster` (PostgreSQL 15, 1 replica, 1Gi, on the
 //!     real node unless changed); `.start(&namespace)` creates it and waits until it is Running
 //!     (180 s by default; the error shows the cluster's status and its pods' containers);
+//!     [`TestClusterBuilder::extra_spec`] merges JSON into the spec it sends, for fields the
+//!     typed spec does not have;
 //!   - [`TestCluster::sql`]: a `tokio_postgres` connection to the primary through the cluster's
 //!     `-rw` Service, as the superuser from its credentials Secret; [`TestCluster::sql_via`]
 //!     through any of its Services ([`ClusterService`]: `-rw`, `-ro`, `-r`), whose addresses
@@ -53,11 +55,15 @@
 //!     [`TestCluster::replication_credentials`] and [`TestCluster::wait_condition`] (for example
 //!     `ReplicasStreaming`) too; [`TestCluster::delete`] deletes the cluster while the manager
 //!     still runs (its finalizer would otherwise hold the namespace);
+//!   - [`pod_processes`], [`postmaster_of`] and [`instance_manager_of`]: an instance pod's
+//!     processes on this machine, to crash or freeze them with [`send_signal`];
 //!   - [`service_addresses`]: a Service's ready pods' `IP:port`, resolved as the node agent's DNS
 //!     does (pods matching the selector), since EndpointSlices cannot hold loopback addresses;
 //!   - [`wait_for_cluster_running`], [`wait_for_cluster`] (any status condition) and
 //!     [`describe_cluster`] for clusters made otherwise;
-//!   - [`TestCluster::sql_to`]: a connection to another database of the primary.
+//!   - [`TestCluster::sql_to`]: a connection to another database of the primary;
+//!     [`TestCluster::sql_to_pod`]: to one instance, whatever its role;
+//!     [`TestCluster::wait_writable`]: how long until a write through `-rw` succeeds.
 //! - Backups and restores there: [`create_backup`] and [`wait_backup_ended`];
 //!   [`restore_of_backup`] or [`restore_of_source`] then [`create_restore`], [`wait_restore`]
 //!   and [`wait_restore_ended`] (the error shows the restore's status, as
@@ -107,10 +113,10 @@ pub use backup::{
 pub use bucket::TestBucket;
 pub use cluster::{
     CLUSTER_RUNNING_TIMEOUT, ClusterService, InstancePod, LOCAL_NODE, LOCAL_NODE_LABEL,
-    LOCAL_NODE_LABEL_VALUE, MAX_CLUSTER_NAME, NodeScheduling, PASSWORD_KEY, ROLE_LABEL,
-    TestCluster, TestClusterBuilder, USERNAME_KEY, condition, credentials_secret_name,
-    describe_cluster, local_node_scheduling, replication_secret_name, wait_for_cluster,
-    wait_for_cluster_running,
+    LOCAL_NODE_LABEL_VALUE, MAX_CLUSTER_NAME, NodeScheduling, PASSWORD_KEY, POSTGRES_PORT,
+    ROLE_LABEL, TestCluster, TestClusterBuilder, USERNAME_KEY, WRITE_ATTEMPT_TIMEOUT, condition,
+    credentials_secret_name, describe_cluster, local_node_scheduling, replication_secret_name,
+    wait_for_cluster, wait_for_cluster_running,
 };
 pub use conversion::{TestCa, converting_crds, converting_crds_storing};
 pub use crds::{CRD_FIELD_MANAGER, install_crds};
@@ -119,7 +125,10 @@ pub use env::{SKIP_ENV_VAR, TestEnv, testbed};
 pub use http::http_get;
 pub use names::unique_name;
 pub use namespace::TestNamespace;
-pub use process::{cpu_time, peak_rss_bytes, processes_with_args, processes_with_env};
+pub use process::{
+    cpu_time, instance_manager_of, peak_rss_bytes, pod_processes, postmaster_of,
+    processes_with_args, processes_with_env, send_signal,
+};
 pub use restore::{
     ClusterDigest, DatabaseDigest, RESTORE_CONDITION, RESTORE_LABEL, TableDigest, cluster_digest,
     create_restore, database_digest, describe_restore, put_object, restore_condition, restore_jobs,

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use anyhow::Context as _;
+
 /// `USER_HZ`: the unit of the CPU times in /proc, 100 on every Linux architecture we run on.
 const CLOCK_TICKS_PER_SECOND: u64 = 100;
 
@@ -55,6 +57,65 @@ pub fn processes_with_args(words: &[&str]) -> Vec<u32> {
     })
 }
 
+/// The processes of pod `pod` in `namespace` on the real node, with their arguments: those
+/// whose environment has `POD_NAME=<pod>` and `POD_NAMESPACE=<namespace>`, as a pgkube
+/// instance container's do (and every process it starts, which inherits them).
+pub fn pod_processes(namespace: &str, pod: &str) -> Vec<(u32, Vec<String>)> {
+    let name = format!("POD_NAME={pod}");
+    let in_namespace = format!("POD_NAMESPACE={namespace}");
+    processes_where("environ", |environ| {
+        let has = |wanted: &str| {
+            environ
+                .split(|byte| *byte == 0)
+                .any(|entry| entry == wanted.as_bytes())
+        };
+        has(&name) && has(&in_namespace)
+    })
+    .into_iter()
+    .filter_map(|pid| {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let args = cmdline
+            .split(|byte| *byte == 0)
+            .filter(|arg| !arg.is_empty())
+            .map(|arg| String::from_utf8_lossy(arg).into_owned())
+            .collect();
+        Some((pid, args))
+    })
+    .collect()
+}
+
+/// The postmaster of pod `pod` in `namespace` (`postgres -D <data>`, as the instance manager
+/// starts it; its children rewrite their command lines to `postgres: ...`), if it runs.
+pub fn postmaster_of(namespace: &str, pod: &str) -> Option<u32> {
+    pod_processes(namespace, pod)
+        .into_iter()
+        .find(|(_, args)| {
+            args.first()
+                .is_some_and(|program| program.rsplit('/').next() == Some("postgres"))
+                && args.get(1).map(String::as_str) == Some("-D")
+        })
+        .map(|(pid, _)| pid)
+}
+
+/// The instance manager of pod `pod` in `namespace` (`pgkube instance run`, PID 1 of its
+/// container), if it runs.
+pub fn instance_manager_of(namespace: &str, pod: &str) -> Option<u32> {
+    pod_processes(namespace, pod)
+        .into_iter()
+        .find(|(_, args)| args.get(1..3) == Some(&["instance".to_owned(), "run".to_owned()][..]))
+        .map(|(pid, _)| pid)
+}
+
+/// Sends `signal` (`KILL`, `STOP`, `CONT`, ...) to process `pid`, with `kill -s`.
+pub fn send_signal(pid: u32, signal: &str) -> anyhow::Result<()> {
+    let status = std::process::Command::new("kill")
+        .args(["-s", signal, &pid.to_string()])
+        .status()
+        .with_context(|| format!("running kill -s {signal} {pid}"))?;
+    anyhow::ensure!(status.success(), "kill -s {signal} {pid}: {status}");
+    Ok(())
+}
+
 /// The processes whose `/proc/<pid>/<file>` satisfies `matches`. Processes that end while
 /// being read, or that this user may not read, are left out.
 fn processes_where(file: &str, matches: impl Fn(&[u8]) -> bool) -> Vec<u32> {
@@ -82,6 +143,22 @@ mod tests {
         let program = std::env::args().next().expect("argv[0]");
         assert!(processes_with_args(&[&program]).contains(&me));
         assert!(!processes_with_env("PGKUBE_NO_SUCH_VARIABLE=1").contains(&me));
+    }
+
+    #[test]
+    fn a_signal_reaches_the_process() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .spawn()
+            .expect("sleep");
+        send_signal(child.id(), "KILL").expect("kill");
+        let status = child.wait().expect("wait");
+        use std::os::unix::process::ExitStatusExt as _;
+        assert_eq!(status.signal(), Some(9));
+        assert!(
+            send_signal(u32::MAX / 2, "CONT").is_err(),
+            "no such process"
+        );
     }
 
     #[test]
