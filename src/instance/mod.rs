@@ -26,6 +26,11 @@
 //!    when a Secret changed (on the primary, without a restart); drops the slots of instances no
 //!    longer in the cluster, after a grace period ([`slots`]); on a replica told to follow a
 //!    new primary, makes its slot there; refreshes the status served by the [`endpoint`].
+//!    A replica that has not streamed for a few periods asks its primary why ([`stream`]):
+//!    when its history diverged from the primary's (it replayed WAL beyond where the
+//!    primary's timeline forked off) it stops, is rewound with pg_rewind (a new clone if that
+//!    fails) and starts again; when the WAL it needs is gone from the primary it is cloned
+//!    afresh, slot first ([`repair`]).
 //! 5. Carries out the operator's orders ([`control`], bearer token from `--control-dir`), one
 //!    at a time, in the same loop: `/control/promote` promotes (pg_promote, waiting up to 60 s)
 //!    and answers with the status; `/control/follow` makes a replica follow another primary
@@ -44,10 +49,12 @@ mod datadir;
 mod desired;
 mod endpoint;
 mod ha;
+mod repair;
 mod roles;
 mod server;
 mod slots;
 mod sql;
+mod stream;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -210,6 +217,8 @@ enum Next {
     Restart,
     /// Become a standby of this primary (an order, or instance.json).
     Follow(Target),
+    /// This replica cannot stream from its primary: rewind or clone it ([`repair`]).
+    Repair(stream::Stuck),
 }
 
 /// The signals the manager handles, as PID 1 must (the kernel ignores unhandled ones for it).
@@ -275,6 +284,7 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         role: Role::Replica,
         upstream: None,
         slot_on_upstream: true,
+        stall: stream::Stall::default(),
         floors: Vec::new(),
         applied: desired,
         credentials_applied: false,
@@ -314,6 +324,8 @@ struct Instance {
     upstream: Option<Target>,
     /// Whether this replica's slot is known to exist on its upstream; made each tick until so.
     slot_on_upstream: bool,
+    /// How long this replica has not streamed ([`repair`]).
+    stall: stream::Stall,
     /// Settings kept higher than the files ask ([`datadir::standby_floors`]).
     floors: Vec<datadir::Floor>,
     /// The files as last applied.
@@ -392,6 +404,10 @@ impl Instance {
                     Some(server) => server,
                     None => return Ok(()),
                 },
+                Next::Repair(stuck) => match self.repair(server, stuck, signals).await? {
+                    Some(server) => server,
+                    None => return Ok(()),
+                },
             };
         }
     }
@@ -413,6 +429,7 @@ impl Instance {
         }
         match sql::observe(&client).await {
             Ok(state) => {
+                let (in_recovery, streaming) = (state.in_recovery, state.streaming);
                 let restart = self.changed_since_start && !state.pending_restart.is_empty();
                 if restart {
                     tracing::info!(settings = ?state.pending_restart, "changed settings need a restart");
@@ -422,7 +439,10 @@ impl Instance {
                     state,
                     self.following(),
                 ));
-                if restart {
+                // After the status: asking the primary may take a few seconds.
+                if let Some(stuck) = self.stuck(&client, in_recovery, streaming).await {
+                    Next::Repair(stuck)
+                } else if restart {
                     Next::Restart
                 } else {
                     Next::Continue

@@ -30,7 +30,7 @@ use super::server::{Server, Shutdown};
 use super::{ControlRequest, Instance, Signals, floors, sql};
 
 /// How long a look at another instance (its `/status`, or a connection to it) may take.
-const PEER_TIMEOUT: Duration = Duration::from_secs(2);
+pub(super) const PEER_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often a former primary asks again whether the new primary answers.
 const REJOIN_RETRY: Duration = Duration::from_secs(2);
 
@@ -77,7 +77,7 @@ impl Instance {
     }
 
     /// Writes the standby marker, the floors and the configuration, and starts `postgres`.
-    async fn start_server(&mut self) -> anyhow::Result<Server> {
+    pub(super) async fn start_server(&mut self) -> anyhow::Result<Server> {
         let pgdata = &self.args.pgdata;
         datadir::set_standby(pgdata, self.role == Role::Replica)?;
         self.floors = floors(self.role, pgdata, &self.applied).await?;
@@ -88,6 +88,7 @@ impl Instance {
         self.reload_pending = false;
         self.credentials_applied = false;
         self.client = None;
+        self.stall.reset();
         Server::start(&self.args.pgdata).context("cannot start postgres")
     }
 
@@ -113,12 +114,18 @@ impl Instance {
 
     /// A new copy of the upstream, with this instance's slot made first so that the primary
     /// keeps the WAL the copy needs from its first byte on.
-    async fn clone_upstream(&mut self) -> anyhow::Result<()> {
+    pub(super) async fn clone_upstream(&mut self) -> anyhow::Result<()> {
         let target = self.upstream.clone().context("no primary to clone")?;
         let client = self.wait_for(&target).await;
         let slot = slot_name(&self.args.pod_name);
-        if !sql::slot_exists(&client, &slot).await? {
-            sql::create_slot(&client, &slot).await?;
+        match sql::slot_state(&client, &slot).await? {
+            Some(false) => {}
+            Some(true) => {
+                // A slot whose WAL is lost serves no clone; made again, it keeps WAL from now.
+                sql::drop_own_slot(&client, &slot).await?;
+                sql::create_slot(&client, &slot).await?;
+            }
+            None => sql::create_slot(&client, &slot).await?,
         }
         self.slot_on_upstream = true;
         datadir::clone_primary(
@@ -317,7 +324,7 @@ impl Instance {
 
     /// pg_rewind to `target`'s history, with this instance's slot made on it first so that it
     /// keeps the WAL from then on; a new clone when the rewind fails.
-    async fn rewind_to(&mut self, target: &Target) -> anyhow::Result<()> {
+    pub(super) async fn rewind_to(&mut self, target: &Target) -> anyhow::Result<()> {
         self.slot_on_upstream = self.make_slot_on(&target.host).await.is_ok();
         self.write_passfiles(&self.applied.clone())?;
         let conninfo = datadir::superuser_conninfo(
@@ -388,6 +395,7 @@ impl Instance {
             }
             self.upstream = Some(target);
             self.slot_on_upstream = false;
+            self.stall.reset();
             let desired = self.applied.clone();
             self.write_files(&desired)?;
             return Ok(Some(server));

@@ -114,6 +114,88 @@ pub async fn in_recovery(client: &Client) -> Result<bool, tokio_postgres::Error>
         .try_get(0)
 }
 
+/// On a standby: the timeline it replays as its control file knows it (the later of its last
+/// restartpoint's and its minimum recovery point's), its last replayed and received WAL.
+pub async fn standby_position(
+    client: &Client,
+) -> Result<(i64, Option<String>, Option<String>), tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT greatest((SELECT timeline_id FROM pg_control_checkpoint()), \
+                             (SELECT min_recovery_end_timeline FROM pg_control_recovery()))::int8, \
+                    pg_last_wal_replay_lsn()::text, pg_last_wal_receive_lsn()::text",
+            &[],
+        )
+        .await?;
+    Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))
+}
+
+/// What a primary (as the superuser) tells of its WAL: its timeline, that timeline's history
+/// file (none on timeline 1), the oldest segment file in `pg_wal`, the segment size.
+pub struct PrimaryWal {
+    pub timeline: i64,
+    pub history: Option<String>,
+    pub oldest_segment: Option<String>,
+    pub segment_size: i64,
+}
+
+/// Reads [`PrimaryWal`]; none when the server is in recovery (not a primary).
+pub async fn primary_wal(client: &Client) -> Result<Option<PrimaryWal>, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT pg_is_in_recovery(), \
+                    CASE WHEN pg_is_in_recovery() THEN 0 \
+                         ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::int8 END, \
+                    (SELECT min(name) FROM pg_ls_waldir() WHERE name ~ '^[0-9A-F]{24}$'), \
+                    (SELECT setting::int8 FROM pg_settings WHERE name = 'wal_segment_size')",
+            &[],
+        )
+        .await?;
+    if row.try_get(0)? {
+        return Ok(None);
+    }
+    let timeline: i64 = row.try_get(1)?;
+    let history = if timeline > 1 {
+        let file = format!("pg_wal/{timeline:08X}.history");
+        client
+            .query_one("SELECT pg_read_file($1, 0, 1048576, true)", &[&file])
+            .await?
+            .try_get(0)?
+    } else {
+        None
+    };
+    Ok(Some(PrimaryWal {
+        timeline,
+        history,
+        oldest_segment: row.try_get(2)?,
+        segment_size: row.try_get(3)?,
+    }))
+}
+
+/// On the primary, as the replication role: whether `slot` exists, and whether the WAL it was
+/// to keep is lost (`max_slot_wal_keep_size`): such a slot can serve no clone.
+pub async fn slot_state(
+    client: &Client,
+    slot: &str,
+) -> Result<Option<bool>, tokio_postgres::Error> {
+    let row = client
+        .query_opt(
+            "SELECT coalesce(wal_status = 'lost', false) FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    row.map(|row| row.try_get(0)).transpose()
+}
+
+/// On the primary: drops this instance's own `slot` (lost, to be made again).
+pub async fn drop_own_slot(client: &Client, slot: &str) -> Result<(), tokio_postgres::Error> {
+    client
+        .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+        .await?;
+    tracing::info!(%slot, "lost replication slot dropped, to be made again");
+    Ok(())
+}
+
 /// Promotes a standby and waits up to a minute for it to take writes; false when it did not
 /// finish in that time (the server goes on with it).
 pub async fn promote(client: &Client) -> Result<bool, tokio_postgres::Error> {
