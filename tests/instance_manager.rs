@@ -855,3 +855,172 @@ async fn a_former_primary_not_designated_waits_for_the_new_primary_before_rejoin
         .expect("the new primary takes writes");
     wait_replica_of(&bed, old, new, 110).await;
 }
+
+#[tokio::test]
+async fn a_replica_ahead_of_the_promoted_one_is_rewound_onto_the_new_timeline() {
+    let mut bed = Bed::new();
+    let old = bed.start(0, 3);
+    wait_status(&bed, old, "a ready primary", |s| {
+        s["role"] == "primary" && s["ready"] == true
+    })
+    .await;
+    let writer = bed.sql(old, "first").await.expect("primary answers");
+    writer
+        .batch_execute(
+            "CREATE TABLE kept (id int PRIMARY KEY); INSERT INTO kept SELECT generate_series(1, 100)",
+        )
+        .await
+        .expect("writes on the primary");
+    let new = bed.start(1, 3);
+    let ahead = bed.start(2, 3);
+    wait_replica_of(&bed, new, old, 100).await;
+    wait_replica_of(&bed, ahead, old, 100).await;
+
+    // Replica `new` stops; the primary takes writes only `ahead` receives, then crashes.
+    assert!(terminate(&mut bed, new).success());
+    writer
+        .execute("INSERT INTO kept SELECT generate_series(1001, 1100)", &[])
+        .await
+        .expect("writes only one replica gets");
+    drop(writer);
+    wait_replica_of(&bed, ahead, old, 200).await;
+    kill_postgres_of(&bed.instances[old].dir.join("data/pgdata"));
+    let exit = bed.instances[old]
+        .child
+        .take()
+        .expect("running")
+        .wait()
+        .expect("the manager exits");
+    assert!(!exit.success(), "{exit}");
+
+    // Failover to the replica that is behind: it forks timeline 2 off before `ahead`'s
+    // position, so `ahead` cannot stream from it as it is.
+    bed.write_topology_naming(&bed.instances[new], 3, new);
+    bed.spawn(new);
+    wait_status(&bed, new, "a standby waiting to be promoted", |s| {
+        s["role"] == "replica" && s["following"].is_null()
+    })
+    .await;
+    let (code, status) = post(&bed.instances[new], "/control/promote", Some(TOKEN), "{}").await;
+    assert_eq!(code, 200, "{status}");
+    let writer = bed
+        .sql(new, "first")
+        .await
+        .expect("the new primary answers");
+    writer
+        .execute("INSERT INTO kept SELECT generate_series(101, 110)", &[])
+        .await
+        .expect("the new primary takes writes");
+    order_follow(&bed, ahead, new).await;
+
+    // `ahead` finds its history diverged, is rewound and streams timeline 2.
+    wait_replica_of(&bed, ahead, new, 110).await;
+    let reader = bed.sql(ahead, "first").await.expect("the replica answers");
+    let lost: i64 = reader
+        .query_one("SELECT count(*) FROM kept WHERE id > 1000", &[])
+        .await
+        .expect("reads")
+        .get(0);
+    assert_eq!(lost, 0, "the rows beyond the fork are rewound");
+    let timeline: i32 = reader
+        .query_one("SELECT received_tli FROM pg_stat_wal_receiver", &[])
+        .await
+        .expect("reads")
+        .get(0);
+    assert_eq!(
+        timeline, 2,
+        "the replica streams the new primary's timeline"
+    );
+    writer
+        .execute("INSERT INTO kept VALUES (111)", &[])
+        .await
+        .expect("a write after the rewind");
+    wait_replica_of(&bed, ahead, new, 111).await;
+    assert_eq!(
+        slots(&writer).await.expect("slots"),
+        [("pgkube_it_2".to_owned(), true)]
+    );
+}
+
+/// Sends `signal` (`STOP`, `CONT`) to process `pid`.
+fn signal_process(pid: i32, signal: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+#[tokio::test]
+async fn a_replica_whose_wal_is_gone_from_the_primary_is_cloned_again() {
+    let mut bed = Bed::new();
+    let primary = bed.start(0, 2);
+    wait_status(&bed, primary, "a ready primary", |s| {
+        s["role"] == "primary" && s["ready"] == true
+    })
+    .await;
+    let writer = bed.sql(primary, "first").await.expect("primary answers");
+    writer
+        .batch_execute(
+            "CREATE TABLE kept (id int PRIMARY KEY); INSERT INTO kept SELECT generate_series(1, 100)",
+        )
+        .await
+        .expect("writes on the primary");
+    let replica = bed.start(1, 2);
+    wait_replica_of(&bed, replica, primary, 100).await;
+    // Gone with the data directory when it is cloned again.
+    let marker = bed.instances[replica].dir.join("data/pgdata/test-marker");
+    std::fs::write(&marker, "").expect("marker");
+
+    // The replica's WAL receiver freezes (it still looks streaming); the primary cuts its
+    // connection, loses its slot and moves its WAL on past what the replica has.
+    let reader = bed.sql(replica, "first").await.expect("replica answers");
+    let receiver: i32 = reader
+        .query_one("SELECT pid FROM pg_stat_wal_receiver", &[])
+        .await
+        .expect("a WAL receiver")
+        .get(0);
+    drop(reader);
+    signal_process(receiver, "STOP");
+    writer
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_replication WHERE application_name = 'it-1'",
+            &[],
+        )
+        .await
+        .expect("the walsender is stopped");
+    eventually("the slot is free and dropped", || async {
+        let dropped = writer
+            .execute("SELECT pg_drop_replication_slot('pgkube_it_1')", &[])
+            .await;
+        Ok(dropped.is_ok().then_some(()))
+    })
+    .await;
+    for id in 101..=106 {
+        writer
+            .batch_execute(&format!(
+                "INSERT INTO kept VALUES ({id}); SELECT pg_switch_wal(); CHECKPOINT"
+            ))
+            .await
+            .expect("WAL moves on");
+    }
+    signal_process(receiver, "CONT");
+
+    // The replica never streams again as it is: it is cloned afresh, and streams. (Its
+    // status said streaming all along: the frozen receiver's state.)
+    eventually("the replica is cloned again", || async {
+        Ok((!marker.exists()).then_some(()))
+    })
+    .await;
+    wait_replica_of(&bed, replica, primary, 106).await;
+    writer
+        .execute("INSERT INTO kept VALUES (107)", &[])
+        .await
+        .expect("a write after the clone");
+    wait_replica_of(&bed, replica, primary, 107).await;
+    assert_eq!(
+        slots(&writer).await.expect("slots"),
+        [("pgkube_it_1".to_owned(), true)]
+    );
+}
