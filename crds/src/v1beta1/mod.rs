@@ -38,8 +38,8 @@ pub use crate::backup::{
 };
 pub use crate::cluster::{
     ClusterPhase, HighAvailability, InstanceRole, InstanceStatus, MANAGED_PARAMETERS,
-    PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion, PrimaryChange,
-    PrimaryChangeKind, SynchronousReplication,
+    PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion, PrimaryChange, PrimaryChangeKind,
+    SynchronousReplication,
 };
 pub use crate::common::{LocalReference, S3Credentials, S3Storage, ServerSideEncryption};
 pub use crate::restore::{PostgreSQLRestoreStatus, RestorePhase};

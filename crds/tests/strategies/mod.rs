@@ -23,9 +23,8 @@ use k8s_openapi::jiff::Timestamp;
 use pgkube_crds::{
     BackupCompression, BackupMethod, BackupPhase, ClusterPhase, CompressionMethod, DeletionPolicy,
     HighAvailability, InstanceRole, InstanceStatus, LocalReference, PostgreSQLClusterStatus,
-    PostgreSQLRestoreStatus, PostgreSQLSettings, PostgresVersion, PrimaryChange,
-    PrimaryChangeKind, RestorePhase, S3Credentials, S3Storage, ServerSideEncryption,
-    SynchronousReplication,
+    PostgreSQLRestoreStatus, PostgreSQLSettings, PostgresVersion, PrimaryChange, PrimaryChangeKind,
+    RestorePhase, S3Credentials, S3Storage, ServerSideEncryption, SynchronousReplication,
 };
 use proptest::collection::{btree_map, vec};
 use proptest::option::of;
@@ -335,37 +334,43 @@ pub fn affinity() -> impl Strategy<Value = Option<Affinity>> {
 
 /// High-availability settings (the same type in both versions).
 pub fn high_availability() -> impl Strategy<Value = Option<HighAvailability>> {
-    let synchronous = (1u32..=9, 0u32..=8).prop_map(|(min_standbys, extra)| {
-        SynchronousReplication {
+    let synchronous =
+        (1u32..=9, 0u32..=8).prop_map(|(min_standbys, extra)| SynchronousReplication {
             min_standbys,
             max_standbys: (min_standbys + extra).min(9),
-        }
-    });
-    of((of(1u32..=3600), of(synchronous)).prop_map(
-        |(failover_delay_seconds, synchronous)| HighAvailability {
-            failover_delay_seconds,
-            synchronous,
-        },
-    ))
+        });
+    of(
+        (of(1u32..=3600), of(synchronous)).prop_map(|(failover_delay_seconds, synchronous)| {
+            HighAvailability {
+                failover_delay_seconds,
+                synchronous,
+            }
+        }),
+    )
 }
 
 fn primary_change() -> impl Strategy<Value = PrimaryChange> {
     (
-        select(vec![PrimaryChangeKind::Switchover, PrimaryChangeKind::Failover]),
+        select(vec![
+            PrimaryChangeKind::Switchover,
+            PrimaryChangeKind::Failover,
+        ]),
         name(),
         name(),
         "[A-Za-z ]{0,30}",
         time(),
         of(time()),
     )
-        .prop_map(|(kind, from, to, reason, started_at, completed_at)| PrimaryChange {
-            kind,
-            from,
-            to,
-            reason,
-            started_at,
-            completed_at,
-        })
+        .prop_map(
+            |(kind, from, to, reason, started_at, completed_at)| PrimaryChange {
+                kind,
+                from,
+                to,
+                reason,
+                started_at,
+                completed_at,
+            },
+        )
 }
 
 pub fn postgresql_settings() -> impl Strategy<Value = Option<PostgreSQLSettings>> {
