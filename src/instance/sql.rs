@@ -40,6 +40,9 @@ pub async fn connect_local(
         .user(superuser)
         .dbname("postgres")
         .application_name("pgkube-instance-manager")
+        // The manager's own writes (passwords, slots) never wait for synchronous standbys:
+        // on a new primary none exists yet, and waiting would keep it from ever being ready.
+        .options("-c synchronous_commit=local")
         .connect_timeout(CONNECT_TIMEOUT);
     connect(&config).await
 }
