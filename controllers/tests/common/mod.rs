@@ -13,8 +13,8 @@ use futures::future::BoxFuture;
 use kube::api::{ListParams, PostParams};
 use kube::{Api, Client};
 use pgkube_controllers::cluster::instances::{
-    FetchError, HttpInstanceStatus, InstanceAddress, InstanceReport, InstanceStatusSource, Lsn,
-    ReportedRole,
+    ControlCommand, FetchError, HttpInstanceStatus, InstanceAddress, InstanceReport,
+    InstanceStatusSource, Lsn, ReportedRole,
 };
 use pgkube_controllers::{Context, Metrics, Settings};
 use pgkube_crds::{ClusterPhase, PostgreSQLCluster};
@@ -171,6 +171,24 @@ impl InstanceStatusSource for SimulatedInstances {
         self.asked.fetch_add(1, Ordering::SeqCst);
         let answer = self.simulated(&address.pod);
         Box::pin(async move { answer })
+    }
+
+    /// Pods on the real node (loopback addresses) take commands; simulated ones take none.
+    fn command<'a>(
+        &'a self,
+        address: &'a InstanceAddress,
+        token: &'a str,
+        command: &'a ControlCommand,
+    ) -> BoxFuture<'a, Result<(), FetchError>> {
+        if address.ip.is_loopback() {
+            return self.http.command(address, token, command);
+        }
+        Box::pin(async move {
+            Err(FetchError::Unreachable(format!(
+                "{} runs on a simulated node",
+                address.pod
+            )))
+        })
     }
 }
 
