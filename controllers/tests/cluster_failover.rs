@@ -1,0 +1,710 @@
+//! End to end on the test bed's real node: high availability of a 3-instance PostgreSQL 15
+//! cluster (issue 16). A switchover asked for with the `db.example.com/switchover-to`
+//! annotation, and failovers after the primary's postmaster is killed (`kill -9`), after its
+//! pod is deleted, with synchronous replication (no acknowledged commit lost), and after its
+//! instance manager is frozen (`SIGSTOP`) while its postgres goes on running.
+//!
+//! Each test checks that the rows committed before are on the new primary, that the new
+//! primary takes writes through `<cluster>-rw` (after a failover, within
+//! `failoverDelaySeconds` plus [`FAILOVER_SLACK`]), that the old primary comes back as a
+//! replica streaming from the new one on its new timeline, what `status.primaryChange` says,
+//! and, from samples of the pods taken every [`SAMPLE_PERIOD`] throughout, that no two pods
+//! ever carry `db.example.com/role=primary` and `-rw` never resolves to two pods.
+//!
+//! The API of the feature (`spec.highAvailability`, `status.primaryChange`) is read and written
+//! as JSON, so that this file does not depend on the Rust types. The tests run one at a time
+//! ([`SERIAL`]): they time failovers, and two 3-instance clusters failing over at once on a
+//! 2-core machine would measure the machine.
+
+mod common;
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::Running;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use pgkube_crds::{InstanceRole, PostgreSQLCluster};
+use pgkube_testkit::{
+    ClusterService, ROLE_LABEL, TestCluster, instance_manager_of, pod_addresses, postmaster_of,
+    send_signal, tokio_postgres, wait_until,
+};
+use serde_json::json;
+use tokio::task::JoinHandle;
+
+const RESYNC: Duration = Duration::from_secs(30);
+const CLUSTER_TIMEOUT: Duration = Duration::from_secs(300);
+const CHANGE_TIMEOUT: Duration = Duration::from_secs(180);
+/// `spec.highAvailability.failoverDelaySeconds` of the test clusters, but for
+/// [`CRASH_FAILOVER_DELAY_SECONDS`].
+const FAILOVER_DELAY_SECONDS: u64 = 3;
+/// The delay of the tests that kill the primary's postmaster or delete its pod. The test bed
+/// restarts a container at once and recreates a pod within seconds, as a kubelet does: a
+/// primary back within the delay keeps its role (nothing is lost, no failover), which a longer
+/// delay would make the usual outcome. One second makes these tests fail over, so that they
+/// check the failover and the rejoin.
+const CRASH_FAILOVER_DELAY_SECONDS: u64 = 1;
+/// The "few seconds" a failover may take beyond the delay: the operator noticing the primary
+/// is gone, the promotion, the role label moving, a new connection.
+const FAILOVER_SLACK: Duration = Duration::from_secs(12);
+const SAMPLE_PERIOD: Duration = Duration::from_millis(100);
+const SWITCHOVER_ANNOTATION: &str = "db.example.com/switchover-to";
+const CLUSTER: &str = "pg";
+/// How long the frozen instance manager stays stopped after the failover: well under its
+/// liveness probe's minute (6 misses of 10 s), which would restart the container.
+const FROZEN_AFTER_FAILOVER: Duration = Duration::from_secs(15);
+
+/// One test at a time (see the module's documentation).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn pod(ordinal: usize) -> String {
+    format!("{CLUSTER}-postgresql-{ordinal}")
+}
+
+fn failover_budget(delay_seconds: u64) -> Duration {
+    Duration::from_secs(delay_seconds) + FAILOVER_SLACK
+}
+
+/// Starts a 3-instance cluster with `spec.highAvailability` = `high_availability` (with
+/// `failoverDelaySeconds` [`FAILOVER_DELAY_SECONDS`] unless it sets one), checks that the API server kept that field, and waits until it is
+/// healthy; returns the cluster and its primary.
+async fn start(running: &Running, high_availability: serde_json::Value) -> (TestCluster, String) {
+    let mut high_availability = high_availability;
+    if high_availability.get("failoverDelaySeconds").is_none() {
+        high_availability["failoverDelaySeconds"] = json!(FAILOVER_DELAY_SECONDS);
+    }
+    let cluster = TestCluster::builder(CLUSTER)
+        .replicas(3)
+        .timeout(CLUSTER_TIMEOUT)
+        .extra_spec(json!({ "highAvailability": high_availability.clone() }))
+        .start(&running.namespace)
+        .await
+        .unwrap_or_else(|error| panic!("a 3-instance cluster becomes Running: {error:#}"));
+    let kept = cluster_json(running).await["spec"]["highAvailability"].clone();
+    assert_eq!(
+        kept, high_availability,
+        "the API server keeps spec.highAvailability (a CRD without the field prunes it)"
+    );
+    let primary = wait_healthy(&cluster, None).await;
+    (cluster, primary)
+}
+
+/// The cluster as the API server has it, as JSON (with fields the Rust types may not have).
+async fn cluster_json(running: &Running) -> serde_json::Value {
+    let resource = ApiResource::erase::<PostgreSQLCluster>(&());
+    let clusters: Api<DynamicObject> =
+        Api::namespaced_with(running.client.clone(), running.namespace.name(), &resource);
+    let cluster = clusters.get(CLUSTER).await.expect("the cluster");
+    serde_json::to_value(cluster).expect("JSON")
+}
+
+/// Waits until the cluster has one primary (`primary` if given) and two replicas streaming
+/// from it, caught up, on its timeline, each pod labelled with its role and ready; returns
+/// the primary.
+async fn wait_healthy(cluster: &TestCluster, primary: Option<&str>) -> String {
+    let what = match primary {
+        Some(primary) => format!("{primary} primary, two replicas streaming, caught up"),
+        None => "one primary, two replicas streaming, caught up".to_owned(),
+    };
+    wait_until(&what, CHANGE_TIMEOUT, || async {
+        let status = cluster.get().await?.status.unwrap_or_default();
+        let Some(current) = status.current_primary.clone() else {
+            return Ok(None);
+        };
+        if primary.is_some_and(|wanted| wanted != current) {
+            return Ok(None);
+        }
+        let Some(timeline) = status
+            .instances
+            .iter()
+            .find(|i| i.name == current && i.role == InstanceRole::Primary && i.ready)
+            .and_then(|i| i.timeline)
+        else {
+            return Ok(None);
+        };
+        let replicas = status
+            .instances
+            .iter()
+            .filter(|i| {
+                i.name != current
+                    && i.role == InstanceRole::Replica
+                    && i.ready
+                    && i.streaming == Some(true)
+                    && i.lag_bytes == Some(0)
+                    && i.timeline == Some(timeline)
+            })
+            .count();
+        let pods = cluster.pods().await?;
+        let labelled = pods.len() == 3
+            && pods.iter().all(|pod| {
+                let role = if pod.name == current {
+                    "primary"
+                } else {
+                    "replica"
+                };
+                pod.ready && pod.role.as_deref() == Some(role)
+            });
+        Ok((replicas == 2 && labelled).then_some(current))
+    })
+    .await
+    .expect("the cluster is healthy")
+}
+
+/// The `status.primaryChange` of the cluster, once it is of `kind`, from `from`, completed.
+async fn wait_primary_change(
+    running: &Running,
+    kind: &str,
+    from: &str,
+    timeout: Duration,
+) -> serde_json::Value {
+    wait_until(
+        &format!("status.primaryChange: a completed {kind} from {from}"),
+        timeout,
+        || async {
+            let status = cluster_json(running).await["status"].clone();
+            let change = status["primaryChange"].clone();
+            let done = change["kind"] == kind
+                && change["from"] == from
+                && change["to"].as_str().is_some_and(|to| to != from)
+                && change["completedAt"].is_string()
+                && status["currentPrimary"] == change["to"];
+            Ok(done.then_some(change))
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error:#}"))
+}
+
+/// The timeline the server at `pod` writes WAL on (a primary's current WAL file names it).
+async fn primary_timeline(cluster: &TestCluster, pod: &str) -> u32 {
+    let sql = cluster.sql_to_pod(pod).await.expect("login to the primary");
+    let file: String = sql
+        .query_one("SELECT pg_walfile_name(pg_current_wal_lsn())", &[])
+        .await
+        .expect("the current WAL file")
+        .get(0);
+    u32::from_str_radix(&file[..8], 16).expect("a timeline in the WAL file name")
+}
+
+/// Waits until `old` is a standby streaming from the primary `new` on `new`'s timeline and
+/// has replayed the row `marker` of `items` (written on `new` after the change).
+async fn wait_rejoined(cluster: &TestCluster, old: &str, new: &str, marker: i32) {
+    let timeline = primary_timeline(cluster, new).await;
+    wait_until(
+        &format!("{old} streaming from {new} on timeline {timeline}, with row {marker}"),
+        CHANGE_TIMEOUT,
+        || async {
+            let sql = cluster.sql_to_pod(old).await?;
+            let in_recovery: bool = sql
+                .query_one("SELECT pg_is_in_recovery()", &[])
+                .await?
+                .get(0);
+            if !in_recovery {
+                anyhow::bail!("{old} is not in recovery");
+            }
+            let receiving: Option<(i32, String)> = sql
+                .query_opt(
+                    "SELECT received_tli, conninfo FROM pg_stat_wal_receiver \
+                     WHERE status = 'streaming'",
+                    &[],
+                )
+                .await?
+                .map(|row| (row.get(0), row.get(1)));
+            let Some((received, conninfo)) = receiving else {
+                anyhow::bail!("{old} has no streaming WAL receiver");
+            };
+            if received != i32::try_from(timeline)? || !conninfo.contains(new) {
+                anyhow::bail!("{old} receives timeline {received} with {conninfo:?}");
+            }
+            let seen: i64 = sql
+                .query_one("SELECT count(*) FROM items WHERE id = $1", &[&marker])
+                .await?
+                .get(0);
+            Ok((seen == 1).then_some(()))
+        },
+    )
+    .await
+    .expect("the old primary comes back as a replica of the new one");
+}
+
+async fn count_items(sql: &tokio_postgres::Client) -> i64 {
+    sql.query_one("SELECT count(*) FROM items", &[])
+        .await
+        .expect("count")
+        .get(0)
+}
+
+/// One look at the cluster's pods.
+#[derive(Clone, Debug)]
+struct Sample {
+    at: Instant,
+    /// Pods labelled primary (with ` (terminating)` after a pod being deleted).
+    primaries: Vec<String>,
+    /// Pods `-rw` resolves to.
+    rw: Vec<String>,
+}
+
+/// Samples the cluster's pods every [`SAMPLE_PERIOD`] in the background.
+struct RoleSampler {
+    samples: Arc<Mutex<Vec<Sample>>>,
+    stop: Arc<AtomicBool>,
+    task: JoinHandle<()>,
+}
+
+impl RoleSampler {
+    async fn start(running: &Running) -> RoleSampler {
+        let pods: Api<Pod> = running.api();
+        let rw = running
+            .api::<Service>()
+            .get(&ClusterService::ReadWrite.name(CLUSTER))
+            .await
+            .expect("the -rw Service");
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn({
+            let samples = samples.clone();
+            let stop = stop.clone();
+            let selector = format!("app.kubernetes.io/instance={CLUSTER}");
+            async move {
+                while !stop.load(Ordering::SeqCst) {
+                    if let Ok(list) = pods.list(&ListParams::default().labels(&selector)).await {
+                        let sample = Self::sample(&rw, &list.items);
+                        samples.lock().expect("samples").push(sample);
+                    }
+                    tokio::time::sleep(SAMPLE_PERIOD).await;
+                }
+            }
+        });
+        RoleSampler {
+            samples,
+            stop,
+            task,
+        }
+    }
+
+    fn sample(rw: &Service, pods: &[Pod]) -> Sample {
+        let primaries = pods
+            .iter()
+            .filter(|pod| pod.labels().get(ROLE_LABEL).map(String::as_str) == Some("primary"))
+            .map(|pod| {
+                let terminating = pod.metadata.deletion_timestamp.is_some();
+                format!(
+                    "{}{}",
+                    pod.name_any(),
+                    if terminating { " (terminating)" } else { "" }
+                )
+            })
+            .collect();
+        let addresses = pod_addresses(rw, pods).unwrap_or_default();
+        let rw = addresses
+            .iter()
+            .map(|address| {
+                pods.iter()
+                    .find(|pod| pod_ip(pod) == Some(address.ip()))
+                    .map_or_else(|| address.to_string(), ResourceExt::name_any)
+            })
+            .collect();
+        Sample {
+            at: Instant::now(),
+            primaries,
+            rw,
+        }
+    }
+
+    /// The samples taken so far.
+    fn samples(&self) -> Vec<Sample> {
+        self.samples.lock().expect("samples").clone()
+    }
+
+    /// The first moment `-rw` resolved to `pod` alone.
+    fn first_rw_only(&self, pod: &str) -> Option<Instant> {
+        self.samples()
+            .iter()
+            .find(|s| s.rw.len() == 1 && s.rw[0] == pod)
+            .map(|s| s.at)
+    }
+
+    /// Stops sampling and asserts that no sample had two pods labelled primary or `-rw`
+    /// resolving to two pods; returns the samples.
+    async fn finish(self) -> Vec<Sample> {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = self.task.await;
+        let samples = self.samples.lock().expect("samples").clone();
+        assert!(
+            samples.len() > 20,
+            "too few samples to say anything: {}",
+            samples.len()
+        );
+        let start = samples[0].at;
+        let doubled: Vec<String> = samples
+            .iter()
+            .filter(|s| s.primaries.len() > 1 || s.rw.len() > 1)
+            .map(|s| {
+                format!(
+                    "+{:.1}s: primary label on {:?}, -rw to {:?}",
+                    (s.at - start).as_secs_f64(),
+                    s.primaries,
+                    s.rw
+                )
+            })
+            .collect();
+        assert!(
+            doubled.is_empty(),
+            "two primaries at once in {} of {} samples: {doubled:?}",
+            doubled.len(),
+            samples.len()
+        );
+        samples
+    }
+}
+
+fn pod_ip(pod: &Pod) -> Option<IpAddr> {
+    pod.status.as_ref()?.pod_ip.as_ref()?.parse().ok()
+}
+
+/// Sends SIGCONT to a process stopped with SIGSTOP when dropped (a failing test must not
+/// leave a stopped process that ignores its pod's SIGTERM).
+struct Frozen(u32);
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = send_signal(self.0, "CONT");
+    }
+}
+
+/// How the primary is lost.
+#[derive(Clone, Copy, Debug)]
+enum Loss {
+    /// `kill -9` of its postmaster.
+    KillPostmaster,
+    /// Deletion of its pod.
+    DeletePod,
+}
+
+async fn lose(running: &Running, primary: &str, loss: Loss) {
+    match loss {
+        Loss::KillPostmaster => {
+            let pid = postmaster_of(running.namespace.name(), primary)
+                .unwrap_or_else(|| panic!("the postmaster of {primary}"));
+            send_signal(pid, "KILL").expect("kill -9 of the postmaster");
+        }
+        Loss::DeletePod => {
+            running
+                .api::<Pod>()
+                .delete(primary, &DeleteParams::default())
+                .await
+                .expect("the primary's pod deleted");
+        }
+    }
+}
+
+/// The primary of a healthy 3-instance cluster is lost as `loss` says: a new primary takes
+/// writes through rw within the failover delay and the slack, with every row committed before,
+/// and the old one comes back as its replica.
+async fn failover_after(prefix: &str, loss: Loss) {
+    let _serial = SERIAL.lock().await;
+    let Some(running) = Running::start(prefix, RESYNC).await else {
+        return;
+    };
+    let delay = CRASH_FAILOVER_DELAY_SECONDS;
+    let (cluster, old) = start(&running, json!({"failoverDelaySeconds": delay})).await;
+    let sql = cluster.sql().await.expect("login through rw");
+    sql.batch_execute(
+        "CREATE TABLE items (id int PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 1000);",
+    )
+    .await
+    .expect("rows through rw");
+    drop(sql);
+    wait_healthy(&cluster, Some(&old)).await;
+    let sampler = RoleSampler::start(&running).await;
+
+    lose(&running, &old, loss).await;
+    let took = cluster
+        .wait_writable("INSERT INTO items VALUES (1001)", failover_budget(delay))
+        .await
+        .unwrap_or_else(|error| panic!("a write through rw after {loss:?} of {old}: {error:#}"));
+    eprintln!("{loss:?}: the first write through rw {took:?} after the loss");
+    let change = wait_primary_change(&running, "Failover", &old, CHANGE_TIMEOUT).await;
+    let new = change["to"].as_str().expect("to").to_owned();
+    assert!(
+        change["reason"].as_str().is_some_and(|r| !r.is_empty()),
+        "{change}"
+    );
+
+    let on_new = cluster
+        .sql_to_pod(&new)
+        .await
+        .expect("login to the new primary");
+    assert_eq!(count_items(&on_new).await, 1001, "every committed row");
+    wait_rejoined(&cluster, &old, &new, 1001).await;
+    wait_healthy(&cluster, Some(&new)).await;
+    sampler.finish().await;
+    running.stop().await;
+}
+
+/// `kubectl annotate pgcluster pg db.example.com/switchover-to=pg-postgresql-1`: the target
+/// becomes the primary with every row committed before, takes writes through rw, and the old
+/// primary streams from it on its new timeline; the status tells the change.
+#[tokio::test]
+async fn a_switchover_moves_the_primary_with_every_row() {
+    let _serial = SERIAL.lock().await;
+    let Some(running) = Running::start("failover-switchover", RESYNC).await else {
+        return;
+    };
+    let (cluster, old) = start(&running, json!({})).await;
+    assert_eq!(old, pod(0));
+    let target = pod(1);
+    let timeline_before = primary_timeline(&cluster, &old).await;
+    let sql = cluster.sql().await.expect("login through rw");
+    sql.batch_execute(
+        "CREATE TABLE items (id int PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 1000);",
+    )
+    .await
+    .expect("rows through rw");
+    drop(sql);
+    let sampler = RoleSampler::start(&running).await;
+
+    cluster
+        .api()
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {SWITCHOVER_ANNOTATION: target}}})),
+        )
+        .await
+        .expect("annotated");
+    let change = wait_primary_change(&running, "Switchover", &old, CHANGE_TIMEOUT).await;
+    assert_eq!(change["to"], target.as_str(), "{change}");
+    assert!(change["startedAt"].is_string(), "{change}");
+    assert_eq!(
+        cluster.current_primary().await.expect("status").as_deref(),
+        Some(target.as_str())
+    );
+    wait_until("the annotation removed", CHANGE_TIMEOUT, || async {
+        let cluster = cluster.get().await?;
+        Ok((!cluster.annotations().contains_key(SWITCHOVER_ANNOTATION)).then_some(()))
+    })
+    .await
+    .expect("the operator removes the annotation it acted on");
+
+    cluster
+        .wait_writable("INSERT INTO items VALUES (1001)", CHANGE_TIMEOUT)
+        .await
+        .expect("the new primary takes writes through rw");
+    let on_target = cluster
+        .sql_to_pod(&target)
+        .await
+        .expect("login to the target");
+    let in_recovery: bool = on_target
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await
+        .expect("recovery state")
+        .get(0);
+    assert!(!in_recovery, "{target} is the primary");
+    assert_eq!(count_items(&on_target).await, 1001, "every committed row");
+    assert!(primary_timeline(&cluster, &target).await > timeline_before);
+    wait_rejoined(&cluster, &old, &target, 1001).await;
+    wait_healthy(&cluster, Some(&target)).await;
+    sampler.finish().await;
+    running.stop().await;
+}
+
+/// `kill -9` of the primary's postmaster.
+#[tokio::test]
+async fn a_killed_primary_postmaster_fails_over_within_the_delay() {
+    failover_after("failover-kill", Loss::KillPostmaster).await;
+}
+
+/// Deletion of the primary's pod.
+#[tokio::test]
+async fn a_deleted_primary_pod_fails_over_within_the_delay() {
+    failover_after("failover-delete", Loss::DeletePod).await;
+}
+
+/// With synchronous replication (one standby confirms each commit), every row whose INSERT
+/// was acknowledged before the primary's postmaster was killed, mid-stream of single-row
+/// commits, is on the new primary.
+#[tokio::test]
+async fn synchronous_replication_loses_no_acknowledged_commit() {
+    let _serial = SERIAL.lock().await;
+    let Some(running) = Running::start("failover-sync", RESYNC).await else {
+        return;
+    };
+    let (cluster, old) = start(
+        &running,
+        json!({
+            "failoverDelaySeconds": CRASH_FAILOVER_DELAY_SECONDS,
+            "synchronous": {"minStandbys": 1, "maxStandbys": 1},
+        }),
+    )
+    .await;
+    let sql = cluster.sql().await.expect("login through rw");
+    let names = wait_until("a synchronous standby", CHANGE_TIMEOUT, || async {
+        let names: String = sql
+            .query_one("SHOW synchronous_standby_names", &[])
+            .await?
+            .get(0);
+        let synchronous: i64 = sql
+            .query_one(
+                "SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')",
+                &[],
+            )
+            .await?
+            .get(0);
+        // `ANY 1 (...)`: each streaming standby is a quorum candidate.
+        Ok((!names.is_empty() && synchronous >= 1).then_some(names))
+    })
+    .await
+    .expect("the primary waits for one standby");
+    eprintln!("synchronous_standby_names = {names}");
+    sql.batch_execute("CREATE TABLE items (id int PRIMARY KEY)")
+        .await
+        .expect("table");
+
+    let acknowledged = Arc::new(Mutex::new(Vec::<i32>::new()));
+    let writer = tokio::spawn({
+        let acknowledged = acknowledged.clone();
+        async move {
+            for id in 1.. {
+                let parameters: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
+                let insert = sql.execute("INSERT INTO items VALUES ($1)", &parameters);
+                match tokio::time::timeout(Duration::from_secs(10), insert).await {
+                    Ok(Ok(_)) => acknowledged.lock().expect("acknowledged").push(id),
+                    Ok(Err(error)) => return format!("{error}"),
+                    Err(_) => return "no answer in 10 s".to_owned(),
+                }
+            }
+            unreachable!("the writer stops at the first failure")
+        }
+    });
+    wait_until("200 acknowledged commits", CHANGE_TIMEOUT, || async {
+        Ok((acknowledged.lock().expect("acknowledged").len() >= 200).then_some(()))
+    })
+    .await
+    .expect("commits go on with a synchronous standby");
+    let sampler = RoleSampler::start(&running).await;
+    lose(&running, &old, Loss::KillPostmaster).await;
+    let stopped = writer.await.expect("writer");
+    let acknowledged = acknowledged.lock().expect("acknowledged").clone();
+    eprintln!(
+        "{} commits acknowledged before the kill; the writer stopped with: {stopped}",
+        acknowledged.len()
+    );
+
+    let marker = i32::MAX;
+    let took = cluster
+        .wait_writable(
+            &format!("INSERT INTO items VALUES ({marker})"),
+            failover_budget(CRASH_FAILOVER_DELAY_SECONDS),
+        )
+        .await
+        .unwrap_or_else(|error| panic!("a write through rw after the kill: {error:#}"));
+    eprintln!("the first write through rw {took:?} after the kill");
+    let change = wait_primary_change(&running, "Failover", &old, CHANGE_TIMEOUT).await;
+    let new = change["to"].as_str().expect("to").to_owned();
+    let on_new = cluster
+        .sql_to_pod(&new)
+        .await
+        .expect("login to the new primary");
+    let present: Vec<i32> = on_new
+        .query("SELECT id FROM items WHERE id = ANY($1)", &[&acknowledged])
+        .await
+        .expect("acknowledged rows")
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let missing: Vec<i32> = acknowledged
+        .iter()
+        .copied()
+        .filter(|id| !present.contains(id))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} acknowledged commits lost: {missing:?}",
+        missing.len(),
+        acknowledged.len()
+    );
+    wait_rejoined(&cluster, &old, &new, marker).await;
+    wait_healthy(&cluster, Some(&new)).await;
+    sampler.finish().await;
+    running.stop().await;
+}
+
+/// The primary's instance manager is frozen (SIGSTOP of PID 1 of its container) while its
+/// postgres runs on: the operator cannot reach it, fails over, and from the moment `-rw`
+/// resolves to the new primary it never resolves to the old pod again; once the instance
+/// manager runs again (SIGCONT), the old primary becomes a replica of the new one.
+#[tokio::test]
+async fn a_primary_cut_from_the_operator_but_alive_is_fenced_then_rejoins() {
+    let _serial = SERIAL.lock().await;
+    let Some(running) = Running::start("failover-frozen", RESYNC).await else {
+        return;
+    };
+    let (cluster, old) = start(&running, json!({})).await;
+    let sql = cluster.sql().await.expect("login through rw");
+    sql.batch_execute(
+        "CREATE TABLE items (id int PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 100);",
+    )
+    .await
+    .expect("rows through rw");
+    drop(sql);
+    wait_healthy(&cluster, Some(&old)).await;
+    let postmaster = postmaster_of(running.namespace.name(), &old).expect("old postmaster");
+    let sampler = RoleSampler::start(&running).await;
+
+    let manager = instance_manager_of(running.namespace.name(), &old)
+        .unwrap_or_else(|| panic!("the instance manager of {old}"));
+    send_signal(manager, "STOP").expect("SIGSTOP of the instance manager");
+    let frozen = Frozen(manager);
+    let change = wait_primary_change(
+        &running,
+        "Failover",
+        &old,
+        failover_budget(FAILOVER_DELAY_SECONDS),
+    )
+    .await;
+    let new = change["to"].as_str().expect("to").to_owned();
+    let took = cluster
+        .wait_writable(
+            "INSERT INTO items VALUES (101)",
+            failover_budget(FAILOVER_DELAY_SECONDS),
+        )
+        .await
+        .expect("a write through rw after the failover");
+    eprintln!("the first write through rw {took:?} after the failover was recorded");
+    let fenced = wait_until(
+        "-rw resolving to the new primary alone",
+        CHANGE_TIMEOUT,
+        || async { Ok(sampler.first_rw_only(&new)) },
+    )
+    .await
+    .expect("rw moves to the new primary");
+    assert!(
+        postmaster_of(running.namespace.name(), &old) == Some(postmaster),
+        "the old primary's postgres still runs while its manager is stopped"
+    );
+    let on_new = cluster
+        .sql_to_pod(&new)
+        .await
+        .expect("login to the new primary");
+    assert_eq!(count_items(&on_new).await, 101);
+
+    tokio::time::sleep(FROZEN_AFTER_FAILOVER).await;
+    drop(frozen);
+    wait_rejoined(&cluster, &old, &new, 101).await;
+    wait_healthy(&cluster, Some(&new)).await;
+    let samples = sampler.finish().await;
+    let back: Vec<f64> = samples
+        .iter()
+        .filter(|s| s.at >= fenced && s.rw.contains(&old))
+        .map(|s| (s.at - fenced).as_secs_f64())
+        .collect();
+    assert!(
+        back.is_empty(),
+        "-rw resolved to {old} again, {back:?} s after it moved to {new}"
+    );
+    running.stop().await;
+}
