@@ -84,12 +84,15 @@ pub struct ServerState {
     pub pending_restart: Vec<String>,
 }
 
-/// Reads the server's role, timeline and WAL positions.
+/// Reads the server's role, timeline and WAL positions. A standby's timeline is the one its
+/// WAL receiver receives, when it has one: its control file names a new timeline only at its
+/// next restartpoint, which an idle cluster may not make for a long time.
 pub async fn observe(client: &Client) -> Result<ServerState, tokio_postgres::Error> {
     let row = client
         .query_one(
             "SELECT pg_is_in_recovery(), \
-                    (SELECT timeline_id::int8 FROM pg_control_checkpoint()), \
+                    greatest((SELECT timeline_id::int8 FROM pg_control_checkpoint()), \
+                             (SELECT received_tli::int8 FROM pg_stat_wal_receiver)), \
                     CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_current_wal_lsn()::text END, \
                     pg_last_wal_receive_lsn()::text, \
                     pg_last_wal_replay_lsn()::text, \
