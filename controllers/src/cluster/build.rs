@@ -77,11 +77,14 @@ pub const CONTROL_TOKEN_KEY: &str = "token";
 const SHM_VOLUME: &str = "shm";
 /// The instance manager, as the init container installs it.
 const INSTANCE_MANAGER: &str = "/controller/pgkube";
-/// Seconds between two runs of each probe.
-const PROBE_PERIOD_SECONDS: i32 = 10;
-/// Misses the startup probe allows: 360 x 10 s = one hour for a crash recovery, or for the
+/// Seconds between two runs of the startup and readiness probes: a restarted instance is back
+/// behind its Services (rw after a crash of the primary) within seconds.
+const READINESS_PERIOD_SECONDS: i32 = 2;
+/// Seconds between two runs of the liveness probe.
+const LIVENESS_PERIOD_SECONDS: i32 = 10;
+/// Misses the startup probe allows: 1800 x 2 s = one hour for a crash recovery, or for the
 /// clone of a big database, to finish.
-const STARTUP_PROBE_FAILURES: i32 = 360;
+const STARTUP_PROBE_FAILURES: i32 = 1800;
 /// The kubelet's wait between SIGTERM and SIGKILL; the instance manager's shutdown timeout
 /// ([`SHUTDOWN_TIMEOUT`]) leaves it 10 s to stop after its fast shutdown turned immediate.
 const TERMINATION_GRACE_SECONDS: i64 = 60;
@@ -404,9 +407,13 @@ fn postgres_container(cluster: &ValidatedCluster, image_repository: &str) -> Con
         // or a clone gets up to an hour, and liveness needs no long initial delay. `/healthz`
         // answers as long as the instance manager runs, and it exits when its server dies, so
         // liveness never kills a server that is still recovering.
-        startup_probe: Some(status_probe("/readyz", STARTUP_PROBE_FAILURES)),
-        readiness_probe: Some(status_probe("/readyz", 3)),
-        liveness_probe: Some(status_probe("/healthz", 6)),
+        startup_probe: Some(status_probe(
+            "/readyz",
+            READINESS_PERIOD_SECONDS,
+            STARTUP_PROBE_FAILURES,
+        )),
+        readiness_probe: Some(status_probe("/readyz", READINESS_PERIOD_SECONDS, 3)),
+        liveness_probe: Some(status_probe("/healthz", LIVENESS_PERIOD_SECONDS, 6)),
         security_context: Some(restricted_security_context()),
         volume_mounts: Some(vec![
             mount(DATA_VOLUME, DATA_MOUNT, false),
@@ -453,9 +460,9 @@ fn instance_manager_env() -> Vec<EnvVar> {
     ]
 }
 
-/// `GET <path>` on the instance manager's status port every [`PROBE_PERIOD_SECONDS`], failing
-/// after `failure_threshold` misses in a row.
-fn status_probe(path: &str, failure_threshold: i32) -> Probe {
+/// `GET <path>` on the instance manager's status port every `period_seconds`, failing after
+/// `failure_threshold` misses in a row.
+fn status_probe(path: &str, period_seconds: i32, failure_threshold: i32) -> Probe {
     Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.to_owned()),
@@ -463,7 +470,7 @@ fn status_probe(path: &str, failure_threshold: i32) -> Probe {
             scheme: Some("HTTP".to_owned()),
             ..HTTPGetAction::default()
         }),
-        period_seconds: Some(PROBE_PERIOD_SECONDS),
+        period_seconds: Some(period_seconds),
         timeout_seconds: Some(5),
         failure_threshold: Some(failure_threshold),
         ..Probe::default()
@@ -1042,11 +1049,11 @@ mod tests {
         // Every probe asks the instance manager; the startup probe allows an hour of crash
         // recovery or cloning, so the others need no initial delay.
         let probes = [
-            ("startup", &postgres.startup_probe, "/readyz", 360),
-            ("readiness", &postgres.readiness_probe, "/readyz", 3),
-            ("liveness", &postgres.liveness_probe, "/healthz", 6),
+            ("startup", &postgres.startup_probe, "/readyz", 2, 1800),
+            ("readiness", &postgres.readiness_probe, "/readyz", 2, 3),
+            ("liveness", &postgres.liveness_probe, "/healthz", 10, 6),
         ];
-        for (which, probe, path, failures) in probes {
+        for (which, probe, path, period, failures) in probes {
             let probe = probe.as_ref().unwrap_or_else(|| panic!("{which} probe"));
             let get = probe.http_get.as_ref().expect("an HTTP probe");
             assert_eq!(get.path.as_deref(), Some(path), "{which}");
@@ -1056,7 +1063,7 @@ mod tests {
                 "{which}"
             );
             assert_eq!(probe.exec, None, "{which}");
-            assert_eq!(probe.period_seconds, Some(10), "{which}");
+            assert_eq!(probe.period_seconds, Some(period), "{which}");
             assert_eq!(probe.failure_threshold, Some(failures), "{which}");
             assert_eq!(probe.initial_delay_seconds, None, "{which}");
         }
