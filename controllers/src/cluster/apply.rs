@@ -64,11 +64,16 @@ pub async fn apply(
     } = desired;
     let mut writes = 0;
     for (secret, exists) in [
-        (&credentials, live.credentials_exist),
-        (&replication_credentials, live.replication_credentials_exist),
-        (&control_token, live.control_token_exists),
+        (Some(&credentials), live.credentials_exist),
+        (
+            Some(&replication_credentials),
+            live.replication_credentials_exist,
+        ),
+        (control_token.as_ref(), live.control_token_exists),
     ] {
-        if !exists {
+        if let Some(secret) = secret
+            && !exists
+        {
             create_kept_secret(client, namespace, secret).await?;
             writes += 1;
         }

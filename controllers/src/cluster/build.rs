@@ -164,8 +164,10 @@ pub struct DesiredChildren {
     /// Created once if missing, never updated: it holds the generated replication password.
     pub replication_credentials: Secret,
     /// Created once if missing, never updated: the generated control token. Owned by the
-    /// cluster (it guards no data).
-    pub control_token: Secret,
+    /// cluster (it guards no data). Only with more than one replica: a single instance is
+    /// never switched over nor failed over, so it takes no commands (its pods mount the
+    /// Secret as optional, and a kubelet fills the volume once a scale-up makes it).
+    pub control_token: Option<Secret>,
     /// Only with more than one replica; otherwise an existing one is deleted.
     pub pod_disruption_budget: Option<PodDisruptionBudget>,
 }
@@ -222,7 +224,8 @@ pub fn build(cluster: &ValidatedCluster, input: &BuildInput<'_>) -> DesiredChild
             REPLICATION_USER,
             input.replication_password,
         ),
-        control_token: control_secret(cluster, &names, input.control_token),
+        control_token: (cluster.replicas > 1)
+            .then(|| control_secret(cluster, &names, input.control_token)),
         pod_disruption_budget: (cluster.replicas > 1)
             .then(|| pod_disruption_budget(cluster, &names)),
     }
@@ -364,7 +367,15 @@ fn volumes(names: &ChildNames) -> Vec<Volume> {
         },
         secret(SUPERUSER_VOLUME, &names.secret),
         secret(REPLICATION_VOLUME, &names.replication_secret),
-        secret(CONTROL_VOLUME, &names.control_secret),
+        Volume {
+            name: CONTROL_VOLUME.to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(names.control_secret.clone()),
+                optional: Some(true),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
         // PostgreSQL's parallel queries use POSIX shared memory; a container runtime's own
         // /dev/shm is 64MB, too small for them.
         empty_dir(SHM_VOLUME, Some("Memory")),
@@ -1208,9 +1219,10 @@ mod tests {
     }
 
     #[test]
-    fn the_control_token_secret_is_owned_by_the_cluster() {
+    fn a_cluster_with_replicas_gets_a_control_token_secret_it_owns() {
+        assert_eq!(built(&validated("my-cluster", 1)).control_token, None);
         let children = built(&validated("my-cluster", 3));
-        let secret = &children.control_token;
+        let secret = children.control_token.as_ref().expect("with replicas");
         assert_eq!(
             secret.metadata.name.as_deref(),
             Some("my-cluster-postgresql-control")
