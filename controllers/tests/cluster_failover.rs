@@ -8,32 +8,30 @@
 //! primary takes writes through `<cluster>-rw` (after a failover, within
 //! `failoverDelaySeconds` plus [`FAILOVER_SLACK`]), that the old primary comes back as a
 //! replica streaming from the new one on its new timeline, what `status.primaryChange` says,
-//! and, from samples of the pods taken every [`SAMPLE_PERIOD`] throughout, that no two pods
+//! and, from samples of the pods taken every 100 ms throughout, that no two pods
 //! ever carry `db.example.com/role=primary` and `-rw` never resolves to two pods.
 //!
-//! The API of the feature (`spec.highAvailability`, `status.primaryChange`) is read and written
-//! as JSON, so that this file does not depend on the Rust types. The tests run one at a time
+//! The pgkube-testkit helpers of high availability (`TestCluster::wait_healthy`,
+//! `wait_primary_change`, `wait_rejoined`, `RoleSampler`) do the waiting and the sampling;
+//! `spec.highAvailability` is sent as JSON, and checked to be kept. The tests run one at a time
 //! ([`SERIAL`]): they time failovers, and two 3-instance clusters failing over at once on a
 //! 2-core machine would measure the machine.
 
 mod common;
 
-use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::Running;
-use k8s_openapi::api::core::v1::{Pod, Service};
-use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use pgkube_crds::{InstanceRole, PostgreSQLCluster};
+use pgkube_crds::{PostgreSQLCluster, PrimaryChange, PrimaryChangeKind};
 use pgkube_testkit::{
-    ClusterService, ROLE_LABEL, TestCluster, instance_manager_of, pod_addresses, postmaster_of,
-    send_signal, tokio_postgres, wait_until,
+    Frozen, RoleSampler, TestCluster, instance_manager_of, postmaster_of, send_signal,
+    tokio_postgres, wait_until,
 };
 use serde_json::json;
-use tokio::task::JoinHandle;
 
 const RESYNC: Duration = Duration::from_secs(30);
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(300);
@@ -50,7 +48,6 @@ const CRASH_FAILOVER_DELAY_SECONDS: u64 = 1;
 /// The "few seconds" a failover may take beyond the delay: the operator noticing the primary
 /// is gone, the promotion, the role label moving, a new connection.
 const FAILOVER_SLACK: Duration = Duration::from_secs(12);
-const SAMPLE_PERIOD: Duration = Duration::from_millis(100);
 const SWITCHOVER_ANNOTATION: &str = "db.example.com/switchover-to";
 const CLUSTER: &str = "pg";
 /// How long the frozen instance manager stays stopped after the failover: well under its
@@ -102,132 +99,42 @@ async fn cluster_json(running: &Running) -> serde_json::Value {
 }
 
 /// Waits until the cluster has one primary (`primary` if given) and two replicas streaming
-/// from it, caught up, on its timeline, each pod labelled with its role and ready; returns
-/// the primary.
+/// from it, caught up; returns the primary.
 async fn wait_healthy(cluster: &TestCluster, primary: Option<&str>) -> String {
-    let what = match primary {
-        Some(primary) => format!("{primary} primary, two replicas streaming, caught up"),
-        None => "one primary, two replicas streaming, caught up".to_owned(),
-    };
-    wait_until(&what, CHANGE_TIMEOUT, || async {
-        let status = cluster.get().await?.status.unwrap_or_default();
-        let Some(current) = status.current_primary.clone() else {
-            return Ok(None);
-        };
-        if primary.is_some_and(|wanted| wanted != current) {
-            return Ok(None);
-        }
-        let Some(timeline) = status
-            .instances
-            .iter()
-            .find(|i| i.name == current && i.role == InstanceRole::Primary && i.ready)
-            .and_then(|i| i.timeline)
-        else {
-            return Ok(None);
-        };
-        let replicas = status
-            .instances
-            .iter()
-            .filter(|i| {
-                i.name != current
-                    && i.role == InstanceRole::Replica
-                    && i.ready
-                    && i.streaming == Some(true)
-                    && i.lag_bytes == Some(0)
-                    && i.timeline == Some(timeline)
-            })
-            .count();
-        let pods = cluster.pods().await?;
-        let labelled = pods.len() == 3
-            && pods.iter().all(|pod| {
-                let role = if pod.name == current {
-                    "primary"
-                } else {
-                    "replica"
-                };
-                pod.ready && pod.role.as_deref() == Some(role)
-            });
-        Ok((replicas == 2 && labelled).then_some(current))
-    })
-    .await
-    .expect("the cluster is healthy")
+    cluster
+        .wait_healthy(primary, CHANGE_TIMEOUT)
+        .await
+        .expect("the cluster is healthy")
 }
 
-/// The `status.primaryChange` of the cluster, once it is of `kind`, from `from`, completed.
+/// The completed `status.primaryChange` of `kind` from `from`.
 async fn wait_primary_change(
-    running: &Running,
-    kind: &str,
+    cluster: &TestCluster,
+    kind: PrimaryChangeKind,
     from: &str,
     timeout: Duration,
-) -> serde_json::Value {
-    wait_until(
-        &format!("status.primaryChange: a completed {kind} from {from}"),
-        timeout,
-        || async {
-            let status = cluster_json(running).await["status"].clone();
-            let change = status["primaryChange"].clone();
-            let done = change["kind"] == kind
-                && change["from"] == from
-                && change["to"].as_str().is_some_and(|to| to != from)
-                && change["completedAt"].is_string()
-                && status["currentPrimary"] == change["to"];
-            Ok(done.then_some(change))
-        },
-    )
-    .await
-    .unwrap_or_else(|error| panic!("{error:#}"))
-}
-
-/// The timeline the server at `pod` writes WAL on (a primary's current WAL file names it).
-async fn primary_timeline(cluster: &TestCluster, pod: &str) -> u32 {
-    let sql = cluster.sql_to_pod(pod).await.expect("login to the primary");
-    let file: String = sql
-        .query_one("SELECT pg_walfile_name(pg_current_wal_lsn())", &[])
+) -> PrimaryChange {
+    cluster
+        .wait_primary_change(kind, from, timeout)
         .await
-        .expect("the current WAL file")
-        .get(0);
-    u32::from_str_radix(&file[..8], 16).expect("a timeline in the WAL file name")
+        .unwrap_or_else(|error| panic!("{error:#}"))
 }
 
-/// Waits until `old` is a standby streaming from the primary `new` on `new`'s timeline and
-/// has replayed the row `marker` of `items` (written on `new` after the change).
+async fn primary_timeline(cluster: &TestCluster, pod: &str) -> u32 {
+    cluster
+        .primary_timeline(pod)
+        .await
+        .expect("the primary's timeline")
+}
+
+/// Waits until `old` streams from the primary `new` and has replayed the row `marker` of
+/// `items` (written on `new` after the change).
 async fn wait_rejoined(cluster: &TestCluster, old: &str, new: &str, marker: i32) {
-    let timeline = primary_timeline(cluster, new).await;
-    wait_until(
-        &format!("{old} streaming from {new} on timeline {timeline}, with row {marker}"),
-        CHANGE_TIMEOUT,
-        || async {
-            let sql = cluster.sql_to_pod(old).await?;
-            let in_recovery: bool = sql
-                .query_one("SELECT pg_is_in_recovery()", &[])
-                .await?
-                .get(0);
-            if !in_recovery {
-                anyhow::bail!("{old} is not in recovery");
-            }
-            let receiving: Option<(i32, String)> = sql
-                .query_opt(
-                    "SELECT received_tli, conninfo FROM pg_stat_wal_receiver \
-                     WHERE status = 'streaming'",
-                    &[],
-                )
-                .await?
-                .map(|row| (row.get(0), row.get(1)));
-            let Some((received, conninfo)) = receiving else {
-                anyhow::bail!("{old} has no streaming WAL receiver");
-            };
-            if received != i32::try_from(timeline)? || !conninfo.contains(new) {
-                anyhow::bail!("{old} receives timeline {received} with {conninfo:?}");
-            }
-            let seen: i64 = sql
-                .query_one("SELECT count(*) FROM items WHERE id = $1", &[&marker])
-                .await?
-                .get(0);
-            Ok((seen == 1).then_some(()))
-        },
-    )
-    .await
-    .expect("the old primary comes back as a replica of the new one");
+    let replayed = format!("SELECT count(*) = 1 FROM items WHERE id = {marker}");
+    cluster
+        .wait_rejoined(old, new, &replayed, CHANGE_TIMEOUT)
+        .await
+        .expect("the old primary comes back as a replica of the new one");
 }
 
 async fn count_items(sql: &tokio_postgres::Client) -> i64 {
@@ -235,144 +142,6 @@ async fn count_items(sql: &tokio_postgres::Client) -> i64 {
         .await
         .expect("count")
         .get(0)
-}
-
-/// One look at the cluster's pods.
-#[derive(Clone, Debug)]
-struct Sample {
-    at: Instant,
-    /// Pods labelled primary (with ` (terminating)` after a pod being deleted).
-    primaries: Vec<String>,
-    /// Pods `-rw` resolves to.
-    rw: Vec<String>,
-}
-
-/// Samples the cluster's pods every [`SAMPLE_PERIOD`] in the background.
-struct RoleSampler {
-    samples: Arc<Mutex<Vec<Sample>>>,
-    stop: Arc<AtomicBool>,
-    task: JoinHandle<()>,
-}
-
-impl RoleSampler {
-    async fn start(running: &Running) -> RoleSampler {
-        let pods: Api<Pod> = running.api();
-        let rw = running
-            .api::<Service>()
-            .get(&ClusterService::ReadWrite.name(CLUSTER))
-            .await
-            .expect("the -rw Service");
-        let samples = Arc::new(Mutex::new(Vec::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let task = tokio::spawn({
-            let samples = samples.clone();
-            let stop = stop.clone();
-            let selector = format!("app.kubernetes.io/instance={CLUSTER}");
-            async move {
-                while !stop.load(Ordering::SeqCst) {
-                    if let Ok(list) = pods.list(&ListParams::default().labels(&selector)).await {
-                        let sample = Self::sample(&rw, &list.items);
-                        samples.lock().expect("samples").push(sample);
-                    }
-                    tokio::time::sleep(SAMPLE_PERIOD).await;
-                }
-            }
-        });
-        RoleSampler {
-            samples,
-            stop,
-            task,
-        }
-    }
-
-    fn sample(rw: &Service, pods: &[Pod]) -> Sample {
-        let primaries = pods
-            .iter()
-            .filter(|pod| pod.labels().get(ROLE_LABEL).map(String::as_str) == Some("primary"))
-            .map(|pod| {
-                let terminating = pod.metadata.deletion_timestamp.is_some();
-                format!(
-                    "{}{}",
-                    pod.name_any(),
-                    if terminating { " (terminating)" } else { "" }
-                )
-            })
-            .collect();
-        let addresses = pod_addresses(rw, pods).unwrap_or_default();
-        let rw = addresses
-            .iter()
-            .map(|address| {
-                pods.iter()
-                    .find(|pod| pod_ip(pod) == Some(address.ip()))
-                    .map_or_else(|| address.to_string(), ResourceExt::name_any)
-            })
-            .collect();
-        Sample {
-            at: Instant::now(),
-            primaries,
-            rw,
-        }
-    }
-
-    /// The samples taken so far.
-    fn samples(&self) -> Vec<Sample> {
-        self.samples.lock().expect("samples").clone()
-    }
-
-    /// The first moment `-rw` resolved to `pod` alone.
-    fn first_rw_only(&self, pod: &str) -> Option<Instant> {
-        self.samples()
-            .iter()
-            .find(|s| s.rw.len() == 1 && s.rw[0] == pod)
-            .map(|s| s.at)
-    }
-
-    /// Stops sampling and asserts that no sample had two pods labelled primary or `-rw`
-    /// resolving to two pods; returns the samples.
-    async fn finish(self) -> Vec<Sample> {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = self.task.await;
-        let samples = self.samples.lock().expect("samples").clone();
-        assert!(
-            samples.len() > 20,
-            "too few samples to say anything: {}",
-            samples.len()
-        );
-        let start = samples[0].at;
-        let doubled: Vec<String> = samples
-            .iter()
-            .filter(|s| s.primaries.len() > 1 || s.rw.len() > 1)
-            .map(|s| {
-                format!(
-                    "+{:.1}s: primary label on {:?}, -rw to {:?}",
-                    (s.at - start).as_secs_f64(),
-                    s.primaries,
-                    s.rw
-                )
-            })
-            .collect();
-        assert!(
-            doubled.is_empty(),
-            "two primaries at once in {} of {} samples: {doubled:?}",
-            doubled.len(),
-            samples.len()
-        );
-        samples
-    }
-}
-
-fn pod_ip(pod: &Pod) -> Option<IpAddr> {
-    pod.status.as_ref()?.pod_ip.as_ref()?.parse().ok()
-}
-
-/// Sends SIGCONT to a process stopped with SIGSTOP when dropped (a failing test must not
-/// leave a stopped process that ignores its pod's SIGTERM).
-struct Frozen(u32);
-
-impl Drop for Frozen {
-    fn drop(&mut self) {
-        let _ = send_signal(self.0, "CONT");
-    }
 }
 
 /// How the primary is lost.
@@ -419,7 +188,9 @@ async fn failover_after(prefix: &str, loss: Loss) {
     .expect("rows through rw");
     drop(sql);
     wait_healthy(&cluster, Some(&old)).await;
-    let sampler = RoleSampler::start(&running).await;
+    let sampler = RoleSampler::start(&cluster)
+        .await
+        .expect("sampling the pods");
 
     lose(&running, &old, loss).await;
     let took = cluster
@@ -427,12 +198,10 @@ async fn failover_after(prefix: &str, loss: Loss) {
         .await
         .unwrap_or_else(|error| panic!("a write through rw after {loss:?} of {old}: {error:#}"));
     eprintln!("{loss:?}: the first write through rw {took:?} after the loss");
-    let change = wait_primary_change(&running, "Failover", &old, CHANGE_TIMEOUT).await;
-    let new = change["to"].as_str().expect("to").to_owned();
-    assert!(
-        change["reason"].as_str().is_some_and(|r| !r.is_empty()),
-        "{change}"
-    );
+    let change =
+        wait_primary_change(&cluster, PrimaryChangeKind::Failover, &old, CHANGE_TIMEOUT).await;
+    let new = change.to.clone();
+    assert!(!change.reason.is_empty(), "{change:?}");
 
     let on_new = cluster
         .sql_to_pod(&new)
@@ -465,7 +234,9 @@ async fn a_switchover_moves_the_primary_with_every_row() {
     .await
     .expect("rows through rw");
     drop(sql);
-    let sampler = RoleSampler::start(&running).await;
+    let sampler = RoleSampler::start(&cluster)
+        .await
+        .expect("sampling the pods");
 
     cluster
         .api()
@@ -476,9 +247,14 @@ async fn a_switchover_moves_the_primary_with_every_row() {
         )
         .await
         .expect("annotated");
-    let change = wait_primary_change(&running, "Switchover", &old, CHANGE_TIMEOUT).await;
-    assert_eq!(change["to"], target.as_str(), "{change}");
-    assert!(change["startedAt"].is_string(), "{change}");
+    let change = wait_primary_change(
+        &cluster,
+        PrimaryChangeKind::Switchover,
+        &old,
+        CHANGE_TIMEOUT,
+    )
+    .await;
+    assert_eq!(change.to, target, "{change:?}");
     assert_eq!(
         cluster.current_primary().await.expect("status").as_deref(),
         Some(target.as_str())
@@ -585,7 +361,9 @@ async fn synchronous_replication_loses_no_acknowledged_commit() {
     })
     .await
     .expect("commits go on with a synchronous standby");
-    let sampler = RoleSampler::start(&running).await;
+    let sampler = RoleSampler::start(&cluster)
+        .await
+        .expect("sampling the pods");
     lose(&running, &old, Loss::KillPostmaster).await;
     let stopped = writer.await.expect("writer");
     let acknowledged = acknowledged.lock().expect("acknowledged").clone();
@@ -603,8 +381,9 @@ async fn synchronous_replication_loses_no_acknowledged_commit() {
         .await
         .unwrap_or_else(|error| panic!("a write through rw after the kill: {error:#}"));
     eprintln!("the first write through rw {took:?} after the kill");
-    let change = wait_primary_change(&running, "Failover", &old, CHANGE_TIMEOUT).await;
-    let new = change["to"].as_str().expect("to").to_owned();
+    let change =
+        wait_primary_change(&cluster, PrimaryChangeKind::Failover, &old, CHANGE_TIMEOUT).await;
+    let new = change.to.clone();
     let on_new = cluster
         .sql_to_pod(&new)
         .await
@@ -653,20 +432,21 @@ async fn a_primary_cut_from_the_operator_but_alive_is_fenced_then_rejoins() {
     drop(sql);
     wait_healthy(&cluster, Some(&old)).await;
     let postmaster = postmaster_of(running.namespace.name(), &old).expect("old postmaster");
-    let sampler = RoleSampler::start(&running).await;
+    let sampler = RoleSampler::start(&cluster)
+        .await
+        .expect("sampling the pods");
 
     let manager = instance_manager_of(running.namespace.name(), &old)
         .unwrap_or_else(|| panic!("the instance manager of {old}"));
-    send_signal(manager, "STOP").expect("SIGSTOP of the instance manager");
-    let frozen = Frozen(manager);
+    let frozen = Frozen::stop(manager).expect("SIGSTOP of the instance manager");
     let change = wait_primary_change(
-        &running,
-        "Failover",
+        &cluster,
+        PrimaryChangeKind::Failover,
         &old,
         failover_budget(FAILOVER_DELAY_SECONDS),
     )
     .await;
-    let new = change["to"].as_str().expect("to").to_owned();
+    let new = change.to.clone();
     let took = cluster
         .wait_writable(
             "INSERT INTO items VALUES (101)",

@@ -232,9 +232,9 @@ impl TestClusterBuilder {
 /// bring it up; the namespace's cleanup removes it.
 #[derive(Clone)]
 pub struct TestCluster {
-    client: Client,
-    namespace: String,
-    name: String,
+    pub(crate) client: Client,
+    pub(crate) namespace: String,
+    pub(crate) name: String,
 }
 
 impl TestCluster {
@@ -505,7 +505,7 @@ async fn connect(
     Ok(client)
 }
 
-fn instance_pod(pod: &Pod) -> InstancePod {
+pub(crate) fn instance_pod(pod: &Pod) -> InstancePod {
     let status = pod.status.as_ref();
     InstancePod {
         name: pod.metadata.name.clone().unwrap_or_default(),

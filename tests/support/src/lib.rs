@@ -56,7 +56,14 @@
 //!     `ReplicasStreaming`) too; [`TestCluster::delete`] deletes the cluster while the manager
 //!     still runs (its finalizer would otherwise hold the namespace);
 //!   - [`pod_processes`], [`postmaster_of`] and [`instance_manager_of`]: an instance pod's
-//!     processes on this machine, to crash or freeze them with [`send_signal`];
+//!     processes on this machine, to crash or freeze them with [`send_signal`] ([`Frozen`]
+//!     sends `SIGCONT` when dropped, so that a failing test leaves nothing stopped);
+//!   - high availability: [`TestCluster::wait_healthy`] (one primary, the replicas streaming
+//!     from it, caught up, every pod labelled with its role), [`TestCluster::wait_primary_change`]
+//!     (a completed switchover or failover), [`TestCluster::wait_rejoined`] (an old primary
+//!     streams from the new one), [`TestCluster::primary_timeline`]; [`RoleSampler`] looks at
+//!     the pods every [`SAMPLE_PERIOD`] and checks that no two ever carried
+//!     `db.example.com/role=primary` and `-rw` never resolved to two pods;
 //!   - [`service_addresses`]: a Service's ready pods' `IP:port`, resolved as the node agent's DNS
 //!     does (pods matching the selector), since EndpointSlices cannot hold loopback addresses;
 //!   - [`wait_for_cluster_running`], [`wait_for_cluster`] (any status condition) and
@@ -96,6 +103,7 @@ mod conversion;
 mod crds;
 mod database;
 mod env;
+mod failover;
 mod http;
 mod names;
 mod namespace;
@@ -122,11 +130,12 @@ pub use conversion::{TestCa, converting_crds, converting_crds_storing};
 pub use crds::{CRD_FIELD_MANAGER, install_crds};
 pub use database::TestDatabase;
 pub use env::{SKIP_ENV_VAR, TestEnv, testbed};
+pub use failover::{RoleSampler, SAMPLE_PERIOD, Sample};
 pub use http::http_get;
 pub use names::unique_name;
 pub use namespace::TestNamespace;
 pub use process::{
-    cpu_time, instance_manager_of, peak_rss_bytes, pod_processes, postmaster_of,
+    Frozen, cpu_time, instance_manager_of, peak_rss_bytes, pod_processes, postmaster_of,
     processes_with_args, processes_with_env, send_signal,
 };
 pub use restore::{

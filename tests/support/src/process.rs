@@ -116,6 +116,29 @@ pub fn send_signal(pid: u32, signal: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A process stopped with `SIGSTOP`, sent `SIGCONT` when this is dropped: a failing test must
+/// not leave behind a stopped process (one that ignores its pod's SIGTERM, say).
+#[derive(Debug)]
+pub struct Frozen(u32);
+
+impl Frozen {
+    /// Sends `SIGSTOP` to `pid`.
+    pub fn stop(pid: u32) -> anyhow::Result<Frozen> {
+        send_signal(pid, "STOP")?;
+        Ok(Frozen(pid))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.0
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = send_signal(self.0, "CONT");
+    }
+}
+
 /// The processes whose `/proc/<pid>/<file>` satisfies `matches`. Processes that end while
 /// being read, or that this user may not read, are left out.
 fn processes_where(file: &str, matches: impl Fn(&[u8]) -> bool) -> Vec<u32> {
