@@ -11,22 +11,18 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
-use manager_common::{KubeconfigFile, Manager, api_server_address};
+use manager_common::{
+    KubeconfigFile, Manager, SHORT_LEASE_DURATION, SHORT_LEASE_FLAGS, api_server_address,
+    lease_holder,
+};
 use pgkube_testkit::http_get;
 use pgkube_testkit::proxy::Proxy;
 use pgkube_testkit::{TestNamespace, install_crds, testbed, wait_until};
 
 /// Short timings so the test runs in seconds: a dead leader's Lease expires 5 s after its last
 /// renewal, followers look every 500 ms.
-const LEASE_DURATION: Duration = Duration::from_secs(5);
-const LEASE_FLAGS: &[&str] = &[
-    "--leader-elect-lease-duration",
-    "5s",
-    "--leader-elect-renew-deadline",
-    "3s",
-    "--leader-elect-retry-period",
-    "500ms",
-];
+const LEASE_DURATION: Duration = SHORT_LEASE_DURATION;
+const LEASE_FLAGS: &[&str] = SHORT_LEASE_FLAGS;
 /// Time on top of the lease duration for a follower to notice (retry period, the lease
 /// manager's up-to-1 s jitter after an expired lock) on a loaded machine.
 const TAKEOVER_SLACK: Duration = Duration::from_secs(5);
@@ -57,10 +53,7 @@ fn candidate_with(
 
 /// The host name part of the Lease's holder identity (`<host>_<random>`), if held.
 async fn holder(leases: &Api<Lease>) -> anyhow::Result<Option<String>> {
-    let lease = leases.get_opt(LEASE_NAME).await?;
-    Ok(lease
-        .and_then(|lease| lease.spec?.holder_identity)
-        .and_then(|identity| Some(identity.rsplit_once('_')?.0.to_owned())))
+    lease_holder(leases, LEASE_NAME).await
 }
 
 async fn wait_for_holder(leases: &Api<Lease>, among: &[&str], timeout: Duration) -> String {

@@ -21,14 +21,7 @@ use pgkube_testkit::{
     test_storage, testbed, wait_until,
 };
 
-const LEASE_FLAGS: &[&str] = &[
-    "--leader-elect-lease-duration",
-    "5s",
-    "--leader-elect-renew-deadline",
-    "3s",
-    "--leader-elect-retry-period",
-    "500ms",
-];
+const LEASE_FLAGS: &[&str] = manager_common::SHORT_LEASE_FLAGS;
 /// Two ticks and some: long enough for a tick, its backup and a takeover.
 const NEXT_BACKUP_TIMEOUT: Duration = Duration::from_secs(150);
 

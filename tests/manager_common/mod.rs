@@ -43,6 +43,30 @@ pub async fn create_cluster(
 /// with `pgkube_testkit::wait_for_cluster_running`, which explains a timeout.
 pub const RUNNING_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// Leader election timings short enough for a test: a dead leader's Lease expires 5 s
+/// ([`SHORT_LEASE_DURATION`]) after its last renewal, followers look every 500 ms.
+pub const SHORT_LEASE_FLAGS: &[&str] = &[
+    "--leader-elect-lease-duration",
+    "5s",
+    "--leader-elect-renew-deadline",
+    "3s",
+    "--leader-elect-retry-period",
+    "500ms",
+];
+pub const SHORT_LEASE_DURATION: Duration = Duration::from_secs(5);
+
+/// The host name part of the holder identity (`<host>_<random>`) of Lease `lease`, if held:
+/// the `name` of the [`Manager`] that holds it.
+pub async fn lease_holder(
+    leases: &Api<k8s_openapi::api::coordination::v1::Lease>,
+    lease: &str,
+) -> anyhow::Result<Option<String>> {
+    let lease = leases.get_opt(lease).await?;
+    Ok(lease
+        .and_then(|lease| lease.spec?.holder_identity)
+        .and_then(|identity| Some(identity.rsplit_once('_')?.0.to_owned())))
+}
+
 /// A running `pgkube run` process.
 pub struct Manager {
     pub name: String,
