@@ -211,9 +211,11 @@ fn failover(situation: &Situation<'_>) -> Result<Option<PrimaryChange>, String> 
         return Err("a restore is running; failover decisions wait for it to end".to_owned());
     }
     let since = unavailable_since(status).unwrap_or(situation.now);
-    let elapsed = situation.now.duration_since(since);
+    // A condition's time is kept to the second, cut down: the primary was lost up to a second
+    // after `since`. Counting from the end of that second, the delay has surely passed.
+    let elapsed = situation.now.duration_since(since).as_secs_f64() - 1.0;
     let delay = situation.failover_delay;
-    if elapsed.as_secs_f64() < delay.as_secs_f64() {
+    if elapsed < delay.as_secs_f64() {
         return Ok(None);
     }
     let candidate = best_replica(situation).ok_or_else(|| {
@@ -226,10 +228,8 @@ fn failover(situation: &Situation<'_>) -> Result<Option<PrimaryChange>, String> 
         from: situation.primary.to_owned(),
         to: candidate.pod.clone(),
         reason: format!(
-            "the primary {} was unavailable for {}s ({why}); {} is the ready replica with the most WAL",
-            situation.primary,
-            elapsed.as_secs(),
-            candidate.pod
+            "the primary {} was unavailable for {elapsed:.0}s or more ({why}); {} is the ready replica with the most WAL",
+            situation.primary, candidate.pod
         ),
         started_at: Time(situation.now),
         completed_at: None,
