@@ -266,20 +266,10 @@ impl HttpInstanceStatus {
 
     async fn get(&self, address: &InstanceAddress) -> Result<InstanceReport, FetchError> {
         let socket = SocketAddr::new(address.ip, self.port);
-        let uri: http::Uri = format!("http://{socket}/status")
-            .parse()
+        let request = http::Request::get(format!("http://{socket}/status"))
+            .body(Full::default())
             .map_err(|error| FetchError::BadAnswer(format!("address {socket}: {error}")))?;
-        let response = self
-            .client
-            .get(uri)
-            .await
-            .map_err(|error| FetchError::Unreachable(error.to_string()))?;
-        let status = response.status();
-        let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
-            .collect()
-            .await
-            .map_err(|error| FetchError::Unreachable(format!("reading the body: {error}")))?
-            .to_bytes();
+        let (status, body) = self.send(request).await?;
         if !status.is_success() {
             return Err(FetchError::BadAnswer(format!("HTTP {status}")));
         }
@@ -301,6 +291,21 @@ impl HttpInstanceStatus {
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(command.body().to_string())))
             .map_err(|error| FetchError::BadAnswer(format!("request to {socket}: {error}")))?;
+        let (status, body) = self.send(request).await?;
+        if status.is_success() {
+            return Ok(());
+        }
+        Err(FetchError::BadAnswer(format!(
+            "HTTP {status}: {}",
+            String::from_utf8_lossy(&body).trim()
+        )))
+    }
+
+    /// Sends `request` and reads the answer's body, at most [`MAX_BODY_BYTES`].
+    async fn send(
+        &self,
+        request: http::Request<Full<Bytes>>,
+    ) -> Result<(http::StatusCode, Bytes), FetchError> {
         let response = self
             .client
             .request(request)
@@ -312,13 +317,7 @@ impl HttpInstanceStatus {
             .await
             .map_err(|error| FetchError::Unreachable(format!("reading the body: {error}")))?
             .to_bytes();
-        if status.is_success() {
-            return Ok(());
-        }
-        Err(FetchError::BadAnswer(format!(
-            "HTTP {status}: {}",
-            String::from_utf8_lossy(&body).trim()
-        )))
+        Ok((status, body))
     }
 }
 

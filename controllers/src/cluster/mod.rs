@@ -838,24 +838,16 @@ async fn publish_event(
     reason: &str,
     note: String,
 ) {
-    let event = KubeEvent {
-        type_: if warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        },
-        reason: reason.to_owned(),
-        note: Some(truncate_note(note)),
-        action: "Reconcile".to_owned(),
-        secondary: None,
-    };
-    if let Err(error) = context
-        .recorder
-        .publish(&event, &cluster.object_ref(&()))
-        .await
-    {
-        tracing::warn!(%error, "cannot publish an Event");
-    }
+    let reference = cluster.object_ref(&());
+    crate::publish_event(
+        &context.recorder,
+        &reference,
+        warning,
+        reason,
+        note,
+        "Reconcile",
+    )
+    .await;
 }
 
 /// Creates the cluster's bootstrap restore unless the cache has it. One that exists already
