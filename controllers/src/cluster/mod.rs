@@ -1166,6 +1166,53 @@ mod tests {
     }
 
     #[test]
+    fn commits_wait_for_the_streaming_replicas_within_the_bounds() {
+        use instances::{InstanceReport, ObservedInstance, ReportedRole};
+        let cluster = |synchronous: serde_json::Value| -> PostgreSQLCluster {
+            serde_json::from_value(json!({
+                "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLCluster",
+                "metadata": {"name": "db"},
+                "spec": {"replicas": 4, "storage": "1Gi",
+                         "highAvailability": {"synchronous": synchronous}}
+            }))
+            .expect("a cluster")
+        };
+        let instance = |ordinal: i32, streaming: bool| ObservedInstance {
+            pod: format!("db-postgresql-{ordinal}"),
+            uid: None,
+            role_label: None,
+            report: Ok(InstanceReport {
+                pod: format!("db-postgresql-{ordinal}"),
+                role: ReportedRole::Replica,
+                ready: true,
+                timeline: Some(1),
+                current_lsn: None,
+                received_lsn: None,
+                replayed_lsn: None,
+                streaming,
+                pending_restart: Vec::new(),
+                following: None,
+            }),
+        };
+        let primary = "db-postgresql-0";
+        let none_stream = [instance(1, false), instance(2, false), instance(3, false)];
+        let two_stream = [instance(1, true), instance(2, true), instance(3, false)];
+        let all_stream = [instance(1, true), instance(2, true), instance(3, true)];
+        let one_to_two = cluster(json!({"minStandbys": 1, "maxStandbys": 2}));
+        // At least the minimum, even with none streaming: commits wait rather than go async.
+        assert_eq!(synchronous_standbys(&one_to_two, &none_stream, primary), 1);
+        assert_eq!(synchronous_standbys(&one_to_two, &two_stream, primary), 2);
+        // At most the maximum.
+        assert_eq!(synchronous_standbys(&one_to_two, &all_stream, primary), 2);
+        let without: PostgreSQLCluster = serde_json::from_value(json!({
+            "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLCluster",
+            "metadata": {"name": "db"}, "spec": {"replicas": 4, "storage": "1Gi"}
+        }))
+        .expect("a cluster");
+        assert_eq!(synchronous_standbys(&without, &all_stream, primary), 0);
+    }
+
+    #[test]
     fn passwords_are_random_and_long() {
         let one = generate_password();
         assert_eq!(one.len(), 32);
