@@ -5,7 +5,9 @@
 //! instance manager for its status -> `validate`
 //! the spec against them (pure) -> `build` the desired children (pure) -> `apply` what differs
 //! with server-side apply, and label each pod with the role its instance manager reports ->
-//! write the `status` when it changed, with an Event for each change. An unchanged, ready
+//! write the `status` when it changed, with an Event for each change -> send the `commands` that
+//! move the primary, if any (see `failover`; a switchover or failover first records itself in
+//! the status, in a reconcile of its own with the span `designate`). An unchanged, ready
 //! cluster makes no write at all.
 //!
 //! Roles: one instance is the designated primary (`status.currentPrimary`, else the first
@@ -613,9 +615,12 @@ async fn reconcile_cluster(
         .instrument(info_span!("status"))
         .await?;
     // After the labels (the old primary is fenced) and the status (the change is recorded).
-    send_commands(context, cluster, &names, &addresses, &commands)
-        .instrument(info_span!("commands", count = commands.len()))
-        .await?;
+    // A span only when there is something to send: most reconciles send nothing.
+    if !commands.is_empty() {
+        send_commands(context, cluster, &names, &addresses, &commands)
+            .instrument(info_span!("commands", count = commands.len()))
+            .await?;
+    }
     let mut next = next_look(
         &outcome,
         &new_status,
