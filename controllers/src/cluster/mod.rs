@@ -544,15 +544,20 @@ async fn reconcile_cluster(
         now: Timestamp::now(),
     };
     let plan = failover::plan(&situation);
-    if plan.clear_request {
-        answer_switchover_request(context, cluster, &namespace, plan.refusal.as_deref()).await?;
-    }
-    if let Some(change) = plan.designate {
-        return Box::pin(record_primary_change(
+    if let Some(change) = plan.designate.clone() {
+        let action = Box::pin(record_primary_change(
             cluster, context, &names, live, change,
         ))
         .instrument(info_span!("designate"))
-        .await;
+        .await?;
+        // Only once the switchover is recorded: a request is never dropped unanswered.
+        if plan.clear_request {
+            answer_switchover_request(context, cluster, &namespace, None).await?;
+        }
+        return Ok(action);
+    }
+    if plan.clear_request {
+        answer_switchover_request(context, cluster, &namespace, plan.refusal.as_deref()).await?;
     }
     let commands = failover::commands(&situation);
     let synchronous_standbys = synchronous_standbys(cluster, &live.instances, &primary);
