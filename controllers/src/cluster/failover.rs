@@ -211,9 +211,9 @@ fn failover(situation: &Situation<'_>) -> Result<Option<PrimaryChange>, String> 
         return Err("a restore is running; failover decisions wait for it to end".to_owned());
     }
     let since = unavailable_since(status).unwrap_or(situation.now);
-    // A condition's time is kept to the second, cut down: the primary was lost up to a second
-    // after `since`. Counting from the end of that second, the delay has surely passed.
-    let elapsed = situation.now.duration_since(since).as_secs_f64() - 1.0;
+    // A condition's time is kept to the second, cut down: the primary may have been lost up
+    // to a second after `since`, so the failover may come up to a second before the delay.
+    let elapsed = situation.now.duration_since(since).as_secs_f64();
     let delay = situation.failover_delay;
     if elapsed < delay.as_secs_f64() {
         return Ok(None);
