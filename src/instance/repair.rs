@@ -14,7 +14,6 @@ use anyhow::Context as _;
 use super::control::Target;
 use super::datadir::{self, Role};
 use super::endpoint::InstanceStatus;
-use super::roles::PEER_TIMEOUT;
 use super::server::{Server, Shutdown};
 use super::sql;
 use super::stream::{self, Lsn, PrimaryView, Remedy, ReplicaView, Stuck};
@@ -60,17 +59,7 @@ impl Instance {
 
     /// What `target` tells of its WAL, if it answers as a primary.
     async fn primary_view(&self, target: &Target) -> Option<PrimaryView> {
-        let connect = sql::connect_remote(
-            &target.host,
-            self.applied.topology.port,
-            &self.applied.superuser,
-            &self.args.pod_name,
-        );
-        let client = tokio::time::timeout(PEER_TIMEOUT * 3, connect)
-            .await
-            .ok()?
-            .inspect_err(|error| tracing::debug!(%error, host = %target.host, "no answer"))
-            .ok()?;
+        let client = self.connect_as_superuser(target).await?;
         let wal = sql::primary_wal(&client)
             .await
             .inspect_err(|error| tracing::warn!(%error, primary = %target.pod, "cannot read the primary's WAL state"))

@@ -30,7 +30,7 @@ use super::server::{Server, Shutdown};
 use super::{ControlRequest, Instance, Signals, floors, sql};
 
 /// How long a look at another instance (its `/status`, or a connection to it) may take.
-pub(super) const PEER_TIMEOUT: Duration = Duration::from_secs(2);
+const PEER_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often a former primary asks again whether the new primary answers.
 const REJOIN_RETRY: Duration = Duration::from_secs(2);
 
@@ -266,19 +266,27 @@ impl Instance {
         Ok(())
     }
 
-    /// Whether `target` answers, as the superuser, and is in recovery.
-    async fn target_in_recovery(&self, target: &Target) -> Option<bool> {
+    /// A connection to `target` as the superuser, if it answers in time.
+    pub(super) async fn connect_as_superuser(
+        &self,
+        target: &Target,
+    ) -> Option<tokio_postgres::Client> {
         let connect = sql::connect_remote(
             &target.host,
             self.applied.topology.port,
             &self.applied.superuser,
             &self.args.pod_name,
         );
-        let client = tokio::time::timeout(PEER_TIMEOUT * 3, connect)
+        tokio::time::timeout(PEER_TIMEOUT * 3, connect)
             .await
             .ok()?
             .inspect_err(|error| tracing::debug!(%error, host = %target.host, "no answer"))
-            .ok()?;
+            .ok()
+    }
+
+    /// Whether `target` answers, as the superuser, and is in recovery.
+    async fn target_in_recovery(&self, target: &Target) -> Option<bool> {
+        let client = self.connect_as_superuser(target).await?;
         sql::in_recovery(&client).await.ok()
     }
 
