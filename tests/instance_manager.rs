@@ -642,11 +642,11 @@ async fn control_needs_the_mounted_token() {
     .await;
 }
 
-#[tokio::test]
-async fn a_switchover_demotes_the_primary_cleanly_and_every_replica_follows_the_new_one() {
-    let mut bed = Bed::new();
-    let old = bed.start(0, 3);
-    wait_status(&bed, old, "a ready primary", |s| {
+/// Starts instance 0 of `replicas` as the primary and writes rows 1 to 100 of `kept` on it;
+/// returns its index and the connection that wrote them.
+async fn primary_with_kept_rows(bed: &mut Bed, replicas: u32) -> (usize, tokio_postgres::Client) {
+    let old = bed.start(0, replicas);
+    wait_status(bed, old, "a ready primary", |s| {
         s["role"] == "primary" && s["ready"] == true
     })
     .await;
@@ -657,6 +657,13 @@ async fn a_switchover_demotes_the_primary_cleanly_and_every_replica_follows_the_
         )
         .await
         .expect("writes on the primary");
+    (old, writer)
+}
+
+#[tokio::test]
+async fn a_switchover_demotes_the_primary_cleanly_and_every_replica_follows_the_new_one() {
+    let mut bed = Bed::new();
+    let (old, writer) = primary_with_kept_rows(&mut bed, 3).await;
     let new = bed.start(1, 3);
     let other = bed.start(2, 3);
     wait_replica_of(&bed, new, old, 100).await;
@@ -722,18 +729,7 @@ async fn a_switchover_demotes_the_primary_cleanly_and_every_replica_follows_the_
 #[tokio::test]
 async fn a_crashed_primary_with_unreplicated_writes_is_rewound_into_a_replica_of_the_new_one() {
     let mut bed = Bed::new();
-    let old = bed.start(0, 2);
-    wait_status(&bed, old, "a ready primary", |s| {
-        s["role"] == "primary" && s["ready"] == true
-    })
-    .await;
-    let writer = bed.sql(old, "first").await.expect("primary answers");
-    writer
-        .batch_execute(
-            "CREATE TABLE kept (id int PRIMARY KEY); INSERT INTO kept SELECT generate_series(1, 100)",
-        )
-        .await
-        .expect("writes on the primary");
+    let (old, writer) = primary_with_kept_rows(&mut bed, 2).await;
     let new = bed.start(1, 2);
     wait_replica_of(&bed, new, old, 100).await;
 
@@ -808,18 +804,7 @@ async fn a_crashed_primary_with_unreplicated_writes_is_rewound_into_a_replica_of
 #[tokio::test]
 async fn a_former_primary_not_designated_waits_for_the_new_primary_before_rejoining() {
     let mut bed = Bed::new();
-    let old = bed.start(0, 2);
-    wait_status(&bed, old, "a ready primary", |s| {
-        s["role"] == "primary" && s["ready"] == true
-    })
-    .await;
-    let writer = bed.sql(old, "first").await.expect("primary answers");
-    writer
-        .batch_execute(
-            "CREATE TABLE kept (id int PRIMARY KEY); INSERT INTO kept SELECT generate_series(1, 100)",
-        )
-        .await
-        .expect("writes on the primary");
+    let (old, writer) = primary_with_kept_rows(&mut bed, 2).await;
     drop(writer);
     let new = bed.start(1, 2);
     wait_replica_of(&bed, new, old, 100).await;
@@ -859,18 +844,7 @@ async fn a_former_primary_not_designated_waits_for_the_new_primary_before_rejoin
 #[tokio::test]
 async fn a_replica_ahead_of_the_promoted_one_is_rewound_onto_the_new_timeline() {
     let mut bed = Bed::new();
-    let old = bed.start(0, 3);
-    wait_status(&bed, old, "a ready primary", |s| {
-        s["role"] == "primary" && s["ready"] == true
-    })
-    .await;
-    let writer = bed.sql(old, "first").await.expect("primary answers");
-    writer
-        .batch_execute(
-            "CREATE TABLE kept (id int PRIMARY KEY); INSERT INTO kept SELECT generate_series(1, 100)",
-        )
-        .await
-        .expect("writes on the primary");
+    let (old, writer) = primary_with_kept_rows(&mut bed, 3).await;
     let new = bed.start(1, 3);
     let ahead = bed.start(2, 3);
     wait_replica_of(&bed, new, old, 100).await;
