@@ -1130,9 +1130,13 @@ async fn scheduling_fields_reach_the_pods_and_are_quiet_once_applied() {
     });
     patch_spec(&running, "sched", scheduling.clone()).await;
     let pod_spec_of = |pod: &Pod| serde_json::to_value(pod.spec.clone()).expect("json");
+    // A pod the StatefulSet controller recreates mid-roll can come from the old revision first
+    // (when its status still counts the pod as current), so wait for one with the new fields.
     let new_pod = wait_until("the pod to be replaced", TIMEOUT, || async {
         let pod = pods.get_opt("sched-postgresql-0").await?;
-        Ok(pod.filter(|pod| pod.uid() != old_pod))
+        Ok(pod.filter(|pod| {
+            pod.uid() != old_pod && pod_spec_of(pod)["nodeSelector"] == scheduling["nodeSelector"]
+        }))
     })
     .await
     .expect("pod rolled");
