@@ -18,6 +18,7 @@
 //!   when the manager exposes it, as the manager counted them
 //!   (`pgkube_kube_client_requests_total{verb,resource,code}` on its /metrics);
 //! - the manager's CPU time (user + system, /proc) over that time, and its peak RSS (VmHWM);
+//! - the cluster controller's reconciles per cluster over that time (its /metrics);
 //! - its writes per minute at rest, over `PGKUBE_BENCH_IDLE_SECONDS` (default 90) after that;
 //! - the time to delete it all (namespace, claims, volumes).
 //!
@@ -169,12 +170,17 @@ impl Bench<'_> {
 
         let (mark, cpu) = (self.audit.mark(), cpu_time(pid));
         let metric_before = metric(metrics_address).await;
+        let reconciles_before = cluster_reconciles(metrics_address).await;
         let started = Instant::now();
         let created_in = self.create_clusters(namespace.name(), n).await;
         let converged = wait_all_running(self.client, namespace.name(), n, started).await;
         let converge_cpu = cpu_time(pid).saturating_sub(cpu);
         let converge_mark = self.audit.mark();
         let metric_converged = metric(metrics_address).await;
+        let reconciles = cluster_reconciles(metrics_address)
+            .await
+            // None before the first reconcile: the counter has no series yet.
+            .map(|now| now - reconciles_before.unwrap_or(0.0));
 
         tokio::time::sleep(idle).await;
         let idle_requests = self.audit.requests(converge_mark, self.audit.mark());
@@ -192,6 +198,7 @@ impl Bench<'_> {
             peak_rss,
             requests: self.audit.requests(mark, converge_mark),
             metric_requests: delta(&metric_converged, &metric_before),
+            reconciles,
             idle,
             idle_requests,
             idle_metric: delta(&metric_rested, &metric_converged),
@@ -342,6 +349,19 @@ async fn metric(address: SocketAddr) -> Option<ByVerb> {
         *by_verb.entry(verb.to_owned()).or_default() += value.unwrap_or(0.0);
     }
     (!by_verb.is_empty()).then_some(by_verb)
+}
+
+/// The cluster controller's reconciles so far (`operator_reconcile_total{controller="cluster"}`,
+/// every result).
+async fn cluster_reconciles(address: SocketAddr) -> Option<f64> {
+    let (_, text) = http_get(address, "/metrics").await.ok()?;
+    let counts: Vec<f64> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("operator_reconcile_total{"))
+        .filter(|labels| labels.contains("controller=\"cluster\""))
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse().ok())
+        .collect();
+    (!counts.is_empty()).then(|| counts.iter().sum())
 }
 
 /// What the manager's count grew by from `before` to `now`.

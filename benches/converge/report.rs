@@ -23,6 +23,8 @@ pub struct Row {
     pub requests: Vec<Request>,
     /// The same, as the manager counted them (None: it exposes no such metric).
     pub metric_requests: Option<ByVerb>,
+    /// The cluster controller's reconciles over that time (None: not on its /metrics).
+    pub reconciles: Option<f64>,
     pub idle: Duration,
     pub idle_requests: Vec<Request>,
     pub idle_metric: Option<ByVerb>,
@@ -66,9 +68,10 @@ fn header(idle: Duration, load_before: &str, load_after: &str) {
 fn summary(rows: &[Row]) {
     println!(
         "| clusters | created in | all Running after | manager CPU | CPU per Running cluster | peak RSS | \
-         writes/min at rest (API server) | writes/min at rest (manager's count) | deleted in |"
+         reconciles per cluster | writes/min at rest (API server) | writes/min at rest \
+         (manager's count) | deleted in |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for row in rows {
         let converged = if row.converged.running == row.n {
             format!("{:.1} s", row.converged.elapsed.as_secs_f64())
@@ -83,8 +86,11 @@ fn summary(rows: &[Row]) {
         let metric_writes = row.idle_metric.as_ref().map_or("–".to_owned(), |by_verb| {
             format!("{:.1}", row.per_minute_at_rest(writes(by_verb)))
         });
+        let reconciles = row.reconciles.map_or("–".to_owned(), |count| {
+            format!("{:.2}", count / row.n.max(1) as f64)
+        });
         println!(
-            "| {} | {:.1} s | {converged} | {:.2} s | {:.1} ms | {} | {:.1} | {metric_writes} | {} |",
+            "| {} | {:.1} s | {converged} | {:.2} s | {:.1} ms | {} | {reconciles} | {:.1} | {metric_writes} | {} |",
             row.n,
             row.created_in.as_secs_f64(),
             row.cpu.as_secs_f64(),
