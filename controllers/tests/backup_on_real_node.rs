@@ -575,31 +575,53 @@ async fn an_agent_killed_mid_upload_fails_the_backup_without_a_manifest_and_rete
             .prefix(&directory)
             .send()
             .await?;
-        Ok::<_, anyhow::Error>(listing.uploads().len())
+        let keys: Vec<String> = listing
+            .uploads()
+            .iter()
+            .filter_map(|upload| upload.key().map(str::to_owned))
+            .collect();
+        Ok::<_, anyhow::Error>(keys)
     };
-    wait_until(
-        "a multipart upload to start",
-        Duration::from_secs(120),
-        || async { Ok((open_uploads().await? > 0).then_some(())) },
-    )
-    .await
-    .expect("upload started");
     // The agent, not its pg_dump child: with the agent gone (PID 1 of its container), the
     // container ends and its other processes with it.
-    let agents: Vec<u32> = pgkube_testkit::processes_with_env("PGKUBE_BACKUP_NAME=killed")
-        .into_iter()
-        .filter(|pid| pgkube_testkit::processes_with_args(&["agent", "backup"]).contains(pid))
-        .collect();
-    assert_eq!(
-        agents.len(),
-        1,
-        "one agent runs on this machine: {agents:?}"
-    );
-    let status = std::process::Command::new("kill")
-        .args(["-9", &agents[0].to_string()])
-        .status()
-        .expect("kill runs");
-    assert!(status.success(), "kill -9 {}", agents[0]);
+    let agent = wait_until(
+        "the backup agent to start",
+        Duration::from_secs(120),
+        || async {
+            let agents: Vec<u32> = pgkube_testkit::processes_with_env("PGKUBE_BACKUP_NAME=killed")
+                .into_iter()
+                .filter(|pid| {
+                    pgkube_testkit::processes_with_args(&["agent", "backup"]).contains(pid)
+                })
+                .collect();
+            anyhow::ensure!(
+                agents.len() <= 1,
+                "one agent runs on this machine: {agents:?}"
+            );
+            Ok(agents.first().copied())
+        },
+    )
+    .await
+    .expect("agent started");
+    // Kill it while the bulk database's upload is open. The globals go up first, in an upload
+    // of their own, and the bulk dump may finish quickly: the agent is frozen (SIGSTOP) before
+    // each look, so that what the listing shows is still true when the SIGKILL lands.
+    let bulk_key = format!("{directory}databases/postgres.dump");
+    wait_until(
+        "the bulk database's upload to be open",
+        Duration::from_secs(120),
+        || async {
+            signal(agent, "STOP")?;
+            if open_uploads().await?.contains(&bulk_key) {
+                return Ok(Some(()));
+            }
+            signal(agent, "CONT")?;
+            Ok(None)
+        },
+    )
+    .await
+    .expect("the bulk upload opened");
+    signal(agent, "KILL").expect("kill the agent");
 
     let failed = wait_backup_ended(
         &fixture.running.client,
@@ -621,7 +643,7 @@ async fn an_agent_killed_mid_upload_fails_the_backup_without_a_manifest_and_rete
         "no manifest for a killed backup: {objects:?}"
     );
     assert!(
-        open_uploads().await.expect("uploads") > 0,
+        open_uploads().await.expect("uploads").contains(&bulk_key),
         "the killed agent left its upload open"
     );
 
@@ -642,8 +664,17 @@ async fn an_agent_killed_mid_upload_fails_the_backup_without_a_manifest_and_rete
     assert!(report.aborted_uploads > 0, "{report:?}");
     assert_eq!(
         open_uploads().await.expect("uploads"),
-        0,
+        Vec::<String>::new(),
         "no upload left open"
     );
     fixture.stop().await;
+}
+
+/// Sends `SIGNAL` (`STOP`, `CONT`, `KILL`) to process `pid` with kill(1).
+fn signal(pid: u32, name: &str) -> anyhow::Result<()> {
+    let status = std::process::Command::new("kill")
+        .args([format!("-{name}"), pid.to_string()])
+        .status()?;
+    anyhow::ensure!(status.success(), "kill -{name} {pid}: {status}");
+    Ok(())
 }
