@@ -22,6 +22,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::build::{DesiredChildren, ROLE_LABEL};
+use super::cache;
 use super::drift;
 use super::read::{LiveChildren, claim_request};
 use super::roles::LabelChange;
@@ -144,7 +145,8 @@ where
     body["kind"] = json!(kind);
     let body = drift::stamped(body);
     if let Some(live) = live {
-        let live = serde_json::to_value(live).map_err(Error::Serialize)?;
+        let mut live = serde_json::to_value(live).map_err(Error::Serialize)?;
+        cache::expand_compacted(&mut live);
         if drift::is_up_to_date(&body, &live) {
             return Ok(None);
         }

@@ -4,7 +4,9 @@
 //!
 //! - StatefulSets, Services, ConfigMaps and PodDisruptionBudgets: the whole objects (drift
 //!   detection compares them with the desired ones), without `managedFields`, which pgkube never
-//!   reads and which are the largest part of an applied object.
+//!   reads and which are the largest part of an applied object. A StatefulSet's pod spec is
+//!   kept as its JSON text in [`COMPACT_POD_SPEC_ANNOTATION`] (see [`compact_pod_spec`]):
+//!   drift detection alone reads it, and as text it takes far less memory than as structs.
 //! - Secrets: metadata only. A reconcile only needs to know that the credentials exist, and the
 //!   manager then holds no password in memory.
 //! - Pods and data volume claims: watched for the cache alone; their changes trigger nothing (a
@@ -86,7 +88,7 @@ type Changes<K> = BoxStream<'static, Result<K, watcher::Error>>;
 impl ChildStores {
     /// The stores of `namespace` (all when `None`), and the changes that fill them.
     fn new(client: &Client, namespace: Option<&str>) -> (ChildStores, ChildChanges) {
-        let (statefulsets, statefulset_changes) = cached(client, namespace, keep_whole);
+        let (statefulsets, statefulset_changes) = cached(client, namespace, compact_pod_spec);
         let (services, service_changes) = cached(client, namespace, keep_whole);
         let (config_maps, config_map_changes) = cached(client, namespace, keep_whole);
         let (budgets, budget_changes) = cached(client, namespace, keep_whole);
@@ -204,6 +206,60 @@ impl ChildStores {
 /// Keeps the object as it is.
 fn keep_whole<K>(_: &mut K) {}
 
+/// Annotation, on cached StatefulSets only (never sent to the API server), holding the pod
+/// template's spec as JSON text in place of the structs.
+pub const COMPACT_POD_SPEC_ANNOTATION: &str = "pgkube.internal/cached-pod-spec";
+
+/// Moves a StatefulSet's pod template spec into [`COMPACT_POD_SPEC_ANNOTATION`] as JSON text.
+/// Why: k8s-openapi's structs hold every optional field inline and allocate each string, so a
+/// pod spec takes far more memory as structs than as text, and only drift detection reads it
+/// (after [`expand_compacted`]); at 1,000 clusters this cut the manager's peak RSS from 172 to
+/// 144 MiB (README, "Convergence at scale"). Code reading the cache sees a template without a
+/// spec.
+fn compact_pod_spec(statefulset: &mut StatefulSet) {
+    let Some(template) = statefulset.spec.as_mut().map(|spec| &mut spec.template) else {
+        return;
+    };
+    let Some(pod_spec) = template.spec.take() else {
+        return;
+    };
+    match serde_json::to_string(&pod_spec) {
+        Ok(json) => {
+            statefulset
+                .metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(COMPACT_POD_SPEC_ANNOTATION.to_owned(), json);
+        }
+        // Cannot happen for a spec that was just deserialized; keep it whole if it does.
+        Err(_) => template.spec = Some(pod_spec),
+    }
+}
+
+/// Puts back, in the JSON of a cached object, the pod spec that [`compact_pod_spec`] moved into
+/// its annotation, and removes the annotation: the object as the API server sent it, minus
+/// `managedFields`. Objects without the annotation are left as they are. Text that does not
+/// parse (impossible unless the cache is corrupted) leaves the spec out, which drift detection
+/// reads as a difference, so the child is applied again: never a missed drift.
+pub fn expand_compacted(live: &mut serde_json::Value) {
+    let annotation = live
+        .pointer_mut("/metadata/annotations")
+        .and_then(serde_json::Value::as_object_mut)
+        .and_then(|annotations| annotations.remove(COMPACT_POD_SPEC_ANNOTATION));
+    let Some(serde_json::Value::String(json)) = annotation else {
+        return;
+    };
+    let Ok(pod_spec) = serde_json::from_str::<serde_json::Value>(&json) else {
+        return;
+    };
+    if let Some(template) = live
+        .pointer_mut("/spec/template")
+        .and_then(serde_json::Value::as_object_mut)
+    {
+        template.insert("spec".to_owned(), pod_spec);
+    }
+}
+
 /// Drops a pod's spec, which the controller never reads.
 fn without_spec(pod: &mut Pod) {
     pod.spec = None;
@@ -292,6 +348,55 @@ mod tests {
         assert!(!is_synced(&store).await, "a list begun is not done");
         writer.apply_watcher_event(&Event::InitDone);
         assert!(is_synced(&store).await);
+    }
+
+    #[test]
+    fn a_compacted_statefulset_expands_back_to_what_the_server_sent() {
+        use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
+        let mut statefulset = StatefulSet::default();
+        statefulset.metadata.name = Some("pg-postgresql".to_owned());
+        statefulset.metadata.annotations = Some([("a".to_owned(), "b".to_owned())].into());
+        statefulset.spec = Some(k8s_openapi::api::apps::v1::StatefulSetSpec {
+            replicas: Some(3),
+            template: PodTemplateSpec {
+                spec: Some(PodSpec {
+                    containers: vec![Container {
+                        name: "postgresql".to_owned(),
+                        image: Some("postgres:15".to_owned()),
+                        ..Container::default()
+                    }],
+                    ..PodSpec::default()
+                }),
+                ..PodTemplateSpec::default()
+            },
+            ..Default::default()
+        });
+        let sent = serde_json::to_value(&statefulset).expect("json");
+
+        let mut cached = statefulset.clone();
+        compact_pod_spec(&mut cached);
+        let template = &cached.spec.as_ref().expect("spec").template;
+        assert!(template.spec.is_none(), "the structs are gone");
+        let mut expanded = serde_json::to_value(&cached).expect("json");
+        expand_compacted(&mut expanded);
+        assert_eq!(expanded, sent);
+    }
+
+    #[test]
+    fn unparsable_compacted_text_expands_to_no_spec_and_others_are_untouched() {
+        let mut corrupted = serde_json::json!({
+            "metadata": {"annotations": {COMPACT_POD_SPEC_ANNOTATION: "{not json"}},
+            "spec": {"template": {"metadata": {}}},
+        });
+        expand_compacted(&mut corrupted);
+        assert_eq!(
+            corrupted,
+            serde_json::json!({"metadata": {"annotations": {}}, "spec": {"template": {"metadata": {}}}})
+        );
+        let service = serde_json::json!({"metadata": {"name": "pg-rw"}, "spec": {"ports": []}});
+        let mut expanded = service.clone();
+        expand_compacted(&mut expanded);
+        assert_eq!(expanded, service);
     }
 
     #[test]
