@@ -238,7 +238,8 @@ fn compact_pod_spec(statefulset: &mut StatefulSet) {
 
 /// Puts back, in the JSON of a cached object, the pod spec that [`compact_pod_spec`] moved into
 /// its annotation, and removes the annotation: the object as the API server sent it, minus
-/// `managedFields`. Objects without the annotation are left as they are. Text that does not
+/// `managedFields` (one that had no annotations keeps an empty map, which drift detection reads
+/// as no annotations). Objects without the annotation are left as they are. Text that does not
 /// parse (impossible unless the cache is corrupted) leaves the spec out, which drift detection
 /// reads as a difference, so the child is applied again: never a missed drift.
 pub fn expand_compacted(live: &mut serde_json::Value) {
