@@ -257,31 +257,22 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let shutdown = ShutdownSignal::from_future(shutdown);
-    let clusters = cluster::ClusterControllers::new(&context);
+    let clusters = cluster::ClusterController::new(&context);
     let scheduler = schedule::BackupScheduler::new(&context);
-    let backups = backup::BackupControllers::new(&context);
-    let restores = restore::RestoreControllers::new(&context);
-    let backup_stores = backups.stores();
-    let restore_stores = restores.stores();
-    let stores = clusters.stores();
+    let backups = backup::BackupController::new(&context);
+    let restores = restore::RestoreController::new(&context);
+    let (cluster_store, backup_store, restore_store) =
+        (clusters.store(), backups.store(), restores.store());
     let ready = async move {
-        for store in stores {
-            // Only fails when the controller stopped before its cache synced.
-            if store.wait_until_ready().await.is_err() {
-                return;
-            }
+        // Each fails only when its controller stopped before its cache synced.
+        let synced = futures::future::try_join3(
+            cluster_store.wait_until_ready(),
+            backup_store.wait_until_ready(),
+            restore_store.wait_until_ready(),
+        );
+        if synced.await.is_ok() {
+            on_ready();
         }
-        for store in backup_stores {
-            if store.wait_until_ready().await.is_err() {
-                return;
-            }
-        }
-        for store in restore_stores {
-            if store.wait_until_ready().await.is_err() {
-                return;
-            }
-        }
-        on_ready();
     };
     futures::future::join5(
         ready,

@@ -8,12 +8,102 @@
 //! namespace relists (at once: its change triggers a reconcile, which must find it); once the
 //! relist is done, the union drops that namespace's objects its store no longer has. The union
 //! is ready once every namespace has listed once.
+//!
+//! [`controller`] builds one such Controller for a kind: the backup and restore controllers use
+//! it as is, and the cluster controller adds its children's watches to it.
 
+use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 
-use kube::Resource;
-use kube::runtime::reflector::{Lookup, Store, store::Writer};
-use kube::runtime::watcher::Event;
+use futures::{Stream, StreamExt};
+use k8s_openapi::NamespaceResourceScope;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::reflector::{self, Lookup, Store, reflector, store::Writer};
+use kube::runtime::watcher::{self, Event};
+use kube::{Client, Resource};
+use serde::de::DeserializeOwned;
+
+/// One Controller of `K` for all of `namespaces` (`[None]`: all namespaces), reconciling at
+/// most `concurrency` objects at a time across them; [`Controller::store`] reads every watched
+/// namespace's objects.
+pub fn controller<K>(
+    client: &Client,
+    namespaces: &[Option<String>],
+    concurrency: u16,
+) -> Controller<K>
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (changes, store) = watch_namespaces::<K>(client, namespaces);
+    Controller::for_stream(changes, store)
+        .with_config(ControllerConfig::default().concurrency(concurrency))
+}
+
+/// The watches of `K`, one per namespace, as one stream of the objects they saw change, and the
+/// store to read them from (objects without their managed fields): the namespace's own with one
+/// namespace, else their union.
+fn watch_namespaces<K>(
+    client: &Client,
+    namespaces: &[Option<String>],
+) -> (
+    impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+    Store<K>,
+)
+where
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let parts: Vec<_> = namespaces
+        .iter()
+        .map(|namespace| (namespace.clone(), reflector::store::<K>()))
+        .collect();
+    let (union, reader) = match parts.as_slice() {
+        [(_, (store, _))] => (None, store.clone()),
+        parts => {
+            let stores = parts
+                .iter()
+                .map(|(namespace, (store, _))| {
+                    (namespace.clone().unwrap_or_default(), store.clone())
+                })
+                .collect();
+            let (union, reader) = UnionStore::new(stores);
+            (Some(union), reader)
+        }
+    };
+    let streams = parts
+        .into_iter()
+        .enumerate()
+        .map(|(index, (namespace, (_, writer)))| {
+            let union = union.clone();
+            let api = crate::api::<K>(client, namespace.as_deref());
+            // Managed fields are dropped: the controllers never read them, and they are a
+            // large part of an object that was applied and had its status written.
+            let objects = watcher::watcher(api, watcher::Config::default())
+                .modify(|object| object.meta_mut().managed_fields = None);
+            reflector(writer, objects)
+                .default_backoff()
+                .inspect(move |event| {
+                    if let (Some(union), Ok(event)) = (&union, event) {
+                        union.follow(index, event);
+                    }
+                })
+                .touched_objects()
+                .boxed()
+        });
+    (futures::stream::select_all(streams), reader)
+}
 
 /// The union of the stores of several namespaces.
 pub struct UnionStore<K: Lookup + Clone + 'static>

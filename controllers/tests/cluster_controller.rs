@@ -17,7 +17,10 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, ResourceExt};
 use pgkube_controllers::cluster::instances::ReportedRole;
-use pgkube_crds::{ClusterPhase, InstanceRole, PostgreSQLCluster, PostgresVersion};
+use pgkube_crds::{
+    BackupPhase, ClusterPhase, InstanceRole, PostgreSQLBackup, PostgreSQLCluster,
+    PostgreSQLRestore, PostgresVersion, RestorePhase,
+};
 use pgkube_testkit::{condition, wait_until};
 use serde_json::json;
 
@@ -1221,6 +1224,38 @@ fn the_testkit_agrees_with_the_controllers_on_child_names_and_keys() {
     );
 }
 
+/// Creates, in `namespace`, backup `nightly` of `cluster` (kept when deleted) and restore `back`
+/// of a backup that does not exist into it.
+async fn backup_and_restore_of(
+    client: &kube::Client,
+    namespace: &str,
+    cluster: &str,
+) -> (Api<PostgreSQLBackup>, Api<PostgreSQLRestore>) {
+    let backups = Api::<PostgreSQLBackup>::namespaced(client.clone(), namespace);
+    let backup: PostgreSQLBackup = serde_json::from_value(json!({
+        "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLBackup",
+        "metadata": {"name": "nightly"},
+        "spec": {"cluster": {"name": cluster}, "deletionPolicy": "Retain"},
+    }))
+    .expect("a backup");
+    backups
+        .create(&PostParams::default(), &backup)
+        .await
+        .expect("backup created");
+    let restores = Api::<PostgreSQLRestore>::namespaced(client.clone(), namespace);
+    let restore: PostgreSQLRestore = serde_json::from_value(json!({
+        "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLRestore",
+        "metadata": {"name": "back"},
+        "spec": {"backup": {"name": "missing"}, "cluster": {"name": cluster}},
+    }))
+    .expect("a restore");
+    restores
+        .create(&PostParams::default(), &restore)
+        .await
+        .expect("restore created");
+    (backups, restores)
+}
+
 /// The distinct successive phases of cluster `name`, as a watch sees them from now on.
 fn record_phases(running: &Running, name: &str) -> Arc<Mutex<Vec<ClusterPhase>>> {
     let phases = Arc::new(Mutex::new(Vec::new()));
@@ -1242,10 +1277,12 @@ fn record_phases(running: &Running, name: &str) -> Arc<Mutex<Vec<ClusterPhase>>>
     phases
 }
 
-/// One Controller serves every watched namespace: with two namespaces and one reconcile at a
-/// time, a cluster in each reaches Running, each with its own children.
+/// One Controller of each kind serves every watched namespace: with two namespaces and one
+/// reconcile at a time, a cluster in each reaches Running, each with its own children, and a
+/// backup and a restore in each are reconciled (the backup waits, its cluster having no
+/// storage; the restore of a backup that does not exist fails).
 #[tokio::test]
-async fn one_controller_serves_every_watched_namespace() {
+async fn one_controller_of_each_kind_serves_every_watched_namespace() {
     let Some(mut running) = Running::start("cluster-ns-a", Duration::from_secs(300)).await else {
         return;
     };
@@ -1275,6 +1312,36 @@ async fn one_controller_serves_every_watched_namespace() {
     })
     .await
     .expect("Running in the second namespace");
+    for (namespace, cluster) in [
+        (running.namespace.name(), "first"),
+        (other_name.as_str(), "second"),
+    ] {
+        let (backups, restores) = backup_and_restore_of(&running.client, namespace, cluster).await;
+        wait_until(
+            &format!("the backup in {namespace} to wait"),
+            TIMEOUT,
+            || async {
+                let backup = backups.get("nightly").await?;
+                let phase = backup.status.and_then(|s| s.phase);
+                Ok((phase == Some(BackupPhase::Pending)).then_some(()))
+            },
+        )
+        .await
+        .expect("the backup reconciled in its namespace");
+        let refused = wait_until(
+            &format!("the restore in {namespace} to fail"),
+            TIMEOUT,
+            || async {
+                let restore = restores.get("back").await?;
+                let status = restore.status.unwrap_or_default();
+                Ok((status.phase == Some(RestorePhase::Failed)).then_some(status))
+            },
+        )
+        .await
+        .expect("the restore reconciled in its namespace");
+        let message = refused.message.unwrap_or_default();
+        assert!(message.contains("missing does not exist"), "{message}");
+    }
     let statefulsets = Api::<StatefulSet>::namespaced(running.client.clone(), &other_name);
     statefulsets
         .get("second-postgresql")

@@ -1,10 +1,17 @@
 //! The API calls both controllers make about their Jobs: create one (or take over the one a
-//! previous reconcile created), and read where one stands.
+//! previous reconcile created), read where one stands, and watch them.
 
+use std::fmt::Debug;
+
+use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{ListParams, PostParams};
-use kube::{Api, Client, ResourceExt};
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::Controller;
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 
 use super::follow::{self, JobState};
 
@@ -29,6 +36,29 @@ fn kube_error(action: &'static str, name: &str) -> impl FnOnce(kube::Error) -> J
         name,
         source,
     }
+}
+
+/// Adds to `controller` a watch of the Jobs that `selector` picks in each of `namespaces`
+/// (`[None]`: all namespaces): a Job's change reconciles the object that owns it. Only their
+/// metadata is watched, enough to find the owner; [`state`] reads a Job itself.
+pub fn own_jobs<K>(
+    mut controller: Controller<K>,
+    client: &Client,
+    namespaces: &[Option<String>],
+    selector: &str,
+) -> Controller<K>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    for namespace in namespaces {
+        let jobs = crate::api::<PartialObjectMeta<Job>>(client, namespace.as_deref());
+        let changes = watcher::watcher(jobs, watcher::Config::default().labels(selector))
+            .default_backoff()
+            .touched_objects()
+            .boxed();
+        controller = controller.owns_stream(changes);
+    }
+    controller
 }
 
 /// Creates `desired`; a Job of that name that exists already is accepted only when the object

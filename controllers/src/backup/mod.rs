@@ -42,12 +42,10 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use futures::StreamExt;
-use k8s_openapi::api::batch::v1::Job;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use pgkube_crds::{
     BackupPhase, DeletionPolicy, PostgreSQLBackup, PostgreSQLCluster, PostgreSQLRestore, S3Storage,
@@ -113,79 +111,65 @@ fn kube_error(
 pub struct BackupContext {
     pub base: Context,
     recorder: Recorder,
-    /// Every backup the controllers watch: a backup's siblings come from here.
-    stores: Vec<Store<PostgreSQLBackup>>,
+    /// Every backup of the watched namespaces: a backup's siblings come from here.
+    backups: Store<PostgreSQLBackup>,
     retries: crate::retries::Retries,
 }
 
-/// One Controller per watched namespace (or one for all).
-pub struct BackupControllers {
-    controllers: Vec<Controller<PostgreSQLBackup>>,
+/// The one Controller of every watched namespace's backups.
+pub struct BackupController {
+    controller: Controller<PostgreSQLBackup>,
     context: Arc<BackupContext>,
 }
 
-impl BackupControllers {
+impl BackupController {
+    /// One Controller for all watched namespaces, so that `--max-concurrent-reconciles` bounds
+    /// them together (see `union_store`), owning the backup Jobs of each.
     pub fn new(context: &Context) -> Self {
+        let client = &context.client;
         let namespaces = crate::watched_namespaces(&context.settings);
-        let controllers: Vec<_> = namespaces
-            .iter()
-            .map(|namespace| {
-                controller(
-                    &context.client,
-                    namespace.as_deref(),
-                    context.settings.max_concurrent_reconciles,
-                )
-            })
-            .collect();
-        let stores = controllers.iter().map(Controller::store).collect();
+        let controller = crate::union_store::controller::<PostgreSQLBackup>(
+            client,
+            &namespaces,
+            context.settings.max_concurrent_reconciles,
+        );
+        let backups = controller.store();
+        let controller = job::own_jobs(controller, client, &namespaces, JOB_SELECTOR);
         let reporter = Reporter {
             controller: "pgkube".to_owned(),
             instance: std::env::var("POD_NAME").ok(),
         };
         Self {
-            controllers,
+            controller,
             context: Arc::new(BackupContext {
                 recorder: Recorder::new(context.events.clone(), reporter),
                 base: context.clone(),
-                stores,
+                backups,
                 retries: crate::retries::Retries::default(),
             }),
         }
     }
 
-    /// The backup caches; all ready means every backup is known.
-    pub fn stores(&self) -> Vec<Store<PostgreSQLBackup>> {
-        self.context.stores.clone()
+    /// The backup cache; ready means every backup is known.
+    pub fn store(&self) -> Store<PostgreSQLBackup> {
+        self.context.backups.clone()
     }
 
     /// Runs until `shutdown` fires; reconciles in flight finish first. The hourly retention
     /// passes run alongside.
     pub async fn run(self, shutdown: ShutdownSignal) {
         let hourly = retention_pass::hourly(self.context.clone(), shutdown.clone());
-        let runs = self.controllers.into_iter().map(|controller| {
-            controller
-                .graceful_shutdown_on(shutdown.clone().wait())
-                .run(reconcile, error_policy, self.context.clone())
-                .for_each(|result| async move {
-                    if let Err(error) = result {
-                        tracing::debug!(controller = CONTROLLER, %error, "reconcile stream");
-                    }
-                })
-        });
-        futures::future::join(futures::future::join_all(runs), hourly).await;
+        let reconciles = self
+            .controller
+            .graceful_shutdown_on(shutdown.wait())
+            .run(reconcile, error_policy, self.context)
+            .for_each(|result| async move {
+                if let Err(error) = result {
+                    tracing::debug!(controller = CONTROLLER, %error, "reconcile stream");
+                }
+            });
+        futures::future::join(reconciles, hourly).await;
     }
-}
-
-fn controller(
-    client: &Client,
-    namespace: Option<&str>,
-    concurrency: u16,
-) -> Controller<PostgreSQLBackup> {
-    let backups = crate::api::<PostgreSQLBackup>(client, namespace);
-    let jobs = crate::api::<Job>(client, namespace);
-    Controller::new(backups, watcher::Config::default())
-        .with_config(ControllerConfig::default().concurrency(concurrency))
-        .owns(jobs, watcher::Config::default().labels(JOB_SELECTOR))
 }
 
 /// Reconciles one backup.
@@ -249,9 +233,9 @@ async fn reconcile_backup(
     let restores = read_restores(backup, context, &namespace).await?;
     let restores: Vec<&PostgreSQLRestore> = restores.iter().collect();
     let siblings: Vec<Arc<PostgreSQLBackup>> = context
-        .stores
-        .iter()
-        .flat_map(Store::state)
+        .backups
+        .state()
+        .into_iter()
         .filter(|other| other.namespace().as_deref() == Some(namespace.as_str()))
         .collect();
     let siblings: Vec<&PostgreSQLBackup> = siblings.iter().map(AsRef::as_ref).collect();

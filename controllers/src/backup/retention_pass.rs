@@ -94,9 +94,9 @@ fn backups_of(
     cluster: &str,
 ) -> Vec<Arc<PostgreSQLBackup>> {
     context
-        .stores
-        .iter()
-        .flat_map(|store| store.state())
+        .backups
+        .state()
+        .into_iter()
         .filter(|b| b.namespace().as_deref() == Some(namespace) && b.spec.cluster.name == cluster)
         .collect()
 }

@@ -327,7 +327,7 @@ where
     let (store, writer) = reflector::store();
     let config = watcher::Config::default().labels(MANAGED_BY_SELECTOR);
     let changes = watcher::watcher(api::<K>(client, namespace), config).modify(move |object| {
-        object.managed_fields_mut().clear();
+        object.meta_mut().managed_fields = None;
         trim(object);
     });
     let changes = reflector(writer, changes)

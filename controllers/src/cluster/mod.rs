@@ -47,7 +47,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
@@ -62,7 +62,6 @@ use rand::distr::Alphanumeric;
 use serde_json::json;
 use tracing::{Instrument, Span, field, info_span, instrument};
 
-use crate::union_store::UnionStore;
 use crate::{Context, ShutdownSignal, api, record_trace_id, truncate_note};
 use build::ChildNames;
 use status::{Issue, Observation};
@@ -235,13 +234,13 @@ impl Failures {
 
 /// The one Controller of every watched namespace, with the store whose readiness means the
 /// controller is ready.
-pub struct ClusterControllers {
+pub struct ClusterController {
     controller: Controller<PostgreSQLCluster>,
     clusters: Store<PostgreSQLCluster>,
     context: Arc<ClusterContext>,
 }
 
-impl ClusterControllers {
+impl ClusterController {
     /// One Controller for all watched namespaces, so that `--max-concurrent-reconciles` bounds
     /// them together: each namespace has its own watches (a namespaced manager may not list
     /// cluster-wide), all feeding this Controller, which reads clusters from the union of the
@@ -249,10 +248,12 @@ impl ClusterControllers {
     pub fn new(context: &Context) -> Self {
         let client = &context.client;
         let namespaces = crate::watched_namespaces(&context.settings);
-        let (triggers, clusters) = cluster_watches(client, &namespaces);
-        let mut controller = Controller::for_stream(triggers, clusters.clone()).with_config(
-            ControllerConfig::default().concurrency(context.settings.max_concurrent_reconciles),
+        let mut controller = crate::union_store::controller::<PostgreSQLCluster>(
+            client,
+            &namespaces,
+            context.settings.max_concurrent_reconciles,
         );
+        let clusters = controller.store();
         let (mut backups, mut restores, mut children) = (Vec::new(), Vec::new(), Vec::new());
         for namespace in &namespaces {
             let namespace = namespace.as_deref();
@@ -277,8 +278,8 @@ impl ClusterControllers {
     }
 
     /// The cluster cache; ready means every cluster is known.
-    pub fn stores(&self) -> Vec<Store<PostgreSQLCluster>> {
-        vec![self.clusters.clone()]
+    pub fn store(&self) -> Store<PostgreSQLCluster> {
+        self.clusters.clone()
     }
 
     /// Runs until `shutdown` fires; reconciles in flight finish first.
@@ -293,51 +294,6 @@ impl ClusterControllers {
             })
             .await;
     }
-}
-
-/// The clusters' watches, one per namespace, as one stream of changed clusters, and the store
-/// the Controller reads them from: the namespace's own with one namespace, else their union.
-fn cluster_watches(
-    client: &Client,
-    namespaces: &[Option<String>],
-) -> (
-    impl futures::Stream<Item = Result<PostgreSQLCluster, watcher::Error>> + Send + 'static,
-    Store<PostgreSQLCluster>,
-) {
-    let parts: Vec<_> = namespaces
-        .iter()
-        .map(|namespace| (namespace.clone(), reflector::store::<PostgreSQLCluster>()))
-        .collect();
-    let (union, reader) = match parts.as_slice() {
-        [(_, (store, _))] => (None, store.clone()),
-        parts => {
-            let stores = parts
-                .iter()
-                .map(|(namespace, (store, _))| {
-                    (namespace.clone().unwrap_or_default(), store.clone())
-                })
-                .collect();
-            let (union, reader) = UnionStore::new(stores);
-            (Some(union), reader)
-        }
-    };
-    let streams = parts
-        .into_iter()
-        .enumerate()
-        .map(|(index, (namespace, (_, writer)))| {
-            let union = union.clone();
-            let api = api::<PostgreSQLCluster>(client, namespace.as_deref());
-            reflector(writer, watcher::watcher(api, watcher::Config::default()))
-                .default_backoff()
-                .inspect(move |event| {
-                    if let (Some(union), Ok(event)) = (&union, event) {
-                        union.follow(index, event);
-                    }
-                })
-                .touched_objects()
-                .boxed()
-        });
-    (futures::stream::select_all(streams), reader)
 }
 
 /// Adds the watches of `namespace`'s backups and restores to `controller`: a backup's or a

@@ -28,13 +28,11 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use futures::StreamExt;
-use k8s_openapi::api::batch::v1::Job;
 use kube::api::ListParams;
-use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
+use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, ResourceExt};
 use pgkube_crds::{PostgreSQLBackup, PostgreSQLCluster, PostgreSQLRestore, RestorePhase};
 use tracing::{Instrument, Span, field, info_span, instrument};
 
@@ -93,76 +91,62 @@ fn kube_error(
 pub struct RestoreContext {
     pub base: Context,
     recorder: Recorder,
-    /// Every restore the controllers watch: a restore's siblings come from here.
-    stores: Vec<Store<PostgreSQLRestore>>,
+    /// Every restore of the watched namespaces: a restore's siblings come from here.
+    restores: Store<PostgreSQLRestore>,
     retries: crate::retries::Retries,
 }
 
-/// One Controller per watched namespace (or one for all).
-pub struct RestoreControllers {
-    controllers: Vec<Controller<PostgreSQLRestore>>,
+/// The one Controller of every watched namespace's restores.
+pub struct RestoreController {
+    controller: Controller<PostgreSQLRestore>,
     context: Arc<RestoreContext>,
 }
 
-impl RestoreControllers {
+impl RestoreController {
+    /// One Controller for all watched namespaces, so that `--max-concurrent-reconciles` bounds
+    /// them together (see `union_store`), owning the restore Jobs of each.
     pub fn new(context: &Context) -> Self {
-        let controllers: Vec<_> = crate::watched_namespaces(&context.settings)
-            .iter()
-            .map(|namespace| {
-                controller(
-                    &context.client,
-                    namespace.as_deref(),
-                    context.settings.max_concurrent_reconciles,
-                )
-            })
-            .collect();
-        let stores = controllers.iter().map(Controller::store).collect();
+        let client = &context.client;
+        let namespaces = crate::watched_namespaces(&context.settings);
+        let controller = crate::union_store::controller::<PostgreSQLRestore>(
+            client,
+            &namespaces,
+            context.settings.max_concurrent_reconciles,
+        );
+        let restores = controller.store();
+        let controller = job::own_jobs(controller, client, &namespaces, JOB_SELECTOR);
         let reporter = Reporter {
             controller: "pgkube".to_owned(),
             instance: std::env::var("POD_NAME").ok(),
         };
         Self {
-            controllers,
+            controller,
             context: Arc::new(RestoreContext {
                 recorder: Recorder::new(context.events.clone(), reporter),
                 base: context.clone(),
-                stores,
+                restores,
                 retries: crate::retries::Retries::default(),
             }),
         }
     }
 
-    /// The restore caches; all ready means every restore is known.
-    pub fn stores(&self) -> Vec<Store<PostgreSQLRestore>> {
-        self.context.stores.clone()
+    /// The restore cache; ready means every restore is known.
+    pub fn store(&self) -> Store<PostgreSQLRestore> {
+        self.context.restores.clone()
     }
 
     /// Runs until `shutdown` fires; reconciles in flight finish first.
     pub async fn run(self, shutdown: ShutdownSignal) {
-        let runs = self.controllers.into_iter().map(|controller| {
-            controller
-                .graceful_shutdown_on(shutdown.clone().wait())
-                .run(reconcile, error_policy, self.context.clone())
-                .for_each(|result| async move {
-                    if let Err(error) = result {
-                        tracing::debug!(controller = CONTROLLER, %error, "reconcile stream");
-                    }
-                })
-        });
-        futures::future::join_all(runs).await;
+        self.controller
+            .graceful_shutdown_on(shutdown.wait())
+            .run(reconcile, error_policy, self.context)
+            .for_each(|result| async move {
+                if let Err(error) = result {
+                    tracing::debug!(controller = CONTROLLER, %error, "reconcile stream");
+                }
+            })
+            .await;
     }
-}
-
-fn controller(
-    client: &Client,
-    namespace: Option<&str>,
-    concurrency: u16,
-) -> Controller<PostgreSQLRestore> {
-    let restores = crate::api::<PostgreSQLRestore>(client, namespace);
-    let jobs = crate::api::<Job>(client, namespace);
-    Controller::new(restores, watcher::Config::default())
-        .with_config(ControllerConfig::default().concurrency(concurrency))
-        .owns(jobs, watcher::Config::default().labels(JOB_SELECTOR))
 }
 
 /// Reconciles one restore.
@@ -282,9 +266,9 @@ impl Read {
             .map_err(kube_error("list", "PostgreSQLBackup", namespace))?
             .items;
         let restores = context
-            .stores
-            .iter()
-            .flat_map(Store::state)
+            .restores
+            .state()
+            .into_iter()
             .filter(|other| other.namespace().as_deref() == Some(namespace))
             .collect();
         Ok(Self {
