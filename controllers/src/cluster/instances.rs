@@ -224,7 +224,10 @@ impl FetchError {
 }
 
 /// Asks instance managers over plain HTTP on [`STATUS_PORT`] (cluster-internal traffic, as the
-/// kubelet's probes of the same endpoint), with connections kept for the next refresh.
+/// kubelet's probes of the same endpoint), on a new connection each time, as those probes do.
+/// Why not keep connections: a reconcile asks each instance once, the next ask comes a refresh
+/// later, and an idle connection held for every pod cost about 19 KiB each (heaptrack at 500
+/// clusters: 9.7 of the manager's 51 MB peak heap); a new plain connection costs a handshake.
 #[derive(Clone)]
 pub struct HttpInstanceStatus {
     client: Client<HttpConnector, Full<Bytes>>,
@@ -254,8 +257,7 @@ impl HttpInstanceStatus {
         connector.set_connect_timeout(Some(timeout));
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(1)
+            .pool_max_idle_per_host(0)
             .build(connector);
         Self {
             client,
