@@ -10,6 +10,7 @@ pub mod agent_job;
 pub mod backup;
 pub mod cluster;
 pub mod crd_check;
+pub mod events;
 pub mod metrics;
 pub mod names;
 pub mod pod;
@@ -165,7 +166,7 @@ pub(crate) fn record_trace_id(span: &Span) {
 /// Publishes an Event about `reference` (a Warning when `warning`), its note cut to the 1 kB
 /// Events allow. One that cannot be published is logged: never worth failing a reconcile for.
 pub(crate) async fn publish_event(
-    recorder: &kube::runtime::events::Recorder,
+    recorder: &crate::events::Recorder,
     reference: &k8s_openapi::api::core::v1::ObjectReference,
     warning: bool,
     reason: &str,

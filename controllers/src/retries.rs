@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
+use crate::events::Recorder;
 use kube::runtime::controller::Action;
-use kube::runtime::events::Recorder;
 use kube::{Resource, ResourceExt};
 
 /// Consecutive failures by `namespace/name`; cleared by a success.

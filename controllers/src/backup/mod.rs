@@ -44,7 +44,7 @@ use chrono::Utc;
 use futures::StreamExt;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use pgkube_crds::{
@@ -54,6 +54,7 @@ use serde_json::json;
 use tracing::{Instrument, Span, field, info_span, instrument};
 
 use crate::agent_job::{self as job, JobState};
+use crate::events::Recorder;
 use crate::metrics::ClusterLabels;
 use crate::{Context, ShutdownSignal};
 use decide::Next;

@@ -48,7 +48,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event as KubeEvent, EventType, Reporter};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -62,6 +62,7 @@ use rand::distr::Alphanumeric;
 use serde_json::json;
 use tracing::{Instrument, Span, field, info_span, instrument};
 
+use crate::events::Recorder;
 use crate::{Context, ShutdownSignal, api, record_trace_id, truncate_note};
 use build::ChildNames;
 use status::{Issue, Observation};

@@ -28,7 +28,7 @@ use chrono::{DateTime, Duration, Utc};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event as KubeEvent, EventType, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -41,6 +41,7 @@ use uuid::Uuid;
 use super::name::backup_name;
 use super::parse::Schedule;
 use super::plan::{self, Decision, Plan, SchedulerStatus};
+use crate::events::Recorder;
 use crate::metrics::ClusterLabels;
 use crate::{Context, ShutdownSignal};
 
