@@ -43,6 +43,16 @@ impl Recorder {
         }
     }
 
+    /// The manager's recorder: reporting controller `pgkube`, reporting instance `POD_NAME`
+    /// when that is set (else `pgkube` too), as every controller's recorder had.
+    pub fn of_manager(client: Client) -> Self {
+        let reporter = Reporter {
+            controller: "pgkube".to_owned(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Self::new(client, reporter)
+    }
+
     /// Publishes `event` about `regarding`: a new Event, or the next count of the series of
     /// the same Event published less than [`SERIES_TTL`] ago.
     pub async fn publish(

@@ -44,7 +44,6 @@ use chrono::Utc;
 use futures::StreamExt;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::Reporter;
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use pgkube_crds::{
@@ -136,14 +135,10 @@ impl BackupController {
         );
         let backups = controller.store();
         let controller = job::own_jobs(controller, client, &namespaces, JOB_SELECTOR);
-        let reporter = Reporter {
-            controller: "pgkube".to_owned(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         Self {
             controller,
             context: Arc::new(BackupContext {
-                recorder: Recorder::new(context.events.clone(), reporter),
+                recorder: Recorder::of_manager(context.events.clone()),
                 base: context.clone(),
                 backups,
                 retries: crate::retries::Retries::default(),

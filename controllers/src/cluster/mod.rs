@@ -48,7 +48,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event as KubeEvent, EventType, Reporter};
+use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -126,11 +126,7 @@ pub struct ClusterContext {
 impl ClusterContext {
     /// A context that sees no backups (see [`ClusterContext::with_backups`]).
     pub fn new(base: Context) -> Self {
-        let reporter = Reporter {
-            controller: "pgkube".to_owned(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
-        let recorder = Recorder::new(base.events.clone(), reporter);
+        let recorder = Recorder::of_manager(base.events.clone());
         Self {
             base,
             recorder,

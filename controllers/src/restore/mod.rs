@@ -30,7 +30,6 @@ use chrono::Utc;
 use futures::StreamExt;
 use kube::api::ListParams;
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::Reporter;
 use kube::runtime::reflector::Store;
 use kube::{Api, ResourceExt};
 use pgkube_crds::{PostgreSQLBackup, PostgreSQLCluster, PostgreSQLRestore, RestorePhase};
@@ -116,14 +115,10 @@ impl RestoreController {
         );
         let restores = controller.store();
         let controller = job::own_jobs(controller, client, &namespaces, JOB_SELECTOR);
-        let reporter = Reporter {
-            controller: "pgkube".to_owned(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
         Self {
             controller,
             context: Arc::new(RestoreContext {
-                recorder: Recorder::new(context.events.clone(), reporter),
+                recorder: Recorder::of_manager(context.events.clone()),
                 base: context.clone(),
                 restores,
                 retries: crate::retries::Retries::default(),

@@ -28,7 +28,7 @@ use chrono::{DateTime, Duration, Utc};
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Patch, PatchParams, PostParams};
-use kube::runtime::events::{Event as KubeEvent, EventType, Reporter};
+use kube::runtime::events::{Event as KubeEvent, EventType};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -331,11 +331,7 @@ struct Engine {
 
 impl Engine {
     fn new(context: Context, caches: Caches, sender: mpsc::UnboundedSender<Message>) -> Self {
-        let reporter = Reporter {
-            controller: "pgkube".to_owned(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
-        let recorder = Recorder::new(context.events.clone(), reporter);
+        let recorder = Recorder::of_manager(context.events.clone());
         Self {
             context,
             recorder,
