@@ -34,6 +34,9 @@ use kube::core::crd::merge_crds;
 
 /// The API group of every pgkube kind.
 pub const GROUP: &str = "db.example.com";
+/// The most instances a cluster can have: the maximum of `spec.replicas` in every version's
+/// schema (a test checks the generated CRD against it).
+pub const MAX_REPLICAS: i32 = 10;
 /// The finalizer the cluster controller puts on clusters.
 pub const CLEANUP_FINALIZER: &str = "db.example.com/cleanup";
 

@@ -10,3 +10,26 @@ fn committed_crd_yaml_matches_the_types() {
         "crds/crds.yaml is out of date with the API types: run `cargo run -- crd > crds/crds.yaml`"
     );
 }
+
+/// The controllers look for a cluster's pods and claims among ordinals below `MAX_REPLICAS`, so
+/// every served version must refuse more replicas than that.
+#[test]
+fn every_version_bounds_replicas_by_max_replicas() {
+    let crds = pgkube_crds::crds();
+    let clusters = crds
+        .iter()
+        .find(|crd| crd.spec.names.kind == "PostgreSQLCluster")
+        .expect("the PostgreSQLCluster CRD");
+    for version in &clusters.spec.versions {
+        let schema = serde_json::to_value(&version.schema).expect("the schema as JSON");
+        let maximum = schema
+            .pointer("/openAPIV3Schema/properties/spec/properties/replicas/maximum")
+            .and_then(serde_json::Value::as_f64);
+        assert_eq!(
+            maximum,
+            Some(f64::from(pgkube_crds::MAX_REPLICAS)),
+            "spec.replicas of {}",
+            version.name
+        );
+    }
+}

@@ -32,7 +32,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, Resource};
 use pgkube_crds::PostgreSQLCluster;
 use serde::de::DeserializeOwned;
 
@@ -286,22 +286,6 @@ where
     K: Resource<DynamicType = ()> + Clone,
 {
     store.get(&ObjectRef::new(name).within(namespace))
-}
-
-/// The objects of `namespace` in `store` that `keep` accepts.
-pub fn cached_objects<K>(
-    store: &Store<K>,
-    namespace: &str,
-    keep: impl Fn(&K) -> bool,
-) -> Vec<Arc<K>>
-where
-    K: Resource<DynamicType = ()> + Clone,
-{
-    store
-        .state()
-        .into_iter()
-        .filter(|object| object.namespace().as_deref() == Some(namespace) && keep(object))
-        .collect()
 }
 
 /// A store of `K` (ours only, without managed fields, and trimmed by `trim`) and the stream of

@@ -10,10 +10,11 @@ use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service}
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
+use pgkube_crds::MAX_REPLICAS;
 use tracing::{Instrument, info_span};
 
 use super::build::{ChildNames, DATA_VOLUME, VERSION_ANNOTATION, selector_labels};
-use super::cache::{ChildStores, cached_object, cached_objects};
+use super::cache::{ChildStores, cached_object};
 use super::instances::{self, InstanceStatusSource, ObservedInstance};
 use super::roles;
 use super::validate::LiveFacts;
@@ -34,7 +35,7 @@ pub struct LiveChildren {
     pub replication_credentials_exist: bool,
     pub control_token_exists: bool,
     pub pod_disruption_budget: Option<PodDisruptionBudget>,
-    /// The StatefulSet's data volume claims (`data-<statefulset>-N`), any ordinal.
+    /// The StatefulSet's data volume claims (`data-<statefulset>-N`), by ordinal.
     pub data_claims: Vec<PersistentVolumeClaim>,
     /// The StatefulSet's pods and what their instance managers report, by ordinal.
     pub instances: Vec<ObservedInstance>,
@@ -151,45 +152,50 @@ where
     cached_object(store, namespace, name).map(|object| (*object).clone())
 }
 
-/// The StatefulSet's pods (`<statefulset>-N`), by ordinal.
-fn pods(stores: &ChildStores, namespace: &str, names: &ChildNames) -> Vec<Pod> {
-    let selector = selector_labels(names);
-    let mut pods: Vec<(i32, Pod)> = cached_objects(&stores.pods, namespace, |pod| {
-        let labels = pod.labels();
-        selector
-            .iter()
-            .all(|(key, value)| labels.get(key) == Some(value))
-    })
-    .into_iter()
-    .filter_map(|pod| {
-        Some((
-            roles::ordinal(&names.statefulset, &pod.name_any())?,
-            (*pod).clone(),
-        ))
-    })
-    .collect();
-    pods.sort_by_key(|(ordinal, _)| *ordinal);
-    pods.into_iter().map(|(_, pod)| pod).collect()
+/// The ordinals a cluster's pods and claims can have. `spec.replicas` is at most
+/// [`MAX_REPLICAS`] in every version's schema, and the StatefulSet is never given more, so its
+/// pods and claims are found by name: a scan of the whole cache would cost every reconcile
+/// time in proportion to every cluster's pods.
+fn possible_ordinals() -> std::ops::Range<i32> {
+    0..MAX_REPLICAS
 }
 
-/// The StatefulSet's data volume claims (`data-<statefulset>-N`).
+/// The StatefulSet's pods (`<statefulset>-N`) that carry its selector's labels, by ordinal.
+fn pods(stores: &ChildStores, namespace: &str, names: &ChildNames) -> Vec<Pod> {
+    let selector = selector_labels(names);
+    possible_ordinals()
+        .filter_map(|ordinal| {
+            cached_object(
+                &stores.pods,
+                namespace,
+                &roles::pod_name(&names.statefulset, ordinal),
+            )
+        })
+        .filter(|pod| {
+            let labels = pod.labels();
+            selector
+                .iter()
+                .all(|(key, value)| labels.get(key) == Some(value))
+        })
+        .map(|pod| (*pod).clone())
+        .collect()
+}
+
+/// The StatefulSet's data volume claims (`data-<statefulset>-N`) that carry the cluster's
+/// instance label, by ordinal.
 fn data_claims(
     stores: &ChildStores,
     namespace: &str,
     names: &ChildNames,
 ) -> Vec<PersistentVolumeClaim> {
-    let prefix = format!("{DATA_VOLUME}-{}-", names.statefulset);
-    let is_data_claim = |claim: &PersistentVolumeClaim| {
-        claim.labels().get("app.kubernetes.io/instance") == Some(&names.instance_label)
-            && claim
-                .metadata
-                .name
-                .as_deref()
-                .and_then(|name| name.strip_prefix(&prefix))
-                .is_some_and(|ordinal| ordinal.parse::<u32>().is_ok())
-    };
-    cached_objects(&stores.claims, namespace, is_data_claim)
-        .into_iter()
+    possible_ordinals()
+        .filter_map(|ordinal| {
+            let name = format!("{DATA_VOLUME}-{}-{ordinal}", names.statefulset);
+            cached_object(&stores.claims, namespace, &name)
+        })
+        .filter(|claim| {
+            claim.labels().get("app.kubernetes.io/instance") == Some(&names.instance_label)
+        })
         .map(|claim| (*claim).clone())
         .collect()
 }
