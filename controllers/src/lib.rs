@@ -153,6 +153,23 @@ where
     }
 }
 
+/// The changes of the `K`s that `api` and `config` select, without their managed fields: no
+/// controller reads them, and they are most of an object that was applied and had its status
+/// written (about 9 of a cluster's 10 kB in a cache, heaptrack at 1,000 clusters). Every watch
+/// of the controllers goes through here.
+pub(crate) fn watch_without_managed_fields<K>(
+    api: Api<K>,
+    config: kube::runtime::watcher::Config,
+) -> impl futures::Stream<Item = kube::runtime::watcher::Result<kube::runtime::watcher::Event<K>>>
++ Send
++ 'static
+where
+    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    use kube::runtime::WatchStreamExt;
+    kube::runtime::watcher(api, config).modify(|object| object.meta_mut().managed_fields = None)
+}
+
 /// Records the OpenTelemetry trace id into `span` when there is a valid one (there is none when
 /// no OpenTelemetry layer is installed), so JSON logs of the reconcile carry it.
 pub(crate) fn record_trace_id(span: &Span) {

@@ -88,10 +88,7 @@ where
         .map(|(index, (namespace, (_, writer)))| {
             let union = union.clone();
             let api = crate::api::<K>(client, namespace.as_deref());
-            // Managed fields are dropped: the controllers never read them, and they are a
-            // large part of an object that was applied and had its status written.
-            let objects = watcher::watcher(api, watcher::Config::default())
-                .modify(|object| object.meta_mut().managed_fields = None);
+            let objects = crate::watch_without_managed_fields(api, watcher::Config::default());
             reflector(writer, objects)
                 .default_backoff()
                 .inspect(move |event| {

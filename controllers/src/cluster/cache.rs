@@ -310,10 +310,8 @@ where
 {
     let (store, writer) = reflector::store();
     let config = watcher::Config::default().labels(MANAGED_BY_SELECTOR);
-    let changes = watcher::watcher(api::<K>(client, namespace), config).modify(move |object| {
-        object.meta_mut().managed_fields = None;
-        trim(object);
-    });
+    let changes =
+        crate::watch_without_managed_fields(api::<K>(client, namespace), config).modify(trim);
     let changes = reflector(writer, changes)
         .default_backoff()
         .touched_objects();

@@ -308,7 +308,7 @@ fn watch_backups_and_restores(
     let (restores, restore_writer) = reflector::store();
     let restore_changes = reflector(
         restore_writer,
-        watcher::watcher(
+        crate::watch_without_managed_fields(
             api::<PostgreSQLRestore>(client, namespace),
             watcher::Config::default(),
         ),
@@ -318,7 +318,7 @@ fn watch_backups_and_restores(
     let (backups, writer) = reflector::store();
     let backup_changes = reflector(
         writer,
-        watcher::watcher(
+        crate::watch_without_managed_fields(
             api::<PostgreSQLBackup>(client, namespace),
             watcher::Config::default(),
         ),

@@ -168,7 +168,8 @@ impl Caches {
         let (store, writer) = reflector::store();
         self.clusters.push(store);
         let api = api::<PostgreSQLCluster>(client, namespace);
-        reflector::reflector(writer, watcher(api, watcher::Config::default()))
+        let changes = crate::watch_without_managed_fields(api, watcher::Config::default());
+        reflector::reflector(writer, changes)
             .default_backoff()
             .for_each(move |event| {
                 let message = match event {
@@ -253,7 +254,8 @@ where
         + Sync
         + 'static,
 {
-    reflector::reflector(writer, watcher(api, watcher::Config::default()))
+    let changes = crate::watch_without_managed_fields(api, watcher::Config::default());
+    reflector::reflector(writer, changes)
         .default_backoff()
         .for_each(move |event| {
             if let Err(error) = event {
