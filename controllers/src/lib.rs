@@ -156,7 +156,7 @@ where
 /// The changes of the `K`s that `api` and `config` select, without their managed fields: no
 /// controller reads them, and they are most of an object that was applied and had its status
 /// written (about 9 of a cluster's 10 kB in a cache, heaptrack at 1,000 clusters). Every watch
-/// of the controllers goes through here.
+/// that fills a cache goes through here (the Jobs' watch, in `agent_job`, fills none).
 pub(crate) fn watch_without_managed_fields<K>(
     api: Api<K>,
     config: kube::runtime::watcher::Config,
