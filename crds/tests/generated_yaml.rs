@@ -20,6 +20,13 @@ fn every_version_bounds_replicas_by_max_replicas() {
         .iter()
         .find(|crd| crd.spec.names.kind == "PostgreSQLCluster")
         .expect("the PostgreSQLCluster CRD");
+    let served: Vec<&str> = clusters
+        .spec
+        .versions
+        .iter()
+        .map(|v| v.name.as_str())
+        .collect();
+    assert_eq!(served, ["v1alpha1", "v1beta1"]);
     for version in &clusters.spec.versions {
         let schema = serde_json::to_value(&version.schema).expect("the schema as JSON");
         let maximum = schema

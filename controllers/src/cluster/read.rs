@@ -189,10 +189,7 @@ fn data_claims(
     names: &ChildNames,
 ) -> Vec<PersistentVolumeClaim> {
     possible_ordinals()
-        .filter_map(|ordinal| {
-            let name = format!("{DATA_VOLUME}-{}-{ordinal}", names.statefulset);
-            cached_object(&stores.claims, namespace, &name)
-        })
+        .filter_map(|ordinal| cached_object(&stores.claims, namespace, &names.data_claim(ordinal)))
         .filter(|claim| {
             claim.labels().get("app.kubernetes.io/instance") == Some(&names.instance_label)
         })
