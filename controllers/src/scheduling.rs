@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{Affinity, PodSpec, Toleration};
 use pgkube_crds::PostgreSQLClusterSpec;
 
 /// The scheduling fields of a cluster, in pod spec terms.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
 pub struct Scheduling {
     pub node_selector: BTreeMap<String, String>,
     pub tolerations: Vec<Toleration>,

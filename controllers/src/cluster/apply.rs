@@ -1,5 +1,6 @@
 //! Apply: makes the live children match the desired ones with server-side apply, writing only
-//! what differs (see `drift`), and expands data volumes when the storage grew.
+//! what differs (see `drift`), and expands data volumes when the storage grew. When `settled`
+//! knows the children are up to date, only the data volumes are looked at.
 //!
 //! Storage: a StatefulSet's volume claim templates are immutable, so the template keeps the
 //! size the StatefulSet was created with and a larger `storage` is applied to each existing
@@ -39,18 +40,52 @@ pub struct Applied {
     pub issue: Option<Issue>,
     /// Data volumes still to be expanded (not bound yet); worth a retry soon.
     pub expansion_pending: bool,
-    /// Write requests made.
-    pub writes: usize,
+    /// Write requests made to children other than the data volumes.
+    pub children_writes: usize,
+    /// Write requests made to the data volumes.
+    pub volume_writes: usize,
 }
 
-/// Applies `desired` over `live` in `namespace`; `storage_gib` is the requested volume size.
+/// Applies `desired` over `live` in `namespace`, then expands the data volumes to
+/// `storage_gib`. `desired` is `None` when the children are known to be up to date (see
+/// `settled`): only the volumes are looked at.
 pub async fn apply(
     client: &Client,
     namespace: &str,
-    desired: DesiredChildren,
+    desired: Option<DesiredChildren>,
     live: LiveChildren,
     storage_gib: u64,
 ) -> Result<Applied, Error> {
+    let (applied_sts, children_writes) = match desired {
+        Some(desired) => apply_children(client, namespace, desired, &live).await?,
+        None => (None, 0),
+    };
+    let expansion = expand_volumes(client, namespace, &live.data_claims, storage_gib).await?;
+    let statefulset = match (applied_sts, live.statefulset) {
+        (Some(applied), _) | (None, Some(applied)) => applied,
+        (None, None) => {
+            return Err(Error::Invariant(
+                "the StatefulSet was neither live nor applied",
+            ));
+        }
+    };
+    Ok(Applied {
+        statefulset,
+        issue: expansion.issue,
+        expansion_pending: expansion.pending,
+        children_writes,
+        volume_writes: expansion.writes,
+    })
+}
+
+/// Makes every child but the data volumes match `desired`; returns the StatefulSet if it was
+/// applied, and the number of writes.
+async fn apply_children(
+    client: &Client,
+    namespace: &str,
+    desired: DesiredChildren,
+    live: &LiveChildren,
+) -> Result<(Option<StatefulSet>, usize), Error> {
     let DesiredChildren {
         statefulset,
         headless_service,
@@ -101,25 +136,10 @@ pub async fn apply(
         client,
         namespace,
         pod_disruption_budget,
-        live.pod_disruption_budget,
+        live.pod_disruption_budget.as_ref(),
     )
     .await?;
-    let expansion = expand_volumes(client, namespace, &live.data_claims, storage_gib).await?;
-    writes += expansion.writes;
-    let statefulset = match (applied_sts, live.statefulset) {
-        (Some(applied), _) | (None, Some(applied)) => applied,
-        (None, None) => {
-            return Err(Error::Invariant(
-                "the StatefulSet was neither live nor applied",
-            ));
-        }
-    };
-    Ok(Applied {
-        statefulset,
-        issue: expansion.issue,
-        expansion_pending: expansion.pending,
-        writes,
-    })
+    Ok((applied_sts, writes))
 }
 
 /// Applies `desired` unless `live` already matches it; returns the object after the apply, or
@@ -200,13 +220,13 @@ async fn reconcile_disruption_budget(
     client: &Client,
     namespace: &str,
     desired: Option<PodDisruptionBudget>,
-    live: Option<PodDisruptionBudget>,
+    live: Option<&PodDisruptionBudget>,
 ) -> Result<usize, Error> {
     match (desired, live) {
-        (Some(desired), live) => Ok(apply_child(client, namespace, &desired, live.as_ref())
+        (Some(desired), live) => Ok(apply_child(client, namespace, &desired, live)
             .await?
             .is_some() as usize),
-        (None, Some(live)) if is_ours(&live) => {
+        (None, Some(live)) if is_ours(live) => {
             let name = live.name_any();
             tracing::info!(name = %name, "deleting PodDisruptionBudget");
             Api::<PodDisruptionBudget>::namespaced(client.clone(), namespace)

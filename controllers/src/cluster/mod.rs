@@ -4,7 +4,9 @@
 //! `read` the live children from the watch caches (no request: see `cache`) and ask each pod's
 //! instance manager for its status -> `validate`
 //! the spec against them (pure) -> `build` the desired children (pure) -> `apply` what differs
-//! with server-side apply, and label each pod with the role its instance manager reports ->
+//! with server-side apply (building and comparing are skipped while nothing they depend on
+//! changed since the children were last found up to date: see `settled`), and label each pod
+//! with the role its instance manager reports ->
 //! write the `status` when it changed, with an Event for each change -> send the `commands` that
 //! move the primary, if any (see `failover`; a switchover or failover first records itself in
 //! the status, in a reconcile of its own with the span `designate`). An unchanged, ready
@@ -36,6 +38,7 @@ mod memory;
 mod read;
 pub mod restores;
 pub mod roles;
+mod settled;
 pub mod status;
 pub mod validate;
 
@@ -121,6 +124,9 @@ pub struct ClusterContext {
     restores: Vec<Store<PostgreSQLRestore>>,
     /// The clusters' children, per watched namespace (or one for all).
     children: Vec<cache::ChildStores>,
+    /// Clusters whose children were last found up to date, to skip building and comparing
+    /// them while nothing they depend on changes.
+    settled: settled::SettledClusters,
 }
 
 impl ClusterContext {
@@ -134,6 +140,7 @@ impl ClusterContext {
             backups: Vec::new(),
             restores: Vec::new(),
             children: Vec::new(),
+            settled: settled::SettledClusters::default(),
         }
     }
 
@@ -365,7 +372,10 @@ pub async fn reconcile(
             // Boxed, as the pipeline's steps below: the futures of these async fns hold the
             // children by value, and unboxed they would overflow a thread's stack in debug builds.
             FinalizerEvent::Apply(cluster) => Box::pin(reconcile_cluster(&cluster, &context)).await,
-            FinalizerEvent::Cleanup(cluster) => cleanup(&cluster).await,
+            FinalizerEvent::Cleanup(cluster) => {
+                context.settled.forget(&key);
+                cleanup(&cluster).await
+            }
         }
     })
     .await
@@ -952,8 +962,14 @@ async fn apply_validated(
         control_token: &control_token,
         synchronous_standbys,
     };
-    let desired = info_span!("build").in_scope(|| build::build(&effective, &input));
-    let apply_span = info_span!("apply", writes = field::Empty);
+    let key = format!("{namespace}/{}", effective.name);
+    let fingerprint = settled::fingerprint(&effective, &input, &live).map_err(Error::Serialize)?;
+    // Nothing the children depend on changed since they were last found up to date: building
+    // and comparing them again would find the same (see `settled`).
+    let desired = (!context.settled.is_settled(&key, &fingerprint))
+        .then(|| info_span!("build").in_scope(|| build::build(&effective, &input)));
+    let compared = desired.is_some();
+    let apply_span = info_span!("apply", writes = field::Empty, settled = !compared);
     let applied = async {
         let applied = Box::pin(apply::apply(
             &context.base.client,
@@ -969,7 +985,15 @@ async fn apply_validated(
     .instrument(apply_span.clone())
     .await;
     let (applied, label_writes) = applied?;
-    apply_span.record("writes", applied.writes + label_writes);
+    if compared {
+        context
+            .settled
+            .record(&key, fingerprint, applied.children_writes > 0);
+    }
+    apply_span.record(
+        "writes",
+        applied.children_writes + applied.volume_writes + label_writes,
+    );
     Ok(Outcome {
         statefulset: Some(applied.statefulset),
         held_back: refusal.is_some(),

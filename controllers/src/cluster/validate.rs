@@ -36,8 +36,8 @@ pub struct LiveFacts {
     pub primary_ordinal: Option<i32>,
 }
 
-/// The spec to build the children from.
-#[derive(Clone, Debug, PartialEq)]
+/// The spec to build the children from (serializable for `settled`'s fingerprint).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct ValidatedCluster {
     pub name: String,
     pub namespace: String,
