@@ -964,8 +964,8 @@ async fn apply_validated(
     };
     let key = format!("{namespace}/{}", effective.name);
     let fingerprint = settled::fingerprint(&effective, &input, &live).map_err(Error::Serialize)?;
-    // Nothing the children depend on changed since they were last found up to date: building
-    // and comparing them again would find the same (see `settled`).
+    // Build and compare only when something the children depend on changed since they were
+    // last found up to date; otherwise both would find the same again (see `settled`).
     let desired = (!context.settled.is_settled(&key, &fingerprint))
         .then(|| info_span!("build").in_scope(|| build::build(&effective, &input)));
     let compared = desired.is_some();
