@@ -12,6 +12,8 @@
 //! Pods are the StatefulSet's, but their role label is ours: [`label_roles`] makes the changes
 //! `roles` decided, each a merge patch of that one label.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -35,7 +37,7 @@ use crate::quantity;
 #[derive(Debug)]
 pub struct Applied {
     /// The StatefulSet as the API server has it now.
-    pub statefulset: StatefulSet,
+    pub statefulset: Arc<StatefulSet>,
     /// Why the cluster does not fully match its spec yet, if it does not.
     pub issue: Option<Issue>,
     /// Data volumes still to be expanded (not bound yet); worth a retry soon.
@@ -62,7 +64,8 @@ pub async fn apply(
     };
     let expansion = expand_volumes(client, namespace, &live.data_claims, storage_gib).await?;
     let statefulset = match (applied_sts, live.statefulset) {
-        (Some(applied), _) | (None, Some(applied)) => applied,
+        (Some(applied), _) => Arc::new(applied),
+        (None, Some(live)) => live,
         (None, None) => {
             return Err(Error::Invariant(
                 "the StatefulSet was neither live nor applied",
@@ -114,7 +117,7 @@ async fn apply_children(
             writes += 1;
         }
     }
-    writes += apply_child(client, namespace, &config_map, live.config_map.as_ref())
+    writes += apply_child(client, namespace, &config_map, live.config_map.as_deref())
         .await?
         .is_some() as usize;
     for (service, live) in [
@@ -123,20 +126,20 @@ async fn apply_children(
         (&ro_service, &live.ro_service),
         (&r_service, &live.r_service),
     ] {
-        writes += apply_child(client, namespace, service, live.as_ref())
+        writes += apply_child(client, namespace, service, live.as_deref())
             .await?
             .is_some() as usize;
     }
     writes +=
-        delete_old_client_service(client, namespace, live.old_client_service.as_ref()).await?;
+        delete_old_client_service(client, namespace, live.old_client_service.as_deref()).await?;
     let applied_sts =
-        apply_child(client, namespace, &statefulset, live.statefulset.as_ref()).await?;
+        apply_child(client, namespace, &statefulset, live.statefulset.as_deref()).await?;
     writes += applied_sts.is_some() as usize;
     writes += reconcile_disruption_budget(
         client,
         namespace,
         pod_disruption_budget,
-        live.pod_disruption_budget.as_ref(),
+        live.pod_disruption_budget.as_deref(),
     )
     .await?;
     Ok((applied_sts, writes))
@@ -316,7 +319,7 @@ struct Expansion {
 async fn expand_volumes(
     client: &Client,
     namespace: &str,
-    claims: &[PersistentVolumeClaim],
+    claims: &[Arc<PersistentVolumeClaim>],
     storage_gib: u64,
 ) -> Result<Expansion, Error> {
     let mut outcome = Expansion {

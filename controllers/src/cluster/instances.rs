@@ -389,8 +389,11 @@ impl ObservedInstance {
 
 /// Asks the instance manager of every pod in `pods` at once; pods without an address are not
 /// asked. The result follows the order of `pods`.
-pub async fn observe(pods: &[Pod], source: &dyn InstanceStatusSource) -> Vec<ObservedInstance> {
-    let asks = pods.iter().map(|pod| observe_one(pod, source));
+pub async fn observe<'a>(
+    pods: impl IntoIterator<Item = &'a Pod>,
+    source: &dyn InstanceStatusSource,
+) -> Vec<ObservedInstance> {
+    let asks = pods.into_iter().map(|pod| observe_one(pod, source));
     futures::future::join_all(asks).await
 }
 

@@ -568,7 +568,7 @@ async fn reconcile_cluster(
     let observation = Observation {
         generation: cluster.metadata.generation,
         desired_replicas: outcome.desired_replicas,
-        statefulset: outcome.statefulset.as_ref(),
+        statefulset: outcome.statefulset.as_deref(),
         issue: outcome.issue.as_ref(),
         previous: cluster.status.as_ref(),
         statefulset_name: &names.statefulset,
@@ -675,7 +675,7 @@ async fn record_primary_change(
     let observation = Observation {
         generation: cluster.metadata.generation,
         desired_replicas: live_replicas(&live, cluster.spec.replicas),
-        statefulset: live.statefulset.as_ref(),
+        statefulset: live.statefulset.as_deref(),
         issue: None,
         previous: Some(&previous),
         statefulset_name: &names.statefulset,
@@ -895,7 +895,7 @@ async fn label_roles(
 /// What a reconcile's apply step left for the status step.
 struct Outcome {
     /// The StatefulSet as it is now, if it exists.
-    statefulset: Option<StatefulSet>,
+    statefulset: Option<Arc<StatefulSet>>,
     /// Why the cluster does not (fully) follow its spec.
     issue: Option<Issue>,
     /// `issue` is a change held back (the cluster runs from its last accepted state).

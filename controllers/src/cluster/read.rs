@@ -4,12 +4,12 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
-use kube::runtime::reflector::Store;
 use pgkube_crds::MAX_REPLICAS;
 use tracing::{Instrument, info_span};
 
@@ -20,23 +20,24 @@ use super::roles;
 use super::validate::LiveFacts;
 use crate::quantity;
 
-/// A cluster's children that exist now.
+/// A cluster's children that exist now, shared with the caches: the cached objects are never
+/// changed in place (a watch event replaces them), so a reconcile holds them without a copy.
 #[derive(Clone, Debug, Default)]
 pub struct LiveChildren {
-    pub statefulset: Option<StatefulSet>,
-    pub headless_service: Option<Service>,
-    pub rw_service: Option<Service>,
-    pub ro_service: Option<Service>,
-    pub r_service: Option<Service>,
+    pub statefulset: Option<Arc<StatefulSet>>,
+    pub headless_service: Option<Arc<Service>>,
+    pub rw_service: Option<Arc<Service>>,
+    pub ro_service: Option<Arc<Service>>,
+    pub r_service: Option<Arc<Service>>,
     /// The client Service of earlier versions, to delete.
-    pub old_client_service: Option<Service>,
-    pub config_map: Option<ConfigMap>,
+    pub old_client_service: Option<Arc<Service>>,
+    pub config_map: Option<Arc<ConfigMap>>,
     pub credentials_exist: bool,
     pub replication_credentials_exist: bool,
     pub control_token_exists: bool,
-    pub pod_disruption_budget: Option<PodDisruptionBudget>,
+    pub pod_disruption_budget: Option<Arc<PodDisruptionBudget>>,
     /// The StatefulSet's data volume claims (`data-<statefulset>-N`), by ordinal.
-    pub data_claims: Vec<PersistentVolumeClaim>,
+    pub data_claims: Vec<Arc<PersistentVolumeClaim>>,
     /// The StatefulSet's pods and what their instance managers report, by ordinal.
     pub instances: Vec<ObservedInstance>,
     /// The pods' addresses, by pod name, for commands to their instance managers.
@@ -51,14 +52,17 @@ pub async fn read(
     names: &ChildNames,
     source: &dyn InstanceStatusSource,
 ) -> LiveChildren {
-    let statefulset = cached_clone(&stores.statefulsets, namespace, &names.statefulset);
-    let service = |name| cached_clone(&stores.services, namespace, name);
+    let statefulset = cached_object(&stores.statefulsets, namespace, &names.statefulset);
+    let service = |name| cached_object(&stores.services, namespace, name);
     let (data_claims, instances, addresses) = if statefulset.is_some() {
         let pods = pods(stores, namespace, names);
-        let instances = instances::observe(&pods, source)
+        let instances = instances::observe(pods.iter().map(AsRef::as_ref), source)
             .instrument(info_span!("instances", pods = pods.len()))
             .await;
-        let addresses = pods.iter().filter_map(instances::pod_address).collect();
+        let addresses = pods
+            .iter()
+            .filter_map(|pod| instances::pod_address(pod))
+            .collect();
         (data_claims(stores, namespace, names), instances, addresses)
     } else {
         (Vec::new(), Vec::new(), BTreeMap::new())
@@ -71,11 +75,11 @@ pub async fn read(
         ro_service: service(&names.ro_service),
         r_service: service(&names.r_service),
         old_client_service: service(&names.old_client_service),
-        config_map: cached_clone(&stores.config_maps, namespace, &names.config_map),
+        config_map: cached_object(&stores.config_maps, namespace, &names.config_map),
         credentials_exist: secret_exists(&names.secret),
         replication_credentials_exist: secret_exists(&names.replication_secret),
         control_token_exists: secret_exists(&names.control_secret),
-        pod_disruption_budget: cached_clone(
+        pod_disruption_budget: cached_object(
             &stores.budgets,
             namespace,
             &names.pod_disruption_budget,
@@ -143,15 +147,6 @@ pub fn claim_request(claim: &PersistentVolumeClaim) -> Option<String> {
         .map(|quantity| quantity.0.clone())
 }
 
-/// A copy of the cached object: the reconcile may hold it across awaits while the cache
-/// changes.
-fn cached_clone<K>(store: &Store<K>, namespace: &str, name: &str) -> Option<K>
-where
-    K: kube::Resource<DynamicType = ()> + Clone,
-{
-    cached_object(store, namespace, name).map(|object| (*object).clone())
-}
-
 /// The ordinals a cluster's pods and claims can have. `spec.replicas` is at most
 /// [`MAX_REPLICAS`] in every version's schema, and the StatefulSet is never given more, so its
 /// pods and claims are found by name: a scan of the whole cache would cost every reconcile
@@ -161,7 +156,7 @@ fn possible_ordinals() -> std::ops::Range<i32> {
 }
 
 /// The StatefulSet's pods (`<statefulset>-N`) that carry its selector's labels, by ordinal.
-fn pods(stores: &ChildStores, namespace: &str, names: &ChildNames) -> Vec<Pod> {
+fn pods(stores: &ChildStores, namespace: &str, names: &ChildNames) -> Vec<Arc<Pod>> {
     let selector = selector_labels(names);
     possible_ordinals()
         .filter_map(|ordinal| {
@@ -177,7 +172,6 @@ fn pods(stores: &ChildStores, namespace: &str, names: &ChildNames) -> Vec<Pod> {
                 .iter()
                 .all(|(key, value)| labels.get(key) == Some(value))
         })
-        .map(|pod| (*pod).clone())
         .collect()
 }
 
@@ -187,12 +181,11 @@ fn data_claims(
     stores: &ChildStores,
     namespace: &str,
     names: &ChildNames,
-) -> Vec<PersistentVolumeClaim> {
+) -> Vec<Arc<PersistentVolumeClaim>> {
     possible_ordinals()
         .filter_map(|ordinal| cached_object(&stores.claims, namespace, &names.data_claim(ordinal)))
         .filter(|claim| {
             claim.labels().get("app.kubernetes.io/instance") == Some(&names.instance_label)
         })
-        .map(|claim| (*claim).clone())
         .collect()
 }

@@ -92,14 +92,14 @@ pub fn fingerprint(
         u8::from(live.control_token_exists),
     ]);
     let versions = [
-        live.statefulset.as_ref().map(Resource::meta),
-        live.headless_service.as_ref().map(Resource::meta),
-        live.rw_service.as_ref().map(Resource::meta),
-        live.ro_service.as_ref().map(Resource::meta),
-        live.r_service.as_ref().map(Resource::meta),
-        live.old_client_service.as_ref().map(Resource::meta),
-        live.config_map.as_ref().map(Resource::meta),
-        live.pod_disruption_budget.as_ref().map(Resource::meta),
+        live.statefulset.as_deref().map(Resource::meta),
+        live.headless_service.as_deref().map(Resource::meta),
+        live.rw_service.as_deref().map(Resource::meta),
+        live.ro_service.as_deref().map(Resource::meta),
+        live.r_service.as_deref().map(Resource::meta),
+        live.old_client_service.as_deref().map(Resource::meta),
+        live.config_map.as_deref().map(Resource::meta),
+        live.pod_disruption_budget.as_deref().map(Resource::meta),
     ];
     for meta in versions {
         match meta {
@@ -124,6 +124,8 @@ fn write_text(hasher: &mut Sha256, text: &str) {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::cluster::validate::{LiveFacts, validate};
     use k8s_openapi::api::apps::v1::StatefulSet;
@@ -164,14 +166,14 @@ mod tests {
 
     fn live() -> LiveChildren {
         LiveChildren {
-            statefulset: Some(StatefulSet {
+            statefulset: Some(Arc::new(StatefulSet {
                 metadata: meta("sts-uid", "10"),
                 ..StatefulSet::default()
-            }),
-            rw_service: Some(Service {
+            })),
+            rw_service: Some(Arc::new(Service {
                 metadata: meta("rw-uid", "11"),
                 ..Service::default()
-            }),
+            })),
             credentials_exist: true,
             ..LiveChildren::default()
         }
@@ -202,11 +204,11 @@ mod tests {
             .insert("work_mem".to_owned(), "8MB".to_owned());
         let mut edited = live();
         if let Some(sts) = edited.statefulset.as_mut() {
-            sts.metadata.resource_version = Some("12".to_owned());
+            Arc::make_mut(sts).metadata.resource_version = Some("12".to_owned());
         }
         let mut recreated = live();
         if let Some(service) = recreated.rw_service.as_mut() {
-            service.metadata.uid = Some("new-rw-uid".to_owned());
+            Arc::make_mut(service).metadata.uid = Some("new-rw-uid".to_owned());
         }
         let mut deleted = live();
         deleted.rw_service = None;
