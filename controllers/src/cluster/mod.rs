@@ -110,6 +110,26 @@ pub enum Error {
     Finalizer(#[from] Box<kube::runtime::finalizer::Error<Error>>),
 }
 
+impl Error {
+    /// The API server refused a write because the namespace is being deleted: it creates
+    /// nothing new in such a namespace (its admission names the cause `NamespaceTerminating`).
+    fn is_namespace_terminating(&self) -> bool {
+        let Error::Kube {
+            source: kube::Error::Api(status),
+            ..
+        } = self
+        else {
+            return false;
+        };
+        status.details.as_ref().is_some_and(|details| {
+            details
+                .causes
+                .iter()
+                .any(|cause| cause.reason == "NamespaceTerminating")
+        })
+    }
+}
+
 /// State shared by the cluster controller's reconciles.
 pub struct ClusterContext {
     pub base: Context,
@@ -371,7 +391,14 @@ pub async fn reconcile(
         match event {
             // Boxed, as the pipeline's steps below: the futures of these async fns hold the
             // children by value, and unboxed they would overflow a thread's stack in debug builds.
-            FinalizerEvent::Apply(cluster) => Box::pin(reconcile_cluster(&cluster, &context)).await,
+            FinalizerEvent::Apply(cluster) => {
+                match Box::pin(reconcile_cluster(&cluster, &context)).await {
+                    Err(error) if error.is_namespace_terminating() => {
+                        Ok(wait_out_namespace_deletion(&error))
+                    }
+                    result => result,
+                }
+            }
             FinalizerEvent::Cleanup(cluster) => {
                 context.settled.forget(&key);
                 cleanup(&cluster).await
@@ -392,6 +419,16 @@ pub async fn reconcile(
         Err(error) => tracing::warn!(%error, "reconcile failed"),
     }
     result
+}
+
+/// A reconcile that failed because its namespace is being deleted waits for the cluster's own
+/// deletion, which the namespace's deletion makes and the watch reports, instead of failing.
+/// The children that the namespace's deletion already removed cannot be made again, so retries
+/// would only spend requests (and their error Events would be refused too): at 1,000 clusters
+/// such retries slowed the namespace's deletion down.
+fn wait_out_namespace_deletion(error: &Error) -> Action {
+    tracing::info!(%error, "the namespace is being deleted; waiting for the cluster's deletion");
+    Action::await_change()
 }
 
 /// Retries a failed reconcile after a delay that doubles with each consecutive failure of the
@@ -1090,6 +1127,61 @@ fn generate_password() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A failed apply of a StatefulSet with `status`, the API server's answer.
+    fn refused_apply(status: serde_json::Value) -> Error {
+        Error::Kube {
+            action: "apply",
+            kind: "StatefulSet".to_owned(),
+            name: "pg-postgresql".to_owned(),
+            source: kube::Error::Api(Box::new(serde_json::from_value(status).expect("a Status"))),
+        }
+    }
+
+    /// The API server's answer to a server-side apply that would create an object in a
+    /// namespace being deleted (as the test bed's API server sent it).
+    fn namespace_terminating() -> serde_json::Value {
+        json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": "statefulsets.apps \"pg-postgresql\" is forbidden: unable to create new content in namespace team-a because it is being terminated",
+            "reason": "Forbidden",
+            "details": {
+                "name": "pg-postgresql",
+                "group": "apps",
+                "kind": "statefulsets",
+                "causes": [{
+                    "reason": "NamespaceTerminating",
+                    "message": "namespace team-a is being terminated",
+                    "field": "metadata.namespace"
+                }]
+            },
+            "code": 403
+        })
+    }
+
+    #[test]
+    fn a_write_refused_because_the_namespace_is_being_deleted_is_told_apart() {
+        assert!(refused_apply(namespace_terminating()).is_namespace_terminating());
+    }
+
+    #[test]
+    fn other_refusals_are_not_taken_for_a_namespace_deletion() {
+        let forbidden_by_rbac = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": "statefulsets.apps \"pg-postgresql\" is forbidden: User \"system:serviceaccount:pgkube:pgkube\" cannot patch resource \"statefulsets\"",
+            "reason": "Forbidden",
+            "details": {"name": "pg-postgresql", "group": "apps", "kind": "statefulsets"},
+            "code": 403
+        });
+        assert!(!refused_apply(forbidden_by_rbac).is_namespace_terminating());
+        assert!(!Error::MissingNamespace.is_namespace_terminating());
+    }
 
     #[test]
     fn backoff_doubles_per_failure_up_to_a_maximum() {
