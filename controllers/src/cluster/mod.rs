@@ -424,8 +424,7 @@ pub async fn reconcile(
 /// A reconcile that failed because its namespace is being deleted waits for the cluster's own
 /// deletion, which the namespace's deletion makes and the watch reports, instead of failing.
 /// The children that the namespace's deletion already removed cannot be made again, so retries
-/// would only spend requests (and their error Events would be refused too): at 1,000 clusters
-/// such retries slowed the namespace's deletion down.
+/// would only spend requests, and their error Events would be refused too.
 fn wait_out_namespace_deletion(error: &Error) -> Action {
     tracing::info!(%error, "the namespace is being deleted; waiting for the cluster's deletion");
     Action::await_change()
