@@ -11,6 +11,7 @@ pub mod backup;
 pub mod cluster;
 pub mod crd_check;
 pub mod events;
+mod lean;
 pub mod metrics;
 pub mod names;
 pub mod pod;
@@ -164,10 +165,36 @@ pub(crate) fn watch_without_managed_fields<K>(
 + Send
 + 'static
 where
-    K: Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + 'static,
 {
-    use kube::runtime::WatchStreamExt;
-    kube::runtime::watcher(api, config).modify(|object| object.meta_mut().managed_fields = None)
+    watch_lean::<K, { lean::WITH_SPEC }>(api, config)
+}
+
+/// [`watch_without_managed_fields`], without the objects' `spec` either when `SKIP_SPEC`. The
+/// skipped parts are never decoded (see `lean`): the watch does not build what it would drop.
+pub(crate) fn watch_lean<K, const SKIP_SPEC: bool>(
+    api: Api<K>,
+    config: kube::runtime::watcher::Config,
+) -> impl futures::Stream<Item = kube::runtime::watcher::Result<kube::runtime::watcher::Event<K>>>
++ Send
++ 'static
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + 'static,
+{
+    use futures::TryStreamExt;
+    let namespace = api.namespace().map(str::to_owned);
+    let lean = crate::api::<lean::Lean<K, SKIP_SPEC>>(&api.into_client(), namespace.as_deref());
+    kube::runtime::watcher(lean, config).map_ok(lean::unwrapped)
 }
 
 /// Records the OpenTelemetry trace id into `span` when there is a valid one (there is none when

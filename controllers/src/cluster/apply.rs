@@ -31,6 +31,7 @@ use super::read::{LiveChildren, claim_request};
 use super::roles::LabelChange;
 use super::status::Issue;
 use super::{Error, FIELD_MANAGER};
+use crate::lean::{Lean, WITHOUT_SPEC};
 use crate::quantity;
 
 /// What applying left behind.
@@ -176,10 +177,11 @@ where
     }
     tracing::info!(kind = %kind, name = %name, "applying");
     let params = PatchParams::apply(FIELD_MANAGER).force();
-    Api::<K>::namespaced(client.clone(), namespace)
+    // The object sent back is decoded without its managed fields, which nothing reads.
+    Api::<Lean<K>>::namespaced(client.clone(), namespace)
         .patch(&name, &params, &Patch::Apply(&body))
         .await
-        .map(Some)
+        .map(|Lean(applied)| Some(applied))
         .map_err(|source| Error::Kube {
             action: "apply",
             kind,
@@ -282,7 +284,8 @@ pub async fn label_roles(
     namespace: &str,
     changes: &[LabelChange],
 ) -> Result<usize, Error> {
-    let pods = Api::<Pod>::namespaced(client.clone(), namespace);
+    // The pod sent back is not read: decoded without its spec and managed fields.
+    let pods = Api::<Lean<Pod, WITHOUT_SPEC>>::namespaced(client.clone(), namespace);
     for change in changes {
         tracing::info!(pod = %change.pod, role = ?change.value, "labelling pod");
         let mut patch = json!({ "metadata": { "labels": { ROLE_LABEL: change.value } } });

@@ -11,8 +11,10 @@
 //!   manager then holds no password in memory.
 //! - Pods and data volume claims: watched for the cache alone; their changes trigger nothing (a
 //!   pod's readiness reaches the cluster through its StatefulSet's status, and the instances
-//!   are asked again every `INSTANCE_REFRESH`). Pods are kept without their spec: the
+//!   are asked again every `INSTANCE_REFRESH`). Pods are decoded without their spec: the
 //!   controller reads their names, labels, uids and status only, and the spec is most of a pod.
+//!
+//! No watch decodes the objects' `managedFields` (see `lean`).
 //!
 //! Every watch selects `app.kubernetes.io/managed-by=pgkube`, which the cluster's children,
 //! its pods and its claims carry (from the StatefulSet's templates).
@@ -37,6 +39,7 @@ use pgkube_crds::PostgreSQLCluster;
 use serde::de::DeserializeOwned;
 
 use crate::api;
+use crate::lean::{WITH_SPEC, WITHOUT_SPEC};
 
 /// Label on every child, its pods and its claims: the watches select only these.
 pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=pgkube";
@@ -88,13 +91,15 @@ type Changes<K> = BoxStream<'static, Result<K, watcher::Error>>;
 impl ChildStores {
     /// The stores of `namespace` (all when `None`), and the changes that fill them.
     fn new(client: &Client, namespace: Option<&str>) -> (ChildStores, ChildChanges) {
-        let (statefulsets, statefulset_changes) = cached(client, namespace, compact_pod_spec);
-        let (services, service_changes) = cached(client, namespace, keep_whole);
-        let (config_maps, config_map_changes) = cached(client, namespace, keep_whole);
-        let (budgets, budget_changes) = cached(client, namespace, keep_whole);
-        let (secrets, secret_changes) = cached(client, namespace, keep_whole);
-        let (pods, pod_changes) = cached(client, namespace, without_spec);
-        let (claims, claim_changes) = cached(client, namespace, keep_whole);
+        let (statefulsets, statefulset_changes) =
+            cached::<_, WITH_SPEC>(client, namespace, compact_pod_spec);
+        let (services, service_changes) = cached::<_, WITH_SPEC>(client, namespace, keep_whole);
+        let (config_maps, config_map_changes) =
+            cached::<_, WITH_SPEC>(client, namespace, keep_whole);
+        let (budgets, budget_changes) = cached::<_, WITH_SPEC>(client, namespace, keep_whole);
+        let (secrets, secret_changes) = cached::<_, WITH_SPEC>(client, namespace, keep_whole);
+        let (pods, pod_changes) = cached::<_, WITHOUT_SPEC>(client, namespace, keep_whole);
+        let (claims, claim_changes) = cached::<_, WITH_SPEC>(client, namespace, keep_whole);
         let stores = ChildStores {
             namespace: namespace.map(str::to_owned),
             statefulsets,
@@ -261,11 +266,6 @@ pub fn expand_compacted(live: &mut serde_json::Value) {
     }
 }
 
-/// Drops a pod's spec, which the controller never reads.
-fn without_spec(pod: &mut Pod) {
-    pod.spec = None;
-}
-
 /// Whether `store` has had its first full list (a wait of zero: the readiness future is polled
 /// once, and is done at once when it is).
 async fn is_synced<K: Resource<DynamicType = ()> + Clone + 'static>(store: &Store<K>) -> bool {
@@ -288,10 +288,10 @@ where
     store.get(&ObjectRef::new(name).within(namespace))
 }
 
-/// A store of `K` (ours only, without managed fields, and trimmed by `trim`) and the stream of
-/// changes that fills it.
+/// A store of `K` (ours only, without managed fields, without the spec when `SKIP_SPEC`, and
+/// trimmed by `trim`) and the stream of changes that fills it.
 /// With `K` a `PartialObjectMeta`, the watch asks for metadata only.
-fn cached<K>(
+fn cached<K, const SKIP_SPEC: bool>(
     client: &Client,
     namespace: Option<&str>,
     trim: fn(&mut K),
@@ -311,7 +311,7 @@ where
     let (store, writer) = reflector::store();
     let config = watcher::Config::default().labels(MANAGED_BY_SELECTOR);
     let changes =
-        crate::watch_without_managed_fields(api::<K>(client, namespace), config).modify(trim);
+        crate::watch_lean::<K, SKIP_SPEC>(api::<K>(client, namespace), config).modify(trim);
     let changes = reflector(writer, changes)
         .default_backoff()
         .touched_objects();

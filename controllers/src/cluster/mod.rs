@@ -66,6 +66,7 @@ use serde_json::json;
 use tracing::{Instrument, Span, field, info_span, instrument};
 
 use crate::events::Recorder;
+use crate::lean::Lean;
 use crate::{Context, ShutdownSignal, api, record_trace_id, truncate_note};
 use build::ChildNames;
 use status::{Issue, Observation};
@@ -1092,7 +1093,8 @@ async fn patch_status(
         "kind": PostgreSQLCluster::kind(&()),
         "status": new_status,
     });
-    Api::<PostgreSQLCluster>::namespaced(context.base.client.clone(), &namespace)
+    // The cluster sent back is not read: decoded without its managed fields.
+    Api::<Lean<PostgreSQLCluster>>::namespaced(context.base.client.clone(), &namespace)
         .patch_status(
             &name,
             &PatchParams::apply(STATUS_FIELD_MANAGER).force(),

@@ -246,7 +246,7 @@ where
 /// Keeps a store of `K` up to date.
 fn cache<K>(writer: reflector::store::Writer<K>, api: Api<K>, what: &'static str) -> Watch
 where
-    K: Resource<DynamicType = ()>
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
         + std::fmt::Debug
         + serde::de::DeserializeOwned
