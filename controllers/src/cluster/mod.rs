@@ -7,10 +7,11 @@
 //! with server-side apply (building and comparing are skipped while nothing they depend on
 //! changed since the children were last found up to date: see `settled`), and label each pod
 //! with the role its instance manager reports ->
-//! write the `status` when it changed, with an Event for each change -> send the `commands` that
-//! move the primary, if any (see `failover`; a switchover or failover first records itself in
-//! the status, in a reconcile of its own with the span `designate`). An unchanged, ready
-//! cluster makes no write at all.
+//! write the `status` when it changed (a change of details alone, shortly after a transition,
+//! waits a few seconds: see `status::details_hold`), with an Event for each change -> send the
+//! `commands` that move the primary, if any (see `failover`; a switchover or failover first
+//! records itself in the status, in a reconcile of its own with the span `designate`). An
+//! unchanged, ready cluster makes no write at all.
 //!
 //! Roles: one instance is the designated primary (`status.currentPrimary`, else the first
 //! instance of a new cluster); the others stream from it. The `-rw` Service routes to the pod
@@ -616,8 +617,11 @@ async fn reconcile_cluster(
         bootstrap: bootstrap.as_ref(),
         failover_waiting: plan.waiting.as_deref(),
     };
-    let new_status = Box::pin(write_status(cluster, context, observation))
-        .instrument(info_span!("status"))
+    let StatusStep {
+        status: new_status,
+        held_for,
+    } = Box::pin(write_status(cluster, context, observation))
+        .instrument(info_span!("status", held_ms = field::Empty))
         .await?;
     // After the labels (the old primary is fenced) and the status (the change is recorded).
     // A span only when there is something to send: most reconciles send nothing.
@@ -634,6 +638,10 @@ async fn reconcile_cluster(
     );
     if situation_has_standbys(&new_status, outcome.desired_replicas) {
         next = next.min(failover::watch_period(failover_delay, plan.urgent));
+    }
+    // A held-back change is written at the latest when its hold ends.
+    if let Some(held_for) = held_for {
+        next = next.min(held_for);
     }
     Ok(Action::requeue(next))
 }
@@ -1056,15 +1064,36 @@ fn refusal_issue(refusals: &[validate::Refusal]) -> Option<Issue> {
     })
 }
 
-/// Computes the status, writes it if it changed and publishes an Event per change.
+/// What the status step computed, and how long a change it held back waits.
+struct StatusStep {
+    status: PostgreSQLClusterStatus,
+    /// Set when only details changed, shortly after a transition: not written yet (see
+    /// `status::details_hold`), the reconcile looks again within this.
+    held_for: Option<Duration>,
+}
+
+/// Computes the status, writes it if it changed (a change of details alone may wait a few
+/// seconds: see `status::details_hold`) and publishes an Event per change.
 async fn write_status(
     cluster: &PostgreSQLCluster,
     context: &ClusterContext,
     observation: Observation<'_>,
-) -> Result<PostgreSQLClusterStatus, Error> {
-    let new_status = status::compute(observation, Timestamp::now());
-    if !status::changed(&new_status, observation.previous) {
-        return Ok(new_status);
+) -> Result<StatusStep, Error> {
+    let now = Timestamp::now();
+    let new_status = status::compute(observation, now);
+    let held_for = match status::difference(&new_status, observation.previous) {
+        status::Difference::None => return Ok(StatusStep::written(new_status)),
+        status::Difference::Details => observation
+            .previous
+            .and_then(|previous| status::details_hold(previous, now)),
+        status::Difference::Summary => None,
+    };
+    if let Some(held_for) = held_for {
+        Span::current().record("held_ms", held_for.as_millis());
+        return Ok(StatusStep {
+            status: new_status,
+            held_for: Some(held_for),
+        });
     }
     patch_status(cluster, context, &new_status).await?;
     tracing::info!(phase = ?new_status.phase, ready = new_status.ready_replicas, "status updated");
@@ -1077,7 +1106,17 @@ async fn write_status(
     for event in status::events(&new_status, observation.previous) {
         publish_event(context, cluster, event.warning, &event.reason, event.note).await;
     }
-    Ok(new_status)
+    Ok(StatusStep::written(new_status))
+}
+
+impl StatusStep {
+    /// A status that is the cluster's now (written, or unchanged).
+    fn written(status: PostgreSQLClusterStatus) -> Self {
+        Self {
+            status,
+            held_for: None,
+        }
+    }
 }
 
 /// Writes `new_status` with server-side apply, as this controller's status field manager.

@@ -11,6 +11,10 @@
 //! change when the instances do (an instance that does not answer is described by a fixed
 //! reason, never by the error's text), so an idle cluster computes the same status every time
 //! and writes nothing.
+//!
+//! A change of details alone (a message, what the instances report) that comes within
+//! [`DETAILS_HOLD`] of a condition's transition waits for the hold to end, so that the short
+//! states a new cluster passes through are not each written (see [`details_hold`]).
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -268,34 +272,89 @@ fn instance_status(instance: &ObservedInstance, primary_lsn: Option<Lsn>) -> Ins
     }
 }
 
-/// Whether `new` differs from `previous` in any field this controller owns (transition times
-/// aside). Equal means no status write.
-pub fn changed(new: &PostgreSQLClusterStatus, previous: Option<&PostgreSQLClusterStatus>) -> bool {
+/// How long after a condition's last transition a change of details alone waits before it is
+/// written (see [`details_hold`]).
+pub const DETAILS_HOLD: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How a computed status differs from the cluster's (transition times aside).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Difference {
+    /// Nothing this controller owns differs: no write.
+    None,
+    /// Only details: a condition's message, or what the instances report.
+    Details,
+    /// The phase, the ready replicas, the version, the primary or a primary change, the
+    /// observed generation, the last successful backup, or a condition's status, reason or
+    /// observed generation (or a condition that was not there).
+    Summary,
+}
+
+/// How `new` differs from `previous` in the fields this controller owns.
+pub fn difference(
+    new: &PostgreSQLClusterStatus,
+    previous: Option<&PostgreSQLClusterStatus>,
+) -> Difference {
     let Some(previous) = previous else {
-        return true;
+        return Difference::Summary;
     };
-    let same_condition = |condition: &Condition| {
+    let before = |condition: &Condition| {
         previous
             .conditions
             .iter()
             .find(|c| c.type_ == condition.type_)
-            .is_some_and(|c| {
-                c.status == condition.status
-                    && c.reason == condition.reason
-                    && c.message == condition.message
-                    && c.observed_generation == condition.observed_generation
-            })
     };
-    new.phase != previous.phase
+    let same_summary = |condition: &Condition| {
+        before(condition).is_some_and(|c| {
+            c.status == condition.status
+                && c.reason == condition.reason
+                && c.observed_generation == condition.observed_generation
+        })
+    };
+    let summary_changed = new.phase != previous.phase
         || new.ready_replicas != previous.ready_replicas
         || new.current_version != previous.current_version
         || new.current_primary != previous.current_primary
         || new.target_primary != previous.target_primary
         || new.primary_change != previous.primary_change
-        || new.instances != previous.instances
         || new.observed_generation != previous.observed_generation
         || new.last_successful_backup != previous.last_successful_backup
-        || !new.conditions.iter().all(same_condition)
+        || !new.conditions.iter().all(same_summary);
+    let same_message =
+        |condition: &Condition| before(condition).is_some_and(|c| c.message == condition.message);
+    if summary_changed {
+        Difference::Summary
+    } else if new.instances != previous.instances || !new.conditions.iter().all(same_message) {
+        Difference::Details
+    } else {
+        Difference::None
+    }
+}
+
+/// How much longer a change of details alone waits, if it waits: until [`DETAILS_HOLD`] after
+/// the latest transition of a condition in `previous`.
+///
+/// Why: a cluster passes through short-lived states that differ in details only, such as a new
+/// instance's pod that exists but has no address yet, a second or two before it runs. Writing
+/// each would cost a request (and a reconcile, when the write comes back through the watch)
+/// for a state nobody reads. Held for a few seconds, such a change is written with the next
+/// change of the summary if one comes (the Running phase, usually), else when the hold ends;
+/// the reconcile looks again then (see `next_look`), so nothing is lost. Details of a cluster
+/// whose conditions have not moved for a while are written at once.
+pub fn details_hold(
+    previous: &PostgreSQLClusterStatus,
+    now: Timestamp,
+) -> Option<std::time::Duration> {
+    let latest = previous
+        .conditions
+        .iter()
+        .map(|c| c.last_transition_time.0)
+        .max()?;
+    let elapsed = now.duration_since(latest);
+    // A transition time ahead of this clock holds for the whole hold, not longer.
+    let elapsed = std::time::Duration::try_from(elapsed).unwrap_or_default();
+    DETAILS_HOLD
+        .checked_sub(elapsed)
+        .filter(|left| !left.is_zero())
 }
 
 /// The switchover or failover that `new` completes, and how long it took from its decision.
@@ -940,12 +999,66 @@ mod tests {
     }
 
     #[test]
+    fn a_change_of_details_alone_is_told_from_a_change_of_the_summary() {
+        let sts = sts(3, 3, 3, ("r1", "r1"));
+        let first = compute(observe(3, Some(&sts), None), now());
+        assert_eq!(difference(&first, None), Difference::Summary);
+
+        let mut message = first.clone();
+        message.conditions[0].message.push_str(", and more");
+        assert_eq!(difference(&message, Some(&first)), Difference::Details);
+        let mut instances = first.clone();
+        instances.instances.push(InstanceStatus {
+            name: "db-postgresql-0".to_owned(),
+            role: InstanceRole::Unknown,
+            ready: false,
+            timeline: None,
+            lag_bytes: None,
+            streaming: None,
+        });
+        assert_eq!(difference(&instances, Some(&first)), Difference::Details);
+
+        let mut reason = first.clone();
+        reason.conditions[0].reason = "Other".to_owned();
+        assert_eq!(difference(&reason, Some(&first)), Difference::Summary);
+        let mut ready = instances.clone();
+        ready.ready_replicas -= 1;
+        assert_eq!(difference(&ready, Some(&first)), Difference::Summary);
+    }
+
+    #[test]
+    fn details_wait_until_the_hold_after_the_latest_transition_ends() {
+        let sts = sts(3, 3, 3, ("r1", "r1"));
+        let first = compute(observe(3, Some(&sts), None), now());
+        let after = |seconds: i64| {
+            Timestamp::from_second(now().as_second() + seconds).expect("valid timestamp")
+        };
+        assert_eq!(
+            details_hold(&first, after(2)),
+            Some(DETAILS_HOLD - std::time::Duration::from_secs(2))
+        );
+        assert_eq!(details_hold(&first, after(5)), None);
+        assert_eq!(details_hold(&first, after(600)), None);
+        // A clock behind the transition times holds for the hold, not longer.
+        assert_eq!(details_hold(&first, after(-60)), Some(DETAILS_HOLD));
+        // The latest transition counts.
+        let mut later = first.clone();
+        later.conditions[1].last_transition_time = Time(after(4));
+        assert_eq!(
+            details_hold(&later, after(6)),
+            Some(std::time::Duration::from_secs(3))
+        );
+        let no_conditions = PostgreSQLClusterStatus::default();
+        assert_eq!(details_hold(&no_conditions, after(1)), None);
+    }
+
+    #[test]
     fn an_unchanged_status_is_not_written_and_keeps_its_transition_times() {
         let sts = sts(3, 3, 3, ("r1", "r1"));
         let first = compute(observe(3, Some(&sts), None), now());
         let later = Timestamp::from_second(1_700_000_600).expect("valid timestamp");
         let second = compute(observe(3, Some(&sts), Some(&first)), later);
-        assert!(!changed(&second, Some(&first)));
+        assert_eq!(difference(&second, Some(&first)), Difference::None);
         assert_eq!(second, first);
         assert!(events(&second, Some(&first)).is_empty());
     }
@@ -1084,7 +1197,7 @@ mod tests {
             ..observe(2, Some(&sts), Some(&creating))
         };
         let again = compute(observation, now());
-        assert!(!changed(&again, Some(&creating)));
+        assert_eq!(difference(&again, Some(&creating)), Difference::None);
         assert!(events(&again, Some(&creating)).is_empty());
 
         // Once running, a primary that stops answering degrades the cluster, and the
@@ -1207,7 +1320,7 @@ mod tests {
             ..observe(3, Some(&sts), Some(&streaming))
         };
         let broken = compute(observation, now());
-        assert!(changed(&broken, Some(&streaming)));
+        assert_eq!(difference(&broken, Some(&streaming)), Difference::Summary);
         let made = events(&broken, Some(&streaming));
         assert_eq!(made.len(), 1, "{made:?}");
         assert_eq!(

@@ -16,6 +16,7 @@ use pgkube_controllers::cluster::instances::{
     ControlCommand, FetchError, HttpInstanceStatus, InstanceAddress, InstanceReport,
     InstanceStatusSource, Lsn, ReportedRole,
 };
+use pgkube_controllers::cluster::status;
 use pgkube_controllers::{Context, Metrics, Settings};
 use pgkube_crds::{ClusterPhase, PostgreSQLCluster};
 use pgkube_testkit::{TestEnv, TestNamespace, install_crds, wait_until};
@@ -285,10 +286,13 @@ impl Running {
         }
     }
 
-    /// Lets things settle for 3 s, then asserts that the controllers write nothing through four
+    /// Lets things settle (at least 3 s), then asserts that the controllers write nothing through four
     /// resync intervals; `when` names the moment in the failure message.
     pub async fn assert_no_writes_while_idle(&self, resync: Duration, when: &str) {
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // Past the hold of a change of status details that followed the last transition:
+        // such a change is written when its hold ends, if not before.
+        let settle = Duration::from_secs(3).max(status::DETAILS_HOLD + Duration::from_secs(1));
+        tokio::time::sleep(settle).await;
         let writes_before = self.counts.writes();
         let log_before = self.counts.write_log().len();
         tokio::time::sleep(resync * 4 + Duration::from_secs(1)).await;
