@@ -17,7 +17,8 @@
 //! instance of a new cluster); the others stream from it. The `-rw` Service routes to the pod
 //! labelled primary, `-ro` to the replicas, `-r` to any ready instance (see `roles`). While the
 //! cluster has pods, it is looked at again every [`INSTANCE_REFRESH`] to refresh what the
-//! instances report (reads only; a write only when something changed).
+//! instances report (reads only; a write only when something changed), or every
+//! [`SOLE_INSTANCE_REFRESH`] when it is one running instance that matches its spec.
 //!
 //! A change Kubernetes cannot make in place (shrinking volumes, a new major version) is held
 //! back: validation keeps the running value for it, the rest of the spec is applied as usual
@@ -85,6 +86,11 @@ pub const STATUS_FIELD_MANAGER: &str = "pgkube-cluster";
 const WAIT_REQUEUE: Duration = Duration::from_secs(10);
 /// How often the instances of a cluster that has pods are asked for their status.
 pub const INSTANCE_REFRESH: Duration = Duration::from_secs(15);
+/// The same for a running cluster of one instance that matches its spec. It has no standby to
+/// fail over to, and a change of its readiness comes at once through its StatefulSet's status
+/// (the pod's readiness probe asks the same instance manager every 2 s); asking it every 15 s
+/// would mostly find the same report, at a cost that grows with the number of clusters.
+pub const SOLE_INSTANCE_REFRESH: Duration = Duration::from_secs(60);
 /// First and longest retry delay after an error.
 const BACKOFF_BASE: Duration = Duration::from_secs(2);
 const BACKOFF_MAX: Duration = Duration::from_secs(300);
@@ -919,10 +925,14 @@ fn next_look(
     } else {
         WAIT_REQUEUE.min(resync)
     };
-    if has_pods {
-        wait.min(INSTANCE_REFRESH)
+    if !has_pods {
+        return wait;
+    }
+    let sole_instance = outcome.desired_replicas == 1 && status.ready_replicas == 1;
+    if caught_up && sole_instance {
+        wait.min(SOLE_INSTANCE_REFRESH)
     } else {
-        wait
+        wait.min(INSTANCE_REFRESH)
     }
 }
 
@@ -1266,6 +1276,24 @@ mod tests {
             next_look(&outcome(None), &running, true, resync),
             INSTANCE_REFRESH
         );
+        // One running instance: its readiness comes through the StatefulSet's watch.
+        let sole = Outcome {
+            desired_replicas: 1,
+            ..outcome(None)
+        };
+        let running_one = PostgreSQLClusterStatus {
+            ready_replicas: 1,
+            ..running.clone()
+        };
+        assert_eq!(
+            next_look(&sole, &running_one, true, resync),
+            SOLE_INSTANCE_REFRESH
+        );
+        let creating_one = PostgreSQLClusterStatus {
+            phase: Some(ClusterPhase::Creating),
+            ..running_one.clone()
+        };
+        assert_eq!(next_look(&sole, &creating_one, true, resync), WAIT_REQUEUE);
         assert_eq!(
             next_look(&outcome(None), &creating, true, resync),
             WAIT_REQUEUE
