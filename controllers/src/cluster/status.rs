@@ -338,8 +338,8 @@ pub fn difference(
 /// each would cost a request (and a reconcile, when the write comes back through the watch)
 /// for a state nobody reads. Held for a few seconds, such a change is written with the next
 /// change of the summary if one comes (the Running phase, usually), else when the hold ends;
-/// the reconcile looks again then (see `next_look`), so nothing is lost. Details of a cluster
-/// whose conditions have not moved for a while are written at once.
+/// the reconcile looks again then (see `reconcile_cluster`), so nothing is lost. Details of a
+/// cluster whose conditions have not moved for a while are written at once.
 pub fn details_hold(
     previous: &PostgreSQLClusterStatus,
     now: Timestamp,
