@@ -11,8 +11,9 @@
 //!   manager then holds no password in memory.
 //! - Pods and data volume claims: watched for the cache alone; their changes trigger nothing (a
 //!   pod's readiness reaches the cluster through its StatefulSet's status, and the instances
-//!   are asked again every `INSTANCE_REFRESH`, or `SOLE_INSTANCE_REFRESH`). Pods are decoded without their spec: the
-//!   controller reads their names, labels, uids and status only, and the spec is most of a pod.
+//!   are asked again every `INSTANCE_REFRESH`, or `SOLE_INSTANCE_REFRESH`). Pods are decoded
+//!   without their spec: the controller reads their names, labels, uids and status only, and
+//!   the spec is most of a pod.
 //!
 //! No watch decodes the objects' `managedFields` (see `lean`).
 //!

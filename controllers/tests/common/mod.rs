@@ -286,8 +286,8 @@ impl Running {
         }
     }
 
-    /// Lets things settle (at least 3 s), then asserts that the controllers write nothing through four
-    /// resync intervals; `when` names the moment in the failure message.
+    /// Lets things settle (at least 3 s), then asserts that the controllers write nothing
+    /// through four resync intervals; `when` names the moment in the failure message.
     pub async fn assert_no_writes_while_idle(&self, resync: Duration, when: &str) {
         // Past the hold of a change of status details that followed the last transition:
         // such a change is written when its hold ends, if not before.
