@@ -9,6 +9,7 @@
 pub mod agent_job;
 pub mod backup;
 pub mod cluster;
+mod compact;
 pub mod crd_check;
 pub mod events;
 mod lean;

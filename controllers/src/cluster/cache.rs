@@ -15,7 +15,8 @@
 //!   without their spec: the controller reads their names, labels, uids and status only, and
 //!   the spec is most of a pod.
 //!
-//! No watch decodes the objects' `managedFields` (see `lean`).
+//! No watch decodes the objects' `managedFields` (see `lean`), and every store keeps its objects
+//! as JSON text (see `compact`), decoded when a reconcile reads them ([`cached_object`]).
 //!
 //! Every watch selects `app.kubernetes.io/managed-by=pgkube`, which the cluster's children,
 //! its pods and its claims carry (from the StatefulSet's templates).
@@ -33,13 +34,15 @@ use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, 
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Controller;
-use kube::runtime::reflector::{self, ObjectRef, Store, reflector};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use pgkube_crds::PostgreSQLCluster;
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::api;
+use crate::compact::{self, Compact};
 use crate::lean::{WITH_SPEC, WITHOUT_SPEC};
 
 /// Label on every child, its pods and its claims: the watches select only these.
@@ -50,13 +53,13 @@ pub const MANAGED_BY_SELECTOR: &str = "app.kubernetes.io/managed-by=pgkube";
 pub struct ChildStores {
     /// The namespace watched; `None` for all.
     pub namespace: Option<String>,
-    pub statefulsets: Store<StatefulSet>,
-    pub services: Store<Service>,
-    pub config_maps: Store<ConfigMap>,
-    pub secrets: Store<PartialObjectMeta<Secret>>,
-    pub budgets: Store<PodDisruptionBudget>,
-    pub pods: Store<Pod>,
-    pub claims: Store<PersistentVolumeClaim>,
+    pub statefulsets: Store<Compact<StatefulSet>>,
+    pub services: Store<Compact<Service>>,
+    pub config_maps: Store<Compact<ConfigMap>>,
+    pub secrets: Store<Compact<PartialObjectMeta<Secret>>>,
+    pub budgets: Store<Compact<PodDisruptionBudget>>,
+    pub pods: Store<Compact<Pod>>,
+    pub claims: Store<Compact<PersistentVolumeClaim>>,
 }
 
 /// How long a reconcile waits for the caches' first lists before it fails, naming them.
@@ -220,8 +223,9 @@ pub const COMPACT_POD_SPEC_ANNOTATION: &str = "pgkube.internal/cached-pod-spec";
 /// Why: k8s-openapi's structs hold every optional field inline and allocate each string, so a
 /// pod spec takes far more memory as structs than as text, and only drift detection reads it
 /// (after [`expand_compacted`]); at 1,000 clusters this cut the manager's peak RSS from 172 to
-/// 144 MiB (README, "Convergence at scale"). Code reading the cache sees a template without a
-/// spec.
+/// 144 MiB (README, "Convergence at scale"). Now that the store keeps the whole StatefulSet as
+/// text, it still spares each read of the cache the decoding of the pod spec: code reading the
+/// cache sees a template without a spec.
 fn compact_pod_spec(statefulset: &mut StatefulSet) {
     let Some(template) = statefulset.spec.as_mut().map(|spec| &mut spec.template) else {
         return;
@@ -269,7 +273,7 @@ pub fn expand_compacted(live: &mut serde_json::Value) {
 
 /// Whether `store` has had its first full list (a wait of zero: the readiness future is polled
 /// once, and is done at once when it is).
-async fn is_synced<K: Resource<DynamicType = ()> + Clone + 'static>(store: &Store<K>) -> bool {
+async fn is_synced<K: Resource<DynamicType = ()> + 'static>(store: &Store<Compact<K>>) -> bool {
     matches!(
         tokio::time::timeout(Duration::ZERO, store.wait_until_ready()).await,
         Ok(Ok(()))
@@ -281,39 +285,51 @@ fn no_trigger() -> Option<ObjectRef<PostgreSQLCluster>> {
     None
 }
 
-/// The object `name` in `namespace` as `store` has it.
-pub fn cached_object<K>(store: &Store<K>, namespace: &str, name: &str) -> Option<Arc<K>>
+/// The object `name` in `namespace` as `store` has it, decoded from its text.
+///
+/// Text that does not decode (impossible unless the cache is corrupted: it was written from a
+/// decoded object) is logged and read as no object, so the child is applied again.
+pub fn cached_object<K>(store: &Store<Compact<K>>, namespace: &str, name: &str) -> Option<Arc<K>>
 where
-    K: Resource<DynamicType = ()> + Clone,
+    K: Resource<DynamicType = ()> + DeserializeOwned,
 {
-    store.get(&ObjectRef::new(name).within(namespace))
+    let compact = store.get(&ObjectRef::new(name).within(namespace))?;
+    match compact.decode() {
+        Ok(object) => Some(Arc::new(object)),
+        Err(error) => {
+            let kind = K::kind(&());
+            tracing::warn!(%error, %kind, namespace, name, "cached object does not decode");
+            None
+        }
+    }
 }
 
-/// A store of `K` (ours only, without managed fields, without the spec when `SKIP_SPEC`, and
-/// trimmed by `trim`) and the stream of changes that fills it.
+/// A store of `K` (ours only, without managed fields, without the spec when `SKIP_SPEC`,
+/// trimmed by `trim`, and kept as text) and the stream of changes that fills it.
 /// With `K` a `PartialObjectMeta`, the watch asks for metadata only.
 fn cached<K, const SKIP_SPEC: bool>(
     client: &Client,
     namespace: Option<&str>,
     trim: fn(&mut K),
 ) -> (
-    Store<K>,
+    Store<Compact<K>>,
     impl Stream<Item = Result<K, watcher::Error>> + Send + 'static,
 )
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
         + Clone
         + DeserializeOwned
+        + Serialize
         + Debug
         + Send
         + Sync
         + 'static,
 {
-    let (store, writer) = reflector::store();
+    let (store, writer) = reflector::store::<Compact<K>>();
     let config = watcher::Config::default().labels(MANAGED_BY_SELECTOR);
     let changes =
         crate::watch_lean::<K, SKIP_SPEC>(api::<K>(client, namespace), config).modify(trim);
-    let changes = reflector(writer, changes)
+    let changes = compact::reflector(writer, changes)
         .default_backoff()
         .touched_objects();
     (store, changes)
@@ -326,7 +342,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_store_is_synced_once_its_first_list_is_done() {
-        let (store, mut writer) = reflector::store::<ConfigMap>();
+        let (store, mut writer) = reflector::store::<Compact<ConfigMap>>();
         assert!(!is_synced(&store).await);
         writer.apply_watcher_event(&Event::Init);
         assert!(!is_synced(&store).await, "a list begun is not done");

@@ -38,6 +38,8 @@ use tokio_cron_scheduler::{Job, JobScheduler};
 use tracing::{Instrument, field, info_span};
 use uuid::Uuid;
 
+use crate::compact::{self, Compact};
+
 use super::name::backup_name;
 use super::parse::Schedule;
 use super::plan::{self, Decision, Plan, SchedulerStatus};
@@ -152,7 +154,8 @@ type Watch = futures::future::BoxFuture<'static, ()>;
 /// The watch caches: one store per kind and watched namespace.
 #[derive(Default)]
 struct Caches {
-    clusters: Vec<Store<PostgreSQLCluster>>,
+    /// As text (see `compact`): the cluster controller's cache holds them decoded.
+    clusters: Vec<Store<Compact<PostgreSQLCluster>>>,
     backups: Vec<Store<PostgreSQLBackup>>,
     restores: Vec<Store<PostgreSQLRestore>>,
 }
@@ -169,7 +172,7 @@ impl Caches {
         self.clusters.push(store);
         let api = api::<PostgreSQLCluster>(client, namespace);
         let changes = crate::watch_without_managed_fields(api, watcher::Config::default());
-        reflector::reflector(writer, changes)
+        compact::reflector(writer, changes)
             .default_backoff()
             .for_each(move |event| {
                 let message = match event {
@@ -213,14 +216,32 @@ impl Caches {
         let _ = futures::future::join_all(clusters.chain(backups).chain(restores)).await;
     }
 
-    fn cluster(&self, key: &ClusterKey) -> Option<Arc<PostgreSQLCluster>> {
+    /// The cluster, decoded from the cache's text. Text that does not decode (impossible unless
+    /// the cache is corrupted) is logged and read as no cluster: the engine forgets it until its
+    /// next change.
+    fn cluster(&self, key: &ClusterKey) -> Option<PostgreSQLCluster> {
         let reference = reflector::ObjectRef::new(&key.name).within(&key.namespace);
-        self.clusters.iter().find_map(|store| store.get(&reference))
+        let compact = self
+            .clusters
+            .iter()
+            .find_map(|store| store.get(&reference))?;
+        compact
+            .decode()
+            .inspect_err(|error| tracing::warn!(%error, "cached cluster does not decode"))
+            .ok()
     }
 
     fn cluster_keys(&self) -> Vec<ClusterKey> {
         let clusters = self.clusters.iter().flat_map(Store::state);
-        clusters.map(|c| ClusterKey::of(&c)).collect()
+        let key = |cluster: Arc<Compact<PostgreSQLCluster>>| ClusterKey {
+            namespace: reflector::Lookup::namespace(cluster.as_ref())
+                .unwrap_or_default()
+                .into_owned(),
+            name: reflector::Lookup::name(cluster.as_ref())
+                .unwrap_or_default()
+                .into_owned(),
+        };
+        clusters.map(key).collect()
     }
 
     fn backups_in(&self, namespace: &str) -> Vec<Arc<PostgreSQLBackup>> {
