@@ -69,10 +69,38 @@ impl<K: Resource + Serialize> Compact<K> {
     }
 }
 
+impl<K> Compact<K> {
+    /// The object's JSON text.
+    pub fn json(&self) -> &str {
+        &self.json
+    }
+
+    /// The object as a JSON value, straight from its text: what drift detection compares,
+    /// without decoding the typed object first.
+    pub fn value(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::from_str(&self.json)
+    }
+}
+
 impl<K: DeserializeOwned> Compact<K> {
     /// The object, decoded from its text.
     pub fn decode(&self) -> Result<K, serde_json::Error> {
         serde_json::from_str(&self.json)
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + DeserializeOwned> Compact<K> {
+    /// The object as a cache's reader wants it: text that does not decode (impossible unless
+    /// the cache is corrupted, since it was written from a decoded object) is logged and read as
+    /// no object, which makes the reader act as if the object were missing.
+    pub fn decode_or_warn(&self) -> Option<K> {
+        self.decode()
+            .inspect_err(|error| {
+                let kind = K::kind(&());
+                let (name, namespace) = (&*self.name, self.namespace.as_deref());
+                tracing::warn!(%error, %kind, name, namespace, "cached object does not decode");
+            })
+            .ok()
     }
 }
 
@@ -167,6 +195,25 @@ mod tests {
         assert_eq!(compact.decode().expect("decode"), original);
         assert_eq!(Lookup::name(&compact).as_deref(), Some("pg-rw"));
         assert_eq!(Lookup::namespace(&compact).as_deref(), Some("db"));
+    }
+
+    #[test]
+    fn a_compact_objects_value_is_the_objects_json_value() {
+        let original = service("pg-rw");
+        let compact = Compact::new(&original).expect("compact");
+        let expected = serde_json::to_value(&original).expect("to value");
+        assert_eq!(compact.value().expect("value"), expected);
+        assert_eq!(
+            compact.value().expect("value")["spec"]["ports"][0]["port"],
+            5432
+        );
+    }
+
+    #[test]
+    fn a_compact_object_that_does_not_decode_reads_as_no_object() {
+        let mut compact = Compact::<Service>::new(&service("pg-rw")).expect("compact");
+        compact.json = Arc::from(r#"{"metadata": {"name": 5}}"#);
+        assert!(compact.decode_or_warn().is_none());
     }
 
     #[test]

@@ -22,7 +22,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::build::{DesiredChildren, ROLE_LABEL};
 use super::cache;
@@ -31,6 +31,7 @@ use super::read::{LiveChildren, claim_request};
 use super::roles::LabelChange;
 use super::status::Issue;
 use super::{Error, FIELD_MANAGER};
+use crate::compact::Compact;
 use crate::lean::{Lean, WITHOUT_SPEC};
 use crate::quantity;
 
@@ -118,41 +119,70 @@ async fn apply_children(
             writes += 1;
         }
     }
-    writes += apply_child(client, namespace, &config_map, live.config_map.as_deref())
-        .await?
-        .is_some() as usize;
+    writes += apply_child(
+        client,
+        namespace,
+        &config_map,
+        text_value(&live.config_map).map_err(Error::Serialize)?,
+    )
+    .await?
+    .is_some() as usize;
     for (service, live) in [
         (&headless_service, &live.headless_service),
         (&rw_service, &live.rw_service),
         (&ro_service, &live.ro_service),
         (&r_service, &live.r_service),
     ] {
-        writes += apply_child(client, namespace, service, live.as_deref())
-            .await?
-            .is_some() as usize;
+        writes += apply_child(
+            client,
+            namespace,
+            service,
+            text_value(live).map_err(Error::Serialize)?,
+        )
+        .await?
+        .is_some() as usize;
     }
-    writes +=
-        delete_old_client_service(client, namespace, live.old_client_service.as_deref()).await?;
-    let applied_sts =
-        apply_child(client, namespace, &statefulset, live.statefulset.as_deref()).await?;
+    let old_client_service = decoded(&live.old_client_service);
+    writes += delete_old_client_service(client, namespace, old_client_service.as_ref()).await?;
+    let live_sts = live
+        .statefulset
+        .as_deref()
+        .map(serde_json::to_value)
+        .transpose()
+        .map_err(Error::Serialize)?;
+    let applied_sts = apply_child(client, namespace, &statefulset, live_sts).await?;
     writes += applied_sts.is_some() as usize;
     writes += reconcile_disruption_budget(
         client,
         namespace,
         pod_disruption_budget,
-        live.pod_disruption_budget.as_deref(),
+        &live.pod_disruption_budget,
     )
     .await?;
     Ok((applied_sts, writes))
 }
 
-/// Applies `desired` unless `live` already matches it; returns the object after the apply, or
-/// `None` when nothing was written.
+/// The JSON value of a child cached as text, parsed straight from the text: drift detection
+/// compares values, so the typed object is never built.
+fn text_value<K>(live: &Option<Arc<Compact<K>>>) -> Result<Option<Value>, serde_json::Error> {
+    live.as_deref().map(Compact::value).transpose()
+}
+
+/// A child cached as text, decoded (text that does not decode reads as no child).
+fn decoded<K>(live: &Option<Arc<Compact<K>>>) -> Option<K>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned,
+{
+    live.as_deref().and_then(Compact::decode_or_warn)
+}
+
+/// Applies `desired` unless `live` (the live child's JSON value) already matches it; returns
+/// the object after the apply, or `None` when nothing was written.
 async fn apply_child<K>(
     client: &Client,
     namespace: &str,
     desired: &K,
-    live: Option<&K>,
+    live: Option<Value>,
 ) -> Result<Option<K>, Error>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
@@ -168,8 +198,7 @@ where
     body["apiVersion"] = json!(K::api_version(&()));
     body["kind"] = json!(kind);
     let body = drift::stamped(body);
-    if let Some(live) = live {
-        let mut live = serde_json::to_value(live).map_err(Error::Serialize)?;
+    if let Some(mut live) = live {
         cache::expand_compacted(&mut live);
         if drift::is_up_to_date(&body, &live) {
             return Ok(None);
@@ -225,28 +254,28 @@ async fn reconcile_disruption_budget(
     client: &Client,
     namespace: &str,
     desired: Option<PodDisruptionBudget>,
-    live: Option<&PodDisruptionBudget>,
+    live: &Option<Arc<Compact<PodDisruptionBudget>>>,
 ) -> Result<usize, Error> {
-    match (desired, live) {
-        (Some(desired), live) => Ok(apply_child(client, namespace, &desired, live)
-            .await?
-            .is_some() as usize),
-        (None, Some(live)) if is_ours(live) => {
-            let name = live.name_any();
-            tracing::info!(name = %name, "deleting PodDisruptionBudget");
-            Api::<PodDisruptionBudget>::namespaced(client.clone(), namespace)
-                .delete(&name, &DeleteParams::default())
-                .await
-                .map_err(|source| Error::Kube {
-                    action: "delete",
-                    kind: "PodDisruptionBudget".to_owned(),
-                    name,
-                    source,
-                })?;
-            Ok(1)
-        }
-        (None, _) => Ok(0),
+    if let Some(desired) = desired {
+        let live = text_value(live).map_err(Error::Serialize)?;
+        let applied = apply_child(client, namespace, &desired, live).await?;
+        return Ok(applied.is_some() as usize);
     }
+    let Some(live) = decoded(live).filter(is_ours) else {
+        return Ok(0);
+    };
+    let name = live.name_any();
+    tracing::info!(name = %name, "deleting PodDisruptionBudget");
+    Api::<PodDisruptionBudget>::namespaced(client.clone(), namespace)
+        .delete(&name, &DeleteParams::default())
+        .await
+        .map_err(|source| Error::Kube {
+            action: "delete",
+            kind: "PodDisruptionBudget".to_owned(),
+            name,
+            source,
+        })?;
+    Ok(1)
 }
 
 /// Deletes the single client Service of earlier versions, replaced by `-rw`, `-ro` and `-r`.

@@ -16,7 +16,8 @@
 //!   the spec is most of a pod.
 //!
 //! No watch decodes the objects' `managedFields` (see `lean`), and every store keeps its objects
-//! as JSON text (see `compact`), decoded when a reconcile reads them ([`cached_object`]).
+//! as JSON text (see `compact`), decoded when a reconcile reads them ([`cached_object`]) or
+//! handed on as text to what compares or only counts them ([`cached_text`]).
 //!
 //! Every watch selects `app.kubernetes.io/managed-by=pgkube`, which the cluster's children,
 //! its pods and its claims carry (from the StatefulSet's templates).
@@ -285,23 +286,28 @@ fn no_trigger() -> Option<ObjectRef<PostgreSQLCluster>> {
     None
 }
 
-/// The object `name` in `namespace` as `store` has it, decoded from its text.
-///
-/// Text that does not decode (impossible unless the cache is corrupted: it was written from a
-/// decoded object) is logged and read as no object, so the child is applied again.
+/// The object `name` in `namespace` as `store` has it, as text (no decode).
+pub fn cached_text<K>(
+    store: &Store<Compact<K>>,
+    namespace: &str,
+    name: &str,
+) -> Option<Arc<Compact<K>>>
+where
+    K: Resource<DynamicType = ()>,
+{
+    store.get(&ObjectRef::new(name).within(namespace))
+}
+
+/// The object `name` in `namespace` as `store` has it, decoded from its text. Text that does
+/// not decode is logged and read as no object, so the child is applied again (see
+/// [`Compact::decode_or_warn`]).
 pub fn cached_object<K>(store: &Store<Compact<K>>, namespace: &str, name: &str) -> Option<Arc<K>>
 where
     K: Resource<DynamicType = ()> + DeserializeOwned,
 {
-    let compact = store.get(&ObjectRef::new(name).within(namespace))?;
-    match compact.decode() {
-        Ok(object) => Some(Arc::new(object)),
-        Err(error) => {
-            let kind = K::kind(&());
-            tracing::warn!(%error, %kind, namespace, name, "cached object does not decode");
-            None
-        }
-    }
+    cached_text(store, namespace, name)?
+        .decode_or_warn()
+        .map(Arc::new)
 }
 
 /// A store of `K` (ours only, without managed fields, without the spec when `SKIP_SPEC`,

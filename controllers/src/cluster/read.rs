@@ -14,28 +14,32 @@ use pgkube_crds::MAX_REPLICAS;
 use tracing::{Instrument, info_span};
 
 use super::build::{ChildNames, DATA_VOLUME, VERSION_ANNOTATION, selector_labels};
-use super::cache::{ChildStores, cached_object};
+use super::cache::{ChildStores, cached_object, cached_text};
 use super::instances::{self, InstanceStatusSource, ObservedInstance};
 use super::roles;
 use super::validate::LiveFacts;
+use crate::compact::Compact;
 use crate::quantity;
 
-/// A cluster's children that exist now, shared with the caches: the cached objects are never
-/// changed in place (a watch event replaces them), so a reconcile holds them without a copy.
+/// A cluster's children that exist now. The StatefulSet, pods and claims are decoded, as
+/// validation, the status and the roles read them. The Services, the ConfigMap and the
+/// PodDisruptionBudget stay as the caches' text (shared, not copied: a watch event replaces a
+/// cached object, never changes it): drift detection compares them as JSON values, parsed
+/// straight from the text, and most reconciles find the cluster settled and compare nothing.
 #[derive(Clone, Debug, Default)]
 pub struct LiveChildren {
     pub statefulset: Option<Arc<StatefulSet>>,
-    pub headless_service: Option<Arc<Service>>,
-    pub rw_service: Option<Arc<Service>>,
-    pub ro_service: Option<Arc<Service>>,
-    pub r_service: Option<Arc<Service>>,
+    pub headless_service: Option<Arc<Compact<Service>>>,
+    pub rw_service: Option<Arc<Compact<Service>>>,
+    pub ro_service: Option<Arc<Compact<Service>>>,
+    pub r_service: Option<Arc<Compact<Service>>>,
     /// The client Service of earlier versions, to delete.
-    pub old_client_service: Option<Arc<Service>>,
-    pub config_map: Option<Arc<ConfigMap>>,
+    pub old_client_service: Option<Arc<Compact<Service>>>,
+    pub config_map: Option<Arc<Compact<ConfigMap>>>,
     pub credentials_exist: bool,
     pub replication_credentials_exist: bool,
     pub control_token_exists: bool,
-    pub pod_disruption_budget: Option<Arc<PodDisruptionBudget>>,
+    pub pod_disruption_budget: Option<Arc<Compact<PodDisruptionBudget>>>,
     /// The StatefulSet's data volume claims (`data-<statefulset>-N`), by ordinal.
     pub data_claims: Vec<Arc<PersistentVolumeClaim>>,
     /// The StatefulSet's pods and what their instance managers report, by ordinal.
@@ -53,7 +57,7 @@ pub async fn read(
     source: &dyn InstanceStatusSource,
 ) -> LiveChildren {
     let statefulset = cached_object(&stores.statefulsets, namespace, &names.statefulset);
-    let service = |name| cached_object(&stores.services, namespace, name);
+    let service = |name| cached_text(&stores.services, namespace, name);
     let (data_claims, instances, addresses) = if statefulset.is_some() {
         let pods = pods(stores, namespace, names);
         let instances = instances::observe(pods.iter().map(AsRef::as_ref), source)
@@ -67,7 +71,7 @@ pub async fn read(
     } else {
         (Vec::new(), Vec::new(), BTreeMap::new())
     };
-    let secret_exists = |name| cached_object(&stores.secrets, namespace, name).is_some();
+    let secret_exists = |name| cached_text(&stores.secrets, namespace, name).is_some();
     LiveChildren {
         statefulset,
         headless_service: service(&names.headless_service),
@@ -75,11 +79,11 @@ pub async fn read(
         ro_service: service(&names.ro_service),
         r_service: service(&names.r_service),
         old_client_service: service(&names.old_client_service),
-        config_map: cached_object(&stores.config_maps, namespace, &names.config_map),
+        config_map: cached_text(&stores.config_maps, namespace, &names.config_map),
         credentials_exist: secret_exists(&names.secret),
         replication_credentials_exist: secret_exists(&names.replication_secret),
         control_token_exists: secret_exists(&names.control_secret),
-        pod_disruption_budget: cached_object(
+        pod_disruption_budget: cached_text(
             &stores.budgets,
             namespace,
             &names.pod_disruption_budget,

@@ -27,6 +27,7 @@ use sha2::{Digest, Sha256};
 use super::build::BuildInput;
 use super::read::LiveChildren;
 use super::validate::ValidatedCluster;
+use crate::compact::Compact;
 
 /// SHA-256 of the inputs and live versions (see the module doc).
 pub type Fingerprint = [u8; 32];
@@ -91,25 +92,33 @@ pub fn fingerprint(
         u8::from(live.replication_credentials_exist),
         u8::from(live.control_token_exists),
     ]);
-    let versions = [
-        live.statefulset.as_deref().map(Resource::meta),
-        live.headless_service.as_deref().map(Resource::meta),
-        live.rw_service.as_deref().map(Resource::meta),
-        live.ro_service.as_deref().map(Resource::meta),
-        live.r_service.as_deref().map(Resource::meta),
-        live.old_client_service.as_deref().map(Resource::meta),
-        live.config_map.as_deref().map(Resource::meta),
-        live.pod_disruption_budget.as_deref().map(Resource::meta),
+    match live.statefulset.as_deref().map(Resource::meta) {
+        Some(meta) => {
+            hasher.update([1]);
+            write_text(&mut hasher, meta.uid.as_deref().unwrap_or_default());
+            write_text(
+                &mut hasher,
+                meta.resource_version.as_deref().unwrap_or_default(),
+            );
+        }
+        None => hasher.update([0]),
+    }
+    // The children kept as text are hashed whole, read in place: the text holds the uid and
+    // the resourceVersion, so it changes whenever they do.
+    let texts = [
+        live.headless_service.as_deref().map(Compact::json),
+        live.rw_service.as_deref().map(Compact::json),
+        live.ro_service.as_deref().map(Compact::json),
+        live.r_service.as_deref().map(Compact::json),
+        live.old_client_service.as_deref().map(Compact::json),
+        live.config_map.as_deref().map(Compact::json),
+        live.pod_disruption_budget.as_deref().map(Compact::json),
     ];
-    for meta in versions {
-        match meta {
-            Some(meta) => {
+    for text in texts {
+        match text {
+            Some(text) => {
                 hasher.update([1]);
-                write_text(&mut hasher, meta.uid.as_deref().unwrap_or_default());
-                write_text(
-                    &mut hasher,
-                    meta.resource_version.as_deref().unwrap_or_default(),
-                );
+                write_text(&mut hasher, text);
             }
             None => hasher.update([0]),
         }
@@ -164,16 +173,21 @@ mod tests {
         }
     }
 
+    fn service(uid: &str, resource_version: &str) -> Arc<Compact<Service>> {
+        let service = Service {
+            metadata: meta(uid, resource_version),
+            ..Service::default()
+        };
+        Arc::new(Compact::new(&service).expect("compact"))
+    }
+
     fn live() -> LiveChildren {
         LiveChildren {
             statefulset: Some(Arc::new(StatefulSet {
                 metadata: meta("sts-uid", "10"),
                 ..StatefulSet::default()
             })),
-            rw_service: Some(Arc::new(Service {
-                metadata: meta("rw-uid", "11"),
-                ..Service::default()
-            })),
+            rw_service: Some(service("rw-uid", "11")),
             credentials_exist: true,
             ..LiveChildren::default()
         }
@@ -207,9 +221,9 @@ mod tests {
             Arc::make_mut(sts).metadata.resource_version = Some("12".to_owned());
         }
         let mut recreated = live();
-        if let Some(service) = recreated.rw_service.as_mut() {
-            Arc::make_mut(service).metadata.uid = Some("new-rw-uid".to_owned());
-        }
+        recreated.rw_service = Some(service("new-rw-uid", "11"));
+        let mut service_edited = live();
+        service_edited.rw_service = Some(service("rw-uid", "12"));
         let mut deleted = live();
         deleted.rw_service = None;
         let mut moved = live();
@@ -223,6 +237,7 @@ mod tests {
             of(&effective(), &input("pg-1", "one"), &live()),
             of(&effective(), &input("pg-0", "one"), &edited),
             of(&effective(), &input("pg-0", "one"), &recreated),
+            of(&effective(), &input("pg-0", "one"), &service_edited),
             of(&effective(), &input("pg-0", "one"), &deleted),
             of(&effective(), &input("pg-0", "one"), &moved),
             of(&effective(), &input("pg-0", "one"), &secret_gone),

@@ -225,10 +225,7 @@ impl Caches {
             .clusters
             .iter()
             .find_map(|store| store.get(&reference))?;
-        compact
-            .decode()
-            .inspect_err(|error| tracing::warn!(%error, "cached cluster does not decode"))
-            .ok()
+        compact.decode_or_warn()
     }
 
     fn cluster_keys(&self) -> Vec<ClusterKey> {
