@@ -9,7 +9,12 @@
 //!   images (the generated passwords matter only for Secrets that do not exist yet, and whether
 //!   they exist is part of the live side);
 //! - the live children, whose content changes only with their resourceVersion (and whose uid
-//!   tells a recreated child from the old one).
+//!   tells a recreated child from the old one). The StatefulSet is the exception: its
+//!   controller writes its status several times while a pod starts, which changes its
+//!   resourceVersion but nothing the apply compares (the desired StatefulSet has no status).
+//!   So it counts by its uid, its generation (which the API server raises on every change of
+//!   its spec, scaling included) and the metadata the desired object sets: labels, annotations
+//!   and owner references.
 //!
 //! So [`fingerprint`] hashes both, and a fingerprint equal to the one recorded after an apply
 //! that wrote nothing means that applying again would write nothing either. A recorded
@@ -21,6 +26,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::Resource;
 use sha2::{Digest, Sha256};
 
@@ -92,17 +98,7 @@ pub fn fingerprint(
         u8::from(live.replication_credentials_exist),
         u8::from(live.control_token_exists),
     ]);
-    match live.statefulset.as_deref().map(Resource::meta) {
-        Some(meta) => {
-            hasher.update([1]);
-            write_text(&mut hasher, meta.uid.as_deref().unwrap_or_default());
-            write_text(
-                &mut hasher,
-                meta.resource_version.as_deref().unwrap_or_default(),
-            );
-        }
-        None => hasher.update([0]),
-    }
+    write_statefulset(&mut hasher, live.statefulset.as_deref())?;
     // The children kept as text are hashed whole, read in place: the text holds the uid and
     // the resourceVersion, so it changes whenever they do.
     let texts = [
@@ -126,6 +122,23 @@ pub fn fingerprint(
     Ok(hasher.finalize().into())
 }
 
+/// What the apply compares of the live StatefulSet, status left out (see the module doc).
+fn write_statefulset(
+    hasher: &mut Sha256,
+    statefulset: Option<&StatefulSet>,
+) -> Result<(), serde_json::Error> {
+    let Some(meta) = statefulset.map(Resource::meta) else {
+        hasher.update([0]);
+        return Ok(());
+    };
+    hasher.update([1]);
+    write_text(hasher, meta.uid.as_deref().unwrap_or_default());
+    hasher.update(meta.generation.unwrap_or_default().to_le_bytes());
+    // One JSON array: its brackets and quotes delimit the three parts.
+    let compared_metadata = (&meta.labels, &meta.annotations, &meta.owner_references);
+    serde_json::to_writer(hasher, &compared_metadata)
+}
+
 fn write_text(hasher: &mut Sha256, text: &str) {
     hasher.update((text.len() as u64).to_le_bytes());
     hasher.update(text.as_bytes());
@@ -137,7 +150,7 @@ mod tests {
 
     use super::*;
     use crate::cluster::validate::{LiveFacts, validate};
-    use k8s_openapi::api::apps::v1::StatefulSet;
+    use k8s_openapi::api::apps::v1::StatefulSetStatus;
     use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use pgkube_crds::PostgreSQLCluster;
@@ -216,10 +229,22 @@ mod tests {
         parameter
             .parameters
             .insert("work_mem".to_owned(), "8MB".to_owned());
-        let mut edited = live();
-        if let Some(sts) = edited.statefulset.as_mut() {
-            Arc::make_mut(sts).metadata.resource_version = Some("12".to_owned());
-        }
+        let statefulset_changed = |change: fn(&mut ObjectMeta)| {
+            let mut changed = live();
+            if let Some(sts) = changed.statefulset.as_mut() {
+                change(&mut Arc::make_mut(sts).metadata);
+            }
+            changed
+        };
+        let respecified = statefulset_changed(|meta| meta.generation = Some(3));
+        let relabelled = statefulset_changed(|meta| {
+            meta.labels = Some([("app".to_owned(), "other".to_owned())].into());
+        });
+        let reannotated = statefulset_changed(|meta| {
+            meta.annotations = Some([("note".to_owned(), "x".to_owned())].into());
+        });
+        let disowned = statefulset_changed(|meta| meta.owner_references = Some(Vec::new()));
+        let sts_recreated = statefulset_changed(|meta| meta.uid = Some("new-sts-uid".to_owned()));
         let mut recreated = live();
         recreated.rw_service = Some(service("new-rw-uid", "11"));
         let mut service_edited = live();
@@ -235,7 +260,11 @@ mod tests {
             of(&replicas, &input("pg-0", "one"), &live()),
             of(&parameter, &input("pg-0", "one"), &live()),
             of(&effective(), &input("pg-1", "one"), &live()),
-            of(&effective(), &input("pg-0", "one"), &edited),
+            of(&effective(), &input("pg-0", "one"), &respecified),
+            of(&effective(), &input("pg-0", "one"), &relabelled),
+            of(&effective(), &input("pg-0", "one"), &reannotated),
+            of(&effective(), &input("pg-0", "one"), &disowned),
+            of(&effective(), &input("pg-0", "one"), &sts_recreated),
             of(&effective(), &input("pg-0", "one"), &recreated),
             of(&effective(), &input("pg-0", "one"), &service_edited),
             of(&effective(), &input("pg-0", "one"), &deleted),
@@ -245,6 +274,25 @@ mod tests {
         for (index, fingerprint) in changed.iter().enumerate() {
             assert_ne!(*fingerprint, base, "change {index} kept the fingerprint");
         }
+    }
+
+    #[test]
+    fn a_change_of_the_statefulsets_status_alone_keeps_the_fingerprint() {
+        let base = of(&effective(), &input("pg-0", "one"), &live());
+        let mut status_written = live();
+        if let Some(sts) = status_written.statefulset.as_mut() {
+            let sts = Arc::make_mut(sts);
+            sts.metadata.resource_version = Some("13".to_owned());
+            sts.status = Some(StatefulSetStatus {
+                replicas: 1,
+                ready_replicas: Some(1),
+                ..StatefulSetStatus::default()
+            });
+        }
+        assert_eq!(
+            of(&effective(), &input("pg-0", "one"), &status_written),
+            base
+        );
     }
 
     #[test]
