@@ -1162,7 +1162,7 @@ async fn patch_status(
 /// A random control token: 32 bytes in hexadecimal.
 fn generate_token() -> String {
     let bytes: [u8; 32] = rand::rng().random();
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+    hex::encode(bytes)
 }
 
 /// A random 32-character alphanumeric password.
