@@ -471,7 +471,7 @@ fn print_report(rows: &[Row], kubernetes: &str, alpha_bytes: usize, beta_bytes: 
     let profile = if cfg!(debug_assertions) {
         "dev (debug)"
     } else {
-        "bench (= release: thin LTO, 4 codegen units)"
+        "bench (= release: fat LTO, 1 codegen unit)"
     };
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
     println!();

@@ -48,7 +48,7 @@ fn header(idle: Duration, load_before: &str, load_after: &str) {
     let profile = if cfg!(debug_assertions) {
         "dev (debug)"
     } else {
-        "bench (= release: thin LTO, 4 codegen units)"
+        "bench (= release: fat LTO, 1 codegen unit)"
     };
     let cores = std::thread::available_parallelism().map_or(0, usize::from);
     println!();
