@@ -316,6 +316,29 @@ async fn deleted_and_edited_children_are_repaired() {
     )
     .await
     .expect("replicas restored");
+
+    // An edit of the StatefulSet's metadata alone leaves its generation as it was: the settled
+    // fingerprint must still see it.
+    const APPLIED_HASH: &str = "db.example.com/applied-hash";
+    statefulsets
+        .patch(
+            "repair-postgresql",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {APPLIED_HASH: "edited"}}})),
+        )
+        .await
+        .expect("annotated by hand");
+    wait_until(
+        "the StatefulSet's applied hash to be restored",
+        TIMEOUT,
+        || async {
+            let sts = statefulsets.get("repair-postgresql").await?;
+            let hash = sts.annotations().get(APPLIED_HASH).cloned();
+            Ok(hash.filter(|hash| hash != "edited").map(|_| ()))
+        },
+    )
+    .await
+    .expect("annotation restored");
     running.wait_running("repair", 2, TIMEOUT).await;
     running.stop().await;
 }
