@@ -89,18 +89,27 @@ impl<K: DeserializeOwned> Compact<K> {
     }
 }
 
-impl<K: Resource<DynamicType = ()> + DeserializeOwned> Compact<K> {
+impl<K: Resource<DynamicType = ()>> Compact<K> {
     /// The object as a cache's reader wants it: text that does not decode (impossible unless
     /// the cache is corrupted, since it was written from a decoded object) is logged and read as
     /// no object, which makes the reader act as if the object were missing.
-    pub fn decode_or_warn(&self) -> Option<K> {
-        self.decode()
-            .inspect_err(|error| {
-                let kind = K::kind(&());
-                let (name, namespace) = (&*self.name, self.namespace.as_deref());
-                tracing::warn!(%error, %kind, name, namespace, "cached object does not decode");
-            })
-            .ok()
+    pub fn decode_or_warn(&self) -> Option<K>
+    where
+        K: DeserializeOwned,
+    {
+        self.decode().inspect_err(|error| self.warn(error)).ok()
+    }
+
+    /// [`Self::value`], with text that does not parse logged and read as no object, as
+    /// [`Self::decode_or_warn`] does.
+    pub fn value_or_warn(&self) -> Option<serde_json::Value> {
+        self.value().inspect_err(|error| self.warn(error)).ok()
+    }
+
+    fn warn(&self, error: &serde_json::Error) {
+        let kind = K::kind(&());
+        let (name, namespace) = (&*self.name, self.namespace.as_deref());
+        tracing::warn!(%error, %kind, name, namespace, "cached object does not decode");
     }
 }
 
@@ -214,6 +223,9 @@ mod tests {
         let mut compact = Compact::<Service>::new(&service("pg-rw")).expect("compact");
         compact.json = Arc::from(r#"{"metadata": {"name": 5}}"#);
         assert!(compact.decode_or_warn().is_none());
+        assert!(compact.value_or_warn().is_some(), "still JSON");
+        compact.json = Arc::from(r#"{"metadata": "#);
+        assert!(compact.value_or_warn().is_none());
     }
 
     #[test]

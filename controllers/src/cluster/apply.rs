@@ -119,28 +119,18 @@ async fn apply_children(
             writes += 1;
         }
     }
-    writes += apply_child(
-        client,
-        namespace,
-        &config_map,
-        text_value(&live.config_map).map_err(Error::Serialize)?,
-    )
-    .await?
-    .is_some() as usize;
+    writes += apply_child(client, namespace, &config_map, text_value(&live.config_map))
+        .await?
+        .is_some() as usize;
     for (service, live) in [
         (&headless_service, &live.headless_service),
         (&rw_service, &live.rw_service),
         (&ro_service, &live.ro_service),
         (&r_service, &live.r_service),
     ] {
-        writes += apply_child(
-            client,
-            namespace,
-            service,
-            text_value(live).map_err(Error::Serialize)?,
-        )
-        .await?
-        .is_some() as usize;
+        writes += apply_child(client, namespace, service, text_value(live))
+            .await?
+            .is_some() as usize;
     }
     let old_client_service = decoded(&live.old_client_service);
     writes += delete_old_client_service(client, namespace, old_client_service.as_ref()).await?;
@@ -163,9 +153,13 @@ async fn apply_children(
 }
 
 /// The JSON value of a child cached as text, parsed straight from the text: drift detection
-/// compares values, so the typed object is never built.
-fn text_value<K>(live: &Option<Arc<Compact<K>>>) -> Result<Option<Value>, serde_json::Error> {
-    live.as_deref().map(Compact::value).transpose()
+/// compares values, so the typed object is never built. Text that does not parse reads as no
+/// child, so the child is applied again (see [`Compact::value_or_warn`]).
+fn text_value<K>(live: &Option<Arc<Compact<K>>>) -> Option<Value>
+where
+    K: Resource<DynamicType = ()>,
+{
+    live.as_deref().and_then(Compact::value_or_warn)
 }
 
 /// A child cached as text, decoded (text that does not decode reads as no child).
@@ -257,8 +251,7 @@ async fn reconcile_disruption_budget(
     live: &Option<Arc<Compact<PodDisruptionBudget>>>,
 ) -> Result<usize, Error> {
     if let Some(desired) = desired {
-        let live = text_value(live).map_err(Error::Serialize)?;
-        let applied = apply_child(client, namespace, &desired, live).await?;
+        let applied = apply_child(client, namespace, &desired, text_value(live)).await?;
         return Ok(applied.is_some() as usize);
     }
     let Some(live) = decoded(live).filter(is_ours) else {
