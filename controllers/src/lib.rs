@@ -292,6 +292,28 @@ pub(crate) fn trace_parent(span: &tracing::Span) -> Option<String> {
     })
 }
 
+/// Runs `controller` and, once `store` (its cache) has synced, says so on `synced`.
+///
+/// In the controller's own task: kube's store readiness wakes only the waiter that polled it
+/// last, and the controller waits on it too before its first reconcile. Waited from another
+/// task, one of the two would never be woken (the manager never turned ready).
+async fn reporting_sync<K>(
+    controller: impl Future<Output = ()>,
+    store: kube::runtime::reflector::Store<K>,
+    synced: tokio::sync::oneshot::Sender<()>,
+) where
+    K: kube::runtime::reflector::Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    let report = async move {
+        if store.wait_until_ready().await.is_ok() {
+            // No receiver means the readiness no longer matters (the manager is stopping).
+            let _ = synced.send(());
+        }
+    };
+    futures::future::join(controller, report).await;
+}
+
 /// Runs every controller until `shutdown` resolves; in-flight reconciles finish first.
 /// `on_ready` is called once all watch caches have synced (the manager's `/readyz`).
 ///
@@ -307,25 +329,51 @@ pub async fn run(
     let scheduler = schedule::BackupScheduler::new(&context);
     let backups = backup::BackupController::new(&context);
     let restores = restore::RestoreController::new(&context);
-    let (cluster_store, backup_store, restore_store) =
-        (clusters.store(), backups.store(), restores.store());
+    let (cluster_synced, backup_synced, restore_synced) = (
+        tokio::sync::oneshot::channel(),
+        tokio::sync::oneshot::channel(),
+        tokio::sync::oneshot::channel(),
+    );
     let ready = async move {
         // Each fails only when its controller stopped before its cache synced.
-        let synced = futures::future::try_join3(
-            cluster_store.wait_until_ready(),
-            backup_store.wait_until_ready(),
-            restore_store.wait_until_ready(),
-        );
+        let synced =
+            futures::future::try_join3(cluster_synced.1, backup_synced.1, restore_synced.1);
         if synced.await.is_ok() {
             on_ready();
         }
     };
-    futures::future::join5(
-        ready,
+    // Each on a task of its own, so that a wake-up of one (a watch event, an answer to one of
+    // its requests) polls that one only: joined in one future, every wake-up polled all five
+    // (5.9% of the manager's CPU samples while converging 1,000 clusters). Dropping the set,
+    // as an abort of this future does when leadership is lost, aborts them all.
+    let mut controllers = tokio::task::JoinSet::new();
+    controllers.spawn(ready);
+    let cluster_store = clusters.store();
+    controllers.spawn(reporting_sync(
         clusters.run(shutdown.clone()),
+        cluster_store,
+        cluster_synced.0,
+    ));
+    let backup_store = backups.store();
+    controllers.spawn(reporting_sync(
         backups.run(shutdown.clone()),
+        backup_store,
+        backup_synced.0,
+    ));
+    let restore_store = restores.store();
+    controllers.spawn(reporting_sync(
         restores.run(shutdown.clone()),
-        scheduler.run(shutdown),
-    )
-    .await;
+        restore_store,
+        restore_synced.0,
+    ));
+    controllers.spawn(scheduler.run(shutdown));
+    while let Some(stopped) = controllers.join_next().await {
+        // A controller that panicked takes the others down with it, as it did when they were
+        // joined: the manager reports the controllers task failed and exits.
+        if let Err(error) = stopped
+            && error.is_panic()
+        {
+            std::panic::resume_unwind(error.into_panic());
+        }
+    }
 }
