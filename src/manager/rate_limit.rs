@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use governor::clock::Clock as _;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use tower::{Layer, Service};
 
@@ -74,7 +75,7 @@ where
             let limiter = Arc::clone(&self.limiter);
             let waiting = self
                 .waiting
-                .get_or_insert_with(|| Box::pin(async move { limiter.until_ready().await }));
+                .get_or_insert_with(|| Box::pin(take_token(limiter)));
             if waiting.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
@@ -87,6 +88,17 @@ where
     fn call(&mut self, request: Request) -> Self::Future {
         self.holds_token = false;
         self.inner.call(request)
+    }
+}
+
+/// Waits until `limiter` lets one request through, taking its token. On a tokio timer rather
+/// than governor's `until_ready`, whose timer runs on a thread of its own (futures-timer's)
+/// that every wait had to wake: about 2% of the manager's CPU samples while it converged 1,000
+/// clusters with its limiter full.
+async fn take_token(limiter: Arc<DefaultDirectRateLimiter>) {
+    while let Err(not_until) = limiter.check() {
+        let wait = not_until.wait_time_from(limiter.clock().now());
+        tokio::time::sleep(wait).await;
     }
 }
 
@@ -127,5 +139,27 @@ mod tests {
             .expect("call");
         let blocked = tokio::time::timeout(Duration::from_millis(300), second.ready()).await;
         assert!(blocked.is_err(), "the second service got its own bucket");
+    }
+
+    #[tokio::test]
+    async fn a_waiting_request_gets_through_when_its_token_comes() {
+        // 50 a second, no burst: three requests take two waits of 20 ms.
+        let layer = RateLimitLayer::new(50.0, NonZeroU32::MIN);
+        let mut service = layer.layer(echo());
+        let started = std::time::Instant::now();
+        let three = async {
+            for n in 0..3 {
+                let answer = service.ready().await.expect("ready").call(n).await;
+                assert_eq!(answer, Ok(n));
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), three)
+            .await
+            .expect("the requests waited for their tokens and got through");
+        assert!(
+            started.elapsed() >= Duration::from_millis(39),
+            "three requests passed in {:?}, faster than the limit allows",
+            started.elapsed()
+        );
     }
 }
