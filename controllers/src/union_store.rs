@@ -26,11 +26,13 @@ use serde::de::DeserializeOwned;
 
 /// One Controller of `K` for all of `namespaces` (`[None]`: all namespaces), reconciling at
 /// most `concurrency` objects at a time across them; [`Controller::store`] reads every watched
-/// namespace's objects.
+/// namespace's objects. A change of an object triggers its reconcile when `triggers` says so
+/// (the store has it either way).
 pub fn controller<K>(
     client: &Client,
     namespaces: &[Option<String>],
     concurrency: u16,
+    triggers: impl Fn(&K) -> bool + Send + 'static,
 ) -> Controller<K>
 where
     K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
@@ -42,6 +44,10 @@ where
         + 'static,
 {
     let (changes, store) = watch_namespaces::<K>(client, namespaces);
+    let changes = changes.filter(move |change| {
+        // Errors go on to the Controller, which logs them.
+        std::future::ready(change.as_ref().map_or(true, &triggers))
+    });
     Controller::for_stream(changes, store)
         .with_config(ControllerConfig::default().concurrency(concurrency))
 }

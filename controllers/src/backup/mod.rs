@@ -132,6 +132,8 @@ impl BackupController {
             client,
             &namespaces,
             context.settings.max_concurrent_reconciles,
+            // Every change triggers, its own status writes too.
+            |_| true,
         );
         let backups = controller.store();
         let controller = job::own_jobs(controller, client, &namespaces, JOB_SELECTOR);

@@ -34,6 +34,7 @@ pub mod backups;
 pub mod build;
 mod cache;
 mod drift;
+mod echoes;
 pub mod failover;
 pub mod instances;
 mod memory;
@@ -155,6 +156,9 @@ pub struct ClusterContext {
     /// Clusters whose children were last found up to date, to skip building and comparing
     /// them while nothing they depend on changes.
     settled: settled::SettledClusters,
+    /// The versions that this controller's status writes gave the clusters, shared with the
+    /// trigger, which drops their echoes.
+    echoes: Arc<echoes::StatusEchoes>,
 }
 
 impl ClusterContext {
@@ -169,6 +173,7 @@ impl ClusterContext {
             restores: Vec::new(),
             children: Vec::new(),
             settled: settled::SettledClusters::default(),
+            echoes: Arc::default(),
         }
     }
 
@@ -191,6 +196,11 @@ impl ClusterContext {
             children: stores,
             ..self
         }
+    }
+
+    /// The same context, recording its status writes in `echoes` (which the trigger reads).
+    fn with_echoes(self, echoes: Arc<echoes::StatusEchoes>) -> Self {
+        Self { echoes, ..self }
     }
 
     /// The caches that hold the children of clusters in `namespace`.
@@ -280,10 +290,15 @@ impl ClusterController {
     pub fn new(context: &Context) -> Self {
         let client = &context.client;
         let namespaces = crate::watched_namespaces(&context.settings);
+        let echoes = Arc::new(echoes::StatusEchoes::default());
         let mut controller = crate::union_store::controller::<PostgreSQLCluster>(
             client,
             &namespaces,
             context.settings.max_concurrent_reconciles,
+            {
+                let echoes = Arc::clone(&echoes);
+                move |cluster| !echoes.is_echo(cluster)
+            },
         );
         let clusters = controller.store();
         let (mut backups, mut restores, mut children) = (Vec::new(), Vec::new(), Vec::new());
@@ -301,7 +316,8 @@ impl ClusterController {
         let context = ClusterContext::new(context.clone())
             .with_backups(backups)
             .with_restores(restores)
-            .with_children(children);
+            .with_children(children)
+            .with_echoes(echoes);
         Self {
             controller,
             clusters,
@@ -409,6 +425,7 @@ pub async fn reconcile(
             }
             FinalizerEvent::Cleanup(cluster) => {
                 context.settled.forget(&key);
+                context.echoes.forget(&key);
                 cleanup(&cluster).await
             }
         }
@@ -749,8 +766,8 @@ async fn record_primary_change(
     };
     let note = format!("{} -> {}: {}", change.from, change.to, change.reason);
     publish_event(context, cluster, warning, reason, note).await;
-    // The status change comes back through the watch and triggers the next step; this is
-    // the fallback.
+    // The status change comes back through the watch and triggers the next step (this write
+    // is not recorded in `echoes`); this is the fallback.
     Ok(Action::requeue(Duration::from_secs(1)))
 }
 
@@ -1105,7 +1122,11 @@ async fn write_status(
             held_for: Some(held_for),
         });
     }
-    patch_status(cluster, context, &new_status).await?;
+    let written = patch_status(cluster, context, &new_status).await?;
+    // This reconcile looks again when `new_status` asks: the write's echo need not trigger one.
+    if let Some(version) = written {
+        context.echoes.record(&echoes::key_of(cluster), version);
+    }
     tracing::info!(phase = ?new_status.phase, ready = new_status.ready_replicas, "status updated");
     if let Some((kind, took)) = status::completed_change(&new_status, observation.previous) {
         context
@@ -1129,12 +1150,13 @@ impl StatusStep {
     }
 }
 
-/// Writes `new_status` with server-side apply, as this controller's status field manager.
+/// Writes `new_status` with server-side apply, as this controller's status field manager;
+/// returns the cluster's resourceVersion after the write.
 async fn patch_status(
     cluster: &PostgreSQLCluster,
     context: &ClusterContext,
     new_status: &PostgreSQLClusterStatus,
-) -> Result<(), Error> {
+) -> Result<Option<String>, Error> {
     let name = cluster.name_any();
     let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
     let body = json!({
@@ -1142,21 +1164,22 @@ async fn patch_status(
         "kind": PostgreSQLCluster::kind(&()),
         "status": new_status,
     });
-    // The cluster sent back is not read: decoded without its managed fields.
-    Api::<Lean<PostgreSQLCluster>>::namespaced(context.base.client.clone(), &namespace)
-        .patch_status(
-            &name,
-            &PatchParams::apply(STATUS_FIELD_MANAGER).force(),
-            &Patch::Apply(&body),
-        )
-        .await
-        .map_err(|source| Error::Kube {
-            action: "write status of",
-            kind: "PostgreSQLCluster".to_owned(),
-            name: name.clone(),
-            source,
-        })?;
-    Ok(())
+    // Of the cluster sent back, only the version is read: decoded without its managed fields.
+    let Lean(written) =
+        Api::<Lean<PostgreSQLCluster>>::namespaced(context.base.client.clone(), &namespace)
+            .patch_status(
+                &name,
+                &PatchParams::apply(STATUS_FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map_err(|source| Error::Kube {
+                action: "write status of",
+                kind: "PostgreSQLCluster".to_owned(),
+                name: name.clone(),
+                source,
+            })?;
+    Ok(written.metadata.resource_version)
 }
 
 /// A random control token: 32 bytes in hexadecimal.

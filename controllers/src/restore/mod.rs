@@ -112,6 +112,8 @@ impl RestoreController {
             client,
             &namespaces,
             context.settings.max_concurrent_reconciles,
+            // Every change triggers, its own status writes too.
+            |_| true,
         );
         let restores = controller.store();
         let controller = job::own_jobs(controller, client, &namespaces, JOB_SELECTOR);
