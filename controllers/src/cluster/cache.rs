@@ -66,6 +66,12 @@ pub struct ChildStores {
 /// How long a reconcile waits for the caches' first lists before it fails, naming them.
 const SYNC_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How often a reconcile waiting for the caches' first lists looks at them again. kube's store
+/// readiness wakes only the waiter that polled it last, and at start-up several reconciles
+/// (each its own future in the Controller's task) can wait at once: without a second look, all
+/// but one would wait out [`SYNC_TIMEOUT`] and fail.
+const SYNC_RECHECK: Duration = Duration::from_secs(1);
+
 /// Why the caches cannot be read.
 #[derive(Debug, thiserror::Error)]
 pub enum CacheError {
@@ -173,7 +179,7 @@ impl ChildStores {
     /// be missing from the cache. After [`SYNC_TIMEOUT`], fails naming the stores not synced (a
     /// watch the manager may not make never syncs; its errors are retried, not returned).
     pub async fn ready(&self) -> Result<(), CacheError> {
-        if let Ok(ready) = tokio::time::timeout(SYNC_TIMEOUT, self.all_ready()).await {
+        if let Some(ready) = wait_rechecking(SYNC_TIMEOUT, || self.all_ready()).await {
             return ready;
         }
         let waiting = [
@@ -272,6 +278,25 @@ pub fn expand_compacted(live: &mut serde_json::Value) {
     }
 }
 
+/// Waits for the future that `look` makes, making a new one every [`SYNC_RECHECK`] (see there
+/// why), for at most `limit`; `None` if it did not resolve within it.
+async fn wait_rechecking<F: Future>(
+    limit: Duration,
+    mut look: impl FnMut() -> F,
+) -> Option<F::Output> {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let wait =
+            SYNC_RECHECK.min(deadline.saturating_duration_since(tokio::time::Instant::now()));
+        if let Ok(output) = tokio::time::timeout(wait, look()).await {
+            return Some(output);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+    }
+}
+
 /// Whether `store` has had its first full list (a wait of zero: the readiness future is polled
 /// once, and is done at once when it is).
 async fn is_synced<K: Resource<DynamicType = ()> + 'static>(store: &Store<Compact<K>>) -> bool {
@@ -354,6 +379,43 @@ mod tests {
         assert!(!is_synced(&store).await, "a list begun is not done");
         writer.apply_watcher_event(&Event::InitDone);
         assert!(is_synced(&store).await);
+    }
+
+    #[tokio::test]
+    async fn every_reconcile_waiting_for_a_store_sees_it_synced() {
+        let (store, mut writer) = reflector::store::<Compact<ConfigMap>>();
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let store = store.clone();
+                tokio::spawn(async move {
+                    wait_rechecking(SYNC_TIMEOUT, || store.wait_until_ready()).await
+                })
+            })
+            .collect();
+        // Each waiter polls the store's readiness before the list is done.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        writer.apply_watcher_event(&Event::InitDone);
+        for waiter in waiters {
+            let synced = tokio::time::timeout(Duration::from_secs(10), waiter)
+                .await
+                .expect("a waiter missed the sync: still waiting 10 s after it")
+                .expect("waiter task");
+            assert!(matches!(synced, Some(Ok(()))));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_store_that_never_syncs_is_waited_for_until_the_limit() {
+        let (store, _writer) = reflector::store::<Compact<ConfigMap>>();
+        let limit = SYNC_RECHECK + Duration::from_millis(500);
+        let started = tokio::time::Instant::now();
+        let synced = wait_rechecking(limit, || store.wait_until_ready()).await;
+        assert!(synced.is_none(), "a store that never synced read as synced");
+        assert!(
+            started.elapsed() >= limit,
+            "gave up after {:?}",
+            started.elapsed()
+        );
     }
 
     #[test]
