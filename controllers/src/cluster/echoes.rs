@@ -18,8 +18,8 @@
 //!
 //! Losing the race is harmless: an echo that arrives before its write's answer is recorded
 //! triggers a reconcile, as every echo did before. A recorded version whose echo never comes
-//! (the cluster changed again first) stays until the cluster's next write or its deletion: a
-//! version is never reused, so it can only ever match its own echo.
+//! (it came first, or a relisting watch saw only a later version) stays until the cluster's
+//! next write or its deletion: a version is never reused, so it can only ever match its echo.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
