@@ -45,7 +45,7 @@ impl StatusEchoes {
         let Some(version) = cluster.resource_version() else {
             return false;
         };
-        let key = key_of(cluster);
+        let key = super::cluster_key(cluster);
         let mut written = self.written();
         if written.get(&key) == Some(&version) {
             written.remove(&key);
@@ -66,15 +66,6 @@ impl StatusEchoes {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
-}
-
-/// `namespace/name` of `cluster`.
-pub fn key_of(cluster: &PostgreSQLCluster) -> String {
-    format!(
-        "{}/{}",
-        cluster.namespace().unwrap_or_default(),
-        cluster.name_any()
-    )
 }
 
 #[cfg(test)]

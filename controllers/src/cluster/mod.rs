@@ -409,7 +409,7 @@ pub async fn reconcile(
     record_trace_id(&Span::current());
     let started = Instant::now();
     let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
-    let key = format!("{namespace}/{}", cluster.name_any());
+    let key = cluster_key(&cluster);
     let api = Api::<PostgreSQLCluster>::namespaced(context.base.client.clone(), &namespace);
     let result = finalizer(&api, CLEANUP_FINALIZER, cluster, |event| async {
         match event {
@@ -455,6 +455,15 @@ fn wait_out_namespace_deletion(error: &Error) -> Action {
     Action::await_change()
 }
 
+/// `namespace/name` of `cluster`: its key in the controller's per-cluster records.
+fn cluster_key(cluster: &PostgreSQLCluster) -> String {
+    format!(
+        "{}/{}",
+        cluster.namespace().unwrap_or_default(),
+        cluster.name_any()
+    )
+}
+
 /// Retries a failed reconcile after a delay that doubles with each consecutive failure of the
 /// same object, and reports the error as an Event when it differs from the previous failure's.
 pub fn error_policy(
@@ -462,11 +471,7 @@ pub fn error_policy(
     error: &Error,
     context: Arc<ClusterContext>,
 ) -> Action {
-    let key = format!(
-        "{}/{}",
-        cluster.namespace().unwrap_or_default(),
-        cluster.name_any()
-    );
+    let key = cluster_key(&cluster);
     let note = error.to_string();
     let (failures, is_new) = {
         let mut failures = context.failures();
@@ -1125,7 +1130,7 @@ async fn write_status(
     let written = patch_status(cluster, context, &new_status).await?;
     // This reconcile looks again when `new_status` asks: the write's echo need not trigger one.
     if let Some(version) = written {
-        context.echoes.record(&echoes::key_of(cluster), version);
+        context.echoes.record(&cluster_key(cluster), version);
     }
     tracing::info!(phase = ?new_status.phase, ready = new_status.ready_replicas, "status updated");
     if let Some((kind, took)) = status::completed_change(&new_status, observation.previous) {
