@@ -13,6 +13,7 @@
 //! and in CEL rules (cross-field rules, immutability); the controllers check the rest and report it
 //! as conditions.
 
+mod admission;
 mod backup;
 mod cluster;
 mod common;
@@ -21,6 +22,7 @@ mod restore;
 pub mod v1alpha1;
 pub mod v1beta1;
 
+pub use admission::{ADMISSION_PATH, ADMISSION_WEBHOOK, admission_through, admission_yaml};
 pub use backup::*;
 pub use cluster::*;
 pub use common::*;
@@ -37,10 +39,12 @@ pub const GROUP: &str = "db.example.com";
 /// The most instances a cluster can have: the maximum of `spec.replicas` in every version's
 /// schema (a test checks the generated CRD against it).
 pub const MAX_REPLICAS: i32 = 10;
-/// The finalizer the cluster controller puts on clusters.
+/// The finalizer the manager's admission webhook puts on clusters as they are created, and the
+/// cluster controller on any cluster that lacks it.
 pub const CLEANUP_FINALIZER: &str = "db.example.com/cleanup";
 
-/// Where the API server sends ConversionReviews for pgkube's CRDs.
+/// Where the API server calls the manager's webhook: ConversionReviews for pgkube's CRDs, and
+/// AdmissionReviews for [`admission_through`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ConversionWebhook {
     /// A Service in the cluster, on port 443 (`deploy/`'s `pgkube-webhook`).
