@@ -111,7 +111,7 @@ async fn bench(env: TestEnv) {
             &cert_dir_arg,
         ],
     );
-    let address = manager.endpoint("conversion webhook").await;
+    let address = manager.endpoint("webhook").await;
 
     // From here on the CRDs may convert through this manager: they go back whatever happens.
     let mut guard = RestoreCrdsOnDrop {

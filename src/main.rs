@@ -3,6 +3,8 @@
 //! - `pgkube run`: the manager (controllers, leader election, health and metrics endpoints).
 //! - `pgkube crd`: prints the CRD YAML of every pgkube kind (both versions, converting through
 //!   the manager's webhook).
+//! - `pgkube admission-webhook`: prints the MutatingWebhookConfiguration through which the
+//!   manager's webhook puts the cleanup finalizer on clusters as they are created.
 //! - `pgkube migrate-storage`: rewrites every stored pgkube object in its CRD's storage version.
 //! - `pgkube agent backup|restore`: the data path that runs inside backup and restore Jobs.
 //! - `pgkube instance install|run`: the instance manager, PID 1 of each PostgreSQL container.
@@ -29,6 +31,10 @@ enum Command {
     /// Print the CustomResourceDefinitions of all pgkube kinds as YAML: v1alpha1 (stored) and
     /// v1beta1, converting through the manager's webhook.
     Crd(CrdArgs),
+    /// Print the MutatingWebhookConfiguration as YAML through which the manager's webhook puts
+    /// the cleanup finalizer on PostgreSQLClusters as they are created (failures ignored: the
+    /// controller adds it then).
+    AdmissionWebhook(AdmissionArgs),
     /// Rewrite every stored pgkube object in its CRD's storage version, then leave only that
     /// version in the CRD's status.storedVersions (needs the conversion webhook serving).
     MigrateStorage,
@@ -45,6 +51,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => manager::run(*args),
         Command::Crd(args) => print_crds(&args),
+        Command::AdmissionWebhook(args) => print_admission(&args),
         Command::MigrateStorage => migrate_storage::run(),
         Command::Agent(command) => agent::run(command),
         Command::Instance(command) => instance::run(command),
@@ -62,7 +69,24 @@ fn main() -> ExitCode {
 /// Where the printed CRDs send their ConversionReviews.
 #[derive(clap::Args)]
 struct CrdArgs {
-    /// The manager's webhook Service, as NAMESPACE/NAME (port 443, path /convert).
+    #[command(flatten)]
+    webhook: WebhookArgs,
+    /// The version objects are stored in. v1beta1 once migrated (see `pgkube migrate-storage`).
+    #[arg(long, value_enum, default_value = "v1alpha1")]
+    storage_version: StorageVersionArg,
+}
+
+/// Where the printed MutatingWebhookConfiguration sends its AdmissionReviews.
+#[derive(clap::Args)]
+struct AdmissionArgs {
+    #[command(flatten)]
+    webhook: WebhookArgs,
+}
+
+/// The manager's webhook, as the API server reaches it.
+#[derive(clap::Args)]
+struct WebhookArgs {
+    /// The manager's webhook Service, as NAMESPACE/NAME (port 443, path /convert or /mutate).
     #[arg(
         long,
         value_name = "NAMESPACE/NAME",
@@ -71,12 +95,22 @@ struct CrdArgs {
     )]
     webhook_service: (String, String),
     /// An HTTPS URL instead of a Service, for a manager outside the cluster (e.g.
-    /// https://127.0.0.1:9443/convert).
+    /// https://127.0.0.1:9443/convert for `crd`, https://127.0.0.1:9443/mutate for
+    /// `admission-webhook`).
     #[arg(long, value_name = "URL", conflicts_with = "webhook_service", value_parser = parse_https_url)]
     webhook_url: Option<String>,
-    /// The version objects are stored in. v1beta1 once migrated (see `pgkube migrate-storage`).
-    #[arg(long, value_enum, default_value = "v1alpha1")]
-    storage_version: StorageVersionArg,
+}
+
+impl WebhookArgs {
+    fn webhook(&self) -> pgkube_crds::ConversionWebhook {
+        match &self.webhook_url {
+            Some(url) => pgkube_crds::ConversionWebhook::Url(url.clone()),
+            None => pgkube_crds::ConversionWebhook::Service {
+                namespace: self.webhook_service.0.clone(),
+                name: self.webhook_service.1.clone(),
+            },
+        }
+    }
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -115,14 +149,14 @@ fn parse_https_url(value: &str) -> Result<String, String> {
 }
 
 fn print_crds(args: &CrdArgs) -> anyhow::Result<()> {
-    let webhook = match &args.webhook_url {
-        Some(url) => pgkube_crds::ConversionWebhook::Url(url.clone()),
-        None => pgkube_crds::ConversionWebhook::Service {
-            namespace: args.webhook_service.0.clone(),
-            name: args.webhook_service.1.clone(),
-        },
-    };
-    let crds = pgkube_crds::crds_converting_through(&webhook, args.storage_version.into());
+    let crds =
+        pgkube_crds::crds_converting_through(&args.webhook.webhook(), args.storage_version.into());
     print!("{}", pgkube_crds::crd_yaml(&crds)?);
+    Ok(())
+}
+
+fn print_admission(args: &AdmissionArgs) -> anyhow::Result<()> {
+    let configuration = pgkube_crds::admission_through(&args.webhook.webhook());
+    print!("{}", pgkube_crds::admission_yaml(&configuration)?);
     Ok(())
 }

@@ -22,6 +22,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use futures::FutureExt as _;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -30,8 +31,8 @@ use manager_common::Manager;
 use pgkube_crds::StorageVersion;
 use pgkube_crds::v1beta1;
 use pgkube_testkit::{
-    CRD_FIELD_MANAGER, TestCa, TestEnv, TestNamespace, converting_crds, converting_crds_storing,
-    install_crds, testbed, wait_until,
+    CRD_FIELD_MANAGER, TestAdmission, TestCa, TestEnv, TestNamespace, converting_crds,
+    converting_crds_storing, install_crds, testbed, wait_until,
 };
 
 const STEP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -122,7 +123,7 @@ async fn the_api_server_converts_through_the_managers_webhook_over_tls() {
                 &cert_dir,
             ],
         );
-        let address = manager.endpoint("conversion webhook").await;
+        let address = manager.endpoint("webhook").await;
         install(&client, &converting_crds(address, &ca.pem()), true).await;
         let alpha = Api::<pgkube_crds::PostgreSQLCluster>::namespaced(client.clone(), &ns);
         let beta = Api::<v1beta1::PostgreSQLCluster>::namespaced(client.clone(), &ns);
@@ -210,7 +211,7 @@ async fn the_api_server_converts_through_the_managers_webhook_over_tls() {
                 &cert_dir,
             ],
         );
-        assert_eq!(manager.endpoint("conversion webhook").await, address);
+        assert_eq!(manager.endpoint("webhook").await, address);
         let after_rotation = beta
             .get("made-alpha")
             .await
@@ -299,9 +300,18 @@ async fn replicas_share_a_managed_certificate_that_the_crds_come_to_trust() {
         let namespace = TestNamespace::create(&client, "webhook-cert").await;
         let ns = namespace.name().to_owned();
         let (first_address, second_address) = (free_port(), free_port());
-        // The CRDs convert through the first replica, and trust no CA yet.
+        // The CRDs convert through the first replica, and trust no CA yet; nor does the
+        // admission webhook (`pgkube admission-webhook`'s name, for this namespace only).
         let crds = converting_crds(first_address, "");
         install(&client, &crds, false).await;
+        let admission = TestAdmission::register(
+            &client,
+            pgkube_crds::ADMISSION_WEBHOOK,
+            first_address,
+            None,
+            &ns,
+        )
+        .await;
         let start = |name: &str, address: SocketAddr| {
             let dir = std::env::temp_dir().join(format!("pgkube-{name}-{}", std::process::id()));
             let args = [
@@ -327,8 +337,8 @@ async fn replicas_share_a_managed_certificate_that_the_crds_come_to_trust() {
         };
         let (mut first, first_dir) = start("replica-a", first_address);
         let (mut second, second_dir) = start("replica-b", second_address);
-        assert_eq!(first.endpoint("conversion webhook").await, first_address);
-        assert_eq!(second.endpoint("conversion webhook").await, second_address);
+        assert_eq!(first.endpoint("webhook").await, first_address);
+        assert_eq!(second.endpoint("webhook").await, second_address);
 
         // One Secret; both replicas serve its certificate; the CRDs trust its CA.
         let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), &ns)
@@ -343,6 +353,24 @@ async fn replicas_share_a_managed_certificate_that_the_crds_come_to_trust() {
             trusted_bundles(&client).await,
             vec![Some(data["ca.crt"].0.clone()); 3]
         );
+        let registration = Api::<MutatingWebhookConfiguration>::all(client.clone())
+            .get(admission.name())
+            .await
+            .expect("the admission webhook's configuration");
+        let bundles: Vec<_> = (registration.webhooks.iter().flatten())
+            .map(|webhook| webhook.client_config.ca_bundle.clone().map(|b| b.0))
+            .collect();
+        assert_eq!(bundles, [Some(data["ca.crt"].0.clone())]);
+        // And the API server trusts the webhook with it: a cluster is created with the finalizer.
+        let created = Api::<pgkube_crds::PostgreSQLCluster>::namespaced(client.clone(), &ns)
+            .create(&PostParams::default(), &cluster_v1alpha1("admitted"))
+            .await
+            .expect("cluster created");
+        assert_eq!(
+            created.metadata.finalizers.unwrap_or_default(),
+            [pgkube_crds::CLEANUP_FINALIZER]
+        );
+        admission.delete().await;
 
         // The API server converts through either replica, leader or not.
         hand_over(&client, &ns, "shared", &mut first, &second, second_address).await;
@@ -371,7 +399,7 @@ impl WebhookServer {
     async fn start(env: &TestEnv, namespace: &str, cert_dir: &Path) -> WebhookServer {
         let cert_dir = cert_dir.to_string_lossy().into_owned();
         let manager = Self::spawn(env, namespace, "127.0.0.1:0", &cert_dir);
-        let address = manager.endpoint("conversion webhook").await;
+        let address = manager.endpoint("webhook").await;
         WebhookServer {
             manager,
             address,
@@ -404,10 +432,7 @@ impl WebhookServer {
         }
         let address = self.address.to_string();
         self.manager = Self::spawn(env, &self.namespace, &address, &self.cert_dir);
-        assert_eq!(
-            self.manager.endpoint("conversion webhook").await,
-            self.address
-        );
+        assert_eq!(self.manager.endpoint("webhook").await, self.address);
     }
 }
 
@@ -726,7 +751,7 @@ async fn an_expiring_managed_ca_is_rotated_while_the_old_one_stays_trusted() {
             ],
             &[("POD_NAMESPACE", &ns)],
         );
-        let old_address = old.endpoint("conversion webhook").await;
+        let old_address = old.endpoint("webhook").await;
         install(&client, &converting_crds(old_address, &old_ca.pem()), true).await;
 
         // A replica managing the certificate starts, and rotates the CA.
@@ -752,7 +777,7 @@ async fn an_expiring_managed_ca_is_rotated_while_the_old_one_stays_trusted() {
             ],
             &[("POD_NAMESPACE", &ns)],
         );
-        let new_address = new.endpoint("conversion webhook").await;
+        let new_address = new.endpoint("webhook").await;
         let rotated = secrets.get("pgkube-webhook-cert").await.expect("Secret");
         let data = rotated.data.clone().unwrap_or_default();
         assert_ne!(data["ca.crt"].0, old_ca.pem().into_bytes(), "a new CA");

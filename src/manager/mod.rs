@@ -155,11 +155,11 @@ async fn start_endpoints(
     Ok(())
 }
 
-/// Serves the conversion webhook (every replica, leader or not). With
+/// Serves the webhook, conversion and admission (every replica, leader or not). With
 /// `--webhook-cert-secret`, the certificate is managed first (see `webhook::managed`).
 /// Otherwise it comes from `--webhook-cert-dir`; without one there is nothing to serve it with,
 /// which is a warning (the API server then fails only the requests that need a conversion,
-/// saying so), while a certificate that cannot be used stops the start.
+/// saying so, and creates clusters without the finalizer, which the controller adds), while a certificate that cannot be used stops the start.
 async fn start_webhook(
     args: &RunArgs,
     client: &kube::Client,
@@ -181,7 +181,7 @@ async fn start_webhook(
     } else if !cert_dir.join("tls.crt").exists() {
         tracing::warn!(
             directory = %cert_dir.display(),
-            "the conversion webhook is not served: no tls.crt in its certificate directory"
+            "the webhook is not served: no tls.crt in its certificate directory"
         );
         return Ok(());
     }

@@ -27,7 +27,10 @@
 //! Errors go to [`error_policy`], which retries each object with its own exponential backoff;
 //! waiting for pods is a plain timed requeue. The finalizer [`CLEANUP_FINALIZER`] gives deletion
 //! a hook that does not depend on the spec being valid; children are removed by the garbage
-//! collector through their owner references, and backup data is never touched.
+//! collector through their owner references, and backup data is never touched. The manager's
+//! admission webhook normally puts the finalizer on a cluster as it is created; when it did not
+//! (not installed, or not reachable then), the first reconcile adds it and does nothing else,
+//! and the next, on that write's echo, goes on.
 
 mod apply;
 pub mod backups;

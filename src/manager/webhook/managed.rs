@@ -2,14 +2,15 @@
 //! first to find none creates it; a create that loses the race reads the winner's), renews the
 //! serving certificate with the same CA when needed, writes `tls.crt` and `tls.key` into the
 //! certificate directory the server reads, and keeps the `caBundle` of pgkube's CRDs that
-//! convert through a webhook equal to the CAs to trust (the CA, and the previous one after a
-//! rotation). It looks again every ten minutes, so a
-//! certificate another replica renewed is served here too.
+//! convert through a webhook, and of the admission webhook's MutatingWebhookConfiguration,
+//! equal to the CAs to trust (the CA, and the previous one after a rotation). It looks again
+//! every ten minutes, so a certificate another replica renewed is served here too.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -41,6 +42,13 @@ pub enum ManageError {
         #[source]
         source: Box<kube::Error>,
     },
+    #[error("cannot {action} MutatingWebhookConfiguration {name}: {source}")]
+    Admission {
+        action: &'static str,
+        name: &'static str,
+        #[source]
+        source: Box<kube::Error>,
+    },
     #[error(transparent)]
     Certificate(#[from] CertificateError),
     #[error("cannot write the webhook certificate into {}: {source}", directory.display())]
@@ -62,13 +70,16 @@ pub struct ManagedCertificate {
 }
 
 impl ManagedCertificate {
-    /// Makes sure the Secret holds a valid bundle, the files are written, and the CRDs trust it.
+    /// Makes sure the Secret holds a valid bundle, the files are written, and the CRDs and the
+    /// admission webhook trust it.
     ///
-    /// The CRDs first: after a CA rotation, the API server must trust the new CA (beside the
+    /// The trust first: after a CA rotation, the API server must trust the new CA (beside the
     /// old) before this replica serves a certificate the new CA signed.
     pub async fn reconcile(&self) -> Result<(), ManageError> {
         let bundle = self.ensure_secret().await?;
-        self.trust_in_crds(&bundle.trusted_cas()).await?;
+        let cas = bundle.trusted_cas();
+        self.trust_in_crds(&cas).await?;
+        self.trust_in_admission(&cas).await?;
         write_files(&self.directory, &bundle)
     }
 
@@ -218,6 +229,48 @@ impl ManagedCertificate {
                 .map_err(error("patch"))?;
             tracing::info!(crd = %name, "the CRD now trusts the webhook CA");
         }
+        Ok(())
+    }
+
+    /// Sets `caBundle` to `ca` in each webhook of the MutatingWebhookConfiguration
+    /// [`ADMISSION_WEBHOOK`](pgkube_crds::ADMISSION_WEBHOOK) that does not trust it yet. Without
+    /// that configuration (not installed), nothing is done.
+    async fn trust_in_admission(&self, ca: &str) -> Result<(), ManageError> {
+        let name = pgkube_crds::ADMISSION_WEBHOOK;
+        let error = |action| {
+            move |source| ManageError::Admission {
+                action,
+                name,
+                source: Box::new(source),
+            }
+        };
+        let api: Api<MutatingWebhookConfiguration> = Api::all(self.client.clone());
+        let Some(configuration) = api.get_opt(name).await.map_err(error("read"))? else {
+            return Ok(());
+        };
+        let untrusting: Vec<serde_json::Value> = (configuration.webhooks.iter().flatten())
+            .filter(|webhook| {
+                let bundle = webhook.client_config.ca_bundle.as_ref();
+                bundle.map(|b| b.0.as_slice()) != Some(ca.as_bytes())
+            })
+            .map(|webhook| {
+                serde_json::json!({"name": webhook.name, "clientConfig": {
+                    "caBundle": ByteString(ca.as_bytes().to_vec()),
+                }})
+            })
+            .collect();
+        if untrusting.is_empty() {
+            return Ok(());
+        }
+        // A strategic merge patch: `webhooks` merges by name, so only `caBundle` changes.
+        let patch = serde_json::json!({ "webhooks": untrusting });
+        api.patch(name, &PatchParams::default(), &Patch::Strategic(&patch))
+            .await
+            .map_err(error("patch"))?;
+        tracing::info!(
+            configuration = name,
+            "the admission webhook now trusts the webhook CA"
+        );
         Ok(())
     }
 }

@@ -1,5 +1,6 @@
-//! The CRD conversion webhook: `POST /convert` answers the API server's ConversionReviews
-//! with [`pgkube_crds::conversion::convert`], over TLS.
+//! The manager's webhook, over TLS: `POST /convert` answers the API server's ConversionReviews
+//! with [`pgkube_crds::conversion::convert`], and `POST /mutate` ([`admission`]) puts the cleanup
+//! finalizer on PostgreSQLClusters as they are created.
 //!
 //! Every replica serves it, leader or not: the API server may call any of them. The serving
 //! certificate is read from `tls.crt` and `tls.key` in a directory (a Secret volume, for
@@ -7,6 +8,7 @@
 //! served without a restart. A body that is not a ConversionReview gets a 400 with the reason;
 //! an object that cannot be converted fails the review with the reason, naming the object.
 
+pub mod admission;
 pub mod certificates;
 pub mod managed;
 
@@ -53,10 +55,11 @@ pub enum WebhookError {
     Certificate(String),
 }
 
-/// The router of [`CONVERT_PATH`].
+/// The router of [`CONVERT_PATH`] and [`pgkube_crds::ADMISSION_PATH`].
 pub fn router() -> Router {
     Router::new()
         .route(CONVERT_PATH, post(convert))
+        .route(pgkube_crds::ADMISSION_PATH, post(admission::mutate))
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
 }
 
@@ -239,7 +242,7 @@ pub async fn serve_tls(
             tracing::error!(%error, "conversion webhook stopped");
         }
     });
-    tracing::info!(endpoint = "conversion webhook", address = %bound, "serving");
+    tracing::info!(endpoint = "webhook", address = %bound, "serving");
     Ok(bound)
 }
 

@@ -96,6 +96,7 @@
 //! # }
 //! ```
 
+mod admission;
 mod backup;
 mod bucket;
 mod cluster;
@@ -114,6 +115,7 @@ mod restore;
 mod service;
 mod wait;
 
+pub use admission::TestAdmission;
 pub use backup::{
     ACCESS_KEY_ID_KEY, SECRET_ACCESS_KEY_KEY, backup_config, create_backup, create_s3_secret,
     list_objects, test_storage, wait_backup_ended,

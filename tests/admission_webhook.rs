@@ -1,0 +1,149 @@
+//! The admission webhook with the API server in the loop: a real `pgkube run` serves it over TLS
+//! on 127.0.0.1, registered (as `pgkube admission-webhook` prints it) for one test namespace.
+//!
+//! - A cluster comes out of its create request with the cleanup finalizer, and one that carries
+//!   finalizers of its own keeps them: the manager's controllers watch another namespace, so the
+//!   create's answer can only come from admission.
+//! - With the webhook unreachable, a cluster is still created (the failure policy is `Ignore`),
+//!   without the finalizer, and the cluster controller adds it.
+//!
+//! tests/conversion_webhook.rs checks that a managed certificate's CA reaches the registration.
+
+mod manager_common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use manager_common::Manager;
+use pgkube_crds::{CLEANUP_FINALIZER, PostgreSQLCluster};
+use pgkube_testkit::{TestAdmission, TestCa, TestNamespace, install_crds, testbed, wait_until};
+
+const STEP_TIMEOUT: Duration = Duration::from_secs(60);
+const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
+const OTHER_FINALIZER: &str = "example.com/keep";
+
+/// A small cluster `name` with `finalizers`, as a user would write it.
+fn cluster(name: &str, finalizers: &[&str]) -> PostgreSQLCluster {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "db.example.com/v1alpha1",
+        "kind": "PostgreSQLCluster",
+        "metadata": { "name": name, "finalizers": finalizers },
+        "spec": { "replicas": 1, "version": "15", "storage": "1Gi" },
+    }))
+    .expect("a valid cluster")
+}
+
+fn finalizers(cluster: &PostgreSQLCluster) -> Vec<String> {
+    cluster.metadata.finalizers.clone().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_cluster_gets_the_finalizer_as_it_is_created_and_keeps_its_own() {
+    let Some(env) = testbed() else { return };
+    let client = env.kube_client().await;
+    install_crds(&client).await;
+    let namespace = TestNamespace::create(&client, "admission").await;
+    let idle = TestNamespace::create(&client, "admission-idle").await;
+    let cert_dir = std::env::temp_dir().join(format!("pgkube-admission-{}", std::process::id()));
+    std::fs::create_dir_all(&cert_dir).expect("certificate directory");
+    let ca = TestCa::new();
+    ca.write_serving_certificate(&cert_dir);
+    let cert_dir_arg = cert_dir.to_string_lossy().into_owned();
+    let mut manager = Manager::start(
+        &env,
+        "manager-admission",
+        &[
+            "--watch-namespaces",
+            idle.name(),
+            "--webhook-bind-address",
+            "127.0.0.1:0",
+            "--webhook-cert-dir",
+            &cert_dir_arg,
+        ],
+    );
+    let address = manager.endpoint("webhook").await;
+    let name = format!("pgkube-{}", namespace.name());
+    let admission =
+        TestAdmission::register(&client, &name, address, Some(&ca.pem()), namespace.name()).await;
+
+    let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), namespace.name());
+    let created = clusters
+        .create(&PostParams::default(), &cluster("plain", &[]))
+        .await
+        .expect("cluster created");
+    assert_eq!(finalizers(&created), [CLEANUP_FINALIZER]);
+    let created = clusters
+        .create(&PostParams::default(), &cluster("own", &[OTHER_FINALIZER]))
+        .await
+        .expect("cluster created");
+    assert_eq!(finalizers(&created), [OTHER_FINALIZER, CLEANUP_FINALIZER]);
+    // As stored, not only as answered.
+    let stored = clusters.get("plain").await.expect("the cluster");
+    assert_eq!(finalizers(&stored), [CLEANUP_FINALIZER]);
+
+    // Our own finalizer goes first, so that the namespace can go.
+    let release = serde_json::json!({"metadata": {"finalizers": null}});
+    clusters
+        .patch("own", &PatchParams::default(), &Patch::Merge(&release))
+        .await
+        .expect("finalizers removed");
+    admission.delete().await;
+    manager.terminate();
+    assert_eq!(manager.exit_code(EXIT_TIMEOUT).await, Some(0));
+    namespace.cleanup_without_controllers().await;
+    idle.cleanup().await;
+    let _ = std::fs::remove_dir_all(cert_dir);
+}
+
+#[tokio::test]
+async fn with_the_webhook_unreachable_a_cluster_is_created_and_the_controller_adds_the_finalizer() {
+    let Some(env) = testbed() else { return };
+    let client = env.kube_client().await;
+    install_crds(&client).await;
+    let namespace = TestNamespace::create(&client, "admission-down").await;
+    let name = format!("pgkube-{}", namespace.name());
+    let nobody = nobody_listening();
+    let ca = TestCa::new();
+    let admission =
+        TestAdmission::register(&client, &name, nobody, Some(&ca.pem()), namespace.name()).await;
+
+    let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), namespace.name());
+    let created = clusters
+        .create(&PostParams::default(), &cluster("db", &[]))
+        .await
+        .expect("created although the webhook cannot be reached");
+    assert_eq!(finalizers(&created), Vec::<String>::new());
+
+    let mut manager = Manager::start(
+        &env,
+        "manager-admission-down",
+        &[
+            "--watch-namespaces",
+            namespace.name(),
+            "--webhook-bind-address",
+            "0",
+        ],
+    );
+    wait_until(
+        "the controller to add the finalizer",
+        STEP_TIMEOUT,
+        || async {
+            let cluster = clusters.get("db").await?;
+            Ok((finalizers(&cluster) == [CLEANUP_FINALIZER]).then_some(()))
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error:#}\noutput:\n{}", manager.output().join("\n")));
+
+    admission.delete().await;
+    manager.terminate();
+    assert_eq!(manager.exit_code(EXIT_TIMEOUT).await, Some(0));
+    namespace.cleanup_without_controllers().await;
+}
+
+/// A loopback address nobody listens on (the port was free a moment ago, and is closed).
+fn nobody_listening() -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener.local_addr().expect("its address")
+}

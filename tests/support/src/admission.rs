@@ -1,0 +1,100 @@
+//! The manager's admission webhook on the test bed: `pgkube admission-webhook`'s configuration,
+//! calling a manager at a loopback address, for one test namespace's clusters only (the test bed
+//! is shared: other tests' clusters must not reach this manager). A test whose manager manages
+//! its certificate names it [`pgkube_crds::ADMISSION_WEBHOOK`], the one that manager trusts in.
+
+use std::net::SocketAddr;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client};
+use pgkube_crds::ConversionWebhook;
+
+use crate::TestEnv;
+
+/// pgkube's MutatingWebhookConfiguration under a name of the test's, deleted by
+/// [`TestAdmission::delete`] or, if the test ends without calling it (a panic), on drop.
+pub struct TestAdmission {
+    client: Client,
+    name: String,
+    deleted: bool,
+}
+
+impl TestAdmission {
+    /// Registers the webhook as `name` at `https://<address>/mutate`, trusting `ca_pem` (none
+    /// until a managed certificate's manager sets it), for the clusters created in `namespace`.
+    pub async fn register(
+        client: &Client,
+        name: &str,
+        address: SocketAddr,
+        ca_pem: Option<&str>,
+        namespace: &str,
+    ) -> TestAdmission {
+        let name = name.to_owned();
+        let url = format!("https://{address}{}", pgkube_crds::ADMISSION_PATH);
+        let mut configuration = pgkube_crds::admission_through(&ConversionWebhook::Url(url));
+        configuration.metadata.name = Some(name.clone());
+        for webhook in configuration.webhooks.iter_mut().flatten() {
+            webhook.client_config.ca_bundle = ca_pem.map(|pem| ByteString(pem.as_bytes().to_vec()));
+            webhook.namespace_selector = Some(LabelSelector {
+                match_labels: Some(
+                    [(
+                        "kubernetes.io/metadata.name".to_owned(),
+                        namespace.to_owned(),
+                    )]
+                    .into(),
+                ),
+                ..LabelSelector::default()
+            });
+        }
+        Api::<MutatingWebhookConfiguration>::all(client.clone())
+            .create(&PostParams::default(), &configuration)
+            .await
+            .unwrap_or_else(|error| panic!("registering the admission webhook {name}: {error}"));
+        TestAdmission {
+            client: client.clone(),
+            name,
+            deleted: false,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub async fn delete(mut self) {
+        self.deleted = true;
+        let api = Api::<MutatingWebhookConfiguration>::all(self.client.clone());
+        if let Err(error) = api.delete(&self.name, &DeleteParams::default()).await {
+            eprintln!(
+                "warning: deleting the admission webhook {}: {error}",
+                self.name
+            );
+        }
+    }
+}
+
+impl Drop for TestAdmission {
+    /// Best effort, with kubectl: the test's runtime may be shutting down.
+    fn drop(&mut self) {
+        if self.deleted {
+            return;
+        }
+        let Ok(Some(env)) = TestEnv::load() else {
+            return;
+        };
+        let result = env
+            .kubectl()
+            .args(["delete", "mutatingwebhookconfiguration", &self.name])
+            .args(["--ignore-not-found", "--request-timeout=10s"])
+            .output();
+        if let Err(error) = result {
+            eprintln!(
+                "warning: deleting the admission webhook {}: {error}",
+                self.name
+            );
+        }
+    }
+}
