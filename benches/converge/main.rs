@@ -22,6 +22,11 @@
 //! - its writes per minute at rest, over `PGKUBE_BENCH_IDLE_SECONDS` (default 90) after that;
 //! - the time to delete it all (namespace, claims, volumes).
 //!
+//! The manager serves its admission webhook (TLS on 127.0.0.1, a test CA), registered for the
+//! bench's namespace as `pgkube admission-webhook` registers it, so that clusters get their
+//! finalizer as they are created. `PGKUBE_BENCH_ADMISSION=0` runs without it: the controller
+//! then adds the finalizer itself, one request and one reconcile more per cluster.
+//!
 //! It stops waiting for convergence after 5 minutes + 1 s per cluster, or once no cluster has
 //! become Running for 3 minutes (then it says how many were), and measures the rest anyway.
 //! The tables are printed after each N, so that a run cut short keeps what it measured.
@@ -48,7 +53,8 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Client, ResourceExt};
 use pgkube_crds::{ClusterPhase, PostgreSQLCluster};
 use pgkube_testkit::{
-    TestEnv, TestNamespace, cpu_time, http_get, install_crds, peak_rss_bytes, testbed, wait_until,
+    TestAdmission, TestCa, TestEnv, TestNamespace, cpu_time, http_get, install_crds,
+    peak_rss_bytes, testbed, wait_until,
 };
 
 #[path = "../../tests/manager_common/mod.rs"]
@@ -97,6 +103,7 @@ async fn bench(env: TestEnv) {
     let audit = AuditLog::new(&audit_path, &identity.username);
     let largest = sizes.iter().copied().max().unwrap_or(0);
     let nodes = BenchNodes::create(&env, &client, "converge-bench", largest).await;
+    let admission = admission();
     let load_before = load_average();
     let mut rows = Vec::new();
     for &n in &sizes {
@@ -107,6 +114,7 @@ async fn bench(env: TestEnv) {
             audit: &audit,
             kubeconfig: &identity.kubeconfig,
             manager_binary: &identity.manager_binary,
+            admission: admission.as_ref(),
         };
         rows.push(bench.run(n, idle).await);
         // After each N, so that a run cut short keeps what it measured; the last is complete.
@@ -114,6 +122,9 @@ async fn bench(env: TestEnv) {
     }
     nodes.delete().await;
     identity.delete(&env);
+    if let Some((_, directory)) = admission {
+        let _ = std::fs::remove_dir_all(directory);
+    }
 }
 
 fn sizes() -> Vec<usize> {
@@ -136,6 +147,20 @@ fn idle() -> Duration {
         .map_or(DEFAULT_IDLE, Duration::from_secs)
 }
 
+/// The CA of the manager's webhook certificate and the directory it is written to, unless
+/// `PGKUBE_BENCH_ADMISSION=0`.
+fn admission() -> Option<(TestCa, PathBuf)> {
+    if std::env::var("PGKUBE_BENCH_ADMISSION").is_ok_and(|value| value.trim() == "0") {
+        return None;
+    }
+    let ca = TestCa::new();
+    let directory =
+        std::env::temp_dir().join(format!("pgkube-converge-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&directory).expect("a certificate directory");
+    ca.write_serving_certificate(&directory);
+    Some((ca, directory))
+}
+
 /// /proc/loadavg's first three figures.
 fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -156,6 +181,8 @@ struct Bench<'a> {
     audit: &'a AuditLog,
     kubeconfig: &'a str,
     manager_binary: &'a Path,
+    /// The webhook's CA and certificate directory; none to run without the admission webhook.
+    admission: Option<&'a (TestCa, PathBuf)>,
 }
 
 impl Bench<'_> {
@@ -164,6 +191,15 @@ impl Bench<'_> {
         let _instances = FakeInstances::start(self.client, namespace.name(), self.nodes.names());
         let mut manager = self.start_manager(namespace.name()).await;
         let metrics_address = manager.endpoint("metrics").await;
+        let admission = match self.admission {
+            Some((ca, _)) => {
+                let webhook = manager.endpoint("webhook").await;
+                let (client, ns) = (self.client, namespace.name());
+                let name = format!("pgkube-{ns}");
+                Some(TestAdmission::register(client, &name, webhook, Some(&ca.pem()), ns).await)
+            }
+            None => None,
+        };
         wait_ready(manager.endpoint("health probes").await).await;
         let pid = manager.pid();
         eprintln!("converge: N = {n}, namespace {}", namespace.name());
@@ -188,6 +224,9 @@ impl Bench<'_> {
         let peak_rss = peak_rss_bytes(pid);
 
         let cleanup = cleanup(self.client, namespace).await;
+        if let Some(admission) = admission {
+            admission.delete().await;
+        }
         manager.terminate();
         let _ = manager.exit_code(Duration::from_secs(60)).await;
         Row {
@@ -207,20 +246,29 @@ impl Bench<'_> {
     }
 
     async fn start_manager(&self, namespace: &str) -> Manager {
+        let mut args = vec![
+            "--watch-namespaces".to_owned(),
+            namespace.to_owned(),
+            "--kube-api-qps".to_owned(),
+            QPS.to_owned(),
+            "--kube-api-burst".to_owned(),
+            BURST.to_owned(),
+        ];
+        match self.admission {
+            Some((_, directory)) => args.extend([
+                "--webhook-bind-address".to_owned(),
+                "127.0.0.1:0".to_owned(),
+                "--webhook-cert-dir".to_owned(),
+                directory.to_string_lossy().into_owned(),
+            ]),
+            None => args.extend(["--webhook-bind-address".to_owned(), "0".to_owned()]),
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         Manager::start_program(
             self.manager_binary,
             self.env,
             "manager-converge-bench",
-            &[
-                "--watch-namespaces",
-                namespace,
-                "--kube-api-qps",
-                QPS,
-                "--kube-api-burst",
-                BURST,
-                "--webhook-bind-address",
-                "0",
-            ],
+            &args,
             &[("KUBECONFIG", self.kubeconfig), ("RUST_LOG", "info")],
         )
     }
