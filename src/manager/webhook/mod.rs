@@ -46,12 +46,12 @@ const ACCEPT_QUEUE: usize = 64;
 /// Why the webhook could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookError {
-    #[error("cannot listen on {address} for the conversion webhook: {error}")]
+    #[error("cannot listen on {address} for the webhook: {error}")]
     Bind {
         address: SocketAddr,
         error: std::io::Error,
     },
-    #[error("the conversion webhook's certificate: {0}")]
+    #[error("the webhook's certificate: {0}")]
     Certificate(String),
 }
 
@@ -239,7 +239,7 @@ pub async fn serve_tls(
             .with_graceful_shutdown(stop.cancelled_owned())
             .await;
         if let Err(error) = served {
-            tracing::error!(%error, "conversion webhook stopped");
+            tracing::error!(%error, "webhook stopped");
         }
     });
     tracing::info!(endpoint = "webhook", address = %bound, "serving");
@@ -262,7 +262,7 @@ async fn accept_loop(
         let (stream, peer) = match accepted {
             Ok(connection) => connection,
             Err(error) => {
-                tracing::warn!(%error, "conversion webhook: accept failed");
+                tracing::warn!(%error, "webhook: accept failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
@@ -480,7 +480,7 @@ mod tests {
         assert!(
             unreadable
                 .to_string()
-                .starts_with("the conversion webhook's certificate: "),
+                .starts_with("the webhook's certificate: "),
             "{unreadable}"
         );
         let _ = std::fs::remove_dir_all(&dir);
