@@ -93,11 +93,8 @@ async fn bench(env: TestEnv) {
     install_crds(&client).await;
     let objects_namespace = TestNamespace::create(&client, "conversion-bench").await;
     let idle_namespace = TestNamespace::create(&client, "conversion-bench-idle").await;
-    let cert_dir =
-        std::env::temp_dir().join(format!("pgkube-conversion-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&cert_dir).expect("certificate directory");
     let ca = TestCa::new();
-    ca.write_serving_certificate(&cert_dir);
+    let cert_dir = ca.serving_certificate_dir("conversion-bench");
     let cert_dir_arg = cert_dir.to_string_lossy().into_owned();
     let mut manager = Manager::start(
         &env,

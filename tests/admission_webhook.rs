@@ -45,10 +45,8 @@ async fn a_cluster_gets_the_finalizer_as_it_is_created_and_keeps_its_own() {
     install_crds(&client).await;
     let namespace = TestNamespace::create(&client, "admission").await;
     let idle = TestNamespace::create(&client, "admission-idle").await;
-    let cert_dir = std::env::temp_dir().join(format!("pgkube-admission-{}", std::process::id()));
-    std::fs::create_dir_all(&cert_dir).expect("certificate directory");
     let ca = TestCa::new();
-    ca.write_serving_certificate(&cert_dir);
+    let cert_dir = ca.serving_certificate_dir("admission");
     let cert_dir_arg = cert_dir.to_string_lossy().into_owned();
     let mut manager = Manager::start(
         &env,

@@ -154,10 +154,7 @@ fn admission() -> Option<(TestCa, PathBuf)> {
         return None;
     }
     let ca = TestCa::new();
-    let directory =
-        std::env::temp_dir().join(format!("pgkube-converge-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&directory).expect("a certificate directory");
-    ca.write_serving_certificate(&directory);
+    let directory = ca.serving_certificate_dir("converge-bench");
     Some((ca, directory))
 }
 

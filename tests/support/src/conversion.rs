@@ -2,7 +2,7 @@
 //! with both versions converting through a webhook at a loopback address.
 
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -47,6 +47,16 @@ impl TestCa {
         let (certificate, key) = self.serving_certificate();
         std::fs::write(dir.join("tls.crt"), certificate).expect("tls.crt");
         std::fs::write(dir.join("tls.key"), key).expect("tls.key");
+    }
+
+    /// A new directory `pgkube-<name>-<pid>` under the temporary directory, holding a new
+    /// serving certificate for 127.0.0.1 (a manager's `--webhook-cert-dir`). The caller removes
+    /// it.
+    pub fn serving_certificate_dir(&self, name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("pgkube-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("certificate directory");
+        self.write_serving_certificate(&dir);
+        dir
     }
 }
 
