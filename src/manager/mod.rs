@@ -159,7 +159,8 @@ async fn start_endpoints(
 /// `--webhook-cert-secret`, the certificate is managed first (see `webhook::managed`).
 /// Otherwise it comes from `--webhook-cert-dir`; without one there is nothing to serve it with,
 /// which is a warning (the API server then fails only the requests that need a conversion,
-/// saying so, and creates clusters without the finalizer, which the controller adds), while a certificate that cannot be used stops the start.
+/// saying so, and creates clusters without the finalizer, which the controller adds), while a
+/// certificate that cannot be used stops the start.
 async fn start_webhook(
     args: &RunArgs,
     client: &kube::Client,

@@ -62,8 +62,8 @@ fn finalizer_patch(request: &AdmissionRequest<DynamicObject>) -> Option<json_pat
     let finalizers = request.object.as_ref()?.metadata.finalizers.as_ref();
     let operation = match finalizers {
         Some(list) if list.iter().any(|f| f == CLEANUP_FINALIZER) => return None,
-        // The list is replaced whole rather than appended to with `/-`: the API server sends
-        // the object as stored, so the list cannot change between the review and the patch.
+        // The list is replaced whole rather than appended to with `/-`: the API server applies
+        // the patch to the very object the review carried, so the list is the one seen here.
         Some(list) => {
             let mut list = list.clone();
             list.push(CLEANUP_FINALIZER.to_owned());
