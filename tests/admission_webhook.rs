@@ -4,20 +4,23 @@
 //! - A cluster comes out of its create request with the cleanup finalizer, and one that carries
 //!   finalizers of its own keeps them: the manager's controllers watch another namespace, so the
 //!   create's answer can only come from admission.
-//! - With the webhook unreachable, a cluster is still created (the failure policy is `Ignore`),
-//!   without the finalizer, and the cluster controller adds it.
+//! - With the webhook unreachable (its manager answered, then stopped), a cluster is still
+//!   created (the failure policy is `Ignore`), without the finalizer, and the cluster controller
+//!   adds it.
 //!
 //! tests/conversion_webhook.rs checks that a managed certificate's CA reaches the registration.
 
 mod manager_common;
 
-use std::net::SocketAddr;
+use std::path::Path;
 use std::time::Duration;
 
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use manager_common::Manager;
 use pgkube_crds::{CLEANUP_FINALIZER, PostgreSQLCluster};
-use pgkube_testkit::{TestAdmission, TestCa, TestNamespace, install_crds, testbed, wait_until};
+use pgkube_testkit::{
+    TestAdmission, TestCa, TestEnv, TestNamespace, install_crds, testbed, wait_until,
+};
 
 const STEP_TIMEOUT: Duration = Duration::from_secs(60);
 const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -38,6 +41,21 @@ fn finalizers(cluster: &PostgreSQLCluster) -> Vec<String> {
     cluster.metadata.finalizers.clone().unwrap_or_default()
 }
 
+/// A manager serving the webhook on 127.0.0.1 with the certificate in `cert_dir`, whose
+/// controllers watch `watched` only.
+fn webhook_manager(env: &TestEnv, name: &str, watched: &str, cert_dir: &Path) -> Manager {
+    let cert_dir = cert_dir.to_string_lossy();
+    let args = [
+        "--watch-namespaces",
+        watched,
+        "--webhook-bind-address",
+        "127.0.0.1:0",
+        "--webhook-cert-dir",
+        &cert_dir,
+    ];
+    Manager::start(env, name, &args)
+}
+
 #[tokio::test]
 async fn a_cluster_gets_the_finalizer_as_it_is_created_and_keeps_its_own() {
     let Some(env) = testbed() else { return };
@@ -47,23 +65,15 @@ async fn a_cluster_gets_the_finalizer_as_it_is_created_and_keeps_its_own() {
     let idle = TestNamespace::create(&client, "admission-idle").await;
     let ca = TestCa::new();
     let cert_dir = ca.serving_certificate_dir("admission");
-    let cert_dir_arg = cert_dir.to_string_lossy().into_owned();
-    let mut manager = Manager::start(
-        &env,
-        "manager-admission",
-        &[
-            "--watch-namespaces",
-            idle.name(),
-            "--webhook-bind-address",
-            "127.0.0.1:0",
-            "--webhook-cert-dir",
-            &cert_dir_arg,
-        ],
-    );
+    let mut manager = webhook_manager(&env, "manager-admission", idle.name(), &cert_dir);
     let address = manager.endpoint("webhook").await;
     let name = format!("pgkube-{}", namespace.name());
     let admission =
         TestAdmission::register(&client, &name, address, Some(&ca.pem()), namespace.name()).await;
+    admission
+        .wait_answering()
+        .await
+        .unwrap_or_else(|error| panic!("{error:#}\noutput:\n{}", manager.output().join("\n")));
 
     let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), namespace.name());
     let created = clusters
@@ -100,11 +110,21 @@ async fn with_the_webhook_unreachable_a_cluster_is_created_and_the_controller_ad
     let client = env.kube_client().await;
     install_crds(&client).await;
     let namespace = TestNamespace::create(&client, "admission-down").await;
-    let name = format!("pgkube-{}", namespace.name());
-    let nobody = nobody_listening();
+    let idle = TestNamespace::create(&client, "admission-down-idle").await;
     let ca = TestCa::new();
+    let cert_dir = ca.serving_certificate_dir("admission-down");
+    // The registration is in effect (its manager answers), then its manager goes away.
+    let mut webhook = webhook_manager(&env, "manager-admission-gone", idle.name(), &cert_dir);
+    let address = webhook.endpoint("webhook").await;
+    let name = format!("pgkube-{}", namespace.name());
     let admission =
-        TestAdmission::register(&client, &name, nobody, Some(&ca.pem()), namespace.name()).await;
+        TestAdmission::register(&client, &name, address, Some(&ca.pem()), namespace.name()).await;
+    admission
+        .wait_answering()
+        .await
+        .unwrap_or_else(|error| panic!("{error:#}\noutput:\n{}", webhook.output().join("\n")));
+    webhook.terminate();
+    assert_eq!(webhook.exit_code(EXIT_TIMEOUT).await, Some(0));
 
     let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), namespace.name());
     let created = clusters
@@ -138,10 +158,6 @@ async fn with_the_webhook_unreachable_a_cluster_is_created_and_the_controller_ad
     manager.terminate();
     assert_eq!(manager.exit_code(EXIT_TIMEOUT).await, Some(0));
     namespace.cleanup_without_controllers().await;
-}
-
-/// A loopback address nobody listens on (the port was free a moment ago, and is closed).
-fn nobody_listening() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    listener.local_addr().expect("its address")
+    idle.cleanup().await;
+    let _ = std::fs::remove_dir_all(cert_dir);
 }

@@ -193,7 +193,14 @@ impl Bench<'_> {
                 let webhook = manager.endpoint("webhook").await;
                 let (client, ns) = (self.client, namespace.name());
                 let name = format!("pgkube-{ns}");
-                Some(TestAdmission::register(client, &name, webhook, Some(&ca.pem()), ns).await)
+                let admission =
+                    TestAdmission::register(client, &name, webhook, Some(&ca.pem()), ns).await;
+                // Or the first clusters could be created before the API server calls it.
+                admission
+                    .wait_answering()
+                    .await
+                    .expect("the webhook in effect");
+                Some(admission)
             }
             None => None,
         };

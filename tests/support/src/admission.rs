@@ -2,23 +2,33 @@
 //! calling a manager at a loopback address, for one test namespace's clusters only (the test bed
 //! is shared: other tests' clusters must not reach this manager). A test whose manager manages
 //! its certificate names it [`pgkube_crds::ADMISSION_WEBHOOK`], the one that manager trusts in.
+//!
+//! The API server reads webhook configurations through an informer of its own, so a
+//! registration (or a new `caBundle`) takes effect a moment after the write that made it: a test
+//! that needs the webhook called waits with [`TestAdmission::wait_answering`] first.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
-use pgkube_crds::ConversionWebhook;
+use pgkube_crds::{CLEANUP_FINALIZER, ConversionWebhook, PostgreSQLCluster};
 
-use crate::TestEnv;
+use crate::{TestCluster, TestEnv, wait_until};
+
+/// How long a registration may take to reach the API server's admission chain.
+const ANSWERING_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// pgkube's MutatingWebhookConfiguration under a name of the test's, deleted by
 /// [`TestAdmission::delete`] or, if the test ends without calling it (a panic), on drop.
 pub struct TestAdmission {
     client: Client,
     name: String,
+    /// The namespace whose clusters it admits.
+    namespace: String,
     deleted: bool,
 }
 
@@ -56,12 +66,35 @@ impl TestAdmission {
         TestAdmission {
             client: client.clone(),
             name,
+            namespace: namespace.to_owned(),
             deleted: false,
         }
     }
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Waits until the API server calls the webhook and applies its answer: a cluster created
+    /// in the namespace with `dryRun` (nothing is stored) comes back with the cleanup finalizer.
+    pub async fn wait_answering(&self) -> anyhow::Result<()> {
+        let clusters: Api<PostgreSQLCluster> =
+            Api::namespaced(self.client.clone(), &self.namespace);
+        let probe = TestCluster::builder("admission-probe").cluster().clone();
+        let dry_run = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let description = format!("the admission webhook {} to answer", self.name);
+        wait_until(&description, ANSWERING_TIMEOUT, || async {
+            let admitted = clusters.create(&dry_run, &probe).await?;
+            let finalizers = admitted.metadata.finalizers.unwrap_or_default();
+            Ok(finalizers
+                .iter()
+                .any(|f| f == CLEANUP_FINALIZER)
+                .then_some(()))
+        })
+        .await
     }
 
     pub async fn delete(mut self) {
