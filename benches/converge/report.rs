@@ -56,11 +56,12 @@ fn header(idle: Duration, load_before: &str, load_after: &str) {
         "Convergence: `pgkube run` built with the {profile} profile, --kube-api-qps {} \
          --kube-api-burst {}, one watched namespace; test bed on {cores} cores ({}), load average \
          {load_before} before, {load_after} after (shared machine: figures are noisy); at rest \
-         over {} s.",
+         over {} s, from {} s after the last cluster was Running.",
         crate::QPS,
         crate::BURST,
         cpu_model(),
         idle.as_secs(),
+        crate::SETTLE.as_secs(),
     );
     println!();
 }
