@@ -79,7 +79,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             watch_namespaces: Vec::new(),
-            max_concurrent_reconciles: 4,
+            max_concurrent_reconciles: 8,
             postgres_image_repository: "postgres".to_owned(),
             agent_image: "ghcr.io/pgkube/pgkube:latest".to_owned(),
             resync_interval: Duration::from_secs(300),
