@@ -20,7 +20,8 @@
 //!   (`pgkube_kube_client_requests_total{verb,resource,code}` on its /metrics);
 //! - the manager's CPU time (user + system, /proc) over that time, and its peak RSS (VmHWM);
 //! - the cluster controller's reconciles per cluster over that time (its /metrics);
-//! - its writes per minute at rest, over `PGKUBE_BENCH_IDLE_SECONDS` (default 90) after those 10 s;
+//! - its writes per minute at rest, over `PGKUBE_BENCH_IDLE_SECONDS` (default 90) after those
+//!   10 s;
 //! - the time to delete it all (namespace, claims, volumes).
 //!
 //! The manager serves its admission webhook (TLS on 127.0.0.1, a test CA), registered for the
@@ -72,7 +73,7 @@ const QPS: &str = "50";
 const BURST: &str = "100";
 const DEFAULT_SIZES: [usize; 2] = [200, 1_000];
 const DEFAULT_IDLE: Duration = Duration::from_secs(90);
-/// From the last cluster Running to the start of the rest: its requests count as convergence's.
+/// From the last cluster Running to the start of the rest: requests in it count as convergence's.
 const SETTLE: Duration = Duration::from_secs(10);
 /// Creates in flight at once.
 const CREATE_CONCURRENCY: usize = 32;
