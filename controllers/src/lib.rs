@@ -40,6 +40,10 @@ use tracing_opentelemetry::OpenTelemetrySpanExt;
 pub use crd_check::{CrdCheckError, ensure_crds_installed};
 pub use metrics::Metrics;
 
+/// Objects each controller reconciles at once unless told otherwise (the manager's
+/// `--max-concurrent-reconciles` says why 8).
+pub const DEFAULT_MAX_CONCURRENT_RECONCILES: u16 = 8;
+
 /// Settings of the controllers that come from the manager's command line.
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -79,7 +83,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             watch_namespaces: Vec::new(),
-            max_concurrent_reconciles: 8,
+            max_concurrent_reconciles: DEFAULT_MAX_CONCURRENT_RECONCILES,
             postgres_image_repository: "postgres".to_owned(),
             agent_image: "ghcr.io/pgkube/pgkube:latest".to_owned(),
             resync_interval: Duration::from_secs(300),

@@ -118,7 +118,8 @@ pub struct RunArgs {
     /// whole default QPS (50) while the API server answers within 160 ms on average, which a
     /// busy one does not always do (see the README's "Convergence at scale"). The client
     /// limit, not this, bounds the load on the API server.
-    #[arg(long, env = "PGKUBE_MAX_CONCURRENT_RECONCILES", default_value_t = 8,
+    #[arg(long, env = "PGKUBE_MAX_CONCURRENT_RECONCILES",
+        default_value_t = pgkube_controllers::DEFAULT_MAX_CONCURRENT_RECONCILES,
         value_parser = clap::value_parser!(u16).range(1..))]
     pub max_concurrent_reconciles: u16,
 
