@@ -303,6 +303,11 @@ pub struct PostgreSQLClusterStatus {
     /// Each instance as its instance manager last reported it, by pod name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub instances: Vec<InstanceStatus>,
+    /// The PostgreSQL system identifier of the cluster's database, recorded from the first
+    /// primary that reported it and never changed: instances copy data only from an instance
+    /// that holds this database, and an instance with an empty volume never makes a new one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_identifier: Option<String>,
     /// The `metadata.generation` this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
@@ -342,6 +347,10 @@ pub struct InstanceStatus {
     /// Replicas: whether WAL is streaming from the primary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub streaming: Option<bool>,
+    /// Why an instance whose server does not run waits, as its instance manager says (for
+    /// example, data it will not replace with a copy of another database).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// A move of the primary from one instance to another.

@@ -92,12 +92,19 @@ pub enum StartPlan {
     /// the primary's back. It waits for that primary, rewinds its data to the primary's history
     /// (pg_rewind; a new clone when that fails), and starts as its standby.
     Demote,
+    /// The designated primary's volume is empty, but the cluster's database exists (the
+    /// operator recorded its system identifier): a new database would replace it. It waits,
+    /// saying so, until the operator names another primary (a failover to an instance that has
+    /// the data), then clones it.
+    WaitForData,
 }
 
-/// What to do with `state` when the operator says `primary` is the primary.
-pub fn plan(pod: &str, primary: &str, state: DataState) -> StartPlan {
+/// What to do with `state` when the operator says `primary` is the primary; `initialized`
+/// when the operator recorded the cluster's database (so that it exists somewhere).
+pub fn plan(pod: &str, primary: &str, state: DataState, initialized: bool) -> StartPlan {
     let is_primary = pod == primary;
     match (state, is_primary) {
+        (DataState::Empty, true) if initialized => StartPlan::WaitForData,
         (DataState::Empty, true) => StartPlan::Initdb,
         (DataState::Empty, false) => StartPlan::Clone,
         (DataState::Primary, true) => StartPlan::RunPrimary,
@@ -118,9 +125,11 @@ impl StartPlan {
     pub fn role(self) -> Role {
         match self {
             StartPlan::Initdb | StartPlan::RunPrimary => Role::Primary,
-            StartPlan::Clone | StartPlan::Follow | StartPlan::Demote | StartPlan::Promote => {
-                Role::Replica
-            }
+            StartPlan::Clone
+            | StartPlan::Follow
+            | StartPlan::Demote
+            | StartPlan::Promote
+            | StartPlan::WaitForData => Role::Replica,
         }
     }
 }
@@ -371,8 +380,9 @@ pub async fn initdb(pgdata: &Path, superuser: &Credentials) -> Result<(), DataDi
     run_tool("initdb", command).await
 }
 
-/// A copy of the primary into `pgdata`, made in a side directory and moved in place only when
-/// complete, so that an interrupted clone never looks like data.
+/// A copy of the primary into `pgdata`, made in a side directory and swapped in only when
+/// complete: an interrupted clone never looks like data, and data it replaces stays until the
+/// copy is whole (see [`swap_in`]).
 pub async fn clone_primary(
     pgdata: &Path,
     primary_host: &str,
@@ -394,7 +404,43 @@ pub async fn clone_primary(
         .env("PGPASSFILE", pgpass_file)
         .env("PGAPPNAME", pod);
     run_tool("pg_basebackup", command).await?;
-    std::fs::rename(&partial, pgdata).map_err(io_error("cannot move the clone to", pgdata))
+    swap_in(&partial, pgdata)
+}
+
+/// Where the data a clone replaces waits until the clone is in place.
+fn previous_of(pgdata: &Path) -> PathBuf {
+    pgdata.with_extension("previous")
+}
+
+/// Moves the complete copy `complete` to `pgdata`: the old data is renamed aside first, the
+/// copy renamed in, then the old data removed. Each step is a rename, so a crash leaves either
+/// the old data in place or aside (see [`recover_interrupted_swap`]), never nothing.
+pub fn swap_in(complete: &Path, pgdata: &Path) -> Result<(), DataDirError> {
+    let previous = previous_of(pgdata);
+    remove_dir(&previous)?;
+    if pgdata.exists() {
+        std::fs::rename(pgdata, &previous)
+            .map_err(io_error("cannot move the old data aside to", &previous))?;
+    }
+    std::fs::rename(complete, pgdata).map_err(io_error("cannot move the copy to", pgdata))?;
+    remove_dir(&previous)
+}
+
+/// After a crash in the middle of [`swap_in`]: data moved aside while nothing took its place
+/// goes back (the copy is made again). Run before the data directory is looked at.
+pub fn recover_interrupted_swap(pgdata: &Path) -> Result<(), DataDirError> {
+    let previous = previous_of(pgdata);
+    if !previous.exists() {
+        return Ok(());
+    }
+    if DataState::of(pgdata) == DataState::Empty {
+        tracing::warn!(previous = %previous.display(), "a copy was interrupted while swapping in: the data it was to replace goes back");
+        remove_dir(pgdata)?;
+        std::fs::rename(&previous, pgdata)
+            .map_err(io_error("cannot move the old data back to", pgdata))?;
+        return Ok(());
+    }
+    remove_dir(&previous)
 }
 
 /// Rewinds `pgdata` (a former primary's data, stopped) to the history of the primary that
@@ -481,6 +527,8 @@ mod tests {
                 replicas: 3,
                 statefulset: "db-postgresql".to_owned(),
                 hosts: Default::default(),
+                cluster_uid: None,
+                system_identifier: None,
             },
             superuser: credentials("postgres", "super"),
             replication: credentials("streaming_replica", "pa:ss\\word"),
@@ -500,7 +548,7 @@ mod tests {
             ("a-1", Standby, Follow),
         ];
         for (pod, state, expected) in cases {
-            let plan = plan(pod, "a-0", state);
+            let plan = plan(pod, "a-0", state, false);
             assert_eq!(plan, expected, "{pod} with {state:?}");
             // A designated standby waits for /control/promote: it starts as a replica.
             assert_eq!(
@@ -508,6 +556,49 @@ mod tests {
                 pod == "a-0" && state != Standby
             );
         }
+    }
+
+    #[test]
+    fn an_empty_volume_never_runs_initdb_once_the_cluster_has_its_database() {
+        use DataState::*;
+        use StartPlan::*;
+        assert_eq!(plan("a-0", "a-0", Empty, true), WaitForData);
+        assert_eq!(WaitForData.role(), Role::Replica);
+        assert_eq!(plan("a-1", "a-0", Empty, true), Clone);
+        // Existing data goes as before.
+        assert_eq!(plan("a-0", "a-0", Primary, true), RunPrimary);
+        assert_eq!(plan("a-1", "a-0", Standby, true), Follow);
+    }
+
+    #[test]
+    fn a_copy_replaces_data_only_once_complete_and_an_interrupted_swap_is_undone() {
+        let root = std::env::temp_dir().join(format!("pgkube-swap-{}", std::process::id()));
+        let pgdata = root.join("pgdata");
+        let copy = root.join("pgdata.clone");
+        for (dir, content) in [(&pgdata, "old"), (&copy, "new")] {
+            std::fs::create_dir_all(dir).expect("dir");
+            std::fs::write(dir.join(VERSION_FILE), "15\n").expect("version");
+            std::fs::write(dir.join("data"), content).expect("data");
+        }
+        swap_in(&copy, &pgdata).expect("swapped");
+        assert_eq!(
+            std::fs::read_to_string(pgdata.join("data")).expect("read"),
+            "new"
+        );
+        assert!(!copy.exists() && !previous_of(&pgdata).exists());
+        // A crash after the old data went aside and before the copy came in.
+        std::fs::rename(&pgdata, previous_of(&pgdata)).expect("aside");
+        recover_interrupted_swap(&pgdata).expect("recovered");
+        assert_eq!(
+            std::fs::read_to_string(pgdata.join("data")).expect("read"),
+            "new"
+        );
+        assert!(!previous_of(&pgdata).exists());
+        // A crash after the copy came in: the old data aside is removed.
+        std::fs::create_dir_all(previous_of(&pgdata)).expect("aside again");
+        recover_interrupted_swap(&pgdata).expect("recovered");
+        assert!(!previous_of(&pgdata).exists() && pgdata.join("data").exists());
+        remove_dir(&root).expect("clean up");
     }
 
     #[test]

@@ -93,6 +93,14 @@ pub struct Topology {
     /// primaryHost>` (the operator leaves it out; tests on one machine give addresses).
     #[serde(default)]
     pub hosts: BTreeMap<String, String>,
+    /// The uid of the PostgreSQLCluster: recorded in the marker of a database made by initdb.
+    #[serde(default)]
+    pub cluster_uid: Option<String>,
+    /// The system identifier of the cluster's database, once the operator recorded it from
+    /// the first primary: an instance with an empty volume then never runs initdb, and data
+    /// is only ever copied from an instance that holds this database.
+    #[serde(default)]
+    pub system_identifier: Option<String>,
 }
 
 impl Topology {

@@ -49,6 +49,14 @@ pub struct InstanceStatus {
     /// The pod this replica's `primary_conninfo` names; none on a primary, and on a standby
     /// that waits to be promoted.
     pub following: Option<String>,
+    /// The system identifier of the database the server runs.
+    pub system_identifier: Option<String>,
+    /// The uid of the PostgreSQLCluster whose instance made this database (its marker); none
+    /// for data made otherwise (an older pgkube, a copy from elsewhere).
+    pub initialized_by: Option<String>,
+    /// Why an instance whose server does not run waits (data it will not replace, a primary
+    /// that does not answer).
+    pub message: Option<String>,
 }
 
 impl InstanceStatus {
@@ -65,6 +73,17 @@ impl InstanceStatus {
             streaming: false,
             pending_restart: Vec::new(),
             following: None,
+            system_identifier: None,
+            initialized_by: None,
+            message: None,
+        }
+    }
+
+    /// An instance whose server does not run because it waits, for the reason `why`.
+    pub fn waiting(pod: &str, why: &str) -> Self {
+        Self {
+            message: Some(why.to_owned()),
+            ..Self::starting(pod)
         }
     }
 
@@ -85,6 +104,9 @@ impl InstanceStatus {
             streaming: server.streaming,
             pending_restart: server.pending_restart,
             following: following.filter(|_| server.in_recovery).map(str::to_owned),
+            system_identifier: server.system_identifier,
+            initialized_by: None,
+            message: None,
         }
     }
 }
@@ -179,6 +201,7 @@ mod tests {
                 replayed_lsn: Some("0/3000100".to_owned()),
                 streaming: true,
                 pending_restart: vec![],
+                system_identifier: Some("7312345678901234567".to_owned()),
             },
             Some("db-postgresql-0"),
         );
@@ -188,7 +211,9 @@ mod tests {
             serde_json::json!({
                 "pod": "db-postgresql-1", "role": "replica", "ready": true, "timeline": 1,
                 "currentLsn": null, "receivedLsn": "0/3000148", "replayedLsn": "0/3000100",
-                "streaming": true, "pendingRestart": [], "following": "db-postgresql-0"
+                "streaming": true, "pendingRestart": [], "following": "db-postgresql-0",
+                "systemIdentifier": "7312345678901234567", "initializedBy": null,
+                "message": null
             })
         );
         let primary = InstanceStatus::observed("p", ServerState::default(), Some("q"));

@@ -48,7 +48,9 @@ mod control;
 mod datadir;
 mod desired;
 mod endpoint;
+mod guarded;
 mod ha;
+mod identity;
 mod repair;
 mod roles;
 mod server;
@@ -293,6 +295,7 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         client: None,
         orders,
         orders_open: true,
+        initialized_by: None,
     };
     let result = instance.start_and_run(&mut signals).await;
     endpoint.abort();
@@ -344,6 +347,8 @@ struct Instance {
     orders: tokio::sync::mpsc::Receiver<ControlRequest>,
     /// False once the endpoint is gone (it could not listen): no order comes any more.
     orders_open: bool,
+    /// Who made this database, from its marker, read when the server starts.
+    initialized_by: Option<String>,
 }
 
 impl Instance {
@@ -434,11 +439,10 @@ impl Instance {
                 if restart {
                     tracing::info!(settings = ?state.pending_restart, "changed settings need a restart");
                 }
-                self.set_status(InstanceStatus::observed(
-                    &self.args.pod_name,
-                    state,
-                    self.following(),
-                ));
+                let mut status =
+                    InstanceStatus::observed(&self.args.pod_name, state, self.following());
+                status.initialized_by = self.initialized_by.clone();
+                self.set_status(status);
                 // After the status: asking the primary may take a few seconds.
                 if let Some(stuck) = self.stuck(&client, in_recovery, streaming).await {
                     Next::Repair(stuck)

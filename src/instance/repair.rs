@@ -12,7 +12,7 @@
 use anyhow::Context as _;
 
 use super::control::Target;
-use super::datadir::{self, Role};
+use super::datadir::Role;
 use super::endpoint::InstanceStatus;
 use super::server::{Server, Shutdown};
 use super::sql;
@@ -104,12 +104,14 @@ impl Instance {
 
     async fn rebuild(&mut self, target: &Target, remedy: Remedy) -> anyhow::Result<()> {
         match remedy {
-            Remedy::Rewind => self.rewind_to(target).await,
+            Remedy::Rewind => {
+                let target = self.rewind_to(target).await?;
+                self.upstream = Some(target);
+                Ok(())
+            }
             Remedy::Reclone => {
                 tracing::warn!(primary = %target.pod, "this replica is cloned afresh from its primary");
-                datadir::remove_dir(&self.args.pgdata)?;
-                self.upstream = Some(target.clone());
-                self.clone_upstream().await
+                self.replace_with_clone(target.clone()).await
             }
         }
     }

@@ -26,6 +26,7 @@ use super::datadir::{self, DataState, Role, StartPlan};
 use super::desired::slot_name;
 use super::endpoint::InstanceStatus;
 use super::ha::{self, Rejoin, Wait};
+use super::identity;
 use super::server::{Server, Shutdown};
 use super::{ControlRequest, Instance, Signals, floors, sql};
 
@@ -39,8 +40,10 @@ impl Instance {
     pub(super) async fn prepare(&mut self) -> anyhow::Result<Server> {
         self.write_passfiles(&self.applied.clone())?;
         let topology = self.applied.topology.clone();
+        datadir::recover_interrupted_swap(&self.args.pgdata)?;
         let state = DataState::of(&self.args.pgdata);
-        let plan = datadir::plan(&self.args.pod_name, &topology.primary, state);
+        let initialized = topology.system_identifier.is_some();
+        let plan = datadir::plan(&self.args.pod_name, &topology.primary, state, initialized);
         tracing::info!(?state, ?plan, primary = %topology.primary, "starting");
         let designated = Target {
             pod: topology.primary.clone(),
@@ -56,6 +59,10 @@ impl Instance {
             StartPlan::Follow => {
                 self.upstream = Some(designated);
                 self.reclone_if_slot_gone().await?;
+            }
+            StartPlan::WaitForData => {
+                self.upstream = Some(self.wait_for_another_primary().await);
+                self.clone_upstream().await?;
             }
             StartPlan::Promote => tracing::warn!(
                 "this standby is the designated primary: it starts as a standby and waits for the operator's /control/promote"
@@ -76,6 +83,27 @@ impl Instance {
         self.start_server().await
     }
 
+    /// The designated primary with an empty volume: waits until another instance is named the
+    /// primary (the operator fails over to one that has the cluster's database).
+    async fn wait_for_another_primary(&mut self) -> Target {
+        let topology = &self.applied.topology;
+        let why = format!(
+            "the data directory is empty, but the cluster's database {} exists: no new one is made; waiting for another instance that has it to be named the primary",
+            topology.system_identifier.as_deref().unwrap_or_default()
+        );
+        tracing::warn!("{why}");
+        self.set_status(InstanceStatus::waiting(&self.args.pod_name, &why));
+        let mut target = Target {
+            pod: topology.primary.clone(),
+            host: topology.primary_host.clone(),
+        };
+        while target.pod == self.args.pod_name {
+            target = self.wait_for_orders(target).await;
+        }
+        tracing::info!(primary = %target.pod, "another instance is the primary: cloning it");
+        target
+    }
+
     /// Writes the standby marker, the floors and the configuration, and starts `postgres`.
     pub(super) async fn start_server(&mut self) -> anyhow::Result<Server> {
         let pgdata = &self.args.pgdata;
@@ -89,6 +117,8 @@ impl Instance {
         self.credentials_applied = false;
         self.client = None;
         self.stall.reset();
+        self.initialized_by =
+            identity::read_marker(&self.args.pgdata).and_then(|marker| marker.cluster_uid);
         Server::start(&self.args.pgdata).context("cannot start postgres")
     }
 
@@ -104,44 +134,8 @@ impl Instance {
         Ok(replication)
     }
 
-    async fn initdb(&mut self) -> anyhow::Result<()> {
-        let partial = self.args.pgdata.with_extension("initdb");
-        datadir::remove_dir(&partial)?;
-        datadir::initdb(&partial, &self.applied.superuser).await?;
-        std::fs::rename(&partial, &self.args.pgdata)
-            .with_context(|| format!("cannot move {} in place", partial.display()))
-    }
-
-    /// A new copy of the upstream, with this instance's slot made first so that the primary
-    /// keeps the WAL the copy needs from its first byte on.
-    pub(super) async fn clone_upstream(&mut self) -> anyhow::Result<()> {
-        let target = self.upstream.clone().context("no primary to clone")?;
-        let client = self.wait_for(&target).await;
-        let slot = slot_name(&self.args.pod_name);
-        match sql::slot_state(&client, &slot).await? {
-            Some(false) => {}
-            Some(true) => {
-                // A slot whose WAL is lost serves no clone; made again, it keeps WAL from now.
-                sql::drop_own_slot(&client, &slot).await?;
-                sql::create_slot(&client, &slot).await?;
-            }
-            None => sql::create_slot(&client, &slot).await?,
-        }
-        self.slot_on_upstream = true;
-        datadir::clone_primary(
-            &self.args.pgdata,
-            &target.host,
-            self.applied.topology.port,
-            &self.args.pod_name,
-            &self.args.run_dir.join("pgpass"),
-            &self.applied.replication,
-        )
-        .await?;
-        Ok(())
-    }
-
     /// Connects to `target` as the replication role, retrying until it answers.
-    async fn wait_for(&self, target: &Target) -> tokio_postgres::Client {
+    pub(super) async fn wait_for(&self, target: &Target) -> tokio_postgres::Client {
         let mut attempts: u64 = 0;
         loop {
             match self.connect_replication(&target.host).await {
@@ -191,8 +185,7 @@ impl Instance {
             Ok(true) => Ok(()),
             Ok(false) => {
                 tracing::warn!(%slot, "this replica's slot is gone from the primary (the instance was removed, or the primary is a new one): its copy is stale and is cloned again");
-                datadir::remove_dir(&self.args.pgdata)?;
-                self.clone_upstream().await
+                self.replace_with_clone(target).await
             }
             Err(error) => {
                 tracing::warn!(%error, "cannot look up this replica's slot; starting on the existing data");
@@ -258,7 +251,7 @@ impl Instance {
                 datadir::set_standby(pgdata, true)?;
                 tracing::info!(primary = %target.pod, "the new primary is still a standby (switchover): starting as its standby on this instance's data");
             }
-            Rejoin::Rewind => self.rewind_to(&target).await?,
+            Rejoin::Rewind => target = self.rewind_to(&target).await?,
         }
         datadir::remove_slots(&self.args.pgdata)?;
         self.role = Role::Replica;
@@ -292,7 +285,7 @@ impl Instance {
 
     /// Waits [`REJOIN_RETRY`] for orders while the server is stopped: a follow order changes the
     /// target, a promotion is refused.
-    async fn wait_for_orders(&mut self, target: Target) -> Target {
+    pub(super) async fn wait_for_orders(&mut self, target: Target) -> Target {
         let sleep = tokio::time::sleep(REJOIN_RETRY);
         tokio::pin!(sleep);
         let mut target = target;
@@ -330,37 +323,8 @@ impl Instance {
         target
     }
 
-    /// pg_rewind to `target`'s history, with this instance's slot made on it first so that it
-    /// keeps the WAL from then on; a new clone when the rewind fails.
-    pub(super) async fn rewind_to(&mut self, target: &Target) -> anyhow::Result<()> {
-        self.slot_on_upstream = self.make_slot_on(&target.host).await.is_ok();
-        self.write_passfiles(&self.applied.clone())?;
-        let conninfo = datadir::superuser_conninfo(
-            &target.host,
-            self.applied.topology.port,
-            &self.applied.superuser,
-            &self.args.pod_name,
-            &self.args.run_dir.join("pgpass-superuser"),
-        );
-        tracing::info!(primary = %target.pod, "rewinding to the new primary's history");
-        match datadir::rewind(&self.args.pgdata, &conninfo).await {
-            Ok(()) => {
-                tracing::info!(primary = %target.pod, "rewound");
-                // pg_rewind copies the source's files, standby.signal never among them.
-                datadir::set_standby(&self.args.pgdata, true)?;
-                Ok(())
-            }
-            Err(error) => {
-                tracing::warn!(%error, "pg_rewind failed; this instance is cloned afresh from the new primary");
-                datadir::remove_dir(&self.args.pgdata)?;
-                self.upstream = Some(target.clone());
-                self.clone_upstream().await
-            }
-        }
-    }
-
     /// Makes this instance's slot on `host` unless it exists.
-    async fn make_slot_on(&self, host: &str) -> anyhow::Result<()> {
+    pub(super) async fn make_slot_on(&self, host: &str) -> anyhow::Result<()> {
         let client = self.connect_replication(host).await?;
         let slot = slot_name(&self.args.pod_name);
         if !sql::slot_exists(&client, &slot).await? {
@@ -447,7 +411,8 @@ impl Instance {
         let state = sql::observe(&client)
             .await
             .map_err(|error| format!("promoted, but the server does not answer: {error}"))?;
-        let status = InstanceStatus::observed(&self.args.pod_name, state, None);
+        let mut status = InstanceStatus::observed(&self.args.pod_name, state, None);
+        status.initialized_by = self.initialized_by.clone();
         self.set_status(status.clone());
         Ok(status)
     }

@@ -82,6 +82,8 @@ pub struct ServerState {
     pub streaming: bool,
     /// Settings changed in the files that take effect only after a restart.
     pub pending_restart: Vec<String>,
+    /// The database's system identifier.
+    pub system_identifier: Option<String>,
 }
 
 /// Reads the server's role, timeline and WAL positions. A standby's timeline is the one its
@@ -97,7 +99,8 @@ pub async fn observe(client: &Client) -> Result<ServerState, tokio_postgres::Err
                     pg_last_wal_receive_lsn()::text, \
                     pg_last_wal_replay_lsn()::text, \
                     EXISTS (SELECT 1 FROM pg_stat_wal_receiver WHERE status = 'streaming'), \
-                    ARRAY(SELECT name::text FROM pg_settings WHERE pending_restart ORDER BY name)",
+                    ARRAY(SELECT name::text FROM pg_settings WHERE pending_restart ORDER BY name), \
+                    (SELECT system_identifier::text FROM pg_control_system())",
             &[],
         )
         .await?;
@@ -109,7 +112,19 @@ pub async fn observe(client: &Client) -> Result<ServerState, tokio_postgres::Err
         replayed_lsn: row.try_get(4)?,
         streaming: row.try_get(5)?,
         pending_restart: row.try_get(6)?,
+        system_identifier: row.try_get(7)?,
     })
+}
+
+/// The system identifier of the database the server runs.
+pub async fn system_identifier(client: &Client) -> Result<String, tokio_postgres::Error> {
+    client
+        .query_one(
+            "SELECT system_identifier::text FROM pg_control_system()",
+            &[],
+        )
+        .await?
+        .try_get(0)
 }
 
 /// Whether the server is a standby (in recovery).

@@ -188,6 +188,8 @@ pub struct BuildInput<'a> {
     pub control_token: &'a str,
     /// Standbys that must confirm each commit (`synchronous_standby_names`); 0: asynchronous.
     pub synchronous_standbys: u32,
+    /// The cluster's database, once recorded (`status.systemIdentifier`).
+    pub system_identifier: Option<&'a str>,
 }
 
 /// The desired children of `cluster`.
@@ -534,7 +536,6 @@ fn service(cluster: &ValidatedCluster, names: &ChildNames, name: &str, headless:
 }
 
 fn config_map(cluster: &ValidatedCluster, names: &ChildNames, input: &BuildInput<'_>) -> ConfigMap {
-    let primary = input.primary;
     ConfigMap {
         metadata: metadata(cluster, names, &names.config_map),
         data: Some(BTreeMap::from([
@@ -545,7 +546,7 @@ fn config_map(cluster: &ValidatedCluster, names: &ChildNames, input: &BuildInput
             (HBA_FILE.to_owned(), PG_HBA.to_owned()),
             (
                 INSTANCE_FILE.to_owned(),
-                instance_json(cluster, names, primary),
+                instance_json(cluster, names, input),
             ),
         ])),
         ..ConfigMap::default()
@@ -630,6 +631,12 @@ struct InstanceTopology<'a> {
     port: i32,
     replicas: i32,
     statefulset: &'a str,
+    /// Recorded in the marker of a database an instance makes with initdb.
+    cluster_uid: &'a str,
+    /// The cluster's database: instances copy only from one that holds it, and an empty
+    /// volume never gets a new one. Absent until the first primary reported it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system_identifier: Option<&'a str>,
 }
 
 /// The stable DNS name of instance `pod`, through the headless Service.
@@ -637,13 +644,15 @@ pub fn instance_host(names: &ChildNames, namespace: &str, pod: &str) -> String {
     format!("{pod}.{}.{namespace}.svc", names.headless_service)
 }
 
-fn instance_json(cluster: &ValidatedCluster, names: &ChildNames, primary: &str) -> String {
+fn instance_json(cluster: &ValidatedCluster, names: &ChildNames, input: &BuildInput<'_>) -> String {
     let topology = InstanceTopology {
-        primary,
-        primary_host: instance_host(names, &cluster.namespace, primary),
+        primary: input.primary,
+        primary_host: instance_host(names, &cluster.namespace, input.primary),
         port: POSTGRES_PORT,
         replicas: cluster.replicas,
         statefulset: &names.statefulset,
+        cluster_uid: &cluster.owner.uid,
+        system_identifier: input.system_identifier,
     };
     // Strings and integers only: serializing cannot fail.
     serde_json::to_string(&topology).unwrap_or_default()
@@ -734,6 +743,7 @@ mod tests {
             replication_password: "replication secret",
             control_token: "token",
             synchronous_standbys: 0,
+            system_identifier: None,
         }
     }
 
@@ -975,8 +985,17 @@ mod tests {
                 "port": 5432,
                 "replicas": 3,
                 "statefulset": "my-cluster-postgresql",
+                "clusterUid": "0b5a5c2e-0000-4000-8000-000000000001",
             })
         );
+        let recorded = build(
+            &cluster,
+            &BuildInput {
+                system_identifier: Some("7312345678901234567"),
+                ..input("postgres")
+            },
+        );
+        assert_eq!(json(&recorded)["systemIdentifier"], "7312345678901234567");
         let moved = build(
             &cluster,
             &BuildInput {

@@ -144,7 +144,10 @@ pub fn unavailability(instances: &[ObservedInstance], primary: &str) -> String {
                 ReportedRole::Primary if !report.ready => "not ready".to_owned(),
                 ReportedRole::Primary => "available".to_owned(),
                 ReportedRole::Replica => "runs as a replica".to_owned(),
-                ReportedRole::Starting => "its server is not running".to_owned(),
+                ReportedRole::Starting => match &report.message {
+                    Some(why) => format!("its server is not running: {why}"),
+                    None => "its server is not running".to_owned(),
+                },
             },
         },
     }

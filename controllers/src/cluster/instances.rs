@@ -115,6 +115,16 @@ pub struct InstanceReport {
     /// managers do not say.
     #[serde(default)]
     pub following: Option<String>,
+    /// The system identifier of the database the server runs.
+    #[serde(default)]
+    pub system_identifier: Option<String>,
+    /// The uid of the PostgreSQLCluster whose instance made the database with initdb; none
+    /// for data made otherwise.
+    #[serde(default)]
+    pub initialized_by: Option<String>,
+    /// Why an instance whose server does not run waits.
+    #[serde(default)]
+    pub message: Option<String>,
 }
 
 /// Why an instance has no report. Each reason has one fixed description, stable from one
@@ -554,6 +564,9 @@ mod tests {
             streaming: false,
             pending_restart: Vec::new(),
             following: None,
+            system_identifier: None,
+            initialized_by: None,
+            message: None,
         }
     }
 

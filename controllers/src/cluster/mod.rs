@@ -39,6 +39,7 @@ mod cache;
 mod drift;
 mod echoes;
 pub mod failover;
+pub mod identity;
 pub mod instances;
 mod memory;
 mod read;
@@ -599,6 +600,8 @@ async fn reconcile_cluster(
     };
     let validated = info_span!("validate").in_scope(|| validate::validate(cluster, &facts));
     let label_changes = roles::label_changes(&live.instances, &primary);
+    let system_identifier =
+        identity::recorded_system_identifier(cluster.status.as_ref(), &live.instances, &primary);
     let instances = live.instances.clone();
     let addresses = live.addresses.clone();
     let outcome = match validated {
@@ -610,7 +613,10 @@ async fn reconcile_cluster(
                 live,
                 &primary,
                 &label_changes,
-                synchronous_standbys,
+                Built {
+                    synchronous_standbys,
+                    system_identifier: system_identifier.as_deref(),
+                },
             )
             .await?
         }
@@ -626,8 +632,10 @@ async fn reconcile_cluster(
     let backups: Vec<&PostgreSQLBackup> = backups.iter().map(AsRef::as_ref).collect();
     let restores = context.restores_of(cluster);
     let restores: Vec<&PostgreSQLRestore> = restores.iter().map(AsRef::as_ref).collect();
-    let bootstrap = restores::bootstrap(cluster, &restores, cluster.status.as_ref());
+    let gate = bootstrap_gate(cluster, &instances, &primary);
+    let bootstrap = restores::bootstrap(cluster, &restores, cluster.status.as_ref(), &gate);
     if matches!(bootstrap, Some(restores::Bootstrap::InProgress(_)))
+        && gate == identity::BootstrapGate::Proceed
         && outcome.issue.as_ref().is_none_or(|i| !i.invalid_spec)
     {
         ensure_bootstrap_restore(context, cluster, &restores, &namespace)
@@ -683,6 +691,19 @@ fn live_replicas(live: &read::LiveChildren, spec_replicas: i32) -> i32 {
         .as_ref()
         .and_then(|sts| sts.spec.as_ref()?.replicas)
         .unwrap_or(spec_replicas)
+}
+
+/// What the designated primary's data says about the cluster's bootstrap restore.
+fn bootstrap_gate(
+    cluster: &PostgreSQLCluster,
+    instances: &[instances::ObservedInstance],
+    primary: &str,
+) -> identity::BootstrapGate {
+    let report = instances
+        .iter()
+        .find(|instance| instance.pod == primary)
+        .and_then(instances::ObservedInstance::reported);
+    identity::bootstrap_gate(cluster.metadata.uid.as_deref(), report)
 }
 
 /// Whether a restore into the cluster runs (its `Restoring` condition is True).
@@ -747,7 +768,8 @@ async fn record_primary_change(
     let backups: Vec<&PostgreSQLBackup> = backups.iter().map(AsRef::as_ref).collect();
     let restores = context.restores_of(cluster);
     let restores: Vec<&PostgreSQLRestore> = restores.iter().map(AsRef::as_ref).collect();
-    let bootstrap = restores::bootstrap(cluster, &restores, cluster.status.as_ref());
+    let gate = bootstrap_gate(cluster, &live.instances, &change.to);
+    let bootstrap = restores::bootstrap(cluster, &restores, cluster.status.as_ref(), &gate);
     let observation = Observation {
         generation: cluster.metadata.generation,
         desired_replicas: live_replicas(&live, cluster.spec.replicas),
@@ -1011,6 +1033,13 @@ fn invalid_spec_outcome(
     }
 }
 
+/// What the children are built from besides the spec and the primary.
+#[derive(Clone, Copy)]
+struct Built<'a> {
+    synchronous_standbys: u32,
+    system_identifier: Option<&'a str>,
+}
+
 /// Builds and applies the effective spec of a valid cluster, then the pods' role labels;
 /// changes it holds back become the issue reported in the status.
 async fn apply_validated(
@@ -1020,7 +1049,7 @@ async fn apply_validated(
     live: read::LiveChildren,
     primary: &str,
     label_changes: &[roles::LabelChange],
-    synchronous_standbys: u32,
+    built: Built<'_>,
 ) -> Result<Outcome, Error> {
     let validate::Validation {
         effective,
@@ -1040,7 +1069,8 @@ async fn apply_validated(
         superuser_password: &superuser_password,
         replication_password: &replication_password,
         control_token: &control_token,
-        synchronous_standbys,
+        synchronous_standbys: built.synchronous_standbys,
+        system_identifier: built.system_identifier,
     };
     let key = format!("{namespace}/{}", effective.name);
     let fingerprint = settled::fingerprint(&effective, &input, &live).map_err(Error::Serialize)?;
@@ -1370,6 +1400,9 @@ mod tests {
                 streaming,
                 pending_restart: Vec::new(),
                 following: None,
+                system_identifier: None,
+                initialized_by: None,
+                message: None,
             }),
         };
         let primary = "db-postgresql-0";

@@ -9,7 +9,11 @@
 //!   PostgreSQLRestore named `<cluster>-bootstrap` that the cluster controller creates and
 //!   owns. Until it completed the cluster is not Ready; if it failed the cluster is Failed and
 //!   says why (deleting the failed restore makes the controller try again). Once True it stays
-//!   True: the restore is never run again, even if its object is deleted later.
+//!   True: the restore is never run again, even if its object is deleted later. The restore is
+//!   made only once the primary reports a database this cluster made (see
+//!   [`identity::bootstrap_gate`](super::identity::bootstrap_gate)): over volumes that already
+//!   held the cluster's data (the cluster was deleted and applied again) it is skipped, and the
+//!   condition is True with the reason `ExistingData`.
 
 use std::collections::BTreeMap;
 
@@ -20,6 +24,7 @@ use pgkube_crds::{
     PostgreSQLRestoreSpec, RestorePhase,
 };
 
+use super::identity::BootstrapGate;
 use crate::names::{self, NameKind};
 
 /// Condition type: whether a restore into the cluster is running.
@@ -38,7 +43,13 @@ pub enum Bootstrap {
     InProgress(String),
     /// The restore failed: the cluster is Failed.
     Failed(String),
+    /// Not run, for good: the volumes already held a database this cluster did not make (see
+    /// [`BootstrapGate`]).
+    Skipped(String),
 }
+
+/// The `Bootstrapped` condition's reason for a skipped bootstrap.
+const EXISTING_DATA: &str = "ExistingData";
 
 impl Bootstrap {
     /// The `Bootstrapped` condition (its transition time is set by the caller).
@@ -47,6 +58,7 @@ impl Bootstrap {
             Self::Restored(message) => ("True", "Restored", message),
             Self::InProgress(message) => ("False", "Restoring", message),
             Self::Failed(message) => ("False", "RestoreFailed", message),
+            Self::Skipped(message) => ("True", EXISTING_DATA, message),
         };
         Condition {
             type_: BOOTSTRAPPED.to_owned(),
@@ -96,12 +108,13 @@ pub fn bootstrap_restore(cluster: &PostgreSQLCluster) -> Option<PostgreSQLRestor
     Some(restore)
 }
 
-/// Where the bootstrap of `cluster` stands, from its restores and its previous status; `None`
-/// when the cluster does not bootstrap from a backup.
+/// Where the bootstrap of `cluster` stands, from its restores, its previous status and what
+/// the primary's data says (`gate`); `None` when the cluster does not bootstrap from a backup.
 pub fn bootstrap(
     cluster: &PostgreSQLCluster,
     restores: &[&PostgreSQLRestore],
     previous: Option<&PostgreSQLClusterStatus>,
+    gate: &BootstrapGate,
 ) -> Option<Bootstrap> {
     cluster.spec.bootstrap.as_ref()?;
     let done = previous
@@ -109,13 +122,21 @@ pub fn bootstrap(
         .flat_map(|status| &status.conditions)
         .find(|c| c.type_ == BOOTSTRAPPED && c.status == "True");
     if let Some(done) = done {
-        return Some(Bootstrap::Restored(done.message.clone()));
+        return Some(if done.reason == EXISTING_DATA {
+            Bootstrap::Skipped(done.message.clone())
+        } else {
+            Bootstrap::Restored(done.message.clone())
+        });
     }
     let name = bootstrap_restore_name(&cluster.name_any());
     let Some(restore) = restores.iter().find(|r| r.name_any() == name) else {
-        return Some(Bootstrap::InProgress(format!(
-            "creating the bootstrap restore {name}"
-        )));
+        return Some(match gate {
+            BootstrapGate::Proceed => {
+                Bootstrap::InProgress(format!("creating the bootstrap restore {name}"))
+            }
+            BootstrapGate::Wait(why) => Bootstrap::InProgress(why.clone()),
+            BootstrapGate::Skip(why) => Bootstrap::Skipped(why.clone()),
+        });
     };
     let status = restore.status.clone().unwrap_or_default();
     let message = status.message.clone().unwrap_or_default();
@@ -276,30 +297,58 @@ mod tests {
     #[test]
     fn the_bootstrap_progresses_with_its_restore_and_stays_done() {
         let main = cluster(true);
+        let go = BootstrapGate::Proceed;
         assert!(matches!(
-            bootstrap(&main, &[], None),
+            bootstrap(&main, &[], None, &go),
             Some(Bootstrap::InProgress(_))
         ));
         let running = restore("main-bootstrap", Some(RestorePhase::Running), 0);
         assert!(matches!(
-            bootstrap(&main, &[&running], None),
+            bootstrap(&main, &[&running], None, &go),
             Some(Bootstrap::InProgress(message)) if message.contains("is Running")
         ));
         let failed = restore("main-bootstrap", Some(RestorePhase::Failed), 0);
-        let Some(Bootstrap::Failed(why)) = bootstrap(&main, &[&failed], None) else {
+        let Some(Bootstrap::Failed(why)) = bootstrap(&main, &[&failed], None, &go) else {
             panic!("failed");
         };
         assert!(why.contains("main-bootstrap says"), "{why}");
         let completed = restore("main-bootstrap", Some(RestorePhase::Completed), 0);
-        let done = bootstrap(&main, &[&completed], None).expect("state");
+        let done = bootstrap(&main, &[&completed], None, &go).expect("state");
         assert!(matches!(&done, Bootstrap::Restored(m) if m.contains("backup nightly")));
         // Recorded once, it holds even when the restore object is gone.
         let previous = PostgreSQLClusterStatus {
             conditions: vec![done.condition()],
             ..PostgreSQLClusterStatus::default()
         };
-        assert_eq!(bootstrap(&main, &[], Some(&previous)), Some(done));
-        assert_eq!(bootstrap(&cluster(false), &[], None), None);
+        assert_eq!(bootstrap(&main, &[], Some(&previous), &go), Some(done));
+        assert_eq!(bootstrap(&cluster(false), &[], None, &go), None);
+    }
+
+    #[test]
+    fn over_data_the_cluster_did_not_make_the_bootstrap_is_skipped_for_good() {
+        let main = cluster(true);
+        let wait = BootstrapGate::Wait("no report".to_owned());
+        assert_eq!(
+            bootstrap(&main, &[], None, &wait),
+            Some(Bootstrap::InProgress("no report".to_owned()))
+        );
+        let skip = BootstrapGate::Skip("earlier data".to_owned());
+        let skipped = bootstrap(&main, &[], None, &skip).expect("state");
+        assert_eq!(skipped, Bootstrap::Skipped("earlier data".to_owned()));
+        let condition = skipped.condition();
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("True", "ExistingData")
+        );
+        // Recorded once, it stays skipped whatever the primary reports later.
+        let previous = PostgreSQLClusterStatus {
+            conditions: vec![condition],
+            ..PostgreSQLClusterStatus::default()
+        };
+        assert_eq!(
+            bootstrap(&main, &[], Some(&previous), &BootstrapGate::Proceed),
+            Some(skipped)
+        );
     }
 
     #[test]

@@ -118,6 +118,9 @@ mod tests {
                     streaming: role == ReportedRole::Replica,
                     pending_restart: Vec::new(),
                     following: None,
+                    system_identifier: None,
+                    initialized_by: None,
+                    message: None,
                 })
                 .ok_or(Unavailable::Unreachable),
         }

@@ -89,6 +89,7 @@ pub fn fingerprint(
         input.image_repository,
         input.instance_manager_image,
         input.primary,
+        input.system_identifier.unwrap_or_default(),
     ] {
         write_text(&mut hasher, text);
     }
@@ -175,6 +176,7 @@ mod tests {
             replication_password: password,
             control_token: password,
             synchronous_standbys: 0,
+            system_identifier: None,
         }
     }
 

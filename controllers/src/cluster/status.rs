@@ -27,7 +27,7 @@ use pgkube_crds::{
 use super::backups::summarize;
 use super::build::VERSION_ANNOTATION;
 use super::failover::PRIMARY_AVAILABLE;
-use super::instances::{Lsn, ObservedInstance, ReportedRole};
+use super::instances::{InstanceReport, Lsn, ObservedInstance, ReportedRole};
 use super::restores::{Bootstrap, restoring_condition};
 use super::roles::pod_name;
 
@@ -135,6 +135,11 @@ pub fn compute(observation: Observation<'_>, now: Timestamp) -> PostgreSQLCluste
         target_primary,
         primary_change,
         instances: instance_statuses(observation),
+        system_identifier: super::identity::recorded_system_identifier(
+            observation.previous,
+            observation.instances,
+            observation.primary,
+        ),
         observed_generation: observation.generation,
         conditions,
         last_successful_backup: backups.last_successful,
@@ -218,7 +223,7 @@ fn primary_problem(observation: Observation<'_>) -> Option<String> {
             ReportedRole::Primary if report.ready => None,
             ReportedRole::Primary => Some("not ready".to_owned()),
             ReportedRole::Replica => Some("reports a replica".to_owned()),
-            ReportedRole::Starting => Some("starting".to_owned()),
+            ReportedRole::Starting => Some(starting(report)),
         },
     }
 }
@@ -234,7 +239,7 @@ fn replica_problem(instances: &[ObservedInstance], pod: &str) -> Option<String> 
             ReportedRole::Replica if report.streaming => None,
             ReportedRole::Replica => Some("not streaming".to_owned()),
             ReportedRole::Primary => Some("reports a primary".to_owned()),
-            ReportedRole::Starting => Some("starting".to_owned()),
+            ReportedRole::Starting => Some(starting(report)),
         },
     }
 }
@@ -269,6 +274,15 @@ fn instance_status(instance: &ObservedInstance, primary_lsn: Option<Lsn>) -> Ins
         timeline: report.and_then(|r| r.timeline),
         lag_bytes: lag.map(|bytes| i64::try_from(bytes).unwrap_or(i64::MAX)),
         streaming: replica.map(|r| r.streaming),
+        message: report.and_then(|r| r.message.clone()),
+    }
+}
+
+/// What an instance whose server does not run is doing: starting, or waiting and why.
+fn starting(report: &InstanceReport) -> String {
+    match &report.message {
+        Some(why) => format!("waiting: {why}"),
+        None => "starting".to_owned(),
     }
 }
 
@@ -768,6 +782,9 @@ mod tests {
             streaming: role == ReportedRole::Replica,
             pending_restart: Vec::new(),
             following: None,
+            system_identifier: None,
+            initialized_by: None,
+            message: None,
         }
     }
 
@@ -1015,6 +1032,7 @@ mod tests {
             timeline: None,
             lag_bytes: None,
             streaming: None,
+            message: None,
         });
         assert_eq!(difference(&instances, Some(&first)), Difference::Details);
 

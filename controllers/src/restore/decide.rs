@@ -418,6 +418,7 @@ mod tests {
                 timeline: None,
                 lag_bytes: None,
                 streaming: None,
+                message: None,
             }],
             ..PostgreSQLClusterStatus::default()
         });

@@ -144,6 +144,9 @@ impl SimulatedInstances {
             streaming: !primary,
             pending_restart: Vec::new(),
             following: None,
+            system_identifier: None,
+            initialized_by: None,
+            message: None,
         }
     }
 

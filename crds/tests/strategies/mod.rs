@@ -390,15 +390,17 @@ fn instance_status() -> impl Strategy<Value = InstanceStatus> {
         of(1i64..20),
         of(0i64..1 << 40),
         of(any::<bool>()),
+        of(name()),
     )
         .prop_map(
-            |(name, role, ready, timeline, lag_bytes, streaming)| InstanceStatus {
+            |(name, role, ready, timeline, lag_bytes, streaming, message)| InstanceStatus {
                 name,
                 role,
                 ready,
                 timeline,
                 lag_bytes,
                 streaming,
+                message,
             },
         )
 }
@@ -426,13 +428,24 @@ pub fn cluster_status() -> impl Strategy<Value = PostgreSQLClusterStatus> {
         of(0i64..100),
         (of(name()), of(primary_change())),
     );
-    let history = (conditions(), of(time()), of(time()), of(name()));
+    let history = (
+        conditions(),
+        of(time()),
+        of(time()),
+        of(name()),
+        of("[1-9][0-9]{18}"),
+    );
     (state, history).prop_map(|(state, history)| {
         let (phase, ready_replicas, current_version, current_primary, instances, observed, change) =
             state;
         let (target_primary, primary_change) = change;
-        let (conditions, last_scheduled_backup, next_scheduled_backup, last_successful_backup) =
-            history;
+        let (
+            conditions,
+            last_scheduled_backup,
+            next_scheduled_backup,
+            last_successful_backup,
+            system_identifier,
+        ) = history;
         PostgreSQLClusterStatus {
             phase,
             ready_replicas,
@@ -441,6 +454,7 @@ pub fn cluster_status() -> impl Strategy<Value = PostgreSQLClusterStatus> {
             target_primary,
             primary_change,
             instances,
+            system_identifier,
             observed_generation: observed,
             conditions,
             last_scheduled_backup,

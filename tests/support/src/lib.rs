@@ -113,6 +113,7 @@ mod process;
 pub mod proxy;
 mod restore;
 mod service;
+mod volume;
 mod wait;
 
 pub use admission::TestAdmission;

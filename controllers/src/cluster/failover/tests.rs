@@ -40,6 +40,9 @@ fn reporting(
             streaming: replica,
             pending_restart: Vec::new(),
             following: following.map(pod),
+            system_identifier: None,
+            initialized_by: None,
+            message: None,
         }),
     }
 }
