@@ -3,10 +3,22 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use crate::events::Recorder;
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
+
+/// First and longest retry delay after an error.
+const BACKOFF_BASE: Duration = Duration::from_secs(2);
+const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// `BACKOFF_BASE * 2^(failures - 1)`, at most `BACKOFF_MAX`: the retry delay of the cluster
+/// and backup controllers after `failures` consecutive failures of one object.
+pub(crate) fn backoff(failures: u32) -> Duration {
+    let factor = 2u32.saturating_pow(failures.saturating_sub(1));
+    BACKOFF_BASE.saturating_mul(factor).min(BACKOFF_MAX)
+}
 
 /// Consecutive failures by `namespace/name`; cleared by a success.
 #[derive(Default)]
@@ -52,7 +64,7 @@ impl Retries {
             )
             .await;
         });
-        Action::requeue(crate::cluster::backoff(failures))
+        Action::requeue(backoff(failures))
     }
 
     fn failures(&self) -> MutexGuard<'_, HashMap<String, u32>> {
@@ -69,4 +81,17 @@ fn key<K: ResourceExt>(object: &K) -> String {
         object.namespace().unwrap_or_default(),
         object.name_any()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_per_failure_up_to_a_maximum() {
+        assert_eq!(backoff(1), Duration::from_secs(2));
+        assert_eq!(backoff(2), Duration::from_secs(4));
+        assert_eq!(backoff(5), Duration::from_secs(32));
+        assert_eq!(backoff(40), BACKOFF_MAX);
+    }
 }

@@ -23,7 +23,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::Running;
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use pgkube_crds::{PostgreSQLCluster, PrimaryChange, PrimaryChangeKind};
@@ -486,5 +490,128 @@ async fn a_primary_cut_from_the_operator_but_alive_is_fenced_then_rejoins() {
         back.is_empty(),
         "-rw resolved to {old} again, {back:?} s after it moved to {new}"
     );
+    running.stop().await;
+}
+
+/// Refuses every create and update of a PodDisruptionBudget in `namespace`, with a
+/// ValidatingAdmissionPolicy (built into the API server, no webhook); removed on drop.
+struct RefusedBudgets {
+    client: kube::Client,
+    name: String,
+}
+
+impl RefusedBudgets {
+    async fn install(client: &kube::Client, namespace: &str) -> RefusedBudgets {
+        let name = format!("refuse-budgets-{namespace}");
+        let policy: ValidatingAdmissionPolicy = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": ["policy"], "apiVersions": ["v1"],
+                    "operations": ["CREATE", "UPDATE"], "resources": ["poddisruptionbudgets"],
+                }]},
+                "validations": [{"expression": "false", "message": "budgets are refused in this test"}],
+            },
+        }))
+        .expect("a policy");
+        let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Deny"],
+                "matchResources": {"namespaceSelector": {
+                    "matchLabels": {"kubernetes.io/metadata.name": namespace},
+                }},
+            },
+        }))
+        .expect("a binding");
+        Api::<ValidatingAdmissionPolicy>::all(client.clone())
+            .create(&Default::default(), &policy)
+            .await
+            .expect("policy created");
+        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+            .create(&Default::default(), &binding)
+            .await
+            .expect("binding created");
+        RefusedBudgets {
+            client: client.clone(),
+            name,
+        }
+    }
+}
+
+impl Drop for RefusedBudgets {
+    fn drop(&mut self) {
+        let (client, name) = (self.client.clone(), self.name.clone());
+        tokio::spawn(async move {
+            let params = DeleteParams::default();
+            let _ = Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+                .delete(&name, &params)
+                .await;
+            let _ = Api::<ValidatingAdmissionPolicy>::all(client)
+                .delete(&name, &params)
+                .await;
+        });
+    }
+}
+
+/// A child that no longer applies (an admission policy refuses the PodDisruptionBudget) fails
+/// every reconcile; the primary is then killed, and the failover still happens within the
+/// delay and the slack: high availability does not wait for the children.
+#[tokio::test]
+async fn a_child_that_does_not_apply_does_not_hold_back_a_failover() {
+    let _serial = SERIAL.lock().await;
+    let Some(running) = Running::start("failover-apply-error", RESYNC).await else {
+        return;
+    };
+    let delay = CRASH_FAILOVER_DELAY_SECONDS;
+    let (cluster, old) = start(&running, json!({"failoverDelaySeconds": delay})).await;
+    let sql = cluster.sql().await.expect("login through rw");
+    sql.batch_execute(
+        "CREATE TABLE items (id int PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 100);",
+    )
+    .await
+    .expect("rows through rw");
+    drop(sql);
+    wait_healthy(&cluster, Some(&old)).await;
+
+    let refused = RefusedBudgets::install(&running.client, running.namespace.name()).await;
+    let budgets = running.api::<PodDisruptionBudget>();
+    let budget = format!("{CLUSTER}-postgresql");
+    // The policy takes effect once the API server's own watch has it: until the budget is
+    // refused, delete it again.
+    wait_until("the budget to be refused", CHANGE_TIMEOUT, || async {
+        let _ = budgets.delete(&budget, &DeleteParams::default()).await;
+        let failed = common::events_with_reason(&running, CLUSTER, "ReconcileFailed").await;
+        let refused = failed.iter().any(|event| {
+            event
+                .note
+                .as_deref()
+                .is_some_and(|note| note.contains("PodDisruptionBudget"))
+        });
+        Ok(refused.then_some(()))
+    })
+    .await
+    .expect("the operator cannot apply the budget");
+    // Failures pile up: each doubles the backoff that an error policy without a cap applies.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+
+    lose(&running, &old, Loss::KillPostmaster).await;
+    let took = cluster
+        .wait_writable("INSERT INTO items VALUES (101)", failover_budget(delay))
+        .await
+        .unwrap_or_else(|error| {
+            panic!("a write through rw although the budget does not apply: {error:#}")
+        });
+    eprintln!("the first write through rw {took:?} after the kill, with a child refused");
+    let change =
+        wait_primary_change(&cluster, PrimaryChangeKind::Failover, &old, CHANGE_TIMEOUT).await;
+    let on_new = cluster
+        .sql_to_pod(&change.to)
+        .await
+        .expect("login to the new primary");
+    assert_eq!(count_items(&on_new).await, 101, "every committed row");
+    drop(refused);
     running.stop().await;
 }

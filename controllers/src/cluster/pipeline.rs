@@ -1,0 +1,434 @@
+//! The pipeline of one reconcile, one span per step under the root span `reconcile`: `read`
+//! the live children and what the instances report -> high availability first, apart from the
+//! children (see [`ha`](super::ha)) -> `validate` (pure) -> `build` (pure) -> `apply` what
+//! differs -> the bootstrap restore, if any -> `status` -> when to look again.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use pgkube_crds::{
+    ClusterPhase, PostgreSQLBackup, PostgreSQLCluster, PostgreSQLClusterStatus, PostgreSQLRestore,
+};
+use rand::Rng;
+use rand::distr::Alphanumeric;
+use tracing::{Instrument, field, info_span};
+
+use super::build::ChildNames;
+use super::context::ClusterContext;
+use super::report::{StatusStep, write_status};
+use super::status::{Issue, Observation};
+use super::validate::LiveFacts;
+use super::{
+    Error, INSTANCE_REFRESH, SOLE_INSTANCE_REFRESH, WAIT_REQUEUE, apply, bootstrap, build,
+    failover, ha, instances, read, roles, settled, validate,
+};
+
+/// The pipeline for a cluster that is not being deleted.
+pub(super) async fn reconcile_cluster(
+    cluster: &PostgreSQLCluster,
+    context: &ClusterContext,
+) -> Result<Action, Error> {
+    let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
+    let names = ChildNames::for_cluster(&cluster.name_any());
+    let primary = roles::designated_primary(cluster.status.as_ref(), &names);
+    let source = context.base.settings.instance_status.as_ref();
+    let stores = context
+        .children_in(&namespace)
+        .ok_or(Error::Invariant("no cache of the cluster's namespace"))?;
+    let live = async {
+        stores.ready().await?;
+        Ok::<_, Error>(read::read(stores, &namespace, &names, source).await)
+    }
+    .instrument(info_span!("read"))
+    .await?;
+    let ha = match ha::step(cluster, context, &names, &live, &primary).await? {
+        ha::Step::Recorded(action) => return Ok(action),
+        ha::Step::Continue(carried) => carried,
+    };
+    let synchronous_standbys = synchronous_standbys(cluster, &live.instances, &primary);
+    let facts = LiveFacts {
+        primary_ordinal: roles::ordinal(&names.statefulset, &primary),
+        ..live.facts()
+    };
+    let validated = info_span!("validate").in_scope(|| validate::validate(cluster, &facts));
+    let system_identifier = super::identity::recorded_system_identifier(
+        cluster.status.as_ref(),
+        &live.instances,
+        &primary,
+    );
+    let instances = live.instances.clone();
+    let outcome = match validated {
+        Ok(validation) => {
+            let built = Built {
+                primary: &primary,
+                synchronous_standbys,
+                system_identifier: system_identifier.as_deref(),
+            };
+            apply_validated(context, &namespace, validation, live, built).await?
+        }
+        Err(invalid) => invalid_spec_outcome(cluster, live, invalid),
+    };
+    let backups = context.backups_of(cluster);
+    let backups: Vec<&PostgreSQLBackup> = backups.iter().map(AsRef::as_ref).collect();
+    let restores = context.restores_of(cluster);
+    let restores: Vec<&PostgreSQLRestore> = restores.iter().map(AsRef::as_ref).collect();
+    let bootstrap =
+        bootstrap::step(context, cluster, &instances, &primary, &restores, &outcome).await?;
+    let observation = Observation {
+        generation: cluster.metadata.generation,
+        desired_replicas: outcome.desired_replicas,
+        statefulset: outcome.statefulset.as_deref(),
+        issue: outcome.issue.as_ref(),
+        previous: cluster.status.as_ref(),
+        statefulset_name: &names.statefulset,
+        primary: &primary,
+        instances: &instances,
+        backups: &backups,
+        restores: &restores,
+        bootstrap: bootstrap.as_ref(),
+        failover_waiting: ha.waiting.as_deref(),
+    };
+    let StatusStep {
+        status: new_status,
+        held_for,
+    } = Box::pin(write_status(cluster, context, observation))
+        .instrument(info_span!("status", held_ms = field::Empty))
+        .await?;
+    let mut next = next_look(
+        &outcome,
+        &new_status,
+        !instances.is_empty(),
+        context.base.settings.resync_interval,
+    );
+    if ha::has_standbys(&new_status, outcome.desired_replicas) {
+        next = next.min(failover::watch_period(ha.failover_delay, ha.urgent));
+    }
+    // A held-back change is written at the latest when its hold ends.
+    if let Some(held_for) = held_for {
+        next = next.min(held_for);
+    }
+    Ok(Action::requeue(next))
+}
+
+/// Standbys each commit waits for: as many replicas as stream, within the spec's
+/// `[minStandbys, maxStandbys]` and never more than the cluster's other instances; 0 without
+/// synchronous replication.
+fn synchronous_standbys(
+    cluster: &PostgreSQLCluster,
+    instances: &[instances::ObservedInstance],
+    primary: &str,
+) -> u32 {
+    let Some(sync) = cluster
+        .spec
+        .high_availability
+        .as_ref()
+        .and_then(|ha| ha.synchronous.as_ref())
+    else {
+        return 0;
+    };
+    let streaming = instances
+        .iter()
+        .filter(|instance| instance.pod != primary)
+        .filter(|instance| instance.reported().is_some_and(|report| report.streaming))
+        .count();
+    let streaming = u32::try_from(streaming).unwrap_or(u32::MAX);
+    let others = u32::try_from(cluster.spec.replicas.saturating_sub(1)).unwrap_or(0);
+    streaming
+        .clamp(sync.min_standbys, sync.max_standbys.max(sync.min_standbys))
+        .min(others)
+}
+
+/// When to reconcile again although nothing changed.
+fn next_look(
+    outcome: &Outcome,
+    status: &PostgreSQLClusterStatus,
+    has_pods: bool,
+    resync: Duration,
+) -> Duration {
+    // An invalid spec or a held-back change waits for the user to edit the spec, which the
+    // watch reports: no need to look again sooner than the resync (or the instances' refresh).
+    let invalid_spec = outcome.issue.as_ref().is_some_and(|i| i.invalid_spec);
+    let caught_up = status.phase == Some(ClusterPhase::Running)
+        && !outcome.expansion_pending
+        && (outcome.issue.is_none() || outcome.held_back);
+    let wait = if invalid_spec || caught_up {
+        resync
+    } else {
+        WAIT_REQUEUE.min(resync)
+    };
+    if !has_pods {
+        return wait;
+    }
+    let sole_instance = outcome.desired_replicas == 1 && status.ready_replicas == 1;
+    if caught_up && sole_instance {
+        wait.min(SOLE_INSTANCE_REFRESH)
+    } else {
+        wait.min(INSTANCE_REFRESH)
+    }
+}
+
+/// What a reconcile's apply step left for the status step.
+pub(super) struct Outcome {
+    /// The StatefulSet as it is now, if it exists.
+    statefulset: Option<Arc<StatefulSet>>,
+    /// Why the cluster does not (fully) follow its spec.
+    pub issue: Option<Issue>,
+    /// `issue` is a change held back (the cluster runs from its last accepted state).
+    held_back: bool,
+    expansion_pending: bool,
+    /// Replicas the StatefulSet should have.
+    desired_replicas: i32,
+}
+
+/// An invalid spec applies nothing: the children stay as they are.
+fn invalid_spec_outcome(
+    cluster: &PostgreSQLCluster,
+    live: read::LiveChildren,
+    invalid: validate::InvalidSpec,
+) -> Outcome {
+    tracing::warn!(message = %invalid, "invalid spec; children left as they are");
+    // The StatefulSet keeps its replicas: judge readiness against those.
+    let replicas = live
+        .statefulset
+        .as_ref()
+        .and_then(|sts| sts.spec.as_ref()?.replicas)
+        .unwrap_or(cluster.spec.replicas);
+    Outcome {
+        statefulset: live.statefulset,
+        issue: Some(Issue {
+            reason: "InvalidSpec".to_owned(),
+            message: invalid.0,
+            invalid_spec: true,
+        }),
+        held_back: false,
+        expansion_pending: false,
+        desired_replicas: replicas,
+    }
+}
+
+/// What the children are built from besides the spec and the primary.
+#[derive(Clone, Copy)]
+struct Built<'a> {
+    /// The designated primary.
+    primary: &'a str,
+    synchronous_standbys: u32,
+    system_identifier: Option<&'a str>,
+}
+
+/// Builds and applies the effective spec of a valid cluster; changes it holds back become the
+/// issue reported in the status.
+async fn apply_validated(
+    context: &ClusterContext,
+    namespace: &str,
+    validation: validate::Validation,
+    live: read::LiveChildren,
+    built: Built<'_>,
+) -> Result<Outcome, Error> {
+    let validate::Validation {
+        effective,
+        refusals,
+    } = validation;
+    let refusal = refusal_issue(&refusals);
+    if let Some(refusal) = &refusal {
+        tracing::warn!(reason = %refusal.reason, message = %refusal.message, "change held back; applying the rest of the spec");
+    }
+    let settings = &context.base.settings;
+    let (superuser_password, replication_password) = (generate_password(), generate_password());
+    let control_token = generate_token();
+    let input = build::BuildInput {
+        image_repository: &settings.postgres_image_repository,
+        instance_manager_image: &settings.agent_image,
+        primary: built.primary,
+        superuser_password: &superuser_password,
+        replication_password: &replication_password,
+        control_token: &control_token,
+        synchronous_standbys: built.synchronous_standbys,
+        system_identifier: built.system_identifier,
+    };
+    let key = format!("{namespace}/{}", effective.name);
+    let fingerprint = settled::fingerprint(&effective, &input, &live).map_err(Error::Serialize)?;
+    // Build and compare only when something the children depend on changed since they were
+    // last found up to date; otherwise both would find the same again (see `settled`).
+    let desired = (!context.settled.is_settled(&key, &fingerprint))
+        .then(|| info_span!("build").in_scope(|| build::build(&effective, &input)));
+    let compared = desired.is_some();
+    let apply_span = info_span!("apply", writes = field::Empty, settled = !compared);
+    let applied = Box::pin(apply::apply(
+        &context.base.client,
+        namespace,
+        desired,
+        live,
+        effective.storage_gib,
+    ))
+    .instrument(apply_span.clone())
+    .await?;
+    if compared {
+        context
+            .settled
+            .record(&key, fingerprint, applied.children_writes > 0);
+    }
+    apply_span.record("writes", applied.children_writes + applied.volume_writes);
+    Ok(Outcome {
+        statefulset: Some(applied.statefulset),
+        held_back: refusal.is_some(),
+        // A refusal needs the user's attention first; a volume that cannot grow comes next.
+        issue: refusal.or(applied.issue),
+        expansion_pending: applied.expansion_pending,
+        desired_replicas: effective.replicas,
+    })
+}
+
+/// One issue for all refused changes: the first one's reason, every message.
+fn refusal_issue(refusals: &[validate::Refusal]) -> Option<Issue> {
+    let first = refusals.first()?;
+    let message = refusals
+        .iter()
+        .map(validate::Refusal::message)
+        .collect::<Vec<_>>()
+        .join("; ");
+    Some(Issue {
+        reason: first.reason().to_owned(),
+        message,
+        invalid_spec: false,
+    })
+}
+
+/// A random control token: 32 bytes in hexadecimal.
+fn generate_token() -> String {
+    let bytes: [u8; 32] = rand::rng().random();
+    hex::encode(bytes)
+}
+
+/// A random 32-character alphanumeric password.
+fn generate_password() -> String {
+    rand::rng()
+        .sample_iter(&Alphanumeric)
+        .take(32)
+        .map(char::from)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_cluster_with_pods_is_looked_at_again_within_the_instance_refresh() {
+        let outcome = |issue: Option<Issue>| Outcome {
+            statefulset: None,
+            issue,
+            held_back: false,
+            expansion_pending: false,
+            desired_replicas: 3,
+        };
+        let running = PostgreSQLClusterStatus {
+            phase: Some(ClusterPhase::Running),
+            ..PostgreSQLClusterStatus::default()
+        };
+        let creating = PostgreSQLClusterStatus {
+            phase: Some(ClusterPhase::Creating),
+            ..PostgreSQLClusterStatus::default()
+        };
+        let resync = Duration::from_secs(300);
+        assert_eq!(next_look(&outcome(None), &running, false, resync), resync);
+        assert_eq!(
+            next_look(&outcome(None), &running, true, resync),
+            INSTANCE_REFRESH
+        );
+        // One running instance: its readiness comes through the StatefulSet's watch.
+        let sole = Outcome {
+            desired_replicas: 1,
+            ..outcome(None)
+        };
+        let running_one = PostgreSQLClusterStatus {
+            ready_replicas: 1,
+            ..running.clone()
+        };
+        assert_eq!(
+            next_look(&sole, &running_one, true, resync),
+            SOLE_INSTANCE_REFRESH
+        );
+        let creating_one = PostgreSQLClusterStatus {
+            phase: Some(ClusterPhase::Creating),
+            ..running_one.clone()
+        };
+        assert_eq!(next_look(&sole, &creating_one, true, resync), WAIT_REQUEUE);
+        assert_eq!(
+            next_look(&outcome(None), &creating, true, resync),
+            WAIT_REQUEUE
+        );
+        let invalid = Issue {
+            reason: "InvalidSpec".to_owned(),
+            message: "bad".to_owned(),
+            invalid_spec: true,
+        };
+        assert_eq!(
+            next_look(&outcome(Some(invalid)), &creating, false, resync),
+            resync
+        );
+        // A short resync (tests) wins.
+        let short = Duration::from_secs(2);
+        assert_eq!(next_look(&outcome(None), &running, true, short), short);
+    }
+
+    #[test]
+    fn commits_wait_for_the_streaming_replicas_within_the_bounds() {
+        use instances::{InstanceReport, ObservedInstance, ReportedRole};
+        let cluster = |synchronous: serde_json::Value| -> PostgreSQLCluster {
+            serde_json::from_value(json!({
+                "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLCluster",
+                "metadata": {"name": "db"},
+                "spec": {"replicas": 4, "storage": "1Gi",
+                         "highAvailability": {"synchronous": synchronous}}
+            }))
+            .expect("a cluster")
+        };
+        let instance = |ordinal: i32, streaming: bool| ObservedInstance {
+            pod: format!("db-postgresql-{ordinal}"),
+            uid: None,
+            role_label: None,
+            report: Ok(InstanceReport {
+                pod: format!("db-postgresql-{ordinal}"),
+                role: ReportedRole::Replica,
+                ready: true,
+                timeline: Some(1),
+                current_lsn: None,
+                received_lsn: None,
+                replayed_lsn: None,
+                streaming,
+                pending_restart: Vec::new(),
+                following: None,
+                system_identifier: None,
+                initialized_by: None,
+                message: None,
+            }),
+        };
+        let primary = "db-postgresql-0";
+        let none_stream = [instance(1, false), instance(2, false), instance(3, false)];
+        let two_stream = [instance(1, true), instance(2, true), instance(3, false)];
+        let all_stream = [instance(1, true), instance(2, true), instance(3, true)];
+        let one_to_two = cluster(json!({"minStandbys": 1, "maxStandbys": 2}));
+        // At least the minimum, even with none streaming: commits wait rather than go async.
+        assert_eq!(synchronous_standbys(&one_to_two, &none_stream, primary), 1);
+        assert_eq!(synchronous_standbys(&one_to_two, &two_stream, primary), 2);
+        // At most the maximum.
+        assert_eq!(synchronous_standbys(&one_to_two, &all_stream, primary), 2);
+        let without: PostgreSQLCluster = serde_json::from_value(json!({
+            "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLCluster",
+            "metadata": {"name": "db"}, "spec": {"replicas": 4, "storage": "1Gi"}
+        }))
+        .expect("a cluster");
+        assert_eq!(synchronous_standbys(&without, &all_stream, primary), 0);
+    }
+
+    #[test]
+    fn passwords_are_random_and_long() {
+        let one = generate_password();
+        assert_eq!(one.len(), 32);
+        assert_ne!(one, generate_password());
+    }
+}
