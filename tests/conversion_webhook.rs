@@ -141,8 +141,13 @@ async fn the_api_server_converts_through_the_managers_webhook_over_tls() {
             as_beta.labels().get("team").map(String::as_str),
             Some("payments")
         );
+        let down = pgkube_crds::conversion::convert(
+            serde_json::to_value(&as_beta).expect("JSON"),
+            pgkube_crds::v1alpha1::API_VERSION,
+        )
+        .expect("converts down");
         let back: pgkube_crds::PostgreSQLCluster =
-            pgkube_crds::PostgreSQLCluster::from(as_beta.clone());
+            serde_json::from_value(down).expect("a v1alpha1 cluster");
         let stored = alpha.get("made-alpha").await.expect("read in v1alpha1");
         assert_eq!(back.spec, stored.spec);
 
