@@ -12,12 +12,13 @@
 //!
 //! With v1alpha1 stored, then v1beta1: an object written in one version, spec and status, is
 //! read in the other, written back in it (a label added), and read again in the first: the
-//! same, every field there.
+//! same, every field there. Then `pgkube migrate-storage` moves every object back to v1alpha1,
+//! and each reads as before.
 
 mod conversion_common;
 mod manager_common;
 
-use conversion_common::{EXIT_TIMEOUT, holding_the_crds, install, move_storage_to};
+use conversion_common::{EXIT_TIMEOUT, STEP_TIMEOUT, holding_the_crds, install, move_storage_to};
 use futures::FutureExt as _;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams, PostParams};
@@ -25,7 +26,9 @@ use kube::{Client, Resource};
 use manager_common::Manager;
 use pgkube_crds::conversion::V1BETA1_FIELDS_ANNOTATION;
 use pgkube_crds::{StorageVersion, v1alpha1, v1beta1};
-use pgkube_testkit::{TestCa, TestNamespace, converting_crds_storing, install_crds, testbed};
+use pgkube_testkit::{
+    TestCa, TestNamespace, converting_crds_storing, install_crds, testbed, wait_until,
+};
 use serde_json::{Value, json};
 
 #[tokio::test]
@@ -54,18 +57,24 @@ async fn fields_the_webhook_does_not_know_survive_round_trips_through_it() {
         let address = manager.endpoint("webhook").await;
         let crds = |storage| newer_crds(converting_crds_storing(address, &ca.pem(), storage));
 
+        let back = StorageVersion::V1alpha1;
         let scenario = async {
             for storage in [StorageVersion::V1alpha1, StorageVersion::V1beta1] {
                 install(&client, &crds(storage), true).await;
                 round_trips(&client, &ns, storage).await;
             }
+            // `pgkube migrate-storage` rewrites every object in v1alpha1 again, through the
+            // webhook: nothing lost, the fields only v1beta1 has included.
+            let before = snapshot(&client, &ns).await;
+            assert_eq!(before.len(), 5, "four clusters and a backup");
+            move_storage_to(&env, &client, &crds(back), back).await;
+            assert_eq!(snapshot(&client, &ns).await, before);
         };
         let outcome = std::panic::AssertUnwindSafe(scenario).catch_unwind().await;
-        // Whatever happened, every object stored in v1alpha1 again, so that the v1alpha1-only
-        // CRDs can be put back.
-        let stored = StorageVersion::V1alpha1;
-        move_storage_to(&env, &client, &crds(stored), stored).await;
         if let Err(panic) = outcome {
+            // Every object stored in v1alpha1 again, so that the v1alpha1-only CRDs can be put
+            // back.
+            move_storage_to(&env, &client, &crds(back), back).await;
             panic!("{}\n{}", message_of(&panic), manager.output().join("\n"));
         }
         conversion_common::restore_crds(&client).await;
@@ -75,6 +84,37 @@ async fn fields_the_webhook_does_not_know_survive_round_trips_through_it() {
         let _ = std::fs::remove_dir_all(dir);
     })
     .await;
+}
+
+/// Every cluster and backup of `ns` as read in v1beta1: name, labels, annotations, spec and
+/// status.
+async fn snapshot(client: &Client, ns: &str) -> Vec<Value> {
+    let mut objects = Vec::new();
+    for resource in [
+        resource::<v1beta1::PostgreSQLCluster>(),
+        resource::<v1beta1::PostgreSQLBackup>(),
+    ] {
+        // A CRD just changed (migrate-storage sets its storedVersions) is served again after a
+        // moment.
+        let api = api(client, ns, &resource);
+        let list = wait_until("a list in v1beta1", STEP_TIMEOUT, || async {
+            Ok(api.list(&Default::default()).await.ok())
+        })
+        .await
+        .unwrap_or_else(|error| panic!("{error:#}"));
+        for object in list.items {
+            let object = serde_json::to_value(object).expect("JSON");
+            let metadata = &object["metadata"];
+            objects.push(json!([
+                metadata["name"],
+                metadata["labels"],
+                metadata["annotations"],
+                object["spec"],
+                object["status"],
+            ]));
+        }
+    }
+    objects
 }
 
 fn message_of(panic: &Box<dyn std::any::Any + Send>) -> String {
