@@ -15,12 +15,15 @@
 //!   share the CA and certificate of one Secret, the CRDs come to trust that CA, and both serve;
 //!   a CA about to expire is rotated while the old one stays trusted.
 
+mod conversion_common;
 mod manager_common;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Duration;
 
+use conversion_common::{
+    EXIT_TIMEOUT, STEP_TIMEOUT, holding_the_crds, install, move_storage_to, restore_crds,
+};
 use futures::FutureExt as _;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -31,50 +34,9 @@ use manager_common::Manager;
 use pgkube_crds::StorageVersion;
 use pgkube_crds::v1beta1;
 use pgkube_testkit::{
-    CRD_FIELD_MANAGER, TestAdmission, TestCa, TestEnv, TestNamespace, converting_crds,
-    converting_crds_storing, install_crds, testbed, wait_until,
+    TestAdmission, TestCa, TestEnv, TestNamespace, converting_crds, converting_crds_storing,
+    install_crds, testbed, wait_until,
 };
-
-const STEP_TIMEOUT: Duration = Duration::from_secs(60);
-/// How long a manager may take to exit after SIGTERM: its 30 s grace period for reconciles in
-/// flight, with room for a busy machine.
-const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// The CRDs are the test bed's, shared by the tests of this file: one at a time changes them.
-static CRDS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// Runs `scenario` while holding the CRDs, and puts the v1alpha1-only CRDs back whatever
-/// happens: a CRD left converting through a stopped manager would fail later tests.
-async fn holding_the_crds(client: &Client, scenario: impl std::future::Future<Output = ()>) {
-    let _held = CRDS.lock().await;
-    let outcome = std::panic::AssertUnwindSafe(scenario).catch_unwind().await;
-    restore_crds(client).await;
-    if let Err(panic) = outcome {
-        std::panic::resume_unwind(panic);
-    }
-}
-
-/// Applies `crds` (as the test kit's field manager, so that [`install_crds`] puts the
-/// v1alpha1-only ones back) and, if `wait_served`, waits until v1beta1 is served (a list needs a
-/// conversion webhook that answers).
-async fn install(client: &Client, crds: &[CustomResourceDefinition], wait_served: bool) {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let params = PatchParams::apply(CRD_FIELD_MANAGER).force();
-    for crd in crds {
-        api.patch(&crd.name_any(), &params, &Patch::Apply(crd))
-            .await
-            .unwrap_or_else(|error| panic!("installing {}: {error}", crd.name_any()));
-    }
-    if !wait_served {
-        return;
-    }
-    let clusters = Api::<v1beta1::PostgreSQLCluster>::all(client.clone());
-    wait_until("v1beta1 to be served", STEP_TIMEOUT, || async {
-        Ok(clusters.list(&Default::default()).await.ok().map(|_| ()))
-    })
-    .await
-    .unwrap_or_else(|error| panic!("{error:#}"));
-}
 
 fn cluster_v1alpha1(name: &str) -> pgkube_crds::PostgreSQLCluster {
     serde_json::from_value(serde_json::json!({
@@ -141,8 +103,13 @@ async fn the_api_server_converts_through_the_managers_webhook_over_tls() {
             as_beta.labels().get("team").map(String::as_str),
             Some("payments")
         );
+        let down = pgkube_crds::conversion::convert(
+            serde_json::to_value(&as_beta).expect("JSON"),
+            pgkube_crds::v1alpha1::API_VERSION,
+        )
+        .expect("converts down");
         let back: pgkube_crds::PostgreSQLCluster =
-            pgkube_crds::PostgreSQLCluster::from(as_beta.clone());
+            serde_json::from_value(down).expect("a v1alpha1 cluster");
         let stored = alpha.get("made-alpha").await.expect("read in v1alpha1");
         assert_eq!(back.spec, stored.spec);
 
@@ -272,23 +239,6 @@ async fn point_webhook_at(client: &Client, address: SocketAddr) {
         .await
         .expect("webhook address changed");
     }
-}
-
-/// Takes the conversion stanza out (its `caBundle` belongs to the manager's field manager, so
-/// the test kit's apply alone would leave it), then puts the v1alpha1-only CRDs back.
-async fn restore_crds(client: &Client) {
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let patch = serde_json::json!({"spec": {"conversion": {"strategy": "None", "webhook": null}}});
-    for crd in pgkube_crds::crds() {
-        api.patch(
-            &crd.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .expect("conversion removed");
-    }
-    install_crds(client).await;
 }
 
 #[tokio::test]
@@ -422,6 +372,18 @@ impl WebhookServer {
         assert_eq!(self.manager.exit_code(EXIT_TIMEOUT).await, Some(0));
     }
 
+    /// Moves every object to `storage` with the CRDs converting through this manager.
+    async fn move_storage_to(
+        &self,
+        env: &TestEnv,
+        client: &Client,
+        ca: &TestCa,
+        storage: StorageVersion,
+    ) {
+        let crds = converting_crds_storing(self.address, &ca.pem(), storage);
+        move_storage_to(env, client, &crds, storage).await;
+    }
+
     /// Starts the manager again at the same address unless it is running.
     async fn ensure_serving(&mut self, env: &TestEnv) {
         if self.manager.is_running() {
@@ -430,56 +392,6 @@ impl WebhookServer {
         let address = self.address.to_string();
         self.manager = Self::spawn(env, &self.namespace, &address, &self.cert_dir);
         assert_eq!(self.manager.endpoint("webhook").await, self.address);
-    }
-}
-
-/// Runs `pgkube migrate-storage` against the test bed; returns its output.
-async fn migrate_storage(env: &TestEnv) -> String {
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_pgkube"))
-        .arg("migrate-storage")
-        .env("KUBECONFIG", &env.kubeconfig)
-        .output()
-        .await
-        .expect("running pgkube migrate-storage");
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    assert!(
-        output.status.success(),
-        "pgkube migrate-storage failed: {}{}",
-        text,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    text
-}
-
-/// Applies `pgkube crd`'s CRDs storing in `storage` (converting through `webhook`), moves every
-/// object there with `pgkube migrate-storage`, and checks that each CRD's storedVersions is
-/// then that version alone.
-async fn move_storage_to(
-    env: &TestEnv,
-    client: &Client,
-    webhook: &WebhookServer,
-    ca: &TestCa,
-    storage: StorageVersion,
-) {
-    let crds = converting_crds_storing(webhook.address, &ca.pem(), storage);
-    install(client, &crds, true).await;
-    // The API server takes a CRD change up asynchronously: give it a moment before rewriting,
-    // so that the writes already use the new storage version.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let output = migrate_storage(env).await;
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in &crds {
-        let name = crd.name_any();
-        let expected = format!("storedVersions [{}]", storage.name());
-        assert!(
-            output
-                .lines()
-                .any(|l| l.starts_with(&name) && l.ends_with(&expected)),
-            "{output}"
-        );
-        let installed = api.get(&name).await.expect("CRD");
-        let stored = installed.status.and_then(|s| s.stored_versions);
-        assert_eq!(stored, Some(vec![storage.name().to_owned()]), "{name}");
     }
 }
 
@@ -502,14 +414,18 @@ async fn the_design_migration_moves_every_object_to_v1beta1_storage() {
         let ca = TestCa::new();
         ca.write_serving_certificate(&dir);
         let mut webhook = WebhookServer::start(&env, &ns, &dir).await;
-        move_storage_to(&env, &client, &webhook, &ca, StorageVersion::V1alpha1).await;
+        webhook
+            .move_storage_to(&env, &client, &ca, StorageVersion::V1alpha1)
+            .await;
 
         let scenario = migrate_and_check(&env, &client, &mut webhook, &ca, &ns);
         let outcome = std::panic::AssertUnwindSafe(scenario).catch_unwind().await;
         // Whatever happened, v1alpha1 stored again and every object moved back to it, so that
         // the single-version CRDs can be put back.
         webhook.ensure_serving(&env).await;
-        move_storage_to(&env, &client, &webhook, &ca, StorageVersion::V1alpha1).await;
+        webhook
+            .move_storage_to(&env, &client, &ca, StorageVersion::V1alpha1)
+            .await;
         if let Err(panic) = outcome {
             std::panic::resume_unwind(panic);
         }
@@ -586,7 +502,9 @@ async fn migrate_and_check(
     };
     let before = specs(beta.list(&Default::default()).await.expect("list").items);
 
-    move_storage_to(env, client, webhook, ca, StorageVersion::V1beta1).await;
+    webhook
+        .move_storage_to(env, client, ca, StorageVersion::V1beta1)
+        .await;
 
     // Nothing lost: every object reads as before.
     let after = specs(beta.list(&Default::default()).await.expect("list").items);

@@ -1,62 +1,80 @@
-//! Fields one version has and the other lacks, carried in an annotation of the other version's
-//! object, as the Kubernetes API conventions describe for lossless round trips.
+//! Fields one version has no place for, carried in an annotation of the object in that version,
+//! as the Kubernetes API conventions describe for lossless round trips.
 //!
 //! The annotation holds the fields as canonical JSON (compact, keys sorted), at the paths they
 //! have in the version they come from, for example
 //! `{"spec":{"storage":{"storageClassName":"fast"}}}`. Conversion writes only that form and
-//! reads back only that form: a value that does not parse, lacks the fields, has others, or is
-//! written differently (spacing, key order) was not written by conversion, so it is left exactly
-//! as it is (and the fields stay unset) rather than failing every read of the object. That
-//! makes v1alpha1 -> v1beta1 -> v1alpha1 the identity whatever the annotation holds.
+//! reads back only that form, and only what it would have written for the object it converts
+//! back (see [`super::reshape::restore`]): any other value was not written by conversion, so it
+//! is left exactly as it is (and nothing is read from it) rather than failing every read of the
+//! object.
 
-use std::collections::BTreeMap;
+use serde_json::{Map, Value};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde_json::Value;
+use super::path::{Path, get, object_at_mut};
 
-/// On a v1alpha1 object: its fields that only v1beta1 has, as canonical JSON.
+/// On a v1alpha1 object: its fields that only v1beta1 has a place for, as canonical JSON.
 pub const V1BETA1_FIELDS_ANNOTATION: &str = "conversion.db.example.com/v1beta1";
-/// On a v1beta1 object: its fields that only v1alpha1 has. Reserved: v1alpha1 has none today,
-/// so conversion neither writes nor reads it.
+/// On a v1beta1 object: its fields that only v1alpha1 has a place for, as canonical JSON.
+/// pgkube's own fields all have a place in v1beta1; this carries values v1beta1 would read as
+/// something else (a field v1alpha1 does not know but v1beta1 uses the name of).
 pub const V1ALPHA1_FIELDS_ANNOTATION: &str = "conversion.db.example.com/v1alpha1";
 
-/// A set of fields carried in an annotation.
-pub(crate) trait CarriedFields: Sized {
-    /// The fields as JSON; its compact form is the annotation's value.
-    fn to_json(&self) -> Value;
-    /// The fields in `json`, if it has them. Anything else in it makes [`take_carried`] leave
-    /// the annotation alone, since [`Self::to_json`] then does not give it back.
-    fn from_json(json: &Value) -> Option<Self>;
+const ANNOTATIONS: &Path = &["metadata", "annotations"];
+
+/// The metadata, or its annotations, is not an object: a field cannot be carried.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct NoAnnotations;
+
+/// Writes `carried` (if it holds anything) into the annotation `key` of `object`, replacing its
+/// value; with nothing to carry, leaves `object` exactly as it is.
+pub(crate) fn carry(
+    object: &mut Value,
+    key: &str,
+    carried: Map<String, Value>,
+) -> Result<(), NoAnnotations> {
+    if carried.is_empty() {
+        return Ok(());
+    }
+    let mut node = object;
+    for step in ANNOTATIONS {
+        let fields = node.as_object_mut().ok_or(NoAnnotations)?;
+        node = fields
+            .entry(*step)
+            .or_insert_with(|| Value::Object(Map::new()));
+        if node.is_null() {
+            *node = Value::Object(Map::new());
+        }
+    }
+    let annotations = node.as_object_mut().ok_or(NoAnnotations)?;
+    let value = Value::Object(carried).to_string();
+    annotations.insert(key.to_owned(), Value::String(value));
+    Ok(())
 }
 
-/// Writes `fields` into the annotation `key` (replacing its value) when there are any; with
-/// none, leaves the metadata exactly as it is.
-pub(crate) fn carry<T: CarriedFields>(metadata: &mut ObjectMeta, key: &str, fields: Option<T>) {
-    let Some(fields) = fields else { return };
-    metadata
-        .annotations
-        .get_or_insert_with(BTreeMap::new)
-        .insert(key.to_owned(), fields.to_json().to_string());
+/// The fields in the annotation `key` of `object`, if its value is an object written as
+/// conversion writes it (compact, keys sorted).
+pub(crate) fn carried_in(object: &Value, key: &str) -> Option<Value> {
+    let text = get(object, ANNOTATIONS)?.get(key)?.as_str()?;
+    let fields: Value = serde_json::from_str(text).ok()?;
+    // Compared as text: the canonical form is the one `carry` writes.
+    let canonical = fields.to_string();
+    (fields.is_object() && canonical.as_str() == text).then_some(fields)
 }
 
-/// Takes the fields out of the annotation `key` when conversion wrote it, and removes it (and an
-/// annotation map left empty). Any other value stays where it is and gives no fields.
-pub(crate) fn take_carried<T: CarriedFields>(metadata: &mut ObjectMeta, key: &str) -> Option<T> {
-    let annotations = metadata.annotations.as_mut()?;
-    let fields = parse_canonical::<T>(annotations.get(key)?)?;
+/// Removes the annotation `key` from `object`, and the annotation map if that leaves it empty
+/// (the API server does not tell an empty map from none).
+pub(crate) fn remove(object: &mut Value, key: &str) {
+    let Some(metadata) = object_at_mut(object, &ANNOTATIONS[..1]) else {
+        return;
+    };
+    let Some(Value::Object(annotations)) = metadata.get_mut(ANNOTATIONS[1]) else {
+        return;
+    };
     annotations.remove(key);
     if annotations.is_empty() {
-        metadata.annotations = None;
+        metadata.remove(ANNOTATIONS[1]);
     }
-    Some(fields)
-}
-
-/// The fields in `value` if it is exactly what [`carry`] writes for them.
-fn parse_canonical<T: CarriedFields>(value: &str) -> Option<T> {
-    let json: Value = serde_json::from_str(value).ok()?;
-    let fields = T::from_json(&json)?;
-    let canonical = fields.to_json().to_string();
-    (canonical == value).then_some(fields)
 }
 
 #[cfg(test)]
@@ -65,86 +83,72 @@ mod tests {
 
     use super::*;
 
-    #[derive(Debug, PartialEq)]
-    struct Color {
-        color: String,
-    }
-
-    impl CarriedFields for Color {
-        fn to_json(&self) -> Value {
-            json!({ "color": self.color })
-        }
-
-        fn from_json(json: &Value) -> Option<Self> {
-            let color = json.get("color")?.as_str()?.to_owned();
-            Some(Self { color })
-        }
-    }
-
     const KEY: &str = "conversion.db.example.com/test";
 
-    fn metadata_with(annotations: &[(&str, &str)]) -> ObjectMeta {
-        ObjectMeta {
-            annotations: Some(
-                annotations
-                    .iter()
-                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                    .collect(),
-            ),
-            ..ObjectMeta::default()
-        }
-    }
-
-    #[test]
-    fn carried_fields_come_back_and_the_annotation_goes() {
-        let mut metadata = metadata_with(&[("team", "db")]);
-        let blue = Color {
-            color: "blue".into(),
+    fn fields() -> Map<String, Value> {
+        let Value::Object(fields) = json!({"spec": {"b": 1, "a": "x"}}) else {
+            unreachable!("an object")
         };
-        carry(&mut metadata, KEY, Some(blue));
-        assert_eq!(
-            metadata,
-            metadata_with(&[("team", "db"), (KEY, r#"{"color":"blue"}"#)])
-        );
-        let taken = take_carried::<Color>(&mut metadata, KEY);
-        assert_eq!(taken.map(|c| c.color).as_deref(), Some("blue"));
-        assert_eq!(metadata, metadata_with(&[("team", "db")]));
+        fields
     }
 
     #[test]
-    fn an_annotation_map_left_empty_goes_too() {
-        let mut metadata = ObjectMeta::default();
-        carry(
-            &mut metadata,
-            KEY,
-            Some(Color {
-                color: "red".into(),
-            }),
+    fn carried_fields_are_written_compact_with_sorted_keys_and_read_back() {
+        let mut object = json!({"metadata": {"name": "n", "annotations": {"team": "db"}}});
+        carry(&mut object, KEY, fields()).expect("carried");
+        assert_eq!(
+            object["metadata"]["annotations"],
+            json!({"team": "db", KEY: r#"{"spec":{"a":"x","b":1}}"#})
         );
-        assert!(take_carried::<Color>(&mut metadata, KEY).is_some());
-        assert_eq!(metadata.annotations, None);
+        assert_eq!(carried_in(&object, KEY), Some(Value::Object(fields())));
+        remove(&mut object, KEY);
+        assert_eq!(
+            object,
+            json!({"metadata": {"name": "n", "annotations": {"team": "db"}}})
+        );
+    }
+
+    #[test]
+    fn the_annotation_map_is_made_and_goes_when_left_empty() {
+        for mut object in [json!({}), json!({"metadata": {"annotations": null}})] {
+            carry(&mut object, KEY, fields()).expect("carried");
+            assert!(carried_in(&object, KEY).is_some());
+            remove(&mut object, KEY);
+            assert_eq!(object, json!({"metadata": {}}));
+        }
     }
 
     #[test]
     fn nothing_to_carry_changes_nothing() {
-        let mut metadata = metadata_with(&[(KEY, "kept as is")]);
-        carry::<Color>(&mut metadata, KEY, None);
-        assert_eq!(metadata, metadata_with(&[(KEY, "kept as is")]));
+        let mut object = json!({"metadata": {"annotations": {KEY: "kept as is"}}});
+        let before = object.clone();
+        carry(&mut object, KEY, Map::new()).expect("nothing to do");
+        assert_eq!(object, before);
     }
 
-    /// Values conversion did not write are left alone, whatever they are.
     #[test]
-    fn other_values_are_kept_and_give_no_fields() {
-        for value in [
-            "not JSON",
-            r#"{"color":"blue","size":3}"#,
-            r#"{"color": "blue"}"#,
-            r#"{}"#,
-            "",
+    fn metadata_that_cannot_hold_annotations_is_an_error() {
+        for mut object in [
+            json!({"metadata": "text"}),
+            json!({"metadata": {"annotations": ["a"]}}),
         ] {
-            let mut metadata = metadata_with(&[(KEY, value)]);
-            assert_eq!(take_carried::<Color>(&mut metadata, KEY), None, "{value}");
-            assert_eq!(metadata, metadata_with(&[(KEY, value)]));
+            assert_eq!(carry(&mut object, KEY, fields()), Err(NoAnnotations));
+        }
+    }
+
+    /// Values conversion did not write give nothing, whatever they are.
+    #[test]
+    fn other_values_give_nothing() {
+        for value in [
+            json!("not JSON"),
+            json!(r#"{"spec": {"a": "x"}}"#),
+            json!(r#"{"spec":{"b":1,"a":"x"}}"#),
+            json!(r#"["spec"]"#),
+            json!(""),
+            json!(7),
+        ] {
+            let object = json!({"metadata": {"annotations": {KEY: value}}});
+            assert_eq!(carried_in(&object, KEY), None, "{value}");
         }
     }
 }

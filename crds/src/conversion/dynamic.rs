@@ -1,11 +1,14 @@
 //! The entry point of the conversion webhook: an object as JSON in, the same object in the
-//! desired `apiVersion` out.
+//! desired `apiVersion` out. The JSON is converted as it is, without going through the Rust
+//! types: only the fields at a different place in each version move (see [`super::plan`]).
 
-use kube::Resource;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use super::annotation::{NoAnnotations, carried_in, carry, remove};
+use super::path::{NotAnObject, display};
+use super::plan::{Direction, Move, Plan};
+use super::reshape::{reshape, restore};
+use super::{backup, cluster, restore as restore_kind};
 use crate::{v1alpha1, v1beta1};
 
 /// Why an object could not be converted. Each message is one line, fit for a ConversionReview's
@@ -25,39 +28,60 @@ pub enum ConversionError {
         "unknown kind {0:?}: pgkube converts PostgreSQLCluster, PostgreSQLBackup and PostgreSQLRestore"
     )]
     UnknownKind(String),
-    /// The object does not parse as the kind and version it claims to be.
-    #[error("not a valid {kind} of {api_version}: {source}")]
-    InvalidObject {
+    /// The object cannot take the converted fields: where they go (or the annotation that carries
+    /// them) is something other than an object.
+    #[error(
+        "{kind} of {api_version}: {place} is not an object, so the converted fields have no place"
+    )]
+    NotAnObject {
         kind: String,
         api_version: String,
-        source: serde_json::Error,
-    },
-    /// The converted object could not be written as JSON.
-    #[error("the converted {kind} could not be written as JSON: {source}")]
-    Unserializable {
-        kind: String,
-        source: serde_json::Error,
+        place: String,
     },
 }
 
 /// `object` (a PostgreSQLCluster, PostgreSQLBackup or PostgreSQLRestore of
 /// `db.example.com/v1alpha1` or `db.example.com/v1beta1`) converted to `desired_api_version`.
-/// An object already in that version comes back unchanged. The converted object's metadata is
-/// the original's, byte for byte, except for the annotation that carries the fields only one
-/// version has (see [`crate::conversion`]).
-pub fn convert(object: Value, desired_api_version: &str) -> Result<Value, ConversionError> {
+/// An object already in that version comes back unchanged. Otherwise only the fields at a
+/// different place in each version move; everything else, fields the Rust types do not know
+/// included, stays as it is, and no default is added. What has no place in the desired version
+/// is carried in an annotation, and what such an annotation carries is put back (see
+/// [`crate::conversion`]); the rest of the metadata is not touched.
+pub fn convert(mut object: Value, desired_api_version: &str) -> Result<Value, ConversionError> {
     let from = Version::of(string_field(&object, "apiVersion")?)?;
     let to = Version::of(desired_api_version)?;
-    let kind = string_field(&object, "kind")?;
+    let kind = known_kind(string_field(&object, "kind")?)?;
     if from == to {
-        return known_kind(kind).map(|_| object);
+        return Ok(object);
     }
-    let converted = match known_kind(kind)? {
-        Kind::Cluster => convert_kind::<v1alpha1::PostgreSQLCluster, v1beta1::PostgreSQLCluster>,
-        Kind::Backup => convert_kind::<v1alpha1::PostgreSQLBackup, v1beta1::PostgreSQLBackup>,
-        Kind::Restore => convert_kind::<v1alpha1::PostgreSQLRestore, v1beta1::PostgreSQLRestore>,
+    let direction = match to {
+        Version::V1beta1 => Direction::Up,
+        Version::V1alpha1 => Direction::Down,
     };
-    converted(object, to)
+    let refused = |place: String| ConversionError::NotAnObject {
+        kind: kind.name().to_owned(),
+        api_version: from.api_version().to_owned(),
+        place,
+    };
+    let plan = Plan::new(kind.moves(), direction);
+    let carried =
+        reshape(&mut object, &plan).map_err(|NotAnObject(path)| refused(display(path)))?;
+    let reverse = Plan::new(kind.moves(), direction.reverse());
+    let key = direction.reverse().annotation();
+    if let Some(fields) = carried_in(&object, key)
+        && restore(&mut object, &fields, &reverse)
+    {
+        remove(&mut object, key);
+    }
+    carry(&mut object, direction.annotation(), carried)
+        .map_err(|NoAnnotations| refused("metadata.annotations".to_owned()))?;
+    if let Some(fields) = object.as_object_mut() {
+        fields.insert(
+            "apiVersion".to_owned(),
+            Value::String(to.api_version().to_owned()),
+        );
+    }
+    Ok(object)
 }
 
 /// The API versions pgkube serves.
@@ -75,6 +99,13 @@ impl Version {
             other => Err(ConversionError::UnknownApiVersion(other.to_owned())),
         }
     }
+
+    fn api_version(self) -> &'static str {
+        match self {
+            Self::V1alpha1 => v1alpha1::API_VERSION,
+            Self::V1beta1 => v1beta1::API_VERSION,
+        }
+    }
 }
 
 /// pgkube's kinds.
@@ -83,6 +114,25 @@ enum Kind {
     Cluster,
     Backup,
     Restore,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Cluster => "PostgreSQLCluster",
+            Kind::Backup => "PostgreSQLBackup",
+            Kind::Restore => "PostgreSQLRestore",
+        }
+    }
+
+    /// The kind's fields at a different place in each version.
+    fn moves(self) -> &'static [Move] {
+        match self {
+            Kind::Cluster => cluster::MOVES,
+            Kind::Backup => backup::MOVES,
+            Kind::Restore => restore_kind::MOVES,
+        }
+    }
 }
 
 fn known_kind(kind: &str) -> Result<Kind, ConversionError> {
@@ -99,60 +149,6 @@ fn string_field<'a>(object: &'a Value, field: &'static str) -> Result<&'a str, C
         .get(field)
         .and_then(Value::as_str)
         .ok_or(ConversionError::MissingField(field))
-}
-
-/// Converts `object`, of one kind's version `A` or `B`, to the version `to`.
-fn convert_kind<A, B>(object: Value, to: Version) -> Result<Value, ConversionError>
-where
-    A: Resource<DynamicType = ()> + DeserializeOwned + Serialize + From<B>,
-    B: Resource<DynamicType = ()> + DeserializeOwned + Serialize + From<A>,
-{
-    match to {
-        Version::V1beta1 => retype::<A, B>(object),
-        Version::V1alpha1 => retype::<B, A>(object),
-    }
-}
-
-/// Parses `object` as a `Source`, converts it to a `Target`, and gives it back as JSON with the
-/// original metadata but for the converted annotations.
-fn retype<Source, Target>(object: Value) -> Result<Value, ConversionError>
-where
-    Source: Resource<DynamicType = ()> + DeserializeOwned,
-    Target: Resource<DynamicType = ()> + Serialize + From<Source>,
-{
-    let original_metadata = object.get("metadata").cloned();
-    let typed: Source =
-        serde_json::from_value(object).map_err(|source| ConversionError::InvalidObject {
-            kind: Source::kind(&()).into_owned(),
-            api_version: Source::api_version(&()).into_owned(),
-            source,
-        })?;
-    let mut converted = serde_json::to_value(Target::from(typed)).map_err(|source| {
-        ConversionError::Unserializable {
-            kind: Target::kind(&()).into_owned(),
-            source,
-        }
-    })?;
-    if let Some(metadata) = original_metadata {
-        keep_metadata(&mut converted, metadata);
-    }
-    Ok(converted)
-}
-
-/// Puts the original `metadata` into `converted`, with the converted object's annotations: the
-/// API server refuses a conversion that changes any other metadata, and the typed round trip
-/// could reformat some (timestamps, for example).
-fn keep_metadata(converted: &mut Value, mut metadata: Value) {
-    let annotations = converted.pointer("/metadata/annotations").cloned();
-    if let Some(fields) = metadata.as_object_mut() {
-        match annotations {
-            Some(annotations) => fields.insert("annotations".to_owned(), annotations),
-            None => fields.remove("annotations"),
-        };
-    }
-    if let Some(fields) = converted.as_object_mut() {
-        fields.insert("metadata".to_owned(), metadata);
-    }
 }
 
 #[cfg(test)]

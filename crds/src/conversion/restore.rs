@@ -1,65 +1,13 @@
-//! `PostgreSQLRestore` between v1alpha1 and v1beta1: `source.s3` is `source.storage.s3`;
-//! everything else, the status included, is the same in both. No field is in only one version,
-//! so no annotation is written or read.
+//! `PostgreSQLRestore` between v1alpha1 and v1beta1: `source.s3` is `source.storage.s3`.
+//! Everything else, the status included, is at the same place in both.
 
-use super::storage::{source_to_v1alpha1, source_to_v1beta1};
-use crate::{v1alpha1, v1beta1};
+use super::plan::Move;
 
-impl From<v1alpha1::PostgreSQLRestore> for v1beta1::PostgreSQLRestore {
-    fn from(restore: v1alpha1::PostgreSQLRestore) -> Self {
-        let v1alpha1::PostgreSQLRestore {
-            metadata,
-            spec,
-            status,
-        } = restore;
-        let v1alpha1::PostgreSQLRestoreSpec {
-            backup,
-            source,
-            cluster,
-            databases,
-            drop_existing,
-        } = spec;
-        Self {
-            metadata,
-            spec: v1beta1::PostgreSQLRestoreSpec {
-                backup,
-                source: source.map(source_to_v1beta1),
-                cluster,
-                databases,
-                drop_existing,
-            },
-            status,
-        }
-    }
-}
-
-impl From<v1beta1::PostgreSQLRestore> for v1alpha1::PostgreSQLRestore {
-    fn from(restore: v1beta1::PostgreSQLRestore) -> Self {
-        let v1beta1::PostgreSQLRestore {
-            metadata,
-            spec,
-            status,
-        } = restore;
-        let v1beta1::PostgreSQLRestoreSpec {
-            backup,
-            source,
-            cluster,
-            databases,
-            drop_existing,
-        } = spec;
-        Self {
-            metadata,
-            spec: v1alpha1::PostgreSQLRestoreSpec {
-                backup,
-                source: source.map(source_to_v1alpha1),
-                cluster,
-                databases,
-                drop_existing,
-            },
-            status,
-        }
-    }
-}
+/// The restore's fields at a different place in each version.
+pub(crate) const MOVES: &[Move] = &[Move {
+    v1alpha1: &["spec", "source", "s3"],
+    v1beta1: &["spec", "source", "storage", "s3"],
+}];
 
 #[cfg(test)]
 mod tests;

@@ -2,9 +2,13 @@
 //! optional field present or absent, statuses with conditions and instances, metadata with
 //! labels, annotations, owner references, finalizers and managed fields.
 //!
+//! [`json`] generates raw JSON instead: objects shaped around the fields conversion moves, and
+//! fields no version knows.
+//!
 //! This module has what both versions share (metadata, Kubernetes types, S3 storage, statuses
 //! of the same shape); [`v1alpha1`] and [`v1beta1`] generate each version's own types.
 
+pub mod json;
 pub mod v1alpha1;
 pub mod v1beta1;
 

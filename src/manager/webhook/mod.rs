@@ -345,16 +345,19 @@ mod tests {
 
     #[test]
     fn an_object_that_cannot_be_converted_fails_the_review_naming_it() {
+        // Metadata that cannot carry the fields v1alpha1 has no place for.
         let mut broken = cluster_v1alpha1();
-        broken["spec"]["replicas"] = json!("three");
-        let response = answer(request_for("db.example.com/v1beta1", vec![broken]));
+        broken["apiVersion"] = json!("db.example.com/v1beta1");
+        broken["spec"] = json!({"storage": {"size": "10Gi", "storageClassName": "fast"}});
+        broken["metadata"]["annotations"] = json!(["not", "a", "map"]);
+        let response = answer(request_for("db.example.com/v1alpha1", vec![broken]));
         let review = serde_json::to_value(response.into_review()).expect("JSON");
         let result = &review["response"]["result"];
         assert_eq!(result["status"], "Failure");
         let message = result["message"].as_str().expect("message");
         assert!(
             message.starts_with(
-                "cannot convert PostgreSQLCluster db/main to db.example.com/v1beta1: "
+                "cannot convert PostgreSQLCluster db/main to db.example.com/v1alpha1: "
             ),
             "{message}"
         );

@@ -1,8 +1,8 @@
 //! A hand-written backup in both versions: only the status's storage moves.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use crate::conversion::convert;
+use crate::conversion::{V1BETA1_FIELDS_ANNOTATION, convert};
 use crate::{v1alpha1, v1beta1};
 
 fn yaml(text: &str) -> Value {
@@ -60,16 +60,33 @@ fn the_status_storage_gains_its_s3_level() {
     assert_eq!(down, v1alpha1_example());
 }
 
+/// A newer pgkube's field beside `s3` (another kind of store) has no place in v1alpha1: it is
+/// carried in the annotation, also when the status has no `s3`.
 #[test]
-fn the_typed_conversion_agrees_with_the_json_one() {
-    let alpha: v1alpha1::PostgreSQLBackup =
-        serde_json::from_value(v1alpha1_example()).expect("a v1alpha1 backup");
-    let beta = v1beta1::PostgreSQLBackup::from(alpha.clone());
+fn what_is_beside_the_s3_storage_travels_in_the_annotation() {
+    let mut beta = v1beta1_example();
+    beta["status"]["storage"]["gcs"] = json!({"bucket": "elsewhere"});
+    let down = convert(beta.clone(), v1alpha1::API_VERSION).expect("converts down");
     assert_eq!(
-        serde_json::to_value(&beta).expect("JSON"),
-        v1beta1_example()
+        down["status"]["storage"],
+        v1alpha1_example()["status"]["storage"]
     );
-    assert_eq!(v1alpha1::PostgreSQLBackup::from(beta), alpha);
+    assert_eq!(
+        down["metadata"]["annotations"][V1BETA1_FIELDS_ANNOTATION],
+        json!(r#"{"status":{"storage":{"gcs":{"bucket":"elsewhere"}}}}"#)
+    );
+    assert_eq!(
+        convert(down, v1beta1::API_VERSION).expect("converts up"),
+        beta
+    );
+
+    beta["status"]["storage"] = json!({"gcs": {"bucket": "elsewhere"}});
+    let down = convert(beta.clone(), v1alpha1::API_VERSION).expect("converts down");
+    assert_eq!(down["status"].get("storage"), None);
+    assert_eq!(
+        convert(down, v1beta1::API_VERSION).expect("converts up"),
+        beta
+    );
 }
 
 #[test]

@@ -1,8 +1,8 @@
 //! A hand-written restore in both versions: only a source's storage moves.
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use crate::conversion::convert;
+use crate::conversion::{V1ALPHA1_FIELDS_ANNOTATION, convert};
 use crate::{v1alpha1, v1beta1};
 
 fn yaml(text: &str) -> Value {
@@ -61,22 +61,29 @@ fn the_source_storage_gains_its_s3_level() {
     assert_eq!(down, v1alpha1_example());
 }
 
+/// A v1alpha1 restore with a field v1alpha1 does not know but v1beta1 reads (`source.storage`):
+/// carried in v1alpha1's annotation on the v1beta1 object, not read as v1beta1's storage.
 #[test]
-fn the_typed_conversion_agrees_with_the_json_one() {
-    let alpha: v1alpha1::PostgreSQLRestore =
-        serde_json::from_value(v1alpha1_example()).expect("a v1alpha1 restore");
-    let beta = v1beta1::PostgreSQLRestore::from(alpha.clone());
+fn a_v1alpha1_value_at_a_v1beta1_place_is_carried_not_read() {
+    let mut alpha = v1alpha1_example();
+    alpha["spec"]["source"]["storage"] = json!("a newer v1alpha1's");
+    let up = convert(alpha.clone(), v1beta1::API_VERSION).expect("converts up");
+    assert_eq!(up["spec"]["source"], v1beta1_example()["spec"]["source"]);
     assert_eq!(
-        serde_json::to_value(&beta).expect("JSON"),
-        v1beta1_example()
+        up["metadata"]["annotations"][V1ALPHA1_FIELDS_ANNOTATION],
+        json!(r#"{"spec":{"source":{"storage":"a newer v1alpha1's"}}}"#)
     );
-    assert_eq!(v1alpha1::PostgreSQLRestore::from(beta), alpha);
+    assert_eq!(
+        convert(up, v1alpha1::API_VERSION).expect("converts down"),
+        alpha
+    );
 }
 
 #[test]
 fn a_restore_of_a_backup_object_is_the_same_in_both_versions_but_for_the_api_version() {
     let mut alpha = v1alpha1_example();
-    alpha["spec"] = serde_json::json!({"backup": {"name": "b1"}, "cluster": {"name": "c"}, "dropExisting": false});
+    alpha["spec"] =
+        json!({"backup": {"name": "b1"}, "cluster": {"name": "c"}, "dropExisting": false});
     let mut up = convert(alpha.clone(), v1beta1::API_VERSION).expect("converts up");
     assert_eq!(up["apiVersion"], v1beta1::API_VERSION);
     up["apiVersion"] = alpha["apiVersion"].clone();
