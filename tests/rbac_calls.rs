@@ -517,17 +517,36 @@ async fn storage_grows(scenario: &Scenario) {
 }
 
 /// An expired (30 days old) backup of the cluster in storage, with its PostgreSQLBackup object
-/// marked Completed: the retention pass after the next completed backup deletes both.
+/// marked Completed: the retention pass after the next completed backup deletes both. It is in
+/// the cluster's root, in the directory named by its uid, as the agent stores backups.
 async fn expired_backup(scenario: &Scenario) {
     use pgkube_controllers::storage::manifest::{Manifest, StoredObject};
     let ns = scenario.ns();
-    let prefix = format!("{ns}/{CLUSTER}/ancient/");
+    let created = create_backup(
+        &scenario.client,
+        ns,
+        "ancient",
+        CLUSTER,
+        DeletionPolicy::Retain,
+    )
+    .await
+    .expect("expired backup object");
+    let backup_uid = created.metadata.uid.clone().expect("a uid");
+    let cluster = scenario
+        .api::<PostgreSQLCluster>()
+        .get(CLUSTER)
+        .await
+        .expect("the cluster");
+    let cluster_uid = cluster.metadata.uid.clone().expect("a uid");
+    let prefix = format!("{ns}/{CLUSTER}/{cluster_uid}/ancient/{backup_uid}/");
     let finished = (chrono::Utc::now() - chrono::Duration::days(30)).to_rfc3339();
     let manifest = Manifest {
         manifest_version: 1,
         cluster: CLUSTER.to_owned(),
         namespace: ns.to_owned(),
+        cluster_uid: Some(cluster_uid),
         backup_name: "ancient".to_owned(),
+        backup_uid: Some(backup_uid),
         postgresql_version: "15".to_owned(),
         started_at: finished.clone(),
         finished_at: finished,
@@ -554,15 +573,6 @@ async fn expired_backup(scenario: &Scenario) {
             .await
             .unwrap_or_else(|error| panic!("putting {key}: {error:?}"));
     }
-    create_backup(
-        &scenario.client,
-        ns,
-        "ancient",
-        CLUSTER,
-        DeletionPolicy::Retain,
-    )
-    .await
-    .expect("expired backup object");
     scenario
         .api::<PostgreSQLBackup>()
         .patch_status(

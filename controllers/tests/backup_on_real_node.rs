@@ -35,6 +35,8 @@ const S3_SECRET: &str = "s3-keys";
 struct Fixture {
     running: Running,
     cluster: TestCluster,
+    /// The cluster's uid: its backups are under `<namespace>/pg/<uid>/`.
+    cluster_uid: String,
     bucket: TestBucket,
 }
 
@@ -70,11 +72,25 @@ impl Fixture {
         sql.batch_execute("CREATE DATABASE shop")
             .await
             .expect("database created");
+        let cluster_uid = running
+            .clusters()
+            .get(cluster.name())
+            .await
+            .expect("the cluster")
+            .metadata
+            .uid
+            .expect("a uid");
         Some(Fixture {
             running,
             cluster,
+            cluster_uid,
             bucket,
         })
+    }
+
+    /// `<namespace>/pg/<cluster-uid>/`: where the cluster's backups are.
+    fn root(&self) -> String {
+        format!("{}/pg/{}/", self.namespace(), self.cluster_uid)
     }
 
     fn namespace(&self) -> &str {
@@ -136,12 +152,26 @@ impl Fixture {
         (manifest, arguments)
     }
 
-    /// The stored objects of backup `name`, by key, with their sizes.
+    /// The stored objects of every backup named `name` (whatever its uid), by key, with their
+    /// sizes.
     async fn objects_of(&self, name: &str) -> std::collections::BTreeMap<String, i64> {
-        let prefix = format!("{}/{}/{name}/", self.namespace(), self.cluster.name());
-        list_objects(&self.bucket.client(), self.bucket.name(), &prefix)
+        self.objects_under(&format!("{}{name}/", self.root())).await
+    }
+
+    async fn objects_under(&self, prefix: &str) -> std::collections::BTreeMap<String, i64> {
+        list_objects(&self.bucket.client(), self.bucket.name(), prefix)
             .await
             .expect("listing")
+    }
+
+    /// Every object under `prefix`, by key, with the SHA-256 of its bytes.
+    async fn contents_under(&self, prefix: &str) -> std::collections::BTreeMap<String, String> {
+        let mut contents = std::collections::BTreeMap::new();
+        for key in self.objects_under(prefix).await.into_keys() {
+            let bytes = self.bucket.object(&key).await.expect("object");
+            contents.insert(key, hex::encode(Sha256::digest(&bytes)));
+        }
+        contents
     }
 
     async fn stop(self) {
@@ -169,6 +199,12 @@ async fn an_on_demand_backup_completes_with_the_size_and_checksum_of_its_stored_
 
     let objects = fixture.objects_of("first").await;
     let manifest_key = status.object_key.clone().expect("object key");
+    let backup_uid = backup.metadata.uid.clone().expect("uid");
+    assert_eq!(
+        manifest_key,
+        format!("{}first/{backup_uid}/manifest.json", fixture.root()),
+        "in a directory named by the cluster's uid and the backup's"
+    );
     assert!(objects.contains_key(&manifest_key), "{objects:?}");
     let data: i64 = objects
         .iter()
@@ -405,16 +441,17 @@ async fn deleting_a_delete_backup_removes_its_data_while_retain_and_cluster_dele
     );
 
     // Deleting the cluster never deletes backup data.
+    let prefix = format!("{}kept/", fixture.root());
     let Fixture {
         running,
         cluster,
         bucket,
+        ..
     } = fixture;
     cluster
         .delete(Duration::from_secs(120))
         .await
         .expect("cluster deleted");
-    let prefix = format!("{}/pg/kept/", running.namespace.name());
     let after = list_objects(&bucket.client(), bucket.name(), &prefix)
         .await
         .expect("listing");
@@ -423,22 +460,104 @@ async fn deleting_a_delete_backup_removes_its_data_while_retain_and_cluster_dele
     bucket.cleanup().await;
 }
 
-/// A manifest for backup `name` of the fixture's cluster that finished `days_ago` days ago,
-/// listing one globals object of `globals_size` bytes.
-fn manifest(namespace: &str, name: &str, days_ago: i64, globals_size: u64) -> Vec<u8> {
+/// A backup name used again after its PostgreSQLBackup was deleted (`Retain`, so its data
+/// stayed): the new backup completes in a directory of its own, named by its uid, and the
+/// Completed backup's objects stay as they were, byte for byte, through the new backup and
+/// through the new one's deletion (`Delete`), which deletes only its own objects.
+#[tokio::test]
+async fn a_backup_name_used_again_never_touches_the_completed_backups_objects() {
+    let Some(fixture) = Fixture::start("backup-reuse").await else {
+        return;
+    };
+    let first = fixture.backup("nightly", DeletionPolicy::Retain).await;
+    assert_eq!(
+        phase(&first),
+        Some(BackupPhase::Completed),
+        "{:?}",
+        first.status
+    );
+    let first_uid = first.metadata.uid.clone().expect("uid");
+    let first_dir = format!("{}nightly/{first_uid}/", fixture.root());
+    let before = fixture.contents_under(&first_dir).await;
+    assert!(
+        before.contains_key(&format!("{first_dir}manifest.json")),
+        "{before:?}"
+    );
+    let backups = fixture.running.api::<PostgreSQLBackup>();
+    backups
+        .delete("nightly", &DeleteParams::default())
+        .await
+        .expect("backup deleted");
+    wait_until("nightly to be gone", Duration::from_secs(60), || async {
+        Ok(backups.get_opt("nightly").await?.is_none().then_some(()))
+    })
+    .await
+    .expect("the first nightly's object is gone");
+    let sql = fixture.cluster.sql().await.expect("SQL");
+    sql.batch_execute(
+        "INSERT INTO items SELECT i, 'later ' || i FROM generate_series(1001, 2000) i",
+    )
+    .await
+    .expect("more data");
+
+    let second = fixture.backup("nightly", DeletionPolicy::Delete).await;
+    let status = second.status.clone().unwrap_or_default();
+    assert_eq!(status.phase, Some(BackupPhase::Completed), "{status:?}");
+    let second_uid = second.metadata.uid.clone().expect("uid");
+    assert_ne!(second_uid, first_uid);
+    let second_dir = format!("{}nightly/{second_uid}/", fixture.root());
+    assert_eq!(
+        status.object_key,
+        Some(format!("{second_dir}manifest.json"))
+    );
+    assert!(!fixture.objects_under(&second_dir).await.is_empty());
+    assert_eq!(
+        fixture.contents_under(&first_dir).await,
+        before,
+        "the Completed backup's objects are unchanged"
+    );
+
+    backups
+        .delete("nightly", &DeleteParams::default())
+        .await
+        .expect("backup deleted");
+    wait_until(
+        "nightly to be gone again",
+        Duration::from_secs(60),
+        || async { Ok(backups.get_opt("nightly").await?.is_none().then_some(())) },
+    )
+    .await
+    .expect("the second nightly is gone with its data");
+    assert!(fixture.objects_under(&second_dir).await.is_empty());
+    assert_eq!(fixture.contents_under(&first_dir).await, before);
+    fixture.stop().await;
+}
+
+/// A manifest for backup `name` in `dir`, of the cluster and backup of `uids` (none: from
+/// before the uids were recorded), that finished `days_ago` days ago, listing one globals
+/// object of `globals_size` bytes.
+fn manifest(
+    dir: &str,
+    name: &str,
+    uids: Option<(&str, &str)>,
+    days_ago: i64,
+    globals_size: u64,
+) -> Vec<u8> {
     use pgkube_controllers::storage::manifest::{Manifest, StoredObject};
     let finished = chrono::Utc::now() - chrono::Duration::days(days_ago);
     let manifest = Manifest {
         manifest_version: 1,
         cluster: "pg".to_owned(),
-        namespace: namespace.to_owned(),
+        namespace: "ns".to_owned(),
+        cluster_uid: uids.map(|(cluster, _)| cluster.to_owned()),
         backup_name: name.to_owned(),
+        backup_uid: uids.map(|(_, backup)| backup.to_owned()),
         postgresql_version: "15".to_owned(),
         started_at: finished.to_rfc3339(),
         finished_at: finished.to_rfc3339(),
         format: "pg_dump-custom".to_owned(),
         globals: StoredObject {
-            key: format!("{namespace}/pg/{name}/globals.sql"),
+            key: format!("{dir}globals.sql"),
             size: globals_size,
             sha256: "00".repeat(32),
             format: "pg_dumpall-globals-sql".to_owned(),
@@ -468,7 +587,17 @@ async fn a_completed_backup_prunes_expired_backups_and_their_objects_but_nothing
     };
     let namespace = fixture.namespace().to_owned();
     // An expired backup of this cluster, with its PostgreSQLBackup object...
-    let ancient = format!("{namespace}/pg/ancient/");
+    let ancient_object = create_backup(
+        &fixture.running.client,
+        &namespace,
+        "ancient",
+        "pg",
+        DeletionPolicy::Retain,
+    )
+    .await
+    .expect("backup object");
+    let ancient_uid = ancient_object.metadata.uid.clone().expect("uid");
+    let ancient = format!("{}ancient/{ancient_uid}/", fixture.root());
     put(
         &fixture.bucket,
         &format!("{ancient}globals.sql"),
@@ -478,18 +607,15 @@ async fn a_completed_backup_prunes_expired_backups_and_their_objects_but_nothing
     put(
         &fixture.bucket,
         &format!("{ancient}manifest.json"),
-        manifest(&namespace, "ancient", 30, 10),
+        manifest(
+            &ancient,
+            "ancient",
+            Some((&fixture.cluster_uid, &ancient_uid)),
+            30,
+            10,
+        ),
     )
     .await;
-    create_backup(
-        &fixture.running.client,
-        &namespace,
-        "ancient",
-        "pg",
-        DeletionPolicy::Retain,
-    )
-    .await
-    .expect("backup object");
     let backups = fixture.running.api::<PostgreSQLBackup>();
     backups
         .patch_status(
@@ -499,15 +625,26 @@ async fn a_completed_backup_prunes_expired_backups_and_their_objects_but_nothing
         )
         .await
         .expect("marked Completed");
-    // ...an unfinished one (no manifest) and keys that are not this cluster's.
+    // ...an unfinished one (no manifest), a backup from before the uids (never pruned), and
+    // keys that are not this cluster's.
+    let legacy = format!("{namespace}/pg/legacy/");
     let untouchable = [
-        format!("{namespace}/pg/partial/globals.sql"),
+        format!("{}partial/partial-uid/globals.sql", fixture.root()),
+        format!("{legacy}globals.sql"),
+        format!("{namespace}/pg/another-cluster-uid/old/old-uid/manifest.json"),
         format!("{namespace}/pg-other/old/manifest.json"),
         "foreign/key".to_owned(),
     ];
     for key in &untouchable {
         put(&fixture.bucket, key, b"keep".to_vec()).await;
     }
+    let legacy_manifest = format!("{legacy}manifest.json");
+    put(
+        &fixture.bucket,
+        &legacy_manifest,
+        manifest(&legacy, "legacy", None, 30, 4),
+    )
+    .await;
 
     let fresh = fixture.backup("fresh", DeletionPolicy::Retain).await;
     assert_eq!(
@@ -530,7 +667,7 @@ async fn a_completed_backup_prunes_expired_backups_and_their_objects_but_nothing
         !everything.keys().any(|key| key.starts_with(&ancient)),
         "the expired backup's objects are gone: {everything:?}"
     );
-    for key in &untouchable {
+    for key in untouchable.iter().chain([&legacy_manifest]) {
         assert!(everything.contains_key(key), "{key} stays: {everything:?}");
     }
     assert!(
@@ -557,7 +694,7 @@ async fn an_agent_killed_mid_upload_fails_the_backup_without_a_manifest_and_rete
     )
     .await
     .expect("bulk data");
-    create_backup(
+    let killed = create_backup(
         &fixture.running.client,
         fixture.namespace(),
         "killed",
@@ -566,8 +703,9 @@ async fn an_agent_killed_mid_upload_fails_the_backup_without_a_manifest_and_rete
     )
     .await
     .expect("backup created");
+    let killed_uid = killed.metadata.uid.clone().expect("uid");
     let s3 = fixture.bucket.client();
-    let directory = format!("{}/pg/killed/", fixture.namespace());
+    let directory = format!("{}killed/{killed_uid}/", fixture.root());
     let open_uploads = || async {
         let listing = s3
             .list_multipart_uploads()
@@ -651,8 +789,10 @@ async fn an_agent_killed_mid_upload_fails_the_backup_without_a_manifest_and_rete
     let bucket = S3Bucket::with_client(s3.clone(), fixture.bucket.name());
     let policy = RetentionPolicy {
         prefix: format!("{}/pg", fixture.namespace()),
+        cluster_uid: fixture.cluster_uid.clone(),
         retention_days: 7,
-        failed_backups: ["killed".to_owned()].into(),
+        failed_backups: [killed_uid.clone()].into(),
+        held: Default::default(),
     };
     let report = prune(
         &bucket,

@@ -1,6 +1,7 @@
 //! A backup is Completed only once its storage shows it: the manifest the agent reported is
-//! there with the checksum the agent reported, and every object it lists is there with the size
-//! it lists.
+//! where the backup's status says it goes, with the checksum the agent reported, it records this
+//! backup (its name, and its uid for a backup in the layout with uids), and every object it lists
+//! is there with the size it lists.
 
 use sha2::{Digest, Sha256};
 
@@ -40,21 +41,29 @@ pub enum VerifyError {
     Storage(#[from] StorageError),
 }
 
+/// The backup a manifest must be of.
+#[derive(Clone, Copy, Debug)]
+pub struct Expected<'a> {
+    /// Where the backup's status says its manifest goes.
+    pub manifest_key: &'a str,
+    pub backup_name: &'a str,
+    /// The PostgreSQLBackup's uid that the manifest must record (`None` for a backup started
+    /// before the uids were recorded, whose manifest has none).
+    pub backup_uid: Option<&'a str>,
+}
+
 /// Checks the manifest and the objects of the backup the agent reported.
-/// `prefix` is the one recorded in the backup's status: the manifest must be
-/// `<prefix>/<backup_name>/manifest.json`.
 pub async fn verify(
     bucket: &S3Bucket,
-    prefix: &str,
-    backup_name: &str,
+    expected: Expected<'_>,
     result: &AgentResult,
 ) -> Result<Verified, VerifyError> {
     let key = result
         .manifest_key
         .clone()
         .ok_or(VerifyError::Incomplete("manifest key"))?;
-    let expected = format!("{prefix}/{backup_name}/manifest.json");
-    if key != expected {
+    if key != expected.manifest_key {
+        let expected = expected.manifest_key;
         return Err(VerifyError::Mismatch {
             key,
             reason: format!("the backup's manifest is {expected}"),
@@ -79,10 +88,14 @@ pub async fn verify(
         )));
     }
     let manifest = Manifest::parse(&key, &bytes)?;
-    if manifest.backup_name != backup_name {
+    let recorded_uid = manifest.backup_uid.as_deref();
+    if manifest.backup_name != expected.backup_name
+        || (expected.backup_uid.is_some() && recorded_uid != expected.backup_uid)
+    {
         return Err(mismatch(format!(
-            "it belongs to backup {}",
-            manifest.backup_name
+            "it belongs to backup {} (uid {})",
+            manifest.backup_name,
+            recorded_uid.unwrap_or("none")
         )));
     }
     check_objects(bucket, &manifest).await?;
