@@ -352,7 +352,7 @@ async fn start(
     .instrument(info_span!("apply"))
     .await?;
     let running = Change::Running {
-        storage,
+        storage: Box::new(storage),
         manifest_key: keys.manifest(),
         compression,
         job: name,

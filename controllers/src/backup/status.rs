@@ -21,7 +21,7 @@ pub enum Change {
     /// The Job was created: where the backup goes (the storage, and the key of its manifest,
     /// in a directory no other backup has), how it compresses, and the Job.
     Running {
-        storage: S3Storage,
+        storage: Box<S3Storage>,
         manifest_key: String,
         compression: BackupCompression,
         job: String,
@@ -69,7 +69,7 @@ pub fn next_status(
             compression,
             job,
         } => {
-            status.storage = Some(storage);
+            status.storage = Some(*storage);
             status.object_key = Some(manifest_key);
             status.compression = Some(compression);
             status.job_name = Some(job.clone());
@@ -205,7 +205,7 @@ mod tests {
         let running = next_status(
             &PostgreSQLBackupStatus::default(),
             Change::Running {
-                storage: S3Storage::default(),
+                storage: Box::default(),
                 manifest_key: "db/main/c/b1/u/manifest.json".to_owned(),
                 compression: gzip_3(),
                 job: "b1-backup".to_owned(),
