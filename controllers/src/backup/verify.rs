@@ -138,3 +138,50 @@ async fn check_objects(bucket: &S3Bucket, manifest: &Manifest) -> Result<(), Ver
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+
+    use super::*;
+
+    /// A bucket that no request may reach: the checks tested here come before any.
+    fn unreachable_bucket() -> S3Bucket {
+        let config = aws_sdk_s3::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .endpoint_url("http://127.0.0.1:9")
+            .region(Region::new("test"))
+            .credentials_provider(Credentials::new("AK", "SK", None, None, "test"))
+            .build();
+        S3Bucket::with_client(aws_sdk_s3::Client::from_conf(config), "backups")
+    }
+
+    #[tokio::test]
+    async fn a_manifest_elsewhere_than_the_recorded_key_fails_the_backup() {
+        // An agent from before the uids writes the legacy layout, not where the status says.
+        let result = AgentResult {
+            status: "Completed".to_owned(),
+            manifest_key: Some("db/main/nightly/manifest.json".to_owned()),
+            manifest_sha256: Some("ab".repeat(32)),
+            ..AgentResult::default()
+        };
+        let expected = Expected {
+            manifest_key: "db/main/c1/nightly/u1/manifest.json",
+            backup_name: "nightly",
+            backup_uid: Some("u1"),
+        };
+        let error = verify(&unreachable_bucket(), expected, &result)
+            .await
+            .expect_err("another key");
+        assert!(
+            matches!(&error, VerifyError::Mismatch { key, .. } if key == "db/main/nightly/manifest.json"),
+            "{error}"
+        );
+        assert!(
+            error
+                .to_string()
+                .ends_with("the backup's manifest is db/main/c1/nightly/u1/manifest.json"),
+            "{error}"
+        );
+    }
+}
