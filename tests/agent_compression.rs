@@ -5,9 +5,8 @@
 
 mod agent_common;
 
-use agent_common::{
-    Agent, Scratch, fingerprint, get_object, object_digest, put_object, store_old_format_backup,
-};
+use agent_common::legacy::store_old_format_backup;
+use agent_common::{Agent, Scratch, fingerprint, get_object, object_digest, put_object};
 use pgkube_testkit::aws_sdk_s3::Client as S3Client;
 use pgkube_testkit::testbed;
 use sha2::{Digest, Sha256};

@@ -7,7 +7,8 @@ mod agent_common;
 
 use std::collections::BTreeMap;
 
-use agent_common::{Agent, Scratch, fingerprint, get_object, store_old_format_backup};
+use agent_common::legacy::store_old_format_backup;
+use agent_common::{Agent, Scratch, fingerprint, get_object};
 use pgkube_testkit::aws_sdk_s3::Client as S3Client;
 use pgkube_testkit::{list_objects, testbed};
 use sha2::{Digest, Sha256};

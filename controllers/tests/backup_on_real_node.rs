@@ -7,186 +7,20 @@ mod common;
 
 use std::time::Duration;
 
-use common::Running;
+use common::real_node::{BACKUP_TIMEOUT, Fixture, S3_SECRET, phase};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, Patch, PatchParams};
-use pgkube_controllers::storage::manifest::Manifest;
 use pgkube_crds::{
-    BackupCompression, BackupPhase, CompressionMethod, DeletionPolicy, LocalReference,
-    PostgreSQLBackup, PostgreSQLBackupSpec, PostgreSQLCluster,
+    BackupCompression, BackupPhase, CompressionMethod, DeletionPolicy, PostgreSQLBackup,
+    PostgreSQLCluster,
 };
 use pgkube_testkit::{
-    SECRET_ACCESS_KEY_KEY, TestBucket, TestCluster, backup_config, condition, create_backup,
-    create_s3_secret, list_objects, test_storage, wait_backup_ended, wait_until,
+    SECRET_ACCESS_KEY_KEY, TestBucket, condition, create_backup, list_objects, wait_backup_ended,
+    wait_until,
 };
-use serde_json::{Value, json};
+use serde_json::json;
 use sha2::{Digest, Sha256};
-
-const RESYNC: Duration = Duration::from_secs(30);
-const CLUSTER_TIMEOUT: Duration = Duration::from_secs(300);
-const BACKUP_TIMEOUT: Duration = Duration::from_secs(180);
-/// A schedule that never comes during a test (1 January, 00:00), so that only the tests'
-/// own backups run.
-const NEVER: &str = "0 0 1 1 *";
-const S3_SECRET: &str = "s3-keys";
-
-/// A running cluster whose backups go to a fresh bucket; the cluster has some data.
-struct Fixture {
-    running: Running,
-    cluster: TestCluster,
-    /// The cluster's uid: its backups are under `<namespace>/pg/<uid>/`.
-    cluster_uid: String,
-    bucket: TestBucket,
-}
-
-impl Fixture {
-    async fn start(prefix: &str) -> Option<Fixture> {
-        let running = Running::start(prefix, RESYNC).await?;
-        let env = pgkube_testkit::testbed()?;
-        let bucket = TestBucket::create(&env, "backups").await;
-        create_s3_secret(
-            &running.client,
-            &env,
-            running.namespace.name(),
-            S3_SECRET,
-            None,
-        )
-        .await
-        .expect("S3 Secret");
-        let storage = test_storage(&env, bucket.name(), S3_SECRET);
-        let cluster = TestCluster::builder("pg")
-            .spec(|spec| spec.backup = Some(backup_config(storage, NEVER)))
-            .timeout(CLUSTER_TIMEOUT)
-            .start(&running.namespace)
-            .await
-            .unwrap_or_else(|error| panic!("the cluster becomes Running: {error:#}"));
-        let sql = cluster.sql().await.expect("SQL");
-        sql.batch_execute(
-            "CREATE TABLE items (id int PRIMARY KEY, name text);
-             INSERT INTO items SELECT i, 'item ' || i FROM generate_series(1, 1000) i;",
-        )
-        .await
-        .expect("data written");
-        // On its own: CREATE DATABASE cannot run in the implicit transaction of a batch.
-        sql.batch_execute("CREATE DATABASE shop")
-            .await
-            .expect("database created");
-        let cluster_uid = running
-            .clusters()
-            .get(cluster.name())
-            .await
-            .expect("the cluster")
-            .metadata
-            .uid
-            .expect("a uid");
-        Some(Fixture {
-            running,
-            cluster,
-            cluster_uid,
-            bucket,
-        })
-    }
-
-    /// `<namespace>/pg/<cluster-uid>/`: where the cluster's backups are.
-    fn root(&self) -> String {
-        format!("{}/pg/{}/", self.namespace(), self.cluster_uid)
-    }
-
-    fn namespace(&self) -> &str {
-        self.running.namespace.name()
-    }
-
-    async fn backup(&self, name: &str, policy: DeletionPolicy) -> PostgreSQLBackup {
-        create_backup(
-            &self.running.client,
-            self.namespace(),
-            name,
-            self.cluster.name(),
-            policy,
-        )
-        .await
-        .expect("backup created");
-        wait_backup_ended(&self.running.client, self.namespace(), name, BACKUP_TIMEOUT)
-            .await
-            .unwrap_or_else(|error| panic!("{error:#}"))
-    }
-
-    /// Backup `name` compressed as `compression` says (`None`: as its cluster says), once ended.
-    async fn compressed_backup(
-        &self,
-        name: &str,
-        compression: Option<BackupCompression>,
-    ) -> PostgreSQLBackup {
-        let spec = PostgreSQLBackupSpec {
-            cluster: LocalReference {
-                name: self.cluster.name().to_owned(),
-            },
-            method: Default::default(),
-            deletion_policy: DeletionPolicy::Retain,
-            compression,
-        };
-        let backup = PostgreSQLBackup::new(name, spec);
-        self.running
-            .api::<PostgreSQLBackup>()
-            .create(&Default::default(), &backup)
-            .await
-            .expect("backup created");
-        wait_backup_ended(&self.running.client, self.namespace(), name, BACKUP_TIMEOUT)
-            .await
-            .unwrap_or_else(|error| panic!("{error:#}"))
-    }
-
-    /// The manifest of a completed backup, as JSON, and its Job's agent arguments.
-    async fn manifest_and_arguments(&self, backup: &PostgreSQLBackup) -> (Value, String) {
-        let status = backup.status.clone().unwrap_or_default();
-        assert_eq!(status.phase, Some(BackupPhase::Completed), "{status:?}");
-        let key = status.object_key.expect("object key");
-        let bytes = self.bucket.object(&key).await.expect("manifest");
-        Manifest::parse(&key, &bytes).expect("the controllers read it");
-        let job_name = status.job_name.expect("job name");
-        let job = self.running.api::<Job>().get(&job_name).await.expect("job");
-        let pod = job.spec.and_then(|spec| spec.template.spec).expect("pod");
-        let arguments = pod.containers[0].args.clone().unwrap_or_default().join(" ");
-        let manifest = serde_json::from_slice(&bytes).expect("manifest JSON");
-        (manifest, arguments)
-    }
-
-    /// The stored objects of every backup named `name` (whatever its uid), by key, with their
-    /// sizes.
-    async fn objects_of(&self, name: &str) -> std::collections::BTreeMap<String, i64> {
-        self.objects_under(&format!("{}{name}/", self.root())).await
-    }
-
-    async fn objects_under(&self, prefix: &str) -> std::collections::BTreeMap<String, i64> {
-        list_objects(&self.bucket.client(), self.bucket.name(), prefix)
-            .await
-            .expect("listing")
-    }
-
-    /// Every object under `prefix`, by key, with the SHA-256 of its bytes.
-    async fn contents_under(&self, prefix: &str) -> std::collections::BTreeMap<String, String> {
-        let mut contents = std::collections::BTreeMap::new();
-        for key in self.objects_under(prefix).await.into_keys() {
-            let bytes = self.bucket.object(&key).await.expect("object");
-            contents.insert(key, hex::encode(Sha256::digest(&bytes)));
-        }
-        contents
-    }
-
-    async fn stop(self) {
-        self.cluster
-            .delete(Duration::from_secs(120))
-            .await
-            .expect("cluster deleted");
-        self.running.stop().await;
-        self.bucket.cleanup().await;
-    }
-}
-
-fn phase(backup: &PostgreSQLBackup) -> Option<BackupPhase> {
-    backup.status.as_ref().and_then(|s| s.phase)
-}
 
 #[tokio::test]
 async fn an_on_demand_backup_completes_with_the_size_and_checksum_of_its_stored_objects() {

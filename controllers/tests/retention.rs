@@ -6,45 +6,23 @@
 //! Passes that must count their requests go through a recording proxy, so the report's figure
 //! is checked against the requests that really went over the wire.
 
+mod common;
+
 use std::collections::BTreeSet;
 
 use aws_sdk_s3::Client;
-use chrono::{DateTime, SecondsFormat, SubsecRound, TimeDelta, Utc};
-use futures::{StreamExt, TryStreamExt};
+use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
+use common::stored::{Cluster, Fill, all_keys, keys_of, uid};
 use pgkube_controllers::retention::{BackupId, PruneReport, RetentionPolicy, prune};
-use pgkube_controllers::storage::manifest::{
-    DATABASE_FORMAT, DatabaseObject, GLOBALS_FORMAT, MANIFEST_VERSION, Manifest, StoredObject,
-};
 use pgkube_controllers::storage::{CredentialSource, S3Bucket, S3Options, StaticKeys};
 use pgkube_testkit::proxy::{Cut, Proxy};
 use pgkube_testkit::{TestBucket, TestEnv, testbed, unique_name};
-
-/// Objects uploaded at once while filling a bucket.
-const CONCURRENT_UPLOADS: usize = 32;
-
-/// A cluster whose backups go under `<prefix>/<uid>/`.
-#[derive(Clone, Copy)]
-struct Cluster {
-    prefix: &'static str,
-    uid: &'static str,
-}
 
 /// Cluster `a` of namespace `ns`, on the default prefix.
 const A: Cluster = Cluster {
     prefix: "ns/a",
     uid: "c1",
 };
-
-impl Cluster {
-    /// The directory of its backup `name`, made by the PostgreSQLBackup of uid `<name>-uid`.
-    fn dir(&self, name: &str) -> String {
-        format!("{}/{}/{name}/{}/", self.prefix, self.uid, uid(name))
-    }
-}
-
-fn uid(name: &str) -> String {
-    format!("{name}-uid")
-}
 
 fn id(name: &str) -> BackupId {
     BackupId::new(name, uid(name))
@@ -62,141 +40,6 @@ fn policy(cluster: Cluster, retention_days: u32, failed: &[&str]) -> RetentionPo
         failed_backups: failed.iter().map(|name| uid(name)).collect(),
         held: Default::default(),
     }
-}
-
-fn stored(key: String, format: &str) -> StoredObject {
-    StoredObject {
-        key,
-        size: 4,
-        sha256: "00".repeat(32),
-        format: format.into(),
-        compression: None,
-    }
-}
-
-/// The manifest of a backup in `dir`, recording `owner` (cluster uid, backup uid) or no uid.
-fn manifest_json(
-    dir: &str,
-    name: &str,
-    owner: Option<(&str, &str)>,
-    finished_at: DateTime<Utc>,
-) -> Vec<u8> {
-    let finished_at = finished_at.to_rfc3339_opts(SecondsFormat::Secs, true);
-    let manifest = Manifest {
-        manifest_version: MANIFEST_VERSION,
-        cluster: "a".into(),
-        namespace: "ns".into(),
-        cluster_uid: owner.map(|(cluster, _)| cluster.to_owned()),
-        backup_name: name.into(),
-        backup_uid: owner.map(|(_, backup)| backup.to_owned()),
-        postgresql_version: "16.4".into(),
-        started_at: finished_at.clone(),
-        finished_at,
-        format: DATABASE_FORMAT.into(),
-        globals: stored(format!("{dir}globals.sql"), GLOBALS_FORMAT),
-        databases: vec![DatabaseObject {
-            name: "app".into(),
-            object: stored(format!("{dir}databases/app.dump"), DATABASE_FORMAT),
-        }],
-    };
-    serde_json::to_vec(&manifest).expect("a manifest serialises")
-}
-
-/// A bucket being filled: objects to upload, then [`Fill::upload`].
-struct Fill {
-    objects: Vec<(String, Vec<u8>)>,
-}
-
-impl Fill {
-    fn new() -> Self {
-        Self {
-            objects: Vec::new(),
-        }
-    }
-
-    /// A complete backup of `cluster`: globals, one database, `extra` more objects and its
-    /// manifest.
-    fn backup(
-        self,
-        cluster: Cluster,
-        name: &str,
-        finished_at: DateTime<Utc>,
-        extra: usize,
-    ) -> Self {
-        let dir = cluster.dir(name);
-        let manifest = manifest_json(&dir, name, Some((cluster.uid, &uid(name))), finished_at);
-        self.incomplete(&dir, extra)
-            .object(&format!("{dir}manifest.json"), manifest)
-    }
-
-    /// A backup stored before the uids named its directory: `<prefix>/<name>/`, a manifest
-    /// without uids.
-    fn legacy(self, prefix: &str, name: &str, finished_at: DateTime<Utc>) -> Self {
-        let dir = format!("{prefix}/{name}/");
-        let manifest = manifest_json(&dir, name, None, finished_at);
-        self.incomplete(&dir, 0)
-            .object(&format!("{dir}manifest.json"), manifest)
-    }
-
-    /// The objects of a backup in `dir` whose manifest was never written.
-    fn incomplete(mut self, dir: &str, extra: usize) -> Self {
-        self = self.object(&format!("{dir}globals.sql"), b"SET;".to_vec());
-        self = self.object(&format!("{dir}databases/app.dump"), b"PGDM".to_vec());
-        for index in 0..extra {
-            let key = format!("{dir}databases/extra-{index:05}.dump");
-            self = self.object(&key, b"PGDM".to_vec());
-        }
-        self
-    }
-
-    fn object(mut self, key: &str, body: Vec<u8>) -> Self {
-        self.objects.push((key.to_owned(), body));
-        self
-    }
-
-    fn keys(&self) -> BTreeSet<String> {
-        self.objects.iter().map(|(key, _)| key.clone()).collect()
-    }
-
-    async fn upload(&self, client: &Client, bucket: &str) {
-        futures::stream::iter(&self.objects)
-            .map(|(key, body)| async move {
-                client
-                    .put_object()
-                    .bucket(bucket)
-                    .key(key)
-                    .body(body.clone().into())
-                    .send()
-                    .await
-                    .map_err(|error| format!("putting {key}: {error:?}"))
-            })
-            .buffer_unordered(CONCURRENT_UPLOADS)
-            .try_collect::<Vec<_>>()
-            .await
-            .expect("uploading the test objects");
-    }
-}
-
-async fn all_keys(client: &Client, bucket: &str) -> BTreeSet<String> {
-    client
-        .list_objects_v2()
-        .bucket(bucket)
-        .into_paginator()
-        .send()
-        .try_collect()
-        .await
-        .expect("listing the bucket")
-        .iter()
-        .flat_map(|page| page.contents())
-        .filter_map(|object| object.key().map(str::to_owned))
-        .collect()
-}
-
-fn keys_of(keys: &BTreeSet<String>, dir: &str) -> BTreeSet<String> {
-    keys.iter()
-        .filter(|key| key.starts_with(dir))
-        .cloned()
-        .collect()
 }
 
 /// A client that reaches the test bed's S3 server through `endpoint`.

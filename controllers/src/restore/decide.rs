@@ -39,13 +39,11 @@ pub enum Next {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Location {
     pub storage: S3Storage,
-    /// The key prefix of the backup's cluster (for a source: what is before the backup's
-    /// directory).
+    /// The key prefix of the backup's cluster (for a source: what is before its directory).
     pub prefix: String,
     /// The backup's name (for a source: the segment before `manifest.json`).
     pub backup_name: String,
-    /// The key of the backup's manifest, which lists every object's key: in the backup's
-    /// directory named by its uids, or, for a backup from before, `<prefix>/<name>/manifest.json`.
+    /// The key of the backup's manifest, which lists every object's key (see `storage::keys`).
     pub manifest_key: String,
 }
 
@@ -194,10 +192,8 @@ fn location(
     })
 }
 
-/// The location of the manifest at `key`: `<directory>/manifest.json`, where the directory's
-/// last segment is the backup's uid (`<prefix>/<cluster-uid>/<name>/<uid>/`) or, for a backup
-/// from before the uids were in the keys, its name (`<prefix>/<name>/`); the prefix may be
-/// empty. The agent reads the manifest at this key, and the objects at the keys it lists.
+/// The location of the manifest at `key`, `<directory>/manifest.json`, in either layout (see
+/// `storage::keys`); the agent reads it there, and the objects at the keys it lists.
 pub fn source_location(storage: &S3Storage, key: &str) -> Result<Location, Reason> {
     let invalid = || {
         Reason::new(
@@ -464,23 +460,16 @@ mod tests {
 
     #[test]
     fn a_backup_from_before_the_uids_in_the_keys_is_restored_from_its_legacy_key() {
-        let r = restore("r1", 0, None);
-        let c = cluster(PostgresVersion::V15, true);
-        let mut legacy = backup(BackupPhase::Completed, "15.14");
-        if let Some(status) = legacy.status.as_mut() {
-            status.object_key = Some("db/main/nightly/manifest.json".to_owned());
+        let (r, c) = (restore("r1", 0, None), cluster(PostgresVersion::V15, true));
+        for recorded in [Some("db/main/nightly/manifest.json".to_owned()), None] {
+            let mut legacy = backup(BackupPhase::Completed, "15.14");
+            legacy.status.as_mut().expect("status").object_key = recorded;
+            let next = decide(&r, Some(&legacy), Some(&c), 5);
+            let Next::Start(location) = next else {
+                panic!("starts: {next:?}")
+            };
+            assert_eq!(location.manifest_key, "db/main/nightly/manifest.json");
         }
-        let Next::Start(location) = decide(&r, Some(&legacy), Some(&c), 5) else {
-            panic!("starts");
-        };
-        assert_eq!(location.manifest_key, "db/main/nightly/manifest.json");
-        if let Some(status) = legacy.status.as_mut() {
-            status.object_key = None;
-        }
-        let Next::Start(location) = decide(&r, Some(&legacy), Some(&c), 5) else {
-            panic!("starts");
-        };
-        assert_eq!(location.manifest_key, "db/main/nightly/manifest.json");
     }
 
     #[test]

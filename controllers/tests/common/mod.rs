@@ -4,6 +4,9 @@
 
 #![allow(dead_code)] // Each test binary uses a different part.
 
+pub mod real_node;
+pub mod stored;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
