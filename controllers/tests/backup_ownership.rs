@@ -492,3 +492,77 @@ async fn a_new_object_is_written_only_where_none_is() {
     assert_eq!(listed.len(), 1);
     bucket.cleanup().await;
 }
+
+/// A backup is Completed only if the manifest at its recorded key records its own uid: one
+/// that records another PostgreSQLBackup (a name used again) fails verification.
+#[tokio::test]
+async fn verification_refuses_a_manifest_that_records_another_backup() {
+    use pgkube_controllers::agent_job::AgentResult;
+    use pgkube_controllers::backup::verify::{Expected, VerifyError, verify};
+    let Some(env) = pgkube_testkit::testbed() else {
+        return;
+    };
+    let bucket = TestBucket::create(&env, "verify-owner").await;
+    let dir = "p/c1/nightly/u1/";
+    let globals = StoredObject {
+        key: format!("{dir}globals.sql"),
+        size: 4,
+        sha256: hex::encode(Sha256::digest(b"data")),
+        format: GLOBALS_FORMAT.to_owned(),
+        compression: None,
+    };
+    let manifest = Manifest {
+        manifest_version: MANIFEST_VERSION,
+        cluster: "a".to_owned(),
+        namespace: "ns".to_owned(),
+        cluster_uid: Some("c1".to_owned()),
+        backup_name: "nightly".to_owned(),
+        backup_uid: Some("u0".to_owned()),
+        postgresql_version: "16.4".to_owned(),
+        started_at: "2026-01-01T00:00:00Z".to_owned(),
+        finished_at: "2026-01-01T00:01:00Z".to_owned(),
+        format: DATABASE_FORMAT.to_owned(),
+        globals,
+        databases: Vec::new(),
+    };
+    let bytes = serde_json::to_vec(&manifest).expect("manifest JSON");
+    let s3 = bucket.client();
+    let key = format!("{dir}manifest.json");
+    put_object(
+        &s3,
+        bucket.name(),
+        &format!("{dir}globals.sql"),
+        b"data".to_vec(),
+    )
+    .await
+    .expect("globals");
+    put_object(&s3, bucket.name(), &key, bytes.clone())
+        .await
+        .expect("manifest");
+    let result = AgentResult {
+        status: "Completed".to_owned(),
+        manifest_key: Some(key.clone()),
+        manifest_sha256: Some(hex::encode(Sha256::digest(&bytes))),
+        ..AgentResult::default()
+    };
+    let store = S3Bucket::with_client(s3, bucket.name());
+    let expected = |uid| Expected {
+        manifest_key: &key,
+        backup_name: "nightly",
+        backup_uid: Some(uid),
+    };
+
+    let refused = verify(&store, expected("u1"), &result).await;
+    let accepted = verify(&store, expected("u0"), &result).await;
+
+    let error = refused.expect_err("another backup's manifest");
+    assert!(matches!(error, VerifyError::Mismatch { .. }), "{error}");
+    assert!(
+        error
+            .to_string()
+            .ends_with("it belongs to backup nightly (uid u0)"),
+        "{error}"
+    );
+    assert_eq!(accepted.expect("its own manifest").manifest_key, key);
+    bucket.cleanup().await;
+}
