@@ -193,12 +193,18 @@ impl Bench<'_> {
         let mut command = self.agent("backup", &backup_name, &args);
         command.stdout(std::fs::File::create(&report_file).expect("report file"));
         let backup = measure(command);
-        let stored_mb = stored_database_mb(&report_file, &self.globals_size(&backup_name).await);
+        let stored = self.stored_key(&backup_name, "globals.sql").await;
+        let globals =
+            agent_common::get_object(&self.bucket.client(), self.bucket.name(), &stored).await;
+        let stored_mb = stored_database_mb(&report_file, &globals);
 
         drop_database(self.admin, self.database).await;
         let pg_restore = measure(pg_restore_from(self.login, dump_file));
         drop_database(self.admin, self.database).await;
-        let restore = measure(self.agent("restore", &backup_name, &["--skip-globals"]));
+        let manifest_key = self.stored_key(&backup_name, "manifest.json").await;
+        let mut restore = self.agent("restore", &backup_name, &["--skip-globals"]);
+        restore.env("PGKUBE_MANIFEST_KEY", manifest_key);
+        let restore = measure(restore);
         Row {
             size_mb,
             flags: flags.trim().to_string(),
@@ -211,10 +217,15 @@ impl Bench<'_> {
         }
     }
 
-    /// The bytes of the backup's globals object, to leave out of its total size.
-    async fn globals_size(&self, backup_name: &str) -> Vec<u8> {
-        let key = format!("bench/{backup_name}/globals.sql");
-        agent_common::get_object(&self.bucket.client(), self.bucket.name(), &key).await
+    /// The key of the backup's `object`: in the backup's directory named by uids, or where an
+    /// agent from before the uids (`PGKUBE_BENCH_AGENT_BIN`) wrote it.
+    async fn stored_key(&self, backup_name: &str, object: &str) -> String {
+        let key = format!("{}{object}", backup_directory(backup_name));
+        if agent_common::object_exists(&self.bucket.client(), self.bucket.name(), &key).await {
+            key
+        } else {
+            format!("bench/{backup_name}/{object}")
+        }
     }
 
     fn agent(&self, subcommand: &str, backup_name: &str, extra: &[&str]) -> Command {
@@ -451,6 +462,21 @@ fn pg_restore_from(login: &Login, file: &Path) -> Command {
     command
 }
 
+/// The cluster uid the bench's backups are made for.
+const BENCH_CLUSTER_UID: &str = "bench-cluster-uid";
+
+fn backup_uid(backup_name: &str) -> String {
+    format!("{backup_name}-uid")
+}
+
+/// The directory of backup `backup_name` made by this agent: `bench/<cluster-uid>/<name>/<uid>/`.
+fn backup_directory(backup_name: &str) -> String {
+    format!(
+        "bench/{BENCH_CLUSTER_UID}/{backup_name}/{}/",
+        backup_uid(backup_name)
+    )
+}
+
 fn agent(
     env: &TestEnv,
     login: &Login,
@@ -479,6 +505,10 @@ fn agent(
         ])
         .args(["--termination-message-path", "/dev/null"])
         .args(extra)
+        // Variables, not flags: an agent from before the uids (PGKUBE_BENCH_AGENT_BIN) ignores
+        // them and uses the legacy layout for its backup and its restore alike.
+        .env("PGKUBE_CLUSTER_UID", BENCH_CLUSTER_UID)
+        .env("PGKUBE_BACKUP_UID", backup_uid(backup_name))
         .env("AWS_ACCESS_KEY_ID", &env.s3_access_key)
         .env("AWS_SECRET_ACCESS_KEY", &env.s3_secret_key)
         .stdout(Stdio::null());

@@ -5,9 +5,8 @@
 
 mod agent_common;
 
-use agent_common::{
-    Agent, Scratch, fingerprint, get_object, object_digest, put_object, store_old_format_backup,
-};
+use agent_common::legacy::store_old_format_backup;
+use agent_common::{Agent, Scratch, fingerprint, get_object, object_digest, put_object};
 use pgkube_testkit::aws_sdk_s3::Client as S3Client;
 use pgkube_testkit::testbed;
 use sha2::{Digest, Sha256};
@@ -205,7 +204,7 @@ async fn a_backup_stored_before_the_agent_compressed_still_restores() {
     let before = fingerprint(&client).await;
     let manifest = store_old_format_backup(&agent, &s3, "before-zstd", &[database.name()]).await;
     assert!(!String::from_utf8_lossy(&manifest).contains("compression"));
-    let key = agent.key(
+    let key = agent.legacy_key(
         "before-zstd",
         &format!("databases/{}.dump", database.name()),
     );
@@ -217,8 +216,13 @@ async fn a_backup_stored_before_the_agent_compressed_still_restores() {
         .expect("changing the database");
     drop(client);
 
-    let restore = agent.restore("before-zstd", &RESTORE_ALL).await;
+    // Without a manifest key, as from before the uids named the directory: its legacy key.
+    let restore = agent.restore_legacy("before-zstd", &RESTORE_ALL).await;
     restore.assert_completed();
+    assert_eq!(
+        restore.report["manifestKey"],
+        agent.legacy_key("before-zstd", "manifest.json")
+    );
     assert_eq!(fingerprint(&database.connect().await).await, before);
 
     scratch.cleanup().await;
@@ -229,6 +233,7 @@ fn compression_levels_out_of_range_are_refused_by_the_cli_naming_the_flag() {
     let run = |flags: &[&str]| {
         std::process::Command::new(env!("CARGO_BIN_EXE_pgkube"))
             .args(["agent", "backup", "--backup-name", "x", "--cluster", "c"])
+            .args(["--cluster-uid", "cu", "--backup-uid", "bu"])
             .args(["--namespace", "n", "--s3-bucket", "b"])
             .args(flags)
             .env("PGKUBE_TERMINATION_MESSAGE_PATH", "/dev/null")

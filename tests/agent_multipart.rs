@@ -8,16 +8,21 @@
 use pgkube::agent::multipart::{MIN_PART_SIZE, MultipartUpload, PartBuffers};
 use pgkube::agent::part_size::PartSizes;
 use pgkube::agent::storage::Store;
+use pgkube_controllers::storage::keys::BackupKeys;
 use pgkube_testkit::{TestBucket, testbed};
 use sha2::{Digest, Sha256};
 
 const MIB: usize = 1024 * 1024;
 
+fn keys(backup: &str) -> BackupKeys {
+    BackupKeys::new("", "cluster-uid", backup, "backup-uid").expect("keys")
+}
+
 #[tokio::test]
 async fn streams_of_many_parts_reuse_the_same_few_buffers() {
     let Some(env) = testbed() else { return };
     let bucket = TestBucket::create(&env, "multipart").await;
-    let store = Store::with_client(bucket.client(), bucket.name(), "pool");
+    let store = Store::with_client(bucket.client(), bucket.name(), keys("pool"));
     let parts_in_flight = 2;
     let mut buffers = PartBuffers::new(MIN_PART_SIZE, parts_in_flight);
 
@@ -29,7 +34,7 @@ async fn streams_of_many_parts_reuse_the_same_few_buffers() {
         let stream: Vec<u8> = (0..length)
             .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
             .collect();
-        let key = store.database_key(name);
+        let key = store.keys.database(name);
         let upload = MultipartUpload::create(&store, &key, parts_in_flight)
             .await
             .expect("create");
@@ -56,7 +61,7 @@ async fn streams_of_many_parts_reuse_the_same_few_buffers() {
 async fn parts_that_grow_with_the_part_count_make_one_object() {
     let Some(env) = testbed() else { return };
     let bucket = TestBucket::create(&env, "multipart-growth").await;
-    let store = Store::with_client(bucket.client(), bucket.name(), "growth");
+    let store = Store::with_client(bucket.client(), bucket.name(), keys("growth"));
     let parts_in_flight = 2;
     let sizes = PartSizes::new(MIN_PART_SIZE).doubling_every(2);
     let mut buffers = PartBuffers::with_sizes(sizes, parts_in_flight);
@@ -65,7 +70,7 @@ async fn parts_that_grow_with_the_part_count_make_one_object() {
     let stream: Vec<u8> = (0..expected_parts.iter().sum::<usize>())
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
         .collect();
-    let key = store.database_key("growing");
+    let key = store.keys.database("growing");
 
     let upload = MultipartUpload::create(&store, &key, parts_in_flight)
         .await

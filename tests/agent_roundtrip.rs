@@ -219,6 +219,7 @@ async fn the_dump_compression_level_reaches_pg_dump_and_still_restores() {
     // Out of range is refused before anything runs.
     let refused = std::process::Command::new(env!("CARGO_BIN_EXE_pgkube"))
         .args(["agent", "backup", "--backup-name", "x", "--cluster", "c"])
+        .args(["--cluster-uid", "cu", "--backup-uid", "bu"])
         .args([
             "--namespace",
             "n",

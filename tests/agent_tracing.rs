@@ -105,6 +105,12 @@ async fn failing_agent(subcommand: &str, work: &Path, env: &[(&str, &str)]) -> O
         .arg(&termination);
     if subcommand == "backup" {
         command.args(["--cluster", "traced-cluster", "--namespace", "traced-ns"]);
+        command.args([
+            "--cluster-uid",
+            "traced-cluster-uid",
+            "--backup-uid",
+            "traced-uid",
+        ]);
     }
     clear_trace_variables(&mut command);
     command.envs(env.iter().copied());

@@ -39,8 +39,8 @@ use pgkube_crds::{
 };
 use pgkube_testkit::{
     TestBucket, TestCluster, TestEnv, TestNamespace, backup_config, create_backup, create_restore,
-    create_s3_secret, describe_restore, install_crds, restore_of_backup, restore_reason,
-    test_storage, testbed, wait_backup_ended, wait_restore_ended, wait_until,
+    create_s3_secret, describe_restore, install_crds, put_object, restore_of_backup,
+    restore_reason, test_storage, testbed, wait_backup_ended, wait_restore_ended, wait_until,
 };
 use serde::Deserialize as _;
 
@@ -516,18 +516,26 @@ async fn storage_grows(scenario: &Scenario) {
         .await;
 }
 
-/// An expired (30 days old) backup of the cluster in storage, with its PostgreSQLBackup object
-/// marked Completed: the retention pass after the next completed backup deletes both.
+/// An expired (30 days old) backup of the cluster in its own directory, with its PostgreSQLBackup
+/// object marked Completed: the retention pass after the next completed backup deletes both.
 async fn expired_backup(scenario: &Scenario) {
+    use DeletionPolicy::Retain;
     use pgkube_controllers::storage::manifest::{Manifest, StoredObject};
     let ns = scenario.ns();
-    let prefix = format!("{ns}/{CLUSTER}/ancient/");
+    let created = create_backup(&scenario.client, ns, "ancient", CLUSTER, Retain).await;
+    let backup = created.expect("expired backup");
+    let backup_uid = backup.metadata.uid.expect("a uid");
+    let cluster = scenario.api::<PostgreSQLCluster>().get(CLUSTER).await;
+    let cluster_uid = cluster.expect("the cluster").metadata.uid.expect("a uid");
+    let prefix = format!("{ns}/{CLUSTER}/{cluster_uid}/ancient/{backup_uid}/");
     let finished = (chrono::Utc::now() - chrono::Duration::days(30)).to_rfc3339();
     let manifest = Manifest {
         manifest_version: 1,
         cluster: CLUSTER.to_owned(),
         namespace: ns.to_owned(),
+        cluster_uid: Some(cluster_uid),
         backup_name: "ancient".to_owned(),
+        backup_uid: Some(backup_uid),
         postgresql_version: "15".to_owned(),
         started_at: finished.clone(),
         finished_at: finished,
@@ -542,27 +550,16 @@ async fn expired_backup(scenario: &Scenario) {
         databases: Vec::new(),
     };
     let manifest = serde_json::to_vec(&manifest).expect("manifest JSON");
-    for (key, body) in [
-        (format!("{prefix}globals.sql"), b"-- globals".to_vec()),
-        (format!("{prefix}manifest.json"), manifest),
-    ] {
-        let bucket = &scenario.bucket;
-        let put = bucket.client().put_object().bucket(bucket.name());
-        put.key(&key)
-            .body(body.into())
-            .send()
-            .await
-            .unwrap_or_else(|error| panic!("putting {key}: {error:?}"));
-    }
-    create_backup(
-        &scenario.client,
-        ns,
-        "ancient",
-        CLUSTER,
-        DeletionPolicy::Retain,
-    )
-    .await
-    .expect("expired backup object");
+    let (s3, bucket) = (scenario.bucket.client(), scenario.bucket.name());
+    let globals = b"-- globals".to_vec();
+    let key = format!("{prefix}globals.sql");
+    put_object(&s3, bucket, &key, globals)
+        .await
+        .expect("globals");
+    let key = format!("{prefix}manifest.json");
+    put_object(&s3, bucket, &key, manifest)
+        .await
+        .expect("manifest");
     scenario
         .api::<PostgreSQLBackup>()
         .patch_status(

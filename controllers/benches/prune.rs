@@ -22,6 +22,8 @@ use pgkube_controllers::storage::manifest::{
 use pgkube_testkit::{TestBucket, TestEnv, testbed};
 
 const PREFIX: &str = "ns/bench";
+/// The cluster whose backups these are: they are under `<PREFIX>/<CLUSTER_UID>/`.
+const CLUSTER_UID: &str = "bench-cluster-uid";
 const EXPIRED_BACKUPS: usize = 10;
 const OBJECTS_PER_BACKUP: usize = 1_000;
 const CONCURRENT_UPLOADS: usize = 64;
@@ -81,6 +83,11 @@ fn find_testbed() -> Option<TestEnv> {
     env
 }
 
+/// The directory of backup `name`, as the agent lays it out.
+fn directory(name: &str) -> String {
+    format!("{PREFIX}/{CLUSTER_UID}/{name}/{name}-uid/")
+}
+
 fn manifest_json(name: &str, finished_at: DateTime<Utc>) -> Vec<u8> {
     let finished_at = finished_at.to_rfc3339_opts(SecondsFormat::Secs, true);
     let object = |key: String, format: &str| StoredObject {
@@ -94,16 +101,18 @@ fn manifest_json(name: &str, finished_at: DateTime<Utc>) -> Vec<u8> {
         manifest_version: MANIFEST_VERSION,
         cluster: "bench".into(),
         namespace: "ns".into(),
+        cluster_uid: Some(CLUSTER_UID.into()),
         backup_name: name.into(),
+        backup_uid: Some(format!("{name}-uid")),
         postgresql_version: "16.4".into(),
         started_at: finished_at.clone(),
         finished_at,
         format: DATABASE_FORMAT.into(),
-        globals: object(format!("{PREFIX}/{name}/globals.sql"), GLOBALS_FORMAT),
+        globals: object(format!("{}globals.sql", directory(name)), GLOBALS_FORMAT),
         databases: vec![DatabaseObject {
             name: "db00000".into(),
             object: object(
-                format!("{PREFIX}/{name}/databases/db00000.dump"),
+                format!("{}databases/db00000.dump", directory(name)),
                 DATABASE_FORMAT,
             ),
         }],
@@ -117,12 +126,13 @@ fn backup_objects(
     finished_at: DateTime<Utc>,
     objects: usize,
 ) -> Vec<(String, Vec<u8>)> {
-    let mut all = vec![(format!("{PREFIX}/{name}/globals.sql"), b"SET;".to_vec())];
+    let dir = directory(name);
+    let mut all = vec![(format!("{dir}globals.sql"), b"SET;".to_vec())];
     for index in 0..objects.saturating_sub(2) {
-        let key = format!("{PREFIX}/{name}/databases/db{index:05}.dump");
+        let key = format!("{dir}databases/db{index:05}.dump");
         all.push((key, b"PGDM".to_vec()));
     }
-    let manifest_key = format!("{PREFIX}/{name}/manifest.json");
+    let manifest_key = format!("{dir}manifest.json");
     all.push((manifest_key, manifest_json(name, finished_at)));
     all
 }
@@ -168,8 +178,10 @@ async fn run_prune(bucket: &TestBucket, now: DateTime<Utc>) -> Row {
     let store = S3Bucket::with_client(bucket.client(), bucket.name());
     let policy = RetentionPolicy {
         prefix: PREFIX.into(),
+        cluster_uid: CLUSTER_UID.into(),
         retention_days: 7,
         failed_backups: BTreeSet::new(),
+        held: Default::default(),
     };
     let started = Instant::now();
     let report = prune(&store, &policy, now)

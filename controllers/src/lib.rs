@@ -70,6 +70,9 @@ pub struct Settings {
     pub restore_pending_deadline: Duration,
     /// The restore Job's `activeDeadlineSeconds`: a restore still running after this fails.
     pub restore_active_deadline: Duration,
+    /// How often every cluster with backup storage gets a retention pass, besides the pass
+    /// after each completed backup (an hour).
+    pub retention_interval: Duration,
     /// The manager's own `OTEL_*` environment, passed on to backup and restore Jobs so that the agent
     /// exports its spans where the manager does.
     pub otel_env: Vec<(String, String)>,
@@ -91,6 +94,7 @@ impl Default for Settings {
             backup_active_deadline: Duration::from_secs(6 * 3600),
             restore_pending_deadline: Duration::from_secs(3600),
             restore_active_deadline: Duration::from_secs(6 * 3600),
+            retention_interval: Duration::from_secs(3600),
             otel_env: Vec::new(),
             instance_status: Arc::new(cluster::instances::HttpInstanceStatus::default()),
         }

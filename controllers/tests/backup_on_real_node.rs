@@ -7,156 +7,20 @@ mod common;
 
 use std::time::Duration;
 
-use common::Running;
+use common::real_node::{BACKUP_TIMEOUT, Fixture, S3_SECRET, phase};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{DeleteParams, Patch, PatchParams};
-use pgkube_controllers::storage::manifest::Manifest;
 use pgkube_crds::{
-    BackupCompression, BackupPhase, CompressionMethod, DeletionPolicy, LocalReference,
-    PostgreSQLBackup, PostgreSQLBackupSpec, PostgreSQLCluster,
+    BackupCompression, BackupPhase, CompressionMethod, DeletionPolicy, PostgreSQLBackup,
+    PostgreSQLCluster,
 };
 use pgkube_testkit::{
-    SECRET_ACCESS_KEY_KEY, TestBucket, TestCluster, backup_config, condition, create_backup,
-    create_s3_secret, list_objects, test_storage, wait_backup_ended, wait_until,
+    SECRET_ACCESS_KEY_KEY, TestBucket, condition, create_backup, list_objects, wait_backup_ended,
+    wait_until,
 };
-use serde_json::{Value, json};
+use serde_json::json;
 use sha2::{Digest, Sha256};
-
-const RESYNC: Duration = Duration::from_secs(30);
-const CLUSTER_TIMEOUT: Duration = Duration::from_secs(300);
-const BACKUP_TIMEOUT: Duration = Duration::from_secs(180);
-/// A schedule that never comes during a test (1 January, 00:00), so that only the tests'
-/// own backups run.
-const NEVER: &str = "0 0 1 1 *";
-const S3_SECRET: &str = "s3-keys";
-
-/// A running cluster whose backups go to a fresh bucket; the cluster has some data.
-struct Fixture {
-    running: Running,
-    cluster: TestCluster,
-    bucket: TestBucket,
-}
-
-impl Fixture {
-    async fn start(prefix: &str) -> Option<Fixture> {
-        let running = Running::start(prefix, RESYNC).await?;
-        let env = pgkube_testkit::testbed()?;
-        let bucket = TestBucket::create(&env, "backups").await;
-        create_s3_secret(
-            &running.client,
-            &env,
-            running.namespace.name(),
-            S3_SECRET,
-            None,
-        )
-        .await
-        .expect("S3 Secret");
-        let storage = test_storage(&env, bucket.name(), S3_SECRET);
-        let cluster = TestCluster::builder("pg")
-            .spec(|spec| spec.backup = Some(backup_config(storage, NEVER)))
-            .timeout(CLUSTER_TIMEOUT)
-            .start(&running.namespace)
-            .await
-            .unwrap_or_else(|error| panic!("the cluster becomes Running: {error:#}"));
-        let sql = cluster.sql().await.expect("SQL");
-        sql.batch_execute(
-            "CREATE TABLE items (id int PRIMARY KEY, name text);
-             INSERT INTO items SELECT i, 'item ' || i FROM generate_series(1, 1000) i;",
-        )
-        .await
-        .expect("data written");
-        // On its own: CREATE DATABASE cannot run in the implicit transaction of a batch.
-        sql.batch_execute("CREATE DATABASE shop")
-            .await
-            .expect("database created");
-        Some(Fixture {
-            running,
-            cluster,
-            bucket,
-        })
-    }
-
-    fn namespace(&self) -> &str {
-        self.running.namespace.name()
-    }
-
-    async fn backup(&self, name: &str, policy: DeletionPolicy) -> PostgreSQLBackup {
-        create_backup(
-            &self.running.client,
-            self.namespace(),
-            name,
-            self.cluster.name(),
-            policy,
-        )
-        .await
-        .expect("backup created");
-        wait_backup_ended(&self.running.client, self.namespace(), name, BACKUP_TIMEOUT)
-            .await
-            .unwrap_or_else(|error| panic!("{error:#}"))
-    }
-
-    /// Backup `name` compressed as `compression` says (`None`: as its cluster says), once ended.
-    async fn compressed_backup(
-        &self,
-        name: &str,
-        compression: Option<BackupCompression>,
-    ) -> PostgreSQLBackup {
-        let spec = PostgreSQLBackupSpec {
-            cluster: LocalReference {
-                name: self.cluster.name().to_owned(),
-            },
-            method: Default::default(),
-            deletion_policy: DeletionPolicy::Retain,
-            compression,
-        };
-        let backup = PostgreSQLBackup::new(name, spec);
-        self.running
-            .api::<PostgreSQLBackup>()
-            .create(&Default::default(), &backup)
-            .await
-            .expect("backup created");
-        wait_backup_ended(&self.running.client, self.namespace(), name, BACKUP_TIMEOUT)
-            .await
-            .unwrap_or_else(|error| panic!("{error:#}"))
-    }
-
-    /// The manifest of a completed backup, as JSON, and its Job's agent arguments.
-    async fn manifest_and_arguments(&self, backup: &PostgreSQLBackup) -> (Value, String) {
-        let status = backup.status.clone().unwrap_or_default();
-        assert_eq!(status.phase, Some(BackupPhase::Completed), "{status:?}");
-        let key = status.object_key.expect("object key");
-        let bytes = self.bucket.object(&key).await.expect("manifest");
-        Manifest::parse(&key, &bytes).expect("the controllers read it");
-        let job_name = status.job_name.expect("job name");
-        let job = self.running.api::<Job>().get(&job_name).await.expect("job");
-        let pod = job.spec.and_then(|spec| spec.template.spec).expect("pod");
-        let arguments = pod.containers[0].args.clone().unwrap_or_default().join(" ");
-        let manifest = serde_json::from_slice(&bytes).expect("manifest JSON");
-        (manifest, arguments)
-    }
-
-    /// The stored objects of backup `name`, by key, with their sizes.
-    async fn objects_of(&self, name: &str) -> std::collections::BTreeMap<String, i64> {
-        let prefix = format!("{}/{}/{name}/", self.namespace(), self.cluster.name());
-        list_objects(&self.bucket.client(), self.bucket.name(), &prefix)
-            .await
-            .expect("listing")
-    }
-
-    async fn stop(self) {
-        self.cluster
-            .delete(Duration::from_secs(120))
-            .await
-            .expect("cluster deleted");
-        self.running.stop().await;
-        self.bucket.cleanup().await;
-    }
-}
-
-fn phase(backup: &PostgreSQLBackup) -> Option<BackupPhase> {
-    backup.status.as_ref().and_then(|s| s.phase)
-}
 
 #[tokio::test]
 async fn an_on_demand_backup_completes_with_the_size_and_checksum_of_its_stored_objects() {
@@ -169,6 +33,12 @@ async fn an_on_demand_backup_completes_with_the_size_and_checksum_of_its_stored_
 
     let objects = fixture.objects_of("first").await;
     let manifest_key = status.object_key.clone().expect("object key");
+    let backup_uid = backup.metadata.uid.clone().expect("uid");
+    assert_eq!(
+        manifest_key,
+        format!("{}first/{backup_uid}/manifest.json", fixture.root()),
+        "in a directory named by the cluster's uid and the backup's"
+    );
     assert!(objects.contains_key(&manifest_key), "{objects:?}");
     let data: i64 = objects
         .iter()
@@ -405,16 +275,17 @@ async fn deleting_a_delete_backup_removes_its_data_while_retain_and_cluster_dele
     );
 
     // Deleting the cluster never deletes backup data.
+    let prefix = format!("{}kept/", fixture.root());
     let Fixture {
         running,
         cluster,
         bucket,
+        ..
     } = fixture;
     cluster
         .delete(Duration::from_secs(120))
         .await
         .expect("cluster deleted");
-    let prefix = format!("{}/pg/kept/", running.namespace.name());
     let after = list_objects(&bucket.client(), bucket.name(), &prefix)
         .await
         .expect("listing");
@@ -423,22 +294,104 @@ async fn deleting_a_delete_backup_removes_its_data_while_retain_and_cluster_dele
     bucket.cleanup().await;
 }
 
-/// A manifest for backup `name` of the fixture's cluster that finished `days_ago` days ago,
-/// listing one globals object of `globals_size` bytes.
-fn manifest(namespace: &str, name: &str, days_ago: i64, globals_size: u64) -> Vec<u8> {
+/// A backup name used again after its PostgreSQLBackup was deleted (`Retain`, so its data
+/// stayed): the new backup completes in a directory of its own, named by its uid, and the
+/// Completed backup's objects stay as they were, byte for byte, through the new backup and
+/// through the new one's deletion (`Delete`), which deletes only its own objects.
+#[tokio::test]
+async fn a_backup_name_used_again_never_touches_the_completed_backups_objects() {
+    let Some(fixture) = Fixture::start("backup-reuse").await else {
+        return;
+    };
+    let first = fixture.backup("nightly", DeletionPolicy::Retain).await;
+    assert_eq!(
+        phase(&first),
+        Some(BackupPhase::Completed),
+        "{:?}",
+        first.status
+    );
+    let first_uid = first.metadata.uid.clone().expect("uid");
+    let first_dir = format!("{}nightly/{first_uid}/", fixture.root());
+    let before = fixture.contents_under(&first_dir).await;
+    assert!(
+        before.contains_key(&format!("{first_dir}manifest.json")),
+        "{before:?}"
+    );
+    let backups = fixture.running.api::<PostgreSQLBackup>();
+    backups
+        .delete("nightly", &DeleteParams::default())
+        .await
+        .expect("backup deleted");
+    wait_until("nightly to be gone", Duration::from_secs(60), || async {
+        Ok(backups.get_opt("nightly").await?.is_none().then_some(()))
+    })
+    .await
+    .expect("the first nightly's object is gone");
+    let sql = fixture.cluster.sql().await.expect("SQL");
+    sql.batch_execute(
+        "INSERT INTO items SELECT i, 'later ' || i FROM generate_series(1001, 2000) i",
+    )
+    .await
+    .expect("more data");
+
+    let second = fixture.backup("nightly", DeletionPolicy::Delete).await;
+    let status = second.status.clone().unwrap_or_default();
+    assert_eq!(status.phase, Some(BackupPhase::Completed), "{status:?}");
+    let second_uid = second.metadata.uid.clone().expect("uid");
+    assert_ne!(second_uid, first_uid);
+    let second_dir = format!("{}nightly/{second_uid}/", fixture.root());
+    assert_eq!(
+        status.object_key,
+        Some(format!("{second_dir}manifest.json"))
+    );
+    assert!(!fixture.objects_under(&second_dir).await.is_empty());
+    assert_eq!(
+        fixture.contents_under(&first_dir).await,
+        before,
+        "the Completed backup's objects are unchanged"
+    );
+
+    backups
+        .delete("nightly", &DeleteParams::default())
+        .await
+        .expect("backup deleted");
+    wait_until(
+        "nightly to be gone again",
+        Duration::from_secs(60),
+        || async { Ok(backups.get_opt("nightly").await?.is_none().then_some(())) },
+    )
+    .await
+    .expect("the second nightly is gone with its data");
+    assert!(fixture.objects_under(&second_dir).await.is_empty());
+    assert_eq!(fixture.contents_under(&first_dir).await, before);
+    fixture.stop().await;
+}
+
+/// A manifest for backup `name` in `dir`, of the cluster and backup of `uids` (none: from
+/// before the uids were recorded), that finished `days_ago` days ago, listing one globals
+/// object of `globals_size` bytes.
+fn manifest(
+    dir: &str,
+    name: &str,
+    uids: Option<(&str, &str)>,
+    days_ago: i64,
+    globals_size: u64,
+) -> Vec<u8> {
     use pgkube_controllers::storage::manifest::{Manifest, StoredObject};
     let finished = chrono::Utc::now() - chrono::Duration::days(days_ago);
     let manifest = Manifest {
         manifest_version: 1,
         cluster: "pg".to_owned(),
-        namespace: namespace.to_owned(),
+        namespace: "ns".to_owned(),
+        cluster_uid: uids.map(|(cluster, _)| cluster.to_owned()),
         backup_name: name.to_owned(),
+        backup_uid: uids.map(|(_, backup)| backup.to_owned()),
         postgresql_version: "15".to_owned(),
         started_at: finished.to_rfc3339(),
         finished_at: finished.to_rfc3339(),
         format: "pg_dump-custom".to_owned(),
         globals: StoredObject {
-            key: format!("{namespace}/pg/{name}/globals.sql"),
+            key: format!("{dir}globals.sql"),
             size: globals_size,
             sha256: "00".repeat(32),
             format: "pg_dumpall-globals-sql".to_owned(),
@@ -468,7 +421,17 @@ async fn a_completed_backup_prunes_expired_backups_and_their_objects_but_nothing
     };
     let namespace = fixture.namespace().to_owned();
     // An expired backup of this cluster, with its PostgreSQLBackup object...
-    let ancient = format!("{namespace}/pg/ancient/");
+    let ancient_object = create_backup(
+        &fixture.running.client,
+        &namespace,
+        "ancient",
+        "pg",
+        DeletionPolicy::Retain,
+    )
+    .await
+    .expect("backup object");
+    let ancient_uid = ancient_object.metadata.uid.clone().expect("uid");
+    let ancient = format!("{}ancient/{ancient_uid}/", fixture.root());
     put(
         &fixture.bucket,
         &format!("{ancient}globals.sql"),
@@ -478,18 +441,15 @@ async fn a_completed_backup_prunes_expired_backups_and_their_objects_but_nothing
     put(
         &fixture.bucket,
         &format!("{ancient}manifest.json"),
-        manifest(&namespace, "ancient", 30, 10),
+        manifest(
+            &ancient,
+            "ancient",
+            Some((&fixture.cluster_uid, &ancient_uid)),
+            30,
+            10,
+        ),
     )
     .await;
-    create_backup(
-        &fixture.running.client,
-        &namespace,
-        "ancient",
-        "pg",
-        DeletionPolicy::Retain,
-    )
-    .await
-    .expect("backup object");
     let backups = fixture.running.api::<PostgreSQLBackup>();
     backups
         .patch_status(
@@ -499,15 +459,26 @@ async fn a_completed_backup_prunes_expired_backups_and_their_objects_but_nothing
         )
         .await
         .expect("marked Completed");
-    // ...an unfinished one (no manifest) and keys that are not this cluster's.
+    // ...an unfinished one (no manifest), a backup from before the uids (never pruned), and
+    // keys that are not this cluster's.
+    let legacy = format!("{namespace}/pg/legacy/");
     let untouchable = [
-        format!("{namespace}/pg/partial/globals.sql"),
+        format!("{}partial/partial-uid/globals.sql", fixture.root()),
+        format!("{legacy}globals.sql"),
+        format!("{namespace}/pg/another-cluster-uid/old/old-uid/manifest.json"),
         format!("{namespace}/pg-other/old/manifest.json"),
         "foreign/key".to_owned(),
     ];
     for key in &untouchable {
         put(&fixture.bucket, key, b"keep".to_vec()).await;
     }
+    let legacy_manifest = format!("{legacy}manifest.json");
+    put(
+        &fixture.bucket,
+        &legacy_manifest,
+        manifest(&legacy, "legacy", None, 30, 4),
+    )
+    .await;
 
     let fresh = fixture.backup("fresh", DeletionPolicy::Retain).await;
     assert_eq!(
@@ -530,7 +501,7 @@ async fn a_completed_backup_prunes_expired_backups_and_their_objects_but_nothing
         !everything.keys().any(|key| key.starts_with(&ancient)),
         "the expired backup's objects are gone: {everything:?}"
     );
-    for key in &untouchable {
+    for key in untouchable.iter().chain([&legacy_manifest]) {
         assert!(everything.contains_key(key), "{key} stays: {everything:?}");
     }
     assert!(
@@ -557,7 +528,7 @@ async fn an_agent_killed_mid_upload_fails_the_backup_without_a_manifest_and_rete
     )
     .await
     .expect("bulk data");
-    create_backup(
+    let killed = create_backup(
         &fixture.running.client,
         fixture.namespace(),
         "killed",
@@ -566,8 +537,9 @@ async fn an_agent_killed_mid_upload_fails_the_backup_without_a_manifest_and_rete
     )
     .await
     .expect("backup created");
+    let killed_uid = killed.metadata.uid.clone().expect("uid");
     let s3 = fixture.bucket.client();
-    let directory = format!("{}/pg/killed/", fixture.namespace());
+    let directory = format!("{}killed/{killed_uid}/", fixture.root());
     let open_uploads = || async {
         let listing = s3
             .list_multipart_uploads()
@@ -651,8 +623,10 @@ async fn an_agent_killed_mid_upload_fails_the_backup_without_a_manifest_and_rete
     let bucket = S3Bucket::with_client(s3.clone(), fixture.bucket.name());
     let policy = RetentionPolicy {
         prefix: format!("{}/pg", fixture.namespace()),
+        cluster_uid: fixture.cluster_uid.clone(),
         retention_days: 7,
-        failed_backups: ["killed".to_owned()].into(),
+        failed_backups: [killed_uid.clone()].into(),
+        held: Default::default(),
     };
     let report = prune(
         &bucket,

@@ -139,7 +139,10 @@ pub struct PostgreSQLBackupStatus {
     /// when the backup started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compression: Option<BackupCompression>,
-    /// Key of the backup's manifest object.
+    /// Key of the backup's manifest object, recorded when the backup starts: in the backup's own
+    /// directory, `<prefix>/<cluster uid>/<backup name>/<backup uid>/manifest.json`; the manifest
+    /// is there once the backup is Completed. Backups started before the uids were in the keys
+    /// have `<prefix>/<backup name>/manifest.json`, recorded when they completed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object_key: Option<String>,
     /// Total size of the stored objects, in bytes.

@@ -1,11 +1,16 @@
 //! `pgkube agent backup`: globals and every database, streamed into S3, manifest last.
 //!
+//! The objects go into the backup's own directory,
+//! `<prefix>/<cluster-uid>/<backup-name>/<backup-uid>/` ([`BackupKeys`]). A backup whose manifest
+//! is there already is refused before anything is written, and the manifest is written only
+//! where none is ([`S3Bucket::put_new_object`](pgkube_controllers::storage::S3Bucket)): a
+//! completed backup is never overwritten.
+//!
 //! Databases are compressed as [`super::compression`] says: by default pg_dump writes no
 //! compression and the agent compresses its output with multi-threaded zstd on the way to S3
 //! ([`super::zstd_stream`]); the globals script is small and stays plain SQL. The manifest
 //! records each object's compression ([`pgkube_controllers::storage::manifest`]).
 
-use aws_sdk_s3::primitives::ByteStream;
 use chrono::{SecondsFormat, Utc};
 use clap::Args;
 use sha2::{Digest, Sha256};
@@ -18,8 +23,10 @@ use super::error::AgentError;
 use super::multipart::{MultipartUpload, PartBuffers, SentStream};
 use super::postgres::{Postgres, conninfo_for};
 use super::report::Report;
-use super::storage::{Store, s3_error};
+use super::storage::Store;
 use super::zstd_stream;
+use pgkube_controllers::storage::NewObject;
+use pgkube_controllers::storage::keys::BackupKeys;
 use pgkube_controllers::storage::manifest::{
     DATABASE_FORMAT, DatabaseObject, GLOBALS_FORMAT, Manifest, StoredCompression, StoredObject,
 };
@@ -38,6 +45,16 @@ pub struct BackupArgs {
     /// Namespace of the PostgreSQLCluster, recorded in the manifest.
     #[arg(long, env = "PGKUBE_NAMESPACE")]
     namespace: String,
+
+    /// Uid of the PostgreSQLCluster: names the cluster's directory under the prefix, and is
+    /// recorded in the manifest.
+    #[arg(long, env = "PGKUBE_CLUSTER_UID")]
+    cluster_uid: String,
+
+    /// Uid of the PostgreSQLBackup: names the backup's directory under its name (a name used
+    /// again gets another directory), and is recorded in the manifest.
+    #[arg(long, env = "PGKUBE_BACKUP_UID")]
+    backup_uid: String,
 
     /// Back up only this database (repeatable). Default: every non-template database.
     #[arg(long = "database", value_name = "NAME")]
@@ -68,6 +85,8 @@ impl BackupArgs {
             backup = %self.common.backup_name,
             cluster = %self.cluster,
             namespace = %self.namespace,
+            cluster_uid = %self.cluster_uid,
+            backup_uid = %self.backup_uid,
             bucket = %self.common.s3.bucket,
             prefix = %self.common.s3.prefix,
             otel.status_description = tracing::field::Empty,
@@ -88,9 +107,15 @@ struct Dumper {
 pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
     let started_at = now();
     let compression = args.compression.plan()?;
-    let store = Store::connect(&args.common.s3, &args.common.backup_name).await?;
+    let keys = BackupKeys::new(
+        &args.common.s3.prefix,
+        &args.cluster_uid,
+        &args.common.backup_name,
+        &args.backup_uid,
+    )?;
+    let store = Store::connect(&args.common.s3, keys).await?;
     let postgres = Postgres::from_env(&args.common.maintenance_database)?;
-    let manifest_key = store.manifest_key();
+    let manifest_key = store.keys.manifest();
     if store.object_size(&manifest_key).await?.is_some() {
         return Err(AgentError::BackupExists { key: manifest_key });
     }
@@ -127,7 +152,9 @@ pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
         manifest_version: 0,
         cluster: args.cluster,
         namespace: args.namespace,
+        cluster_uid: Some(args.cluster_uid),
         backup_name: args.common.backup_name.clone(),
+        backup_uid: Some(args.backup_uid),
         postgresql_version,
         started_at,
         finished_at: now(),
@@ -171,7 +198,7 @@ impl Dumper {
         command
             .args(["--globals-only", "--no-password", "--dbname"])
             .arg(conninfo_for(self.postgres.maintenance_database()));
-        let key = self.store.globals_key();
+        let key = self.store.keys.globals();
         info!(%key, "dumping globals");
         self.stream_to_object("pg_dumpall", command, &key, GLOBALS_FORMAT, None)
             .await
@@ -186,7 +213,7 @@ impl Dumper {
             command.arg(format!("--compress={level}"));
         }
         command.arg("--dbname").arg(conninfo_for(database));
-        let key = self.store.database_key(database);
+        let key = self.store.keys.database(database);
         info!(%database, %key, "dumping database");
         let object = self
             .stream_to_object(
@@ -298,8 +325,8 @@ fn select_databases(
     Ok(selected)
 }
 
-/// Uploads the manifest, with each object's compression, in one request and returns the SHA-256
-/// of its bytes.
+/// Uploads the manifest, with each object's compression, where no object is, and returns the
+/// SHA-256 of its bytes. A manifest that appeared meanwhile is left as it is: the backup fails.
 #[instrument(name = "manifest", skip_all, fields(%key))]
 async fn write_manifest(
     store: &Store,
@@ -311,15 +338,16 @@ async fn write_manifest(
         reason: error.to_string(),
     })?;
     let sha256 = hex::encode(Sha256::digest(&bytes));
-    store
+    match store
         .s3
-        .put_object(key)
-        .content_type("application/json")
-        .body(ByteStream::from(bytes))
-        .send()
-        .await
-        .map_err(|error| s3_error("PutObject", key, error))?;
-    Ok(sha256)
+        .put_new_object(key, bytes, "application/json")
+        .await?
+    {
+        NewObject::Written => Ok(sha256),
+        NewObject::AlreadyExists => Err(AgentError::BackupExists {
+            key: key.to_string(),
+        }),
+    }
 }
 
 fn now() -> String {

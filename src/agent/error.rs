@@ -46,7 +46,7 @@ pub enum AgentError {
     #[error("manifest {key} is unusable: {reason}")]
     Manifest { key: String, reason: String },
 
-    #[error("backup {key} already exists; refusing to overwrite a completed backup")]
+    #[error("a manifest already exists at {key}; refusing to overwrite a completed backup")]
     BackupExists { key: String },
 
     #[error("the server has no database named {0}")]

@@ -13,13 +13,17 @@
 //!
 //! # Object layout
 //!
+//! Each backup has a directory of its own, `<dir>` = `<prefix>/<cluster-uid>/<backup-name>/<backup-uid>`
+//! (`--cluster-uid`, `--backup-uid`; built by [`pgkube_controllers::storage::keys`]):
+//!
 //! ```text
-//! <prefix>/<backup-name>/globals.sql                  pg_dumpall --globals-only (plain SQL)
-//! <prefix>/<backup-name>/databases/<db-name>.dump     pg_dump -Fc, one per database (zstd by default)
-//! <prefix>/<backup-name>/manifest.json                written last, only if all of the above succeeded
+//! <dir>/globals.sql                  pg_dumpall --globals-only (plain SQL)
+//! <dir>/databases/<db-name>.dump     pg_dump -Fc, one per database (zstd by default)
+//! <dir>/manifest.json                written last, only if all of the above succeeded, only where none is
 //! ```
 //!
-//! `<db-name>` keeps ASCII letters, digits, `_` and `-`; every other byte of the name is written
+//! Backups stored before the uids named the directory are under `<prefix>/<backup-name>/`;
+//! `agent restore` reads them (and any backup, at `--manifest-key`). `<db-name>` keeps ASCII letters, digits, `_` and `-`; every other byte of the name is written
 //! as `%XX`, so any database name gives one safe key segment. A backup without `manifest.json` is
 //! incomplete and must never be restored; the manifest is the single source of truth for keys,
 //! sizes, checksums and each object's compression (see

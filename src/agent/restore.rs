@@ -1,5 +1,10 @@
 //! `pgkube agent restore`: verify everything first, then apply globals and databases.
 //!
+//! The manifest is read at `--manifest-key` (the backup controller passes the key its backup
+//! recorded), else at `<prefix>/<backup-name>/manifest.json`, where backups were stored before
+//! the uids were in the keys; every object is then read at the key the manifest lists, so both
+//! layouts restore alike.
+//!
 //! Two passes over the object store. The first streams every selected object through SHA-256
 //! (no temporary file, nothing kept) and, for an object the manifest lists as zstd, through the
 //! decompressor too (zstd's own frame checksum included), and fails, before the server is
@@ -35,6 +40,7 @@ use super::report::Report;
 use super::storage::{Store, s3_error};
 use super::zstd_stream::{DecodeError, Decompressor};
 use pgkube_controllers::cluster::build::REPLICATION_USER;
+use pgkube_controllers::storage::keys::{BackupKeys, MANIFEST_FILE};
 use pgkube_controllers::storage::manifest::{
     DatabaseObject, Manifest, StoredCompression, StoredObject,
 };
@@ -59,11 +65,33 @@ pub struct RestoreArgs {
     /// Do not restore roles and tablespaces.
     #[arg(long, env = "PGKUBE_SKIP_GLOBALS")]
     skip_globals: bool,
+
+    /// Key of the backup's manifest. Default: `<prefix>/<backup-name>/manifest.json`, the layout
+    /// of backups stored before their directory was named by uids.
+    #[arg(long, env = "PGKUBE_MANIFEST_KEY")]
+    manifest_key: Option<String>,
+}
+
+impl RestoreArgs {
+    /// The backup's keys: those of the manifest given, else the legacy ones.
+    fn keys(&self) -> Result<BackupKeys, AgentError> {
+        match self.manifest_key.as_deref().filter(|key| !key.is_empty()) {
+            Some(key) => BackupKeys::of_manifest(key).ok_or_else(|| {
+                AgentError::Settings(format!(
+                    "--manifest-key {key:?} is not the key of a manifest (<directory>/{MANIFEST_FILE})"
+                ))
+            }),
+            None => Ok(BackupKeys::legacy(
+                &self.common.s3.prefix,
+                &self.common.backup_name,
+            )?),
+        }
+    }
 }
 
 pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
     let started_at = now();
-    let store = Store::connect(&args.common.s3, &args.common.backup_name).await?;
+    let store = Store::connect(&args.common.s3, args.keys()?).await?;
     let postgres = Postgres::from_env(&args.common.maintenance_database)?;
     let manifest = &read_manifest(&store).await?;
     let selected = select_databases(manifest, &args.databases)?;
@@ -100,7 +128,7 @@ pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
     info!(backup = %manifest.backup_name, size, "restore completed");
     Ok(Report {
         backup_name: Some(manifest.backup_name.clone()),
-        manifest_key: Some(store.manifest_key()),
+        manifest_key: Some(store.keys.manifest()),
         postgresql_version: Some(manifest.postgresql_version.clone()),
         started_at: Some(started_at),
         finished_at: Some(now()),
@@ -119,6 +147,7 @@ impl RestoreArgs {
             backup = %self.common.backup_name,
             bucket = %self.common.s3.bucket,
             prefix = %self.common.s3.prefix,
+            manifest_key = self.manifest_key.as_deref().unwrap_or_default(),
             drop_existing = self.drop_existing,
             otel.status_description = tracing::field::Empty,
         )
@@ -145,7 +174,7 @@ async fn verify(
 }
 
 async fn read_manifest(store: &Store) -> Result<Manifest, AgentError> {
-    let key = store.manifest_key();
+    let key = store.keys.manifest();
     let response = store
         .s3
         .client
@@ -429,7 +458,9 @@ mod tests {
             manifest_version: MANIFEST_VERSION,
             cluster: "c".into(),
             namespace: "n".into(),
+            cluster_uid: None,
             backup_name: "b".into(),
+            backup_uid: None,
             postgresql_version: "15".into(),
             started_at: String::new(),
             finished_at: String::new(),

@@ -1,8 +1,8 @@
-//! The agent's S3 settings (`--s3-*` flags) and the key layout of a backup.
+//! The agent's S3 settings (`--s3-*` flags), and the bucket with the keys of one backup.
 //!
-//! The client itself is the project's shared one ([`pgkube_controllers::storage`]): this module
-//! turns the flags and the credential variables into its [`S3Options`] and adds where a backup's
-//! objects go under the bucket.
+//! The client itself is the project's shared one ([`pgkube_controllers::storage`]), and so are
+//! the keys ([`pgkube_controllers::storage::keys`]): this module turns the flags and the
+//! credential variables into the client's [`S3Options`].
 
 use std::path::PathBuf;
 
@@ -11,6 +11,7 @@ use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::types::ServerSideEncryption;
 use clap::Args;
+use pgkube_controllers::storage::keys::BackupKeys;
 use pgkube_controllers::storage::{
     self, CaBundle, CredentialSource, Encryption, S3Bucket, S3Options,
 };
@@ -129,94 +130,34 @@ impl S3Args {
     }
 }
 
-/// The bucket, and where this backup's objects go in it.
+/// The bucket, and where this backup's objects are in it.
 #[derive(Clone, Debug)]
 pub struct Store {
     /// The shared client and the bucket.
     pub s3: S3Bucket,
-    backup_root: String,
+    pub keys: BackupKeys,
 }
 
 impl Store {
     /// Builds the client and validates the settings. Makes no request.
-    pub async fn connect(args: &S3Args, backup_name: &str) -> Result<Self, AgentError> {
-        validate_backup_name(backup_name)?;
+    pub async fn connect(args: &S3Args, keys: BackupKeys) -> Result<Self, AgentError> {
         let s3 = S3Bucket::connect(&args.options()?).await?;
-        Ok(Self {
-            s3,
-            backup_root: backup_root(&args.prefix, backup_name),
-        })
+        Ok(Self { s3, keys })
     }
 
     /// A store over a ready client (for tests that bring their own, such as the test bed's):
     /// no server-side encryption, signed payloads, 3 attempts per request.
-    pub fn with_client(client: Client, bucket: &str, backup_name: &str) -> Self {
+    pub fn with_client(client: Client, bucket: &str, keys: BackupKeys) -> Self {
         Self {
             s3: S3Bucket::with_client(client, bucket),
-            backup_root: backup_root("", backup_name),
+            keys,
         }
-    }
-
-    pub fn manifest_key(&self) -> String {
-        format!("{}/manifest.json", self.backup_root)
-    }
-
-    pub fn globals_key(&self) -> String {
-        format!("{}/globals.sql", self.backup_root)
-    }
-
-    pub fn database_key(&self, database: &str) -> String {
-        format!(
-            "{}/databases/{}.dump",
-            self.backup_root,
-            escape_key_segment(database)
-        )
     }
 
     /// Size of an object, or `None` when it does not exist.
     pub async fn object_size(&self, key: &str) -> Result<Option<u64>, AgentError> {
         Ok(self.s3.object_size(key).await?)
     }
-}
-
-fn validate_backup_name(name: &str) -> Result<(), AgentError> {
-    let valid = !name.is_empty()
-        && name != "."
-        && name != ".."
-        && name
-            .bytes()
-            .all(|byte| byte.is_ascii_alphanumeric() || b"-_.".contains(&byte));
-    if valid {
-        Ok(())
-    } else {
-        Err(AgentError::Settings(format!(
-            "backup name {name:?} must be non-empty and use only letters, digits, '-', '_' and '.'"
-        )))
-    }
-}
-
-/// `<prefix>/<backup-name>`, without empty segments whatever slashes the prefix has.
-fn backup_root(prefix: &str, backup_name: &str) -> String {
-    let prefix = prefix.trim_matches('/');
-    if prefix.is_empty() {
-        backup_name.to_string()
-    } else {
-        format!("{prefix}/{backup_name}")
-    }
-}
-
-/// Keeps ASCII letters, digits, `_` and `-`; writes every other byte as `%XX`. Dots are escaped
-/// too, so no database name can become `.` or `..` in a key.
-fn escape_key_segment(name: &str) -> String {
-    let mut escaped = String::with_capacity(name.len());
-    for byte in name.bytes() {
-        if byte.is_ascii_alphanumeric() || byte == b'_' || byte == b'-' {
-            escaped.push(char::from(byte));
-        } else {
-            escaped.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    escaped
 }
 
 #[cfg(test)]
@@ -245,7 +186,8 @@ mod tests {
             ca_bundle: Some(path.clone()),
             ..args()
         };
-        let error = Store::connect(&args, "b1").await.expect_err("refused");
+        let keys = BackupKeys::new("", "c1", "b1", "u1").expect("keys");
+        let error = Store::connect(&args, keys).await.expect_err("refused");
         assert_eq!(
             error.to_string(),
             format!(
@@ -254,30 +196,6 @@ mod tests {
             )
         );
         let _ = std::fs::remove_file(path);
-    }
-
-    #[test]
-    fn backup_root_ignores_stray_slashes_in_the_prefix() {
-        assert_eq!(backup_root("", "b1"), "b1");
-        assert_eq!(backup_root("/", "b1"), "b1");
-        assert_eq!(backup_root("/team/db/", "b1"), "team/db/b1");
-    }
-
-    #[test]
-    fn database_names_become_safe_key_segments() {
-        assert_eq!(escape_key_segment("app_db-1"), "app_db-1");
-        assert_eq!(escape_key_segment("a/b"), "a%2Fb");
-        assert_eq!(escape_key_segment(".."), "%2E%2E");
-        assert_eq!(escape_key_segment("é"), "%C3%A9");
-        assert_ne!(escape_key_segment("a b"), escape_key_segment("a_b"));
-    }
-
-    #[test]
-    fn backup_names_that_could_escape_the_prefix_are_rejected() {
-        assert!(validate_backup_name("nightly-2024.01.01_0300").is_ok());
-        for bad in ["", ".", "..", "a/b", "a b", "x\n"] {
-            assert!(validate_backup_name(bad).is_err(), "{bad:?} accepted");
-        }
     }
 
     #[test]

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // Each test crate uses its own subset.
 
+pub mod legacy;
+
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
@@ -118,6 +120,8 @@ pub struct Agent {
     pub keys_via: KeysVia,
     pub bucket: String,
     pub prefix: String,
+    /// The cluster uid every backup of this agent is made for.
+    pub cluster_uid: String,
     pub work_dir: PathBuf,
     /// Directory put first on PATH (for fake PostgreSQL tools).
     pub path_first: Option<PathBuf>,
@@ -192,6 +196,7 @@ impl Agent {
             keys_via: KeysVia::Env,
             bucket: bucket.to_string(),
             prefix: prefix.to_string(),
+            cluster_uid: "agent-tests-cluster-uid".to_string(),
             work_dir: work_dir.to_path_buf(),
             path_first: None,
             password_in_file: false,
@@ -199,14 +204,45 @@ impl Agent {
         }
     }
 
+    /// Backup `name` as the PostgreSQLBackup of uid [`Agent::uid_of`]`(name)`.
     pub async fn backup(&self, name: &str, extra: &[&str]) -> AgentOutcome {
+        self.backup_as(name, &Self::uid_of(name), extra).await
+    }
+
+    /// Backup `name` as the PostgreSQLBackup of uid `backup_uid`.
+    pub async fn backup_as(&self, name: &str, backup_uid: &str, extra: &[&str]) -> AgentOutcome {
         let mut args = vec!["--cluster", "main", "--namespace", "agent-tests"];
+        args.extend([
+            "--cluster-uid",
+            &self.cluster_uid,
+            "--backup-uid",
+            backup_uid,
+        ]);
         args.extend_from_slice(extra);
         self.run("backup", name, &args).await
     }
 
+    /// Restores backup `name` made by [`Agent::backup`], from its manifest's key.
     pub async fn restore(&self, name: &str, extra: &[&str]) -> AgentOutcome {
+        let manifest_key = self.key(name, "manifest.json");
+        self.restore_at(name, &manifest_key, extra).await
+    }
+
+    /// Restores the backup whose manifest is `manifest_key`.
+    pub async fn restore_at(&self, name: &str, manifest_key: &str, extra: &[&str]) -> AgentOutcome {
+        let mut args = vec!["--manifest-key", manifest_key];
+        args.extend_from_slice(extra);
+        self.run("restore", name, &args).await
+    }
+
+    /// Restores backup `name` without a manifest key: the agent reads the legacy layout.
+    pub async fn restore_legacy(&self, name: &str, extra: &[&str]) -> AgentOutcome {
         self.run("restore", name, extra).await
+    }
+
+    /// The uid [`Agent::backup`] gives backup `name`.
+    pub fn uid_of(name: &str) -> String {
+        format!("{name}-uid")
     }
 
     async fn run(&self, subcommand: &str, name: &str, extra: &[&str]) -> AgentOutcome {
@@ -323,12 +359,30 @@ impl Agent {
         }
     }
 
+    /// Key of `object` of backup `name` made by [`Agent::backup`]:
+    /// `<prefix>/<cluster-uid>/<name>/<name>-uid/<object>`.
     pub fn key(&self, backup: &str, object: &str) -> String {
+        self.key_as(backup, &Self::uid_of(backup), object)
+    }
+
+    /// Key of `object` of backup `name` made with uid `backup_uid`.
+    pub fn key_as(&self, backup: &str, backup_uid: &str, object: &str) -> String {
+        let directory = format!("{}/{backup}/{backup_uid}", self.cluster_uid);
+        self.under_prefix(&format!("{directory}/{object}"))
+    }
+
+    /// Key of `object` of backup `name` in the layout from before the uids named the directory:
+    /// `<prefix>/<name>/<object>`.
+    pub fn legacy_key(&self, backup: &str, object: &str) -> String {
+        self.under_prefix(&format!("{backup}/{object}"))
+    }
+
+    fn under_prefix(&self, rest: &str) -> String {
         let prefix = self.prefix.trim_matches('/');
         if prefix.is_empty() {
-            format!("{backup}/{object}")
+            rest.to_owned()
         } else {
-            format!("{prefix}/{backup}/{object}")
+            format!("{prefix}/{rest}")
         }
     }
 }
@@ -477,81 +531,4 @@ impl Scratch {
         self.bucket.cleanup().await;
         let _ = std::fs::remove_dir_all(self.work);
     }
-}
-
-/// Stores a backup exactly as the agent did before it compressed: `pg_dumpall --globals-only`
-/// and `pg_dump -Fc` with pg_dump's own default compression, uploaded as they are, and the
-/// shared manifest type written as is (no `compression` on any object).
-pub async fn store_old_format_backup(
-    agent: &Agent,
-    s3: &S3Client,
-    backup: &str,
-    databases: &[&str],
-) -> Vec<u8> {
-    use pgkube_controllers::storage::manifest::{
-        DATABASE_FORMAT, DatabaseObject, GLOBALS_FORMAT, MANIFEST_VERSION, Manifest, StoredObject,
-    };
-    let store = |key: String, bytes: Vec<u8>, format: &str| {
-        let object = StoredObject {
-            key: key.clone(),
-            size: bytes.len() as u64,
-            sha256: hex::encode(Sha256::digest(&bytes)),
-            format: format.to_string(),
-            compression: None,
-        };
-        async move {
-            put_object(s3, &agent.bucket, &key, bytes).await;
-            object
-        }
-    };
-    let globals = run_pg_tool(agent, "pg_dumpall", &["--globals-only"]);
-    let globals = store(agent.key(backup, "globals.sql"), globals, GLOBALS_FORMAT).await;
-    let mut objects = Vec::new();
-    for name in databases {
-        let dump = run_pg_tool(agent, "pg_dump", &["--format=custom", "--dbname", name]);
-        let key = agent.key(backup, &format!("databases/{name}.dump"));
-        objects.push(DatabaseObject {
-            name: name.to_string(),
-            object: store(key, dump, DATABASE_FORMAT).await,
-        });
-    }
-    let manifest = Manifest {
-        manifest_version: MANIFEST_VERSION,
-        cluster: "main".into(),
-        namespace: "agent-tests".into(),
-        backup_name: backup.into(),
-        postgresql_version: "15".into(),
-        started_at: "2026-01-01T00:00:00Z".into(),
-        finished_at: "2026-01-01T00:01:00Z".into(),
-        format: DATABASE_FORMAT.into(),
-        globals,
-        databases: objects,
-    };
-    let bytes = serde_json::to_vec_pretty(&manifest).expect("manifest JSON");
-    put_object(
-        s3,
-        &agent.bucket,
-        &agent.key(backup, "manifest.json"),
-        bytes.clone(),
-    )
-    .await;
-    bytes
-}
-
-/// Runs a PostgreSQL tool against the test bed as the agent's login; its stdout.
-pub fn run_pg_tool(agent: &Agent, program: &str, args: &[&str]) -> Vec<u8> {
-    let output = std::process::Command::new(program)
-        .args(args)
-        .env("PGHOST", &agent.login.host)
-        .env("PGPORT", &agent.login.port)
-        .env("PGUSER", &agent.login.user)
-        .env("PGPASSWORD", &agent.login.password)
-        .output()
-        .unwrap_or_else(|e| panic!("running {program}: {e}"));
-    assert!(
-        output.status.success(),
-        "{program} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    output.stdout
 }

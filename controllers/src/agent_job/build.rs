@@ -16,11 +16,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
-use k8s_openapi::api::core::v1::{
-    Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath, PodSecurityContext, PodSpec,
-    PodTemplateSpec, ProjectedVolumeSource, SecretKeySelector, SecretProjection,
-    SecretVolumeSource, Volume, VolumeProjection,
-};
+use k8s_openapi::api::core::v1::{Container, PodSecurityContext, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 use pgkube_crds::{
@@ -28,28 +24,30 @@ use pgkube_crds::{
     S3Storage,
 };
 
-use crate::cluster::build::{ChildNames, POSTGRES_PORT, POSTGRES_UID};
+use crate::cluster::build::POSTGRES_UID;
 use crate::names::{self, DNS_LABEL_MAX, NameKind};
 use crate::pod::{
     install_pgkube_container, mount, restricted_security_context, runtime_default_seccomp,
 };
 use crate::scheduling::Scheduling;
 
+use super::inputs;
+
 /// Label on backup Jobs and their pods: the backup's name (as a label value).
 pub const BACKUP_LABEL: &str = "db.example.com/backup";
 /// Label on restore Jobs and their pods: the restore's name (as a label value).
 pub const RESTORE_LABEL: &str = "db.example.com/restore";
 
-const AGENT_VOLUME: &str = "pgkube";
-const AGENT_MOUNT: &str = "/pgkube";
-const AGENT: &str = "/pgkube/pgkube";
-const SUPERUSER_VOLUME: &str = "superuser";
-const SUPERUSER_MOUNT: &str = "/etc/pgkube/superuser";
-const S3_VOLUME: &str = "s3";
-const S3_MOUNT: &str = "/etc/pgkube/s3";
-const ACCESS_KEY_ID_FILE: &str = "access-key-id";
-const SECRET_ACCESS_KEY_FILE: &str = "secret-access-key";
-const CA_BUNDLE_FILE: &str = "ca.crt";
+pub(super) const AGENT_VOLUME: &str = "pgkube";
+pub(super) const AGENT_MOUNT: &str = "/pgkube";
+pub(super) const AGENT: &str = "/pgkube/pgkube";
+pub(super) const SUPERUSER_VOLUME: &str = "superuser";
+pub(super) const SUPERUSER_MOUNT: &str = "/etc/pgkube/superuser";
+pub(super) const S3_VOLUME: &str = "s3";
+pub(super) const S3_MOUNT: &str = "/etc/pgkube/s3";
+pub(super) const ACCESS_KEY_ID_FILE: &str = "access-key-id";
+pub(super) const SECRET_ACCESS_KEY_FILE: &str = "secret-access-key";
+pub(super) const CA_BUNDLE_FILE: &str = "ca.crt";
 /// A failed backup or restore is not retried by the Job: the agent starts from scratch anyway,
 /// and a new run (scheduled, or a new object) is the retry, with the failure on record.
 const BACKOFF_LIMIT: i32 = 0;
@@ -65,10 +63,12 @@ pub enum Task<'a> {
         backup: &'a PostgreSQLBackup,
         compression: BackupCompression,
     },
-    /// Restore the backup called `backup_name` (under the input's prefix) as this restore asks.
+    /// Restore the backup called `backup_name`, whose manifest is `manifest_key`, as this
+    /// restore asks.
     Restore {
         restore: &'a PostgreSQLRestore,
         backup_name: &'a str,
+        manifest_key: &'a str,
     },
 }
 
@@ -81,7 +81,7 @@ impl Task<'_> {
         }
     }
 
-    fn owner_meta(&self) -> &ObjectMeta {
+    pub(super) fn owner_meta(&self) -> &ObjectMeta {
         match self {
             Self::Backup { backup, .. } => &backup.metadata,
             Self::Restore { restore, .. } => &restore.metadata,
@@ -98,7 +98,7 @@ impl Task<'_> {
     }
 
     /// The name of the backup the agent writes or reads.
-    fn backup_name(&self) -> String {
+    pub(super) fn backup_name(&self) -> String {
         match self {
             Self::Backup { backup, .. } => backup.name_any(),
             Self::Restore { backup_name, .. } => (*backup_name).to_owned(),
@@ -160,7 +160,7 @@ pub struct JobInput<'a> {
     pub cluster: &'a PostgreSQLCluster,
     /// The storage the backup is written to or read from.
     pub storage: &'a S3Storage,
-    /// The key prefix the backup is under (the storage's, or `<namespace>/<cluster>`).
+    /// The key prefix of the cluster's backups (the storage's, or `<namespace>/<cluster>`).
     pub prefix: &'a str,
     pub postgres_image_repository: &'a str,
     pub agent_image: &'a str,
@@ -207,7 +207,7 @@ pub fn build(input: &JobInput<'_>) -> Job {
             AGENT,
         )]),
         containers: vec![agent_container(input)],
-        volumes: Some(volumes(input)),
+        volumes: Some(inputs::volumes(input)),
         ..PodSpec::default()
     };
     Scheduling::of(&input.cluster.spec).apply_to(&mut pod);
@@ -273,7 +273,7 @@ fn agent_container(input: &JobInput<'_>) -> Container {
                 .to_vec(),
         ),
         args: Some(input.task.arguments()).filter(|arguments| !arguments.is_empty()),
-        env: Some(agent_env(input)),
+        env: Some(inputs::agent_env(input)),
         termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
         security_context: Some(restricted_security_context()),
         volume_mounts: Some(vec![
@@ -285,152 +285,10 @@ fn agent_container(input: &JobInput<'_>) -> Container {
     }
 }
 
-fn value(name: &str, value: impl Into<String>) -> EnvVar {
-    EnvVar {
-        name: name.to_owned(),
-        value: Some(value.into()),
-        ..EnvVar::default()
-    }
-}
-
-/// The agent's settings. Nothing secret: the password and the keys are files.
-fn agent_env(input: &JobInput<'_>) -> Vec<EnvVar> {
-    let cluster = input.cluster.name_any();
-    let names = ChildNames::for_cluster(&cluster);
-    let storage = input.storage;
-    let mut env = vec![
-        value("PGKUBE_BACKUP_NAME", input.task.backup_name()),
-        value("PGKUBE_CLUSTER", cluster),
-        value(
-            "PGKUBE_NAMESPACE",
-            input
-                .task
-                .owner_meta()
-                .namespace
-                .clone()
-                .unwrap_or_default(),
-        ),
-        value("PGHOST", names.rw_service),
-        value("PGPORT", POSTGRES_PORT.to_string()),
-        EnvVar {
-            name: "PGUSER".to_owned(),
-            value_from: Some(EnvVarSource {
-                secret_key_ref: Some(SecretKeySelector {
-                    name: names.secret.clone(),
-                    key: "username".to_owned(),
-                    optional: None,
-                }),
-                ..EnvVarSource::default()
-            }),
-            ..EnvVar::default()
-        },
-        value(
-            "PGKUBE_PGPASSWORD_FILE",
-            format!("{SUPERUSER_MOUNT}/password"),
-        ),
-        value("PGKUBE_S3_BUCKET", &storage.bucket),
-        value("PGKUBE_S3_PREFIX", input.prefix),
-        value("PGKUBE_S3_REGION", &storage.region),
-        value(
-            "PGKUBE_S3_ACCESS_KEY_ID_FILE",
-            format!("{S3_MOUNT}/{ACCESS_KEY_ID_FILE}"),
-        ),
-        value(
-            "PGKUBE_S3_SECRET_ACCESS_KEY_FILE",
-            format!("{S3_MOUNT}/{SECRET_ACCESS_KEY_FILE}"),
-        ),
-    ];
-    if let Some(endpoint) = &storage.endpoint {
-        env.push(value("PGKUBE_S3_ENDPOINT", endpoint));
-    }
-    if storage.force_path_style {
-        env.push(value("PGKUBE_S3_FORCE_PATH_STYLE", "true"));
-    }
-    if storage.ca_bundle.is_some() {
-        env.push(value(
-            "PGKUBE_S3_CA_BUNDLE",
-            format!("{S3_MOUNT}/{CA_BUNDLE_FILE}"),
-        ));
-    }
-    if let Some(encryption) = storage.server_side_encryption {
-        let algorithm = serde_json::to_value(encryption)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default();
-        env.push(value("PGKUBE_S3_SSE", algorithm));
-    }
-    if let Some(trace_parent) = &input.trace_parent {
-        env.push(value("TRACEPARENT", trace_parent));
-    }
-    env.extend(
-        input
-            .otel_env
-            .iter()
-            .map(|(name, setting)| value(name, setting)),
-    );
-    env
-}
-
-fn volumes(input: &JobInput<'_>) -> Vec<Volume> {
-    let names = ChildNames::for_cluster(&input.cluster.name_any());
-    vec![
-        Volume {
-            name: AGENT_VOLUME.to_owned(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Volume::default()
-        },
-        Volume {
-            name: SUPERUSER_VOLUME.to_owned(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(names.secret),
-                items: Some(vec![key_to_path("password", "password")]),
-                ..SecretVolumeSource::default()
-            }),
-            ..Volume::default()
-        },
-        Volume {
-            name: S3_VOLUME.to_owned(),
-            projected: Some(ProjectedVolumeSource {
-                sources: Some(s3_sources(input.storage)),
-                ..ProjectedVolumeSource::default()
-            }),
-            ..Volume::default()
-        },
-    ]
-}
-
-fn key_to_path(key: &str, path: &str) -> KeyToPath {
-    KeyToPath {
-        key: key.to_owned(),
-        path: path.to_owned(),
-        mode: None,
-    }
-}
-
-/// The S3 keys (and CA bundle) as files, each from the Secret key the storage names.
-fn s3_sources(storage: &S3Storage) -> Vec<VolumeProjection> {
-    let from = |selector: &SecretKeySelector, path: &str| VolumeProjection {
-        secret: Some(SecretProjection {
-            name: selector.name.clone(),
-            items: Some(vec![key_to_path(&selector.key, path)]),
-            optional: None,
-        }),
-        ..VolumeProjection::default()
-    };
-    let credentials = &storage.credentials;
-    let mut sources = vec![
-        from(&credentials.access_key_id, ACCESS_KEY_ID_FILE),
-        from(&credentials.secret_access_key, SECRET_ACCESS_KEY_FILE),
-    ];
-    if let Some(ca_bundle) = &storage.ca_bundle {
-        sources.push(from(ca_bundle, CA_BUNDLE_FILE));
-    }
-    sources
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::{EnvVar, SecretKeySelector};
     use pgkube_crds::{
         CompressionMethod, LocalReference, PostgreSQLBackupSpec, PostgreSQLClusterSpec,
         S3Credentials,
@@ -467,6 +325,7 @@ mod tests {
         spec.node_selector = BTreeMap::from([("disk".to_owned(), "ssd".to_owned())]);
         let mut cluster = PostgreSQLCluster::new("main", spec);
         cluster.metadata.namespace = Some("db".to_owned());
+        cluster.metadata.uid = Some("cluster-uid".to_owned());
         cluster
     }
 
@@ -632,6 +491,11 @@ mod tests {
         let plain = |name: &str| env.get(name).and_then(|v| v.value.clone());
         assert_eq!(plain("PGHOST").as_deref(), Some("main-rw"));
         assert_eq!(plain("PGKUBE_S3_PREFIX").as_deref(), Some("db/main"));
+        // The backup's directory is named by both uids: <prefix>/<cluster-uid>/<name>/<uid>/.
+        assert_eq!(plain("PGKUBE_CLUSTER_UID").as_deref(), Some("cluster-uid"));
+        assert_eq!(plain("PGKUBE_BACKUP_UID").as_deref(), Some("0000-uid"));
+        assert_eq!(plain("PGKUBE_BACKUP_NAME").as_deref(), Some("nightly"));
+        assert!(!env.contains_key("PGKUBE_MANIFEST_KEY"));
         assert_eq!(
             plain("PGKUBE_S3_ENDPOINT").as_deref(),
             Some("https://s3.example:9000")
@@ -722,6 +586,7 @@ mod tests {
             task: Task::Restore {
                 restore: &restore,
                 backup_name: "nightly",
+                manifest_key: "db/main/cluster-uid/nightly/0000-uid/manifest.json",
             },
             cluster: &cluster,
             storage: &storage,
@@ -760,6 +625,11 @@ mod tests {
         let env = env_of(container);
         assert_eq!(env["PGKUBE_BACKUP_NAME"].value.as_deref(), Some("nightly"));
         assert_eq!(env["PGKUBE_S3_PREFIX"].value.as_deref(), Some("db/main"));
+        assert_eq!(
+            env["PGKUBE_MANIFEST_KEY"].value.as_deref(),
+            Some("db/main/cluster-uid/nightly/0000-uid/manifest.json")
+        );
+        assert!(!env.contains_key("PGKUBE_BACKUP_UID"));
         assert!(!env.contains_key("TRACEPARENT"));
     }
 }

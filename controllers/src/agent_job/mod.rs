@@ -4,6 +4,7 @@
 
 pub mod build;
 pub mod follow;
+mod inputs;
 mod live;
 
 pub use build::{BACKUP_LABEL, JobInput, RESTORE_LABEL, Task, build, job_name, restore_job_name};

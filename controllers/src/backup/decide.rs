@@ -16,6 +16,9 @@ use pgkube_crds::{
     PostgreSQLRestore, RestorePhase, S3Storage,
 };
 
+use crate::storage::StorageError;
+use crate::storage::keys::BackupKeys;
+
 /// The next step for a backup that has not started its Job yet, or is past it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Next {
@@ -190,6 +193,37 @@ pub fn compression(backup: &PostgreSQLBackup, cluster: &PostgreSQLCluster) -> Ba
         .compression
         .or_else(|| cluster.spec.backup.as_ref()?.compression)
         .unwrap_or_default()
+}
+
+/// Where the backup's objects go: `<prefix>/<cluster-uid>/<backup-name>/<backup-uid>/` (see
+/// [`crate::storage::keys`]), for a backup that starts now.
+pub fn new_backup_keys(
+    prefix: &str,
+    cluster: &PostgreSQLCluster,
+    backup: &PostgreSQLBackup,
+) -> Result<BackupKeys, StorageError> {
+    let uid = |meta: &kube::api::ObjectMeta| meta.uid.clone().unwrap_or_default();
+    BackupKeys::new(
+        prefix,
+        &uid(&cluster.metadata),
+        &backup.name_any(),
+        &uid(&backup.metadata),
+    )
+}
+
+/// Where the backup's manifest is: the key its status records (from the start, for backups
+/// started since the uids are in the keys), else, for a backup that started before, its legacy
+/// key `<prefix>/<name>/manifest.json`; `None` for a backup that never started.
+pub fn manifest_key(backup: &PostgreSQLBackup) -> Option<String> {
+    let status = backup.status.as_ref()?;
+    if let Some(key) = &status.object_key {
+        return Some(key.clone());
+    }
+    let storage = status.storage.as_ref()?;
+    let prefix = resolved_prefix(storage, backup);
+    BackupKeys::legacy(&prefix, &backup.name_any())
+        .ok()
+        .map(|keys| keys.manifest())
 }
 
 /// The key prefix of the backup's cluster: see [`cluster_prefix`].
@@ -441,6 +475,37 @@ mod tests {
                 expected
             );
         }
+    }
+
+    #[test]
+    fn a_new_backup_goes_under_its_clusters_uid_and_its_own() {
+        let mut b = backup("nightly", 0, None);
+        b.metadata.uid = Some("b-uid".to_owned());
+        let mut ready = cluster(ClusterPhase::Running, true);
+        ready.metadata.uid = Some("c-uid".to_owned());
+        let keys = new_backup_keys("db/main", &ready, &b).expect("keys");
+        assert_eq!(keys.manifest(), "db/main/c-uid/nightly/b-uid/manifest.json");
+        ready.metadata.uid = None;
+        let error = new_backup_keys("db/main", &ready, &b).expect_err("no uid");
+        assert!(error.to_string().contains("cluster uid"), "{error}");
+    }
+
+    #[test]
+    fn the_manifest_key_is_the_recorded_one_else_the_legacy_one() {
+        let mut b = backup("nightly", 0, Some(BackupPhase::Completed));
+        assert_eq!(manifest_key(&b), None, "no storage: never started");
+        let status = b.status.as_mut().expect("status");
+        status.storage = Some(S3Storage::default());
+        assert_eq!(
+            manifest_key(&b).as_deref(),
+            Some("db/main/nightly/manifest.json")
+        );
+        let status = b.status.as_mut().expect("status");
+        status.object_key = Some("db/main/c/nightly/u/manifest.json".to_owned());
+        assert_eq!(
+            manifest_key(&b).as_deref(),
+            Some("db/main/c/nightly/u/manifest.json")
+        );
     }
 
     #[test]

@@ -5,8 +5,11 @@
 //!    has no storage or is not ready, or while another backup of the cluster goes first; fail
 //!    once the pending deadline has passed; otherwise start.
 //! 2. **start**: create the Job ([`job`]), owned by the backup, then record Running with the
-//!    resolved storage in the status, so that verification, deletion and restores use the
-//!    storage the backup was written to, whatever the cluster's spec says later. The compression
+//!    resolved storage and the manifest's key in the status, so that verification, deletion and
+//!    restores use the storage the backup was written to, whatever the cluster's spec says
+//!    later. The key is in a directory of the backup's own, named by the cluster's uid and the
+//!    backup's ([`crate::storage::keys`]): another cluster on the same prefix, or a later backup
+//!    of the same name, never writes there. The compression
 //!    is resolved then too ([`decide::compression`]: the backup's own, else the cluster's
 //!    `backup.compression`, else zstd at the agent's default level), passed to the agent and
 //!    recorded in `status.compression`; a later change of the cluster's default does not touch
@@ -20,18 +23,21 @@
 //! checks out).
 //!
 //! After each completed backup, and every hour, a retention pass ([`retention_pass`]) prunes the
-//! cluster's expired backups.
+//! cluster's expired backups, except those that unfinished restores read ([`holds`]).
 //!
 //! Deletion: with `deletionPolicy: Delete` the finalizer [`pgkube_crds::BACKUP_DATA_FINALIZER`] keeps the
 //! object until its stored objects are deleted (the manifest first, so a half-deleted backup
-//! never looks complete); a failure keeps the finalizer and says why. `Retain` backups carry no
-//! finalizer and their data stays.
+//! never looks complete), and while an unfinished restore reads the backup; a failure keeps the
+//! finalizer and says why ([`remove`]). `Retain` backups carry no finalizer and their data
+//! stays.
 //!
 //! The status is written with server-side apply under [`STATUS_FIELD_MANAGER`], only when it
 //! changed, with an Event per change of phase.
 
 pub(crate) mod access;
 pub mod decide;
+pub mod holds;
+mod ownership;
 mod remove;
 pub mod retention_pass;
 mod status;
@@ -89,6 +95,8 @@ pub enum Error {
     Remove(#[source] crate::storage::StorageError),
     #[error("the backup has no namespace")]
     MissingNamespace,
+    #[error("cannot tell where the backup goes: {0}")]
+    Keys(#[source] crate::storage::StorageError),
     #[error(transparent)]
     Job(#[from] job::JobError),
 }
@@ -316,6 +324,7 @@ async fn start(
 ) -> Result<Action, Error> {
     let settings = &context.base.settings;
     let prefix = storage.prefix.clone().unwrap_or_default();
+    let keys = decide::new_backup_keys(&prefix, cluster, backup).map_err(Error::Keys)?;
     let compression = decide::compression(backup, cluster);
     let desired = info_span!("build").in_scope(|| {
         job::build(&job::JobInput {
@@ -343,7 +352,8 @@ async fn start(
     .instrument(info_span!("apply"))
     .await?;
     let running = Change::Running {
-        storage,
+        storage: Box::new(storage),
+        manifest_key: keys.manifest(),
         compression,
         job: name,
     };
@@ -428,8 +438,20 @@ async fn complete(
         .and_then(|s| s.storage.clone())
         .unwrap_or_default();
     let bucket = access::connect(&context.base.client, namespace, &storage).await?;
-    let prefix = decide::resolved_prefix(&storage, backup);
-    let verified = verify::verify(&bucket, &prefix, &backup.name_any(), &result)
+    // A backup that started before the key was recorded at the start has a legacy key, and a
+    // manifest without uids.
+    let recorded = backup
+        .status
+        .as_ref()
+        .is_some_and(|s| s.object_key.is_some());
+    let manifest_key = decide::manifest_key(backup).unwrap_or_default();
+    let name = backup.name_any();
+    let expected = verify::Expected {
+        manifest_key: &manifest_key,
+        backup_name: &name,
+        backup_uid: backup.metadata.uid.as_deref().filter(|_| recorded),
+    };
+    let verified = verify::verify(&bucket, expected, &result)
         .instrument(info_span!("verify"))
         .await;
     let change = match verified {
@@ -516,6 +538,34 @@ async fn patch_status(
         .await
         .map(|_| ())
         .map_err(kube_error("write status of", "PostgreSQLBackup", &name))
+}
+
+/// The restores of every watched namespace, as the API server has them now: a restore that just
+/// started must hold the backups it reads.
+async fn watched_restores(context: &BackupContext) -> Result<Vec<PostgreSQLRestore>, Error> {
+    let mut restores = Vec::new();
+    for namespace in crate::watched_namespaces(&context.base.settings) {
+        let api = crate::api::<PostgreSQLRestore>(&context.base.client, namespace.as_deref());
+        let list = api
+            .list(&kube::api::ListParams::default())
+            .await
+            .map_err(kube_error(
+                "list",
+                "PostgreSQLRestore",
+                namespace.as_deref().unwrap_or("(all namespaces)"),
+            ))?;
+        restores.extend(list.items);
+    }
+    Ok(restores)
+}
+
+/// The holds of the unfinished restores of every watched namespace on the backups of the cache.
+async fn current_holds(context: &BackupContext) -> Result<Vec<holds::Hold>, Error> {
+    let restores = watched_restores(context).await?;
+    let restores: Vec<&PostgreSQLRestore> = restores.iter().collect();
+    let backups = context.backups.state();
+    let backups: Vec<&PostgreSQLBackup> = backups.iter().map(AsRef::as_ref).collect();
+    Ok(holds::holds(&restores, &backups))
 }
 
 /// Whether a backup's phase is one that ended.

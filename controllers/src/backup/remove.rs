@@ -1,6 +1,18 @@
 //! Deleting a backup whose deletion policy is `Delete`: its stored objects go first (the
 //! manifest before the rest, so that a half-deleted backup never looks complete), then the
 //! finalizer, then the object. `Retain` backups have no finalizer: their data stays.
+//!
+//! What is deleted is only what is proven to be this backup's ([`ownership`]):
+//! - its own directory `<prefix>/<cluster-uid>/<name>/<uid>/`, named by its uid, whose manifest
+//!   (if there is one yet) must record that uid;
+//! - for a backup from before the uids were in the keys, `<prefix>/<name>/`, only if the
+//!   manifest there is the very one it recorded when it completed (its SHA-256 is the status's
+//!   checksum). Otherwise (a reused name, a backup that never completed) nothing is deleted:
+//!   a Warning Event says why and the finalizer is released, leaving the objects as `Retain`
+//!   would.
+//!
+//! While an unfinished restore reads the backup ([`super::holds`]), nothing is deleted and
+//! the finalizer stays; an Event says which restore, and the deletion is tried again.
 
 use std::time::Duration;
 
@@ -11,11 +23,14 @@ use kube::{Api, Client, Resource, ResourceExt};
 use pgkube_crds::{BACKUP_DATA_FINALIZER, PostgreSQLBackup};
 use serde_json::json;
 
-use super::{BackupContext, Error, access, kube_error};
+use super::ownership::{self, Target};
+use super::{BackupContext, Error, access, holds, kube_error};
 use crate::storage::{S3Bucket, StorageError, s3_error};
 
 /// How soon to look again while the backup's Job is going away.
 const JOB_GONE_REQUEUE: Duration = Duration::from_secs(2);
+/// How soon to look again while a restore reads the backup.
+const HELD_REQUEUE: Duration = Duration::from_secs(15);
 /// S3's DeleteObjects takes at most this many keys.
 const DELETE_BATCH: usize = 1000;
 
@@ -79,21 +94,29 @@ pub async fn on_deletion(
     if job_still_there(backup, context, namespace).await? {
         return Ok(Action::requeue(JOB_GONE_REQUEUE));
     }
-    if let Err(error) = delete_data(backup, context, namespace).await {
+    let holds = super::current_holds(context).await?;
+    if let Some(hold) = holds::holder(&holds, backup) {
         let note = format!(
-            "the backup's data could not be deleted, so the PostgreSQLBackup stays until it is: {error}"
+            "the backup's data is kept until restore {}, which reads it, has ended",
+            hold.restore
         );
-        let reference = backup.object_ref(&());
-        crate::publish_event(
-            &context.recorder,
-            &reference,
-            true,
-            "DeleteFailed",
-            note,
-            "Delete",
-        )
-        .await;
-        return Err(error);
+        tracing::info!(restore = %hold.restore, "deletion waits for a restore");
+        publish(context, backup, false, "DeletionWaitsForRestore", note).await;
+        return Ok(Action::requeue(HELD_REQUEUE));
+    }
+    match delete_data(backup, context, namespace).await {
+        Ok(Deleted::Done) => {}
+        Ok(Deleted::Left(why)) => {
+            let note = format!("the backup's objects were left in storage: {why}");
+            publish(context, backup, true, "DataLeft", note).await;
+        }
+        Err(error) => {
+            let note = format!(
+                "the backup's data could not be deleted, so the PostgreSQLBackup stays until it is: {error}"
+            );
+            publish(context, backup, true, "DeleteFailed", note).await;
+            return Err(error);
+        }
     }
     let finalizers = backup
         .finalizers()
@@ -103,6 +126,25 @@ pub async fn on_deletion(
         .collect();
     set_finalizers(backup, &context.base.client, namespace, finalizers).await?;
     Ok(Action::await_change())
+}
+
+async fn publish(
+    context: &BackupContext,
+    backup: &PostgreSQLBackup,
+    warning: bool,
+    reason: &str,
+    note: String,
+) {
+    let reference = backup.object_ref(&());
+    crate::publish_event(
+        &context.recorder,
+        &reference,
+        warning,
+        reason,
+        note,
+        "Delete",
+    )
+    .await;
 }
 
 /// Deletes the backup's Job (and, in the foreground, its pods) if it still exists; true until it
@@ -143,24 +185,44 @@ pub async fn stop_job(context: &BackupContext, namespace: &str, name: &str) -> R
     }
 }
 
-/// Deletes every object under the backup's directory. A backup that never started has none.
+/// What deleting the data did.
+enum Deleted {
+    /// Deleted, or there was nothing to delete.
+    Done,
+    /// Left in storage, and why: they cannot be proven to be this backup's.
+    Left(String),
+}
+
+/// Deletes every object under the backup's directory once it is proven to be the backup's own.
+/// A backup that never started has none.
 async fn delete_data(
     backup: &PostgreSQLBackup,
     context: &BackupContext,
     namespace: &str,
-) -> Result<(), Error> {
+) -> Result<Deleted, Error> {
     let Some(storage) = backup.status.as_ref().and_then(|s| s.storage.clone()) else {
         tracing::info!("the backup never started: no data to delete");
-        return Ok(());
+        return Ok(Deleted::Done);
     };
-    let prefix = super::decide::resolved_prefix(&storage, backup);
-    let directory = format!("{prefix}/{}/", backup.name_any());
     let bucket = access::connect(&context.base.client, namespace, &storage).await?;
-    let deleted = delete_directory(&bucket, &directory)
+    let target = ownership::target(backup);
+    let keys = match &target {
+        Target::Own(keys) | Target::Legacy(keys) => keys,
+        Target::Unknown(why) => return Ok(Deleted::Left(why.clone())),
+    };
+    let manifest = bucket
+        .read_object(&keys.manifest())
+        .await
+        .map_err(Error::Remove)?;
+    if let Err(why) = ownership::prove(backup, &target, manifest.as_deref()) {
+        return Ok(Deleted::Left(why));
+    }
+    let directory = keys.directory();
+    let deleted = delete_directory(&bucket, directory)
         .await
         .map_err(Error::Remove)?;
     tracing::info!(%directory, deleted, "backup data deleted");
-    Ok(())
+    Ok(Deleted::Done)
 }
 
 /// Deletes every key under `directory` (which ends with `/`), `manifest.json` first; returns

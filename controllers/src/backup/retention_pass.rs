@@ -1,11 +1,13 @@
 //! Retention for a cluster, as the controllers run it: after each completed backup and every
-//! hour, a [`retention::prune`](crate::retention::prune) pass over the cluster's prefix with its
-//! `retentionDays`, then the PostgreSQLBackup objects of the backups it deleted are removed, and
-//! an Event and the metrics tell what the pass did.
+//! hour ([`crate::Settings::retention_interval`]), a [`retention::prune`](crate::retention::prune)
+//! pass over the cluster's root `<prefix>/<cluster-uid>/` with its `retentionDays`, holding the
+//! backups that unfinished restores read (the restores are listed from the API server at the
+//! start of each pass, see [`super::holds`]); then the PostgreSQLBackup objects of the backups it
+//! deleted (the same name and uid) are removed, and an Event and the metrics tell what the pass
+//! did.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Duration;
 
 use chrono::Utc;
 use kube::api::{DeleteParams, ListParams};
@@ -13,12 +15,9 @@ use kube::{Api, Resource, ResourceExt};
 use pgkube_crds::{BackupPhase, PostgreSQLBackup, PostgreSQLCluster};
 use tracing::{Instrument, info_span};
 
-use super::{BackupContext, Error, access, kube_error};
+use super::{BackupContext, Error, access, holds, kube_error};
 use crate::metrics::ClusterLabels;
-use crate::retention::{self, PruneReport, RetentionPolicy};
-
-/// How often every cluster with backups gets a pass, besides the pass after each backup.
-pub const HOURLY: Duration = Duration::from_secs(3600);
+use crate::retention::{self, BackupId, PruneReport, RetentionPolicy};
 
 /// One pass for `cluster`, with an Event saying what it did or why it failed. A cluster
 /// without `spec.backup.s3` has nothing to prune.
@@ -63,14 +62,17 @@ async fn pass(
     let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
     let name = cluster.name_any();
     let backups = backups_of(context, &namespace, &name);
+    let holds = super::current_holds(context).await?;
     let policy = RetentionPolicy {
         prefix: super::decide::cluster_prefix(storage, &namespace, &name),
+        cluster_uid: cluster.metadata.uid.clone().unwrap_or_default(),
         retention_days: u32::try_from(config.retention_days).unwrap_or(1),
         failed_backups: backups
             .iter()
             .filter(|b| b.status.as_ref().and_then(|s| s.phase) == Some(BackupPhase::Failed))
-            .map(|b| b.name_any())
+            .filter_map(|b| b.metadata.uid.clone())
             .collect(),
+        held: holds::held_manifests(&holds, &storage.bucket),
     };
     let bucket = access::connect(&context.base.client, &namespace, storage).await?;
     let report = retention::prune(&bucket, &policy, Utc::now())
@@ -101,23 +103,36 @@ fn backups_of(
         .collect()
 }
 
-/// Deletes the PostgreSQLBackup objects of the backups whose data the pass deleted.
+/// Deletes the PostgreSQLBackup objects of the backups whose data the pass deleted: the same
+/// name and uid, so that a backup that took the name again stays. Each delete is preconditioned
+/// on that uid.
 async fn remove_objects(
     context: &BackupContext,
     namespace: &str,
     backups: &[Arc<PostgreSQLBackup>],
-    deleted: &[String],
+    deleted: &[BackupId],
 ) -> Result<(), Error> {
-    let deleted: BTreeSet<&str> = deleted.iter().map(String::as_str).collect();
+    let deleted: BTreeSet<&BackupId> = deleted.iter().collect();
     let api = Api::<PostgreSQLBackup>::namespaced(context.base.client.clone(), namespace);
-    for backup in backups
-        .iter()
-        .filter(|b| deleted.contains(b.name_any().as_str()))
-    {
+    for backup in backups.iter() {
         let name = backup.name_any();
-        match api.delete(&name, &DeleteParams::default()).await {
+        let Some(uid) = backup.metadata.uid.clone() else {
+            continue;
+        };
+        if !deleted.contains(&BackupId::new(name.clone(), uid.clone())) {
+            continue;
+        }
+        let params = DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&name, &params).await {
             Ok(_) => tracing::info!(backup = %name, "expired backup removed"),
-            Err(kube::Error::Api(response)) if response.code == 404 => {}
+            // Gone, or another object of the same name now (uid precondition failed).
+            Err(kube::Error::Api(response)) if matches!(response.code, 404 | 409) => {}
             Err(source) => return Err(kube_error("delete", "PostgreSQLBackup", &name)(source)),
         }
     }
@@ -128,17 +143,20 @@ async fn remove_objects(
 fn describe(report: &PruneReport) -> String {
     let kept = report
         .newest_good
-        .as_deref()
-        .map_or_else(String::new, |name| {
-            format!("; newest good backup {name} kept")
-        });
+        .as_ref()
+        .map_or_else(String::new, |id| format!("; newest good backup {id} kept"));
+    let held = if report.held.is_empty() {
+        String::new()
+    } else {
+        format!("; kept for unfinished restores: {}", report.held.join(", "))
+    };
     let skipped = if report.skipped.is_empty() {
         String::new()
     } else {
         format!("; left alone: {}", report.skipped.join(", "))
     };
     format!(
-        "deleted {} expired backup(s) ({} objects), aborted {} stale upload(s), kept {}{kept}{skipped}",
+        "deleted {} expired backup(s) ({} objects), aborted {} stale upload(s), kept {}{kept}{held}{skipped}",
         report.deleted_backups.len(),
         report.deleted_objects,
         report.aborted_uploads,
@@ -146,15 +164,17 @@ fn describe(report: &PruneReport) -> String {
     )
 }
 
-/// Every hour, a pass for each cluster with backup storage in the watched namespaces. Runs
-/// only where the controllers run: on the leader.
+/// Every [`crate::Settings::retention_interval`] (an hour by default), a pass for each cluster
+/// with backup storage in the watched namespaces. Runs only where the controllers run: on the
+/// leader.
 pub async fn hourly(context: Arc<BackupContext>, shutdown: crate::ShutdownSignal) {
     let stop = shutdown.wait();
     tokio::pin!(stop);
+    let interval = context.base.settings.retention_interval;
     loop {
         tokio::select! {
             () = &mut stop => return,
-            () = tokio::time::sleep(HOURLY) => {}
+            () = tokio::time::sleep(interval) => {}
         }
         for cluster in clusters_with_storage(&context).await {
             run(&context, &cluster).await;
@@ -186,17 +206,18 @@ mod tests {
     #[test]
     fn the_event_says_what_was_deleted_and_kept() {
         let report = PruneReport {
-            newest_good: Some("b9".to_owned()),
-            deleted_backups: vec!["b1".to_owned(), "b2".to_owned()],
+            newest_good: Some(BackupId::new("b9", "u9")),
+            deleted_backups: vec![BackupId::new("b1", "u1"), BackupId::new("b2", "u2")],
             deleted_objects: 6,
             aborted_uploads: 1,
             kept_backups: 3,
-            skipped: vec!["b5: no manifest.json (incomplete backup)".to_owned()],
+            held: vec!["b3/u3: read by restore db/undo".to_owned()],
+            skipped: vec!["b5/u5: no manifest.json (incomplete backup)".to_owned()],
             requests: 9,
         };
         assert_eq!(
             describe(&report),
-            "deleted 2 expired backup(s) (6 objects), aborted 1 stale upload(s), kept 3; newest good backup b9 kept; left alone: b5: no manifest.json (incomplete backup)"
+            "deleted 2 expired backup(s) (6 objects), aborted 1 stale upload(s), kept 3; newest good backup b9/u9 kept; kept for unfinished restores: b3/u3: read by restore db/undo; left alone: b5/u5: no manifest.json (incomplete backup)"
         );
     }
 }

@@ -18,8 +18,11 @@ pub const COMPLETED_CONDITION: &str = "Completed";
 /// What happened to the backup.
 pub enum Change {
     Pending(Reason),
+    /// The Job was created: where the backup goes (the storage, and the key of its manifest,
+    /// in a directory no other backup has), how it compresses, and the Job.
     Running {
-        storage: S3Storage,
+        storage: Box<S3Storage>,
+        manifest_key: String,
         compression: BackupCompression,
         job: String,
     },
@@ -62,10 +65,12 @@ pub fn next_status(
         Change::Pending(reason) => (BackupPhase::Pending, "False", reason.reason, reason.message),
         Change::Running {
             storage,
+            manifest_key,
             compression,
             job,
         } => {
-            status.storage = Some(storage);
+            status.storage = Some(*storage);
+            status.object_key = Some(manifest_key);
             status.compression = Some(compression);
             status.job_name = Some(job.clone());
             status.start_time = Some(Time(now));
@@ -200,7 +205,8 @@ mod tests {
         let running = next_status(
             &PostgreSQLBackupStatus::default(),
             Change::Running {
-                storage: S3Storage::default(),
+                storage: Box::default(),
+                manifest_key: "db/main/c/b1/u/manifest.json".to_owned(),
                 compression: gzip_3(),
                 job: "b1-backup".to_owned(),
             },
@@ -209,8 +215,13 @@ mod tests {
         assert_eq!(running.phase, Some(BackupPhase::Running));
         assert_eq!(running.compression, Some(gzip_3()));
         assert_eq!(running.job_name.as_deref(), Some("b1-backup"));
+        assert_eq!(
+            running.object_key.as_deref(),
+            Some("db/main/c/b1/u/manifest.json"),
+            "where the manifest goes is known from the start"
+        );
         let verified = Verified {
-            manifest_key: "db/main/b1/manifest.json".to_owned(),
+            manifest_key: "db/main/c/b1/u/manifest.json".to_owned(),
             size: 4242,
             checksum: "sha256:ab".to_owned(),
             postgresql_version: "15.14".to_owned(),
@@ -220,7 +231,10 @@ mod tests {
         let done = next_status(&running, Change::Completed(verified), at(90));
         assert_eq!(done.phase, Some(BackupPhase::Completed));
         assert_eq!(done.size_bytes, Some(4242));
-        assert_eq!(done.object_key.as_deref(), Some("db/main/b1/manifest.json"));
+        assert_eq!(
+            done.object_key.as_deref(),
+            Some("db/main/c/b1/u/manifest.json")
+        );
         assert_eq!(done.postgres_version.as_deref(), Some("15.14"));
         assert_eq!(done.compression, Some(gzip_3()), "kept once completed");
         assert_eq!(

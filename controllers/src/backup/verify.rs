@@ -1,6 +1,7 @@
 //! A backup is Completed only once its storage shows it: the manifest the agent reported is
-//! there with the checksum the agent reported, and every object it lists is there with the size
-//! it lists.
+//! where the backup's status says it goes, with the checksum the agent reported, it records this
+//! backup (its name, and its uid for a backup in the layout with uids), and every object it lists
+//! is there with the size it lists.
 
 use sha2::{Digest, Sha256};
 
@@ -40,21 +41,29 @@ pub enum VerifyError {
     Storage(#[from] StorageError),
 }
 
+/// The backup a manifest must be of.
+#[derive(Clone, Copy, Debug)]
+pub struct Expected<'a> {
+    /// Where the backup's status says its manifest goes.
+    pub manifest_key: &'a str,
+    pub backup_name: &'a str,
+    /// The PostgreSQLBackup's uid that the manifest must record (`None` for a backup started
+    /// before the uids were recorded, whose manifest has none).
+    pub backup_uid: Option<&'a str>,
+}
+
 /// Checks the manifest and the objects of the backup the agent reported.
-/// `prefix` is the one recorded in the backup's status: the manifest must be
-/// `<prefix>/<backup_name>/manifest.json`.
 pub async fn verify(
     bucket: &S3Bucket,
-    prefix: &str,
-    backup_name: &str,
+    expected: Expected<'_>,
     result: &AgentResult,
 ) -> Result<Verified, VerifyError> {
     let key = result
         .manifest_key
         .clone()
         .ok_or(VerifyError::Incomplete("manifest key"))?;
-    let expected = format!("{prefix}/{backup_name}/manifest.json");
-    if key != expected {
+    if key != expected.manifest_key {
+        let expected = expected.manifest_key;
         return Err(VerifyError::Mismatch {
             key,
             reason: format!("the backup's manifest is {expected}"),
@@ -79,10 +88,14 @@ pub async fn verify(
         )));
     }
     let manifest = Manifest::parse(&key, &bytes)?;
-    if manifest.backup_name != backup_name {
+    let recorded_uid = manifest.backup_uid.as_deref();
+    if manifest.backup_name != expected.backup_name
+        || (expected.backup_uid.is_some() && recorded_uid != expected.backup_uid)
+    {
         return Err(mismatch(format!(
-            "it belongs to backup {}",
-            manifest.backup_name
+            "it belongs to backup {} (uid {})",
+            manifest.backup_name,
+            recorded_uid.unwrap_or("none")
         )));
     }
     check_objects(bucket, &manifest).await?;
@@ -124,4 +137,51 @@ async fn check_objects(bucket: &S3Bucket, manifest: &Manifest) -> Result<(), Ver
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region};
+
+    use super::*;
+
+    /// A bucket that no request may reach: the checks tested here come before any.
+    fn unreachable_bucket() -> S3Bucket {
+        let config = aws_sdk_s3::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .endpoint_url("http://127.0.0.1:9")
+            .region(Region::new("test"))
+            .credentials_provider(Credentials::new("AK", "SK", None, None, "test"))
+            .build();
+        S3Bucket::with_client(aws_sdk_s3::Client::from_conf(config), "backups")
+    }
+
+    #[tokio::test]
+    async fn a_manifest_elsewhere_than_the_recorded_key_fails_the_backup() {
+        // An agent from before the uids writes the legacy layout, not where the status says.
+        let result = AgentResult {
+            status: "Completed".to_owned(),
+            manifest_key: Some("db/main/nightly/manifest.json".to_owned()),
+            manifest_sha256: Some("ab".repeat(32)),
+            ..AgentResult::default()
+        };
+        let expected = Expected {
+            manifest_key: "db/main/c1/nightly/u1/manifest.json",
+            backup_name: "nightly",
+            backup_uid: Some("u1"),
+        };
+        let error = verify(&unreachable_bucket(), expected, &result)
+            .await
+            .expect_err("another key");
+        assert!(
+            matches!(&error, VerifyError::Mismatch { key, .. } if key == "db/main/nightly/manifest.json"),
+            "{error}"
+        );
+        assert!(
+            error
+                .to_string()
+                .ends_with("the backup's manifest is db/main/c1/nightly/u1/manifest.json"),
+            "{error}"
+        );
+    }
 }

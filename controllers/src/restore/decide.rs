@@ -17,10 +17,8 @@ use pgkube_crds::{
     RestorePhase, S3Storage,
 };
 
-use crate::backup::decide::{Reason, resolved_prefix};
-
-/// The last part of every manifest key: `<prefix>/<backup>/manifest.json`.
-const MANIFEST_FILE: &str = "manifest.json";
+use crate::backup::decide::{Reason, manifest_key, resolved_prefix};
+use crate::storage::keys::MANIFEST_FILE;
 
 /// The next step for a restore.
 #[derive(Clone, Debug, PartialEq)]
@@ -41,11 +39,11 @@ pub enum Next {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Location {
     pub storage: S3Storage,
-    /// The key prefix the backup is under.
+    /// The key prefix of the backup's cluster (for a source: what is before its directory).
     pub prefix: String,
-    /// The backup's name: its objects are under `<prefix>/<backup_name>/`.
+    /// The backup's name (for a source: the segment before `manifest.json`).
     pub backup_name: String,
-    /// `<prefix>/<backup_name>/manifest.json`.
+    /// The key of the backup's manifest, which lists every object's key (see `storage::keys`).
     pub manifest_key: String,
 }
 
@@ -185,9 +183,7 @@ fn location(
         )));
     };
     let prefix = resolved_prefix(&storage, backup);
-    let manifest_key = status
-        .object_key
-        .unwrap_or_else(|| format!("{prefix}/{name}/{MANIFEST_FILE}"));
+    let manifest_key = manifest_key(backup).unwrap_or_default();
     Ok(Location {
         storage,
         prefix,
@@ -196,15 +192,15 @@ fn location(
     })
 }
 
-/// The location of the manifest at `key`: `<prefix>/<backup>/manifest.json` (the prefix may be
-/// empty).
+/// The location of the manifest at `key`, `<directory>/manifest.json`, in either layout (see
+/// `storage::keys`); the agent reads it there, and the objects at the keys it lists.
 pub fn source_location(storage: &S3Storage, key: &str) -> Result<Location, Reason> {
     let invalid = || {
         Reason::new(
             "InvalidSource",
             format!(
                 "source.objectKey {key:?} is not a manifest key: it must be \
-                 <prefix>/<backup>/{MANIFEST_FILE}"
+                 <directory>/{MANIFEST_FILE}"
             ),
         )
     };
@@ -396,7 +392,7 @@ mod tests {
         backup.status = Some(PostgreSQLBackupStatus {
             phase: Some(phase),
             storage: Some(storage()),
-            object_key: Some("db/main/nightly/manifest.json".to_owned()),
+            object_key: Some("db/main/c-uid/nightly/b-uid/manifest.json".to_owned()),
             postgres_version: Some(version.to_owned()),
             message: Some("the store refused".to_owned()),
             ..PostgreSQLBackupStatus::default()
@@ -457,7 +453,24 @@ mod tests {
         };
         assert_eq!(location.prefix, "db/main");
         assert_eq!(location.backup_name, "nightly");
-        assert_eq!(location.manifest_key, "db/main/nightly/manifest.json");
+        assert_eq!(
+            location.manifest_key,
+            "db/main/c-uid/nightly/b-uid/manifest.json"
+        );
+    }
+
+    #[test]
+    fn a_backup_from_before_the_uids_in_the_keys_is_restored_from_its_legacy_key() {
+        let (r, c) = (restore("r1", 0, None), cluster(PostgresVersion::V15, true));
+        for recorded in [Some("db/main/nightly/manifest.json".to_owned()), None] {
+            let mut legacy = backup(BackupPhase::Completed, "15.14");
+            legacy.status.as_mut().expect("status").object_key = recorded;
+            let next = decide(&r, Some(&legacy), Some(&c), 5);
+            let Next::Start(location) = next else {
+                panic!("starts: {next:?}")
+            };
+            assert_eq!(location.manifest_key, "db/main/nightly/manifest.json");
+        }
     }
 
     #[test]

@@ -324,6 +324,7 @@ async fn start(
             task: job::Task::Restore {
                 restore,
                 backup_name: &location.backup_name,
+                manifest_key: &location.manifest_key,
             },
             cluster,
             storage: &location.storage,

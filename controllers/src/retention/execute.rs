@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use aws_sdk_s3::error::SdkError;
 
 use super::RequestCount;
-use super::plan::{ExpiredBackup, OpenUpload, Plan};
+use super::layout::BackupId;
+use super::plan::{ExpiredBackup, Plan};
+use super::uploads::OpenUpload;
 use crate::storage::{S3Bucket, StorageError, s3_error};
 
 /// Keys named in the error of a pass that could not delete everything.
@@ -20,7 +22,7 @@ const KEYS_NAMED_IN_ERRORS: usize = 5;
 /// What the deletes of a pass did.
 #[derive(Debug, Default)]
 pub struct Deletion {
-    pub deleted_backups: Vec<String>,
+    pub deleted_backups: Vec<BackupId>,
     pub deleted_objects: u64,
 }
 
@@ -74,11 +76,11 @@ pub async fn delete_expired(
     for batch in plan.manifest_batches() {
         delete_batch(bucket, &batch, requests, &mut deletion, &mut failures).await?;
     }
-    let manifest_kept: BTreeSet<String> = plan
+    let manifest_kept: BTreeSet<BackupId> = plan
         .expired
         .iter()
         .filter(|backup| failures.contains(&backup.manifest_key))
-        .map(|backup| backup.name.clone())
+        .map(|backup| backup.id.clone())
         .collect();
     for batch in plan.data_batches(&manifest_kept) {
         delete_batch(bucket, &batch, requests, &mut deletion, &mut failures).await?;
@@ -87,7 +89,7 @@ pub async fn delete_expired(
         .expired
         .iter()
         .filter(|backup| !failures.touch(backup))
-        .map(|backup| backup.name.clone())
+        .map(|backup| backup.id.clone())
         .collect();
     if failures.0.is_empty() {
         Ok(deletion)
@@ -253,7 +255,7 @@ mod tests {
 
     fn expired(name: &str) -> ExpiredBackup {
         ExpiredBackup {
-            name: name.into(),
+            id: BackupId::new(name, "u1"),
             manifest_key: format!("ns/a/{name}/manifest.json"),
             data_keys: vec![
                 format!("ns/a/{name}/globals.sql"),
@@ -317,7 +319,12 @@ mod tests {
             .await
             .expect("nothing refused");
 
-        assert_eq!(deletion.deleted_backups, ["b1", "b2"]);
+        let names: Vec<&str> = deletion
+            .deleted_backups
+            .iter()
+            .map(|id| id.name.as_str())
+            .collect();
+        assert_eq!(names, ["b1", "b2"]);
         assert_eq!(deletion.deleted_objects, 6);
         assert_eq!(store.batches().len(), 2);
     }
@@ -334,7 +341,7 @@ mod tests {
     fn a_backup_with_any_key_left_is_not_reported_deleted() {
         let failed = failures(&["ns/a/b1/manifest.json", "ns/a/b2/globals.sql"]);
         let backup = |name: &str| ExpiredBackup {
-            name: name.into(),
+            id: BackupId::new(name, "u1"),
             manifest_key: format!("ns/a/{name}/manifest.json"),
             data_keys: vec![format!("ns/a/{name}/globals.sql")],
         };

@@ -1,6 +1,7 @@
 //! What a retention pass reads before it decides: every key under the cluster's root
-//! (ListObjectsV2, page by page), every backup's manifest (GetObject, a few at a time) and the
-//! open multipart uploads under the root (ListMultipartUploads, page by page).
+//! `<prefix>/<cluster-uid>/` (ListObjectsV2, page by page), every backup's manifest (GetObject,
+//! a few at a time) and the open multipart uploads under the root (ListMultipartUploads, page by
+//! page).
 //!
 //! Any failure here fails the pass before anything is deleted. A manifest that is gone by the
 //! time it is read is not a failure: it is reported as [`ManifestReading::Vanished`].
@@ -11,8 +12,9 @@ use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
 
 use super::RequestCount;
-use super::layout::Layout;
-use super::plan::{ManifestReading, OpenUpload};
+use super::layout::{BackupId, Layout};
+use super::reading::ManifestReading;
+use super::uploads::OpenUpload;
 use crate::storage::{S3Bucket, StorageError, s3_error};
 
 /// Manifests read at once.
@@ -65,22 +67,22 @@ fn truncated_listing(operation: &'static str, root: &str, reason: String) -> Sto
     }
 }
 
-/// Reads the manifest of every backup directory that has one, by backup name.
+/// Reads the manifest of every backup directory that has one, by backup.
 pub async fn read_manifests(
     bucket: &S3Bucket,
     layout: &Layout,
     requests: &mut RequestCount,
-) -> Result<BTreeMap<String, ManifestReading>, StorageError> {
-    // Owned names and keys: a stream of futures borrowing `&str`s from an iterator is not
+) -> Result<BTreeMap<BackupId, ManifestReading>, StorageError> {
+    // Owned ids and keys: a stream of futures borrowing `&str`s from an iterator is not
     // `Send` for every lifetime (a rustc limitation), and the controllers need a `Send` pass.
-    let manifests: Vec<(String, String)> = layout
+    let manifests: Vec<(BackupId, String)> = layout
         .manifest_keys()
-        .map(|(name, key)| (name.to_owned(), key.to_owned()))
+        .map(|(id, key)| (id.clone(), key.to_owned()))
         .collect();
-    let readings: BTreeMap<String, ManifestReading> = futures::stream::iter(manifests)
-        .map(|(name, key)| async move {
+    let readings: BTreeMap<BackupId, ManifestReading> = futures::stream::iter(manifests)
+        .map(|(id, key)| async move {
             let reading = read_manifest(bucket, &key).await?;
-            Ok::<_, StorageError>((name, reading))
+            Ok::<_, StorageError>((id, reading))
         })
         .buffer_unordered(CONCURRENT_MANIFEST_READS)
         .try_collect()

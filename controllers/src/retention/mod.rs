@@ -2,58 +2,69 @@
 //!
 //! A pass ([`prune`]) has three steps:
 //!
-//! 1. **Gather** ([`gather`]): list every key under `<prefix>/`, read every backup's
-//!    `manifest.json`, list the open multipart uploads under `<prefix>/`. Any failure here
-//!    (transport, permission, a bucket that does not exist) ends the pass before anything is
-//!    deleted.
+//! 1. **Gather** ([`gather`]): list every key under the cluster's root
+//!    `<prefix>/<cluster-uid>/`, read every backup's `manifest.json`, list the open multipart
+//!    uploads under the root. Any failure here (transport, permission, a bucket that does not
+//!    exist) ends the pass before anything is deleted.
 //! 2. **Decide** ([`plan()`], pure): which backups expired, which one is the newest good backup
-//!    that stays whatever its age, which directories are skipped, which uploads are stale. See
-//!    [`plan`](mod@plan) for the rules.
+//!    that stays whatever its age, which expired ones unfinished restores hold, which
+//!    directories are skipped, which uploads are stale. See [`plan`](mod@plan) for the rules.
 //! 3. **Execute** ([`execute`]): DeleteObjects in batches of at most 1000 keys, the expired
 //!    manifests first, then the rest of those backups; then AbortMultipartUpload for each stale
 //!    upload.
 //!
-//! The layout it reads is the backup agent's: `<prefix>/<backup-name>/globals.sql`,
-//! `<prefix>/<backup-name>/databases/<db>.dump`, and `<prefix>/<backup-name>/manifest.json`,
-//! written last. Nothing outside `<prefix>/` is ever listed or touched.
+//! The layout it reads is the backup agent's ([`crate::storage::keys`]):
+//! `<prefix>/<cluster-uid>/<backup-name>/<backup-uid>/` holds `globals.sql`, `databases/<db>.dump`
+//! and `manifest.json`, written last. Nothing outside the cluster's root is ever listed or
+//! touched: not another cluster's backups under the same prefix, nor backups in the layout from
+//! before the uids were in the keys (`<prefix>/<backup-name>/`), whose owner cannot be proven.
 
 mod execute;
 mod gather;
 pub mod layout;
 pub mod plan;
+pub mod reading;
+pub mod uploads;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 
-pub use layout::{BackupDir, Layout};
-pub use plan::{
-    ExpiredBackup, MAX_KEYS_PER_DELETE, ManifestReading, OpenUpload, Plan, STALE_UPLOAD_AGE, plan,
-};
+pub use layout::{BackupDir, BackupId, Layout};
+pub use plan::{ExpiredBackup, MAX_KEYS_PER_DELETE, Plan, plan};
+pub use reading::ManifestReading;
+pub use uploads::{OpenUpload, STALE_UPLOAD_AGE};
 
+use crate::storage::keys::{check_segment, cluster_root};
 use crate::storage::{S3Bucket, StorageError};
 
 /// What a pass keeps and deletes, for one cluster.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RetentionPolicy {
-    /// The cluster's key prefix, without leading or trailing '/'. Only keys under "<prefix>/"
-    /// are ever touched.
+    /// The cluster's storage prefix, without leading or trailing '/'.
     pub prefix: String,
+    /// The cluster's uid: only keys under its root `<prefix>/<cluster-uid>/` are ever touched,
+    /// and only backups whose manifest records this uid are deleted.
+    pub cluster_uid: String,
     /// Backups that finished more than this many days before the pass are deleted.
     pub retention_days: u32,
-    /// Backup names (key segments) that the backup controller knows as Failed: they never count
-    /// as the newest good backup.
+    /// Uids of the PostgreSQLBackups that the backup controller knows as Failed: their backups
+    /// never count as the newest good backup.
     pub failed_backups: BTreeSet<String>,
+    /// Manifest keys that unfinished restores read, each with the restore (`namespace/name`):
+    /// those backups stay until the restore ends, expired or not.
+    pub held: BTreeMap<String, String>,
 }
 
 impl RetentionPolicy {
-    /// `<prefix>/`: every key a pass may touch starts with it.
+    /// `<prefix>/<cluster-uid>/`: every key a pass may touch starts with it.
     pub fn root(&self) -> String {
-        format!("{}/", self.prefix)
+        cluster_root(&self.prefix, &self.cluster_uid)
     }
 
-    /// Refuses a prefix that would reach beyond one cluster's keys: empty (the whole bucket) or
-    /// with a leading or trailing '/'.
+    /// Refuses a policy that would reach beyond one cluster's keys: an empty prefix (the whole
+    /// bucket's legacy backups would be next to the root), one with a leading or trailing '/',
+    /// or a cluster uid that is not one key segment.
     pub fn check(&self) -> Result<(), StorageError> {
         let prefix = &self.prefix;
         if prefix.is_empty() || prefix.starts_with('/') || prefix.ends_with('/') {
@@ -61,7 +72,7 @@ impl RetentionPolicy {
                 "retention prefix {prefix:?} must be non-empty, without leading or trailing '/'"
             )));
         }
-        Ok(())
+        check_segment("cluster uid", &self.cluster_uid)
     }
 }
 
@@ -70,15 +81,18 @@ impl RetentionPolicy {
 pub struct PruneReport {
     /// The backup kept whatever its age: the newest with a readable manifest that is not known
     /// as failed.
-    pub newest_good: Option<String>,
+    pub newest_good: Option<BackupId>,
     /// Backups whose objects were all deleted, oldest first.
-    pub deleted_backups: Vec<String>,
+    pub deleted_backups: Vec<BackupId>,
     pub deleted_objects: u64,
     /// Stale multipart uploads aborted.
     pub aborted_uploads: u64,
-    /// Backups with a readable manifest that stay.
+    /// Backups with a readable manifest that stay (held ones included).
     pub kept_backups: usize,
-    /// Backup directories left alone and why ("<name>: no manifest.json (incomplete backup)").
+    /// Expired backups kept for unfinished restores ("<name>/<uid>: read by restore <ns>/<r>").
+    pub held: Vec<String>,
+    /// Backup directories left alone and why ("<name>/<uid>: no manifest.json (incomplete
+    /// backup)").
     pub skipped: Vec<String>,
     /// S3 requests this pass made: list pages, manifest GETs, DeleteObjects batches, multipart
     /// listing pages and aborts (the SDK's retries of one request not counted again).
@@ -122,15 +136,18 @@ pub async fn prune(
         deleted_objects: deletion.deleted_objects,
         aborted_uploads: aborted?,
         kept_backups: plan.kept.len(),
+        held: plan.held,
         skipped: plan.skipped,
         requests: requests.0,
     };
     tracing::info!(
         prefix = %policy.prefix,
+        cluster_uid = %policy.cluster_uid,
         deleted_backups = report.deleted_backups.len(),
         deleted_objects = report.deleted_objects,
         aborted_uploads = report.aborted_uploads,
         kept_backups = report.kept_backups,
+        held = report.held.len(),
         skipped = report.skipped.len(),
         requests = report.requests,
         "retention pass done"
@@ -142,22 +159,31 @@ pub async fn prune(
 mod tests {
     use super::*;
 
-    fn policy(prefix: &str) -> RetentionPolicy {
+    fn policy(prefix: &str, cluster_uid: &str) -> RetentionPolicy {
         RetentionPolicy {
             prefix: prefix.into(),
+            cluster_uid: cluster_uid.into(),
             retention_days: 7,
             failed_backups: BTreeSet::new(),
+            held: BTreeMap::new(),
         }
     }
 
     #[test]
-    fn a_prefix_must_name_one_clusters_keys() {
-        assert!(policy("ns/a").check().is_ok());
-        assert_eq!(policy("ns/a").root(), "ns/a/");
+    fn a_policy_must_name_one_clusters_keys() {
+        assert!(policy("ns/a", "c1").check().is_ok());
+        assert_eq!(policy("ns/a", "c1").root(), "ns/a/c1/");
         for bad in ["", "/ns/a", "ns/a/", "/"] {
-            let error = policy(bad).check().expect_err(bad).to_string();
+            let error = policy(bad, "c1").check().expect_err(bad).to_string();
             assert!(
                 error.starts_with("invalid settings: retention prefix"),
+                "{error}"
+            );
+        }
+        for bad in ["", "..", "c/1"] {
+            let error = policy("ns/a", bad).check().expect_err(bad).to_string();
+            assert!(
+                error.starts_with("invalid settings: cluster uid"),
                 "{error}"
             );
         }

@@ -1,15 +1,24 @@
-//! The retention decision, as a pure function of what a pass gathered: the listing sorted by
-//! backup ([`Layout`]), each manifest's reading, the open multipart uploads, the policy and the
-//! time. No request, no clock: every rule of retention is here and unit-tested.
+//! The retention decision, as a pure function of what a pass gathered: the listing of the
+//! cluster's root sorted by backup ([`Layout`]), each manifest's reading, the open multipart
+//! uploads, the policy and the time. No request, no clock: every rule of retention is here and
+//! unit-tested.
 //!
 //! The rules:
+//! - only the cluster's root `<prefix>/<cluster-uid>/` is looked at: another cluster's backups
+//!   under the same prefix, and backups in the layout from before the uids were in the keys, are
+//!   never listed, so never deleted;
 //! - a backup's age is its manifest's `finishedAt`; backups that finished more than
 //!   `retention_days` days before `now` expire, and all their keys go;
+//! - a manifest must record this cluster's uid and the directory's backup name and uid: one that
+//!   records another owner (or none) is skipped, never deleted;
 //! - the newest backup with a readable manifest that is not known as failed is never deleted,
 //!   whatever its age;
+//! - an expired backup that an unfinished restore reads (its manifest key is in the policy's
+//!   `held`) stays, and the plan says which restore holds it;
 //! - a directory without a manifest, or with one that cannot be read, is never deleted (it is
-//!   reported as skipped), nor is any key outside a backup directory or outside the prefix;
-//! - multipart uploads under the prefix started more than [`STALE_UPLOAD_AGE`] ago are aborted;
+//!   reported as skipped), nor is any key outside a backup directory or outside the root;
+//! - multipart uploads under the root started more than a day ago are aborted
+//!   ([`super::uploads`]);
 //! - deletes go in batches of at most [`MAX_KEYS_PER_DELETE`] keys, the expired manifests in
 //!   batches of their own before any other key, so that a pass cut short never leaves a manifest
 //!   whose data is gone.
@@ -19,56 +28,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::{DateTime, TimeDelta, Utc};
 
 use super::RetentionPolicy;
-use super::layout::{BackupDir, Layout};
-use crate::storage::manifest::Manifest;
+use super::layout::{BackupDir, BackupId, Layout};
+use super::reading::ManifestReading;
+use super::uploads::{OpenUpload, stale_uploads};
 
 /// The most keys S3 takes in one DeleteObjects request.
 pub const MAX_KEYS_PER_DELETE: usize = 1000;
 
-/// Age from which an unfinished multipart upload counts as left behind (by a killed agent).
-pub const STALE_UPLOAD_AGE: TimeDelta = TimeDelta::hours(24);
-
-/// What reading a backup's `manifest.json` gave.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ManifestReading {
-    /// A readable manifest, and when the backup finished.
-    Finished(DateTime<Utc>),
-    /// The manifest does not parse, or its `finishedAt` is not an RFC 3339 time.
-    Unreadable(String),
-    /// The manifest was listed but was gone when it was read (deleted meanwhile).
-    Vanished,
-}
-
-impl ManifestReading {
-    /// Reads the manifest stored at `key`.
-    pub fn from_bytes(key: &str, bytes: &[u8]) -> Self {
-        match Manifest::parse(key, bytes) {
-            Ok(manifest) => finished_at(&manifest.finished_at),
-            Err(error) => Self::Unreadable(error.to_string()),
-        }
-    }
-}
-
-fn finished_at(text: &str) -> ManifestReading {
-    match DateTime::parse_from_rfc3339(text) {
-        Ok(time) => ManifestReading::Finished(time.with_timezone(&Utc)),
-        Err(error) => ManifestReading::Unreadable(format!("finishedAt {text:?}: {error}")),
-    }
-}
-
-/// A multipart upload that was started and neither completed nor aborted.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct OpenUpload {
-    pub key: String,
-    pub upload_id: String,
-    /// When it was started; `None` when the store did not say (such an upload is left alone).
-    pub initiated: Option<DateTime<Utc>>,
-}
-
 /// An expired backup and every key it has.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ExpiredBackup {
-    pub name: String,
+    pub id: BackupId,
     pub manifest_key: String,
     pub data_keys: Vec<String>,
 }
@@ -77,12 +47,15 @@ pub struct ExpiredBackup {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
     /// The newest good backup, kept whatever its age.
-    pub newest_good: Option<String>,
+    pub newest_good: Option<BackupId>,
     /// Backups to delete, oldest first.
     pub expired: Vec<ExpiredBackup>,
-    /// Backups with a readable manifest that stay.
-    pub kept: Vec<String>,
-    /// Backup directories left alone because they have no usable manifest, and why.
+    /// Backups with a readable manifest of this cluster that stay (held ones included).
+    pub kept: Vec<BackupId>,
+    /// Expired backups kept because an unfinished restore reads them, and which restore.
+    pub held: Vec<String>,
+    /// Backup directories left alone because they have no usable manifest of this cluster, and
+    /// why.
     pub skipped: Vec<String>,
     /// Multipart uploads to abort.
     pub stale_uploads: Vec<OpenUpload>,
@@ -96,12 +69,12 @@ impl Plan {
     }
 
     /// DeleteObjects batches of the expired backups' other keys, except those of the backups
-    /// named in `manifest_kept` (whose manifest could not be deleted).
-    pub fn data_batches(&self, manifest_kept: &BTreeSet<String>) -> Vec<Vec<String>> {
+    /// in `manifest_kept` (whose manifest could not be deleted).
+    pub fn data_batches(&self, manifest_kept: &BTreeSet<BackupId>) -> Vec<Vec<String>> {
         let keys = self
             .expired
             .iter()
-            .filter(|backup| !manifest_kept.contains(&backup.name))
+            .filter(|backup| !manifest_kept.contains(&backup.id))
             .flat_map(|backup| &backup.data_keys);
         batches(keys)
     }
@@ -118,48 +91,53 @@ fn batches<'a>(keys: impl Iterator<Item = &'a String>) -> Vec<Vec<String>> {
 pub fn plan(
     policy: &RetentionPolicy,
     layout: &Layout,
-    manifests: &BTreeMap<String, ManifestReading>,
+    manifests: &BTreeMap<BackupId, ManifestReading>,
     uploads: &[OpenUpload],
     now: DateTime<Utc>,
 ) -> Plan {
-    let finished = finished_backups(layout, manifests);
-    let newest_good = newest_good(&finished, &policy.failed_backups);
+    let finished = finished_backups(policy, layout, manifests);
     let cutoff = retention_cutoff(now, policy.retention_days);
     let mut plan = Plan {
-        newest_good: newest_good.map(|backup| backup.name.to_owned()),
-        skipped: skipped_backups(layout, manifests),
+        newest_good: newest_good(&finished, &policy.failed_backups).map(|b| b.id.clone()),
+        skipped: skipped_backups(policy, layout, manifests),
         stale_uploads: stale_uploads(&policy.root(), uploads, now),
         ..Plan::default()
     };
     for backup in oldest_first(&finished) {
         let expired = cutoff.is_some_and(|cutoff| backup.at < cutoff);
-        if expired && plan.newest_good.as_deref() != Some(backup.name) {
-            plan.expired.push(backup.expired());
-        } else {
-            plan.kept.push(backup.name.to_owned());
+        let newest = plan.newest_good.as_ref() == Some(backup.id);
+        let holder = policy.held.get(backup.manifest_key);
+        match (expired && !newest, holder) {
+            (true, None) => plan.expired.push(backup.expired()),
+            (true, Some(restore)) => {
+                plan.held
+                    .push(format!("{}: read by restore {restore}", backup.id));
+                plan.kept.push(backup.id.clone());
+            }
+            (false, _) => plan.kept.push(backup.id.clone()),
         }
     }
     plan
 }
 
-/// A backup directory with a readable manifest, and when it finished.
+/// A backup directory with a readable manifest of this cluster, and when it finished.
 #[derive(Clone, Copy)]
 struct Finished<'a> {
-    name: &'a str,
+    id: &'a BackupId,
     manifest_key: &'a str,
     dir: &'a BackupDir,
     at: DateTime<Utc>,
 }
 
 impl<'a> Finished<'a> {
-    /// The order of backups: by finish time, then by name.
-    fn order(&self) -> (DateTime<Utc>, &'a str) {
-        (self.at, self.name)
+    /// The order of backups: by finish time, then by name and uid.
+    fn order(&self) -> (DateTime<Utc>, &'a BackupId) {
+        (self.at, self.id)
     }
 
     fn expired(&self) -> ExpiredBackup {
         ExpiredBackup {
-            name: self.name.to_owned(),
+            id: self.id.clone(),
             manifest_key: self.manifest_key.to_owned(),
             data_keys: self.dir.data_keys.clone(),
         }
@@ -167,32 +145,37 @@ impl<'a> Finished<'a> {
 }
 
 fn finished_backups<'a>(
+    policy: &RetentionPolicy,
     layout: &'a Layout,
-    manifests: &BTreeMap<String, ManifestReading>,
+    manifests: &BTreeMap<BackupId, ManifestReading>,
 ) -> Vec<Finished<'a>> {
     layout
         .backups
         .iter()
-        .filter_map(|(name, dir)| {
+        .filter_map(|(id, dir)| {
             let manifest_key = dir.manifest_key.as_deref()?;
-            match manifests.get(name) {
-                Some(ManifestReading::Finished(at)) => Some(Finished {
-                    name,
-                    manifest_key,
-                    dir,
-                    at: *at,
-                }),
+            match manifests.get(id) {
+                Some(ManifestReading::Finished(finished))
+                    if finished.foreign(id, &policy.cluster_uid).is_none() =>
+                {
+                    Some(Finished {
+                        id,
+                        manifest_key,
+                        dir,
+                        at: finished.at,
+                    })
+                }
                 _ => None,
             }
         })
         .collect()
 }
 
-/// The latest to finish of the backups not known as failed; the greater name on a tie.
+/// The latest to finish of the backups not known as failed (by uid); the greater name on a tie.
 fn newest_good<'a>(finished: &[Finished<'a>], failed: &BTreeSet<String>) -> Option<Finished<'a>> {
     finished
         .iter()
-        .filter(|backup| !failed.contains(backup.name))
+        .filter(|backup| !failed.contains(&backup.id.uid))
         .max_by_key(|backup| backup.order())
         .copied()
 }
@@ -209,37 +192,32 @@ fn retention_cutoff(now: DateTime<Utc>, retention_days: u32) -> Option<DateTime<
     now.checked_sub_signed(TimeDelta::try_days(i64::from(retention_days))?)
 }
 
-/// Backup directories without a usable manifest, each with the reason, as short lines.
-fn skipped_backups(layout: &Layout, manifests: &BTreeMap<String, ManifestReading>) -> Vec<String> {
+/// Backup directories without a usable manifest of this cluster, each with the reason, as
+/// short lines.
+fn skipped_backups(
+    policy: &RetentionPolicy,
+    layout: &Layout,
+    manifests: &BTreeMap<BackupId, ManifestReading>,
+) -> Vec<String> {
     layout
         .backups
         .iter()
-        .filter_map(
-            |(name, dir)| match (&dir.manifest_key, manifests.get(name)) {
-                (None, _) => Some(format!("{name}: no manifest.json (incomplete backup)")),
-                (Some(_), Some(ManifestReading::Finished(_))) => None,
+        .filter_map(|(id, dir)| {
+            let why = match (&dir.manifest_key, manifests.get(id)) {
+                (None, _) => "no manifest.json (incomplete backup)".to_owned(),
+                (Some(_), Some(ManifestReading::Finished(finished))) => {
+                    finished.foreign(id, &policy.cluster_uid)?
+                }
                 (Some(_), Some(ManifestReading::Unreadable(reason))) => {
-                    Some(format!("{name}: unreadable manifest ({reason})"))
+                    format!("unreadable manifest ({reason})")
                 }
                 (Some(_), Some(ManifestReading::Vanished)) => {
-                    Some(format!("{name}: manifest.json vanished during the pass"))
+                    "manifest.json vanished during the pass".to_owned()
                 }
-                (Some(_), None) => Some(format!("{name}: manifest.json not read")),
-            },
-        )
-        .collect()
-}
-
-fn stale_uploads(root: &str, uploads: &[OpenUpload], now: DateTime<Utc>) -> Vec<OpenUpload> {
-    uploads
-        .iter()
-        .filter(|upload| upload.key.starts_with(root))
-        .filter(|upload| {
-            upload
-                .initiated
-                .is_some_and(|initiated| now - initiated > STALE_UPLOAD_AGE)
+                (Some(_), None) => "manifest.json not read".to_owned(),
+            };
+            Some(format!("{id}: {why}"))
         })
-        .cloned()
         .collect()
 }
 
@@ -248,9 +226,9 @@ mod tests {
     use chrono::TimeZone;
 
     use super::*;
-    use crate::storage::manifest::{
-        DATABASE_FORMAT, DatabaseObject, MANIFEST_VERSION, StoredObject,
-    };
+    use crate::retention::reading::Finished as Reading;
+
+    const ROOT: &str = "ns/a/c1/";
 
     fn now() -> DateTime<Utc> {
         Utc.with_ymd_and_hms(2025, 6, 30, 12, 0, 0)
@@ -262,19 +240,35 @@ mod tests {
         now() - TimeDelta::days(days)
     }
 
+    /// Backup `name`, whose PostgreSQLBackup had uid `u-<name>`.
+    fn id(name: &str) -> BackupId {
+        BackupId::new(name, format!("u-{name}"))
+    }
+
     fn policy(retention_days: u32, failed: &[&str]) -> RetentionPolicy {
         RetentionPolicy {
             prefix: "ns/a".into(),
+            cluster_uid: "c1".into(),
             retention_days,
-            failed_backups: failed.iter().map(|name| name.to_string()).collect(),
+            failed_backups: failed.iter().map(|name| id(name).uid).collect(),
+            held: BTreeMap::new(),
         }
     }
 
-    /// A listing with backups `(name, has_manifest)`, each with two data objects, plus
-    /// `extra` keys; and readings for the backups given an age in `finished`.
+    fn reading(cluster_uid: Option<&str>, id: &BackupId, age_days: i64) -> ManifestReading {
+        ManifestReading::Finished(Reading {
+            at: days_ago(age_days),
+            cluster_uid: cluster_uid.map(str::to_owned),
+            backup_name: id.name.clone(),
+            backup_uid: Some(id.uid.clone()),
+        })
+    }
+
+    /// A listing of backups under [`ROOT`], each with two data objects, and their manifests'
+    /// readings.
     struct Bucket {
         keys: Vec<String>,
-        manifests: BTreeMap<String, ManifestReading>,
+        manifests: BTreeMap<BackupId, ManifestReading>,
     }
 
     impl Bucket {
@@ -285,25 +279,20 @@ mod tests {
             }
         }
 
-        fn backup(mut self, name: &str, age_days: i64) -> Self {
-            self = self.incomplete(name);
-            self.keys.push(format!("ns/a/{name}/manifest.json"));
-            let reading = ManifestReading::Finished(days_ago(age_days));
-            self.manifests.insert(name.into(), reading);
+        fn backup(self, name: &str, age_days: i64) -> Self {
+            self.with_manifest(&id(name), reading(Some("c1"), &id(name), age_days))
+        }
+
+        fn with_manifest(mut self, id: &BackupId, reading: ManifestReading) -> Self {
+            self = self.incomplete(id);
+            self.keys.push(format!("{ROOT}{id}/manifest.json"));
+            self.manifests.insert(id.clone(), reading);
             self
         }
 
-        fn incomplete(mut self, name: &str) -> Self {
-            self.keys.push(format!("ns/a/{name}/globals.sql"));
-            self.keys.push(format!("ns/a/{name}/databases/app.dump"));
-            self
-        }
-
-        fn unreadable(mut self, name: &str) -> Self {
-            self = self.incomplete(name);
-            self.keys.push(format!("ns/a/{name}/manifest.json"));
-            let reading = ManifestReading::Unreadable("expected value at line 1".into());
-            self.manifests.insert(name.into(), reading);
+        fn incomplete(mut self, id: &BackupId) -> Self {
+            self.keys.push(format!("{ROOT}{id}/globals.sql"));
+            self.keys.push(format!("{ROOT}{id}/databases/app.dump"));
             self
         }
 
@@ -323,7 +312,11 @@ mod tests {
     }
 
     fn expired_names(plan: &Plan) -> Vec<&str> {
-        plan.expired.iter().map(|b| b.name.as_str()).collect()
+        plan.expired.iter().map(|b| b.id.name.as_str()).collect()
+    }
+
+    fn ids(names: &[&str]) -> Vec<BackupId> {
+        names.iter().map(|name| id(name)).collect()
     }
 
     #[test]
@@ -333,16 +326,16 @@ mod tests {
         assert_eq!(
             plan.expired,
             [ExpiredBackup {
-                name: "old".into(),
-                manifest_key: "ns/a/old/manifest.json".into(),
+                id: id("old"),
+                manifest_key: "ns/a/c1/old/u-old/manifest.json".into(),
                 data_keys: vec![
-                    "ns/a/old/globals.sql".into(),
-                    "ns/a/old/databases/app.dump".into()
+                    "ns/a/c1/old/u-old/globals.sql".into(),
+                    "ns/a/c1/old/u-old/databases/app.dump".into()
                 ],
             }]
         );
-        assert_eq!(plan.kept, ["new"]);
-        assert_eq!(plan.newest_good.as_deref(), Some("new"));
+        assert_eq!(plan.kept, ids(&["new"]));
+        assert_eq!(plan.newest_good, Some(id("new")));
     }
 
     #[test]
@@ -350,7 +343,7 @@ mod tests {
         let bucket = Bucket::new().backup("limit", 7).backup("over", 8);
         let plan = bucket.plan(&policy(7, &[]));
         assert_eq!(expired_names(&plan), ["over"]);
-        assert_eq!(plan.kept, ["limit"]);
+        assert_eq!(plan.kept, ids(&["limit"]));
     }
 
     #[test]
@@ -360,9 +353,9 @@ mod tests {
             .backup("b20", 20)
             .backup("b10", 10);
         let plan = bucket.plan(&policy(7, &[]));
-        assert_eq!(plan.newest_good.as_deref(), Some("b10"));
+        assert_eq!(plan.newest_good, Some(id("b10")));
         assert_eq!(expired_names(&plan), ["b30", "b20"]);
-        assert_eq!(plan.kept, ["b10"]);
+        assert_eq!(plan.kept, ids(&["b10"]));
     }
 
     #[test]
@@ -372,7 +365,7 @@ mod tests {
             .backup("b20", 20)
             .backup("b10", 10);
         let plan = bucket.plan(&policy(7, &["b10"]));
-        assert_eq!(plan.newest_good.as_deref(), Some("b20"));
+        assert_eq!(plan.newest_good, Some(id("b20")));
         assert_eq!(expired_names(&plan), ["b30", "b10"]);
     }
 
@@ -382,36 +375,115 @@ mod tests {
         let plan = bucket.plan(&policy(7, &["b30", "b2"]));
         assert_eq!(plan.newest_good, None);
         assert_eq!(expired_names(&plan), ["b30"]);
-        assert_eq!(plan.kept, ["b2"]);
+        assert_eq!(plan.kept, ids(&["b2"]));
+    }
+
+    #[test]
+    fn a_name_used_again_is_another_backup_and_failing_is_by_uid() {
+        let first = BackupId::new("nightly", "u1");
+        let again = BackupId::new("nightly", "u2");
+        let bucket = Bucket::new()
+            .with_manifest(&first, reading(Some("c1"), &first, 30))
+            .with_manifest(&again, reading(Some("c1"), &again, 20));
+        let mut policy = policy(7, &[]);
+        policy.failed_backups = BTreeSet::from(["u2".to_owned()]);
+        let plan = bucket.plan(&policy);
+        assert_eq!(plan.newest_good, Some(first.clone()));
+        assert_eq!(plan.expired.len(), 1);
+        assert_eq!(plan.expired[0].id, again);
+        assert!(
+            plan.expired[0]
+                .manifest_key
+                .starts_with("ns/a/c1/nightly/u2/")
+        );
+        assert!(
+            plan.expired[0]
+                .data_keys
+                .iter()
+                .all(|key| key.starts_with("ns/a/c1/nightly/u2/"))
+        );
+    }
+
+    #[test]
+    fn a_manifest_that_records_another_owner_is_skipped_never_deleted() {
+        let foreign = id("foreign");
+        let legacy = id("legacy");
+        let moved = id("moved");
+        let mut moved_reading = reading(Some("c1"), &moved, 30);
+        if let ManifestReading::Finished(finished) = &mut moved_reading {
+            finished.backup_uid = Some("u-else".into());
+        }
+        let bucket = Bucket::new()
+            .with_manifest(&foreign, reading(Some("c2"), &foreign, 30))
+            .with_manifest(&legacy, reading(None, &legacy, 30))
+            .with_manifest(&moved, moved_reading)
+            .backup("b1", 1);
+        let plan = bucket.plan(&policy(7, &[]));
+        assert!(plan.expired.is_empty(), "{:?}", plan.expired);
+        assert_eq!(plan.newest_good, Some(id("b1")));
+        assert_eq!(
+            plan.skipped,
+            [
+                "foreign/u-foreign: its manifest records cluster uid c2, not c1",
+                "legacy/u-legacy: its manifest records cluster uid none, not c1",
+                "moved/u-moved: its manifest records backup moved/u-else",
+            ]
+        );
+    }
+
+    #[test]
+    fn an_expired_backup_that_an_unfinished_restore_reads_stays() {
+        let bucket = Bucket::new()
+            .backup("b30", 30)
+            .backup("b20", 20)
+            .backup("b1", 1);
+        let mut policy = policy(7, &[]);
+        policy
+            .held
+            .insert("ns/a/c1/b30/u-b30/manifest.json".into(), "db/undo".into());
+        let plan = bucket.plan(&policy);
+        assert_eq!(expired_names(&plan), ["b20"]);
+        assert_eq!(plan.kept, ids(&["b30", "b1"]));
+        assert_eq!(plan.held, ["b30/u-b30: read by restore db/undo"]);
+        // Once the restore ended, the next pass deletes it.
+        policy.held.clear();
+        assert_eq!(expired_names(&bucket.plan(&policy)), ["b30", "b20"]);
     }
 
     #[test]
     fn directories_without_a_usable_manifest_are_skipped_never_deleted() {
+        let garbled = id("garbled");
         let bucket = Bucket::new()
-            .incomplete("killed")
-            .unreadable("garbled")
+            .incomplete(&id("killed"))
+            .with_manifest(
+                &garbled,
+                ManifestReading::Unreadable("expected value at line 1".into()),
+            )
             .backup("b10", 10)
             .backup("b9", 9);
         let plan = bucket.plan(&policy(1, &[]));
         assert_eq!(expired_names(&plan), ["b10"]);
-        assert_eq!(plan.kept, ["b9"]);
+        assert_eq!(plan.kept, ids(&["b9"]));
         assert_eq!(plan.skipped.len(), 2);
         assert!(
-            plan.skipped[0].starts_with("garbled: unreadable manifest"),
+            plan.skipped[0].starts_with("garbled/u-garbled: unreadable manifest"),
             "{:?}",
             plan.skipped
         );
         assert_eq!(
             plan.skipped[1],
-            "killed: no manifest.json (incomplete backup)"
+            "killed/u-killed: no manifest.json (incomplete backup)"
         );
     }
 
     #[test]
     fn an_unreadable_manifest_never_counts_as_the_newest_good_one() {
-        let bucket = Bucket::new().backup("b10", 10).unreadable("garbled");
+        let garbled = id("garbled");
+        let bucket = Bucket::new()
+            .backup("b10", 10)
+            .with_manifest(&garbled, ManifestReading::Unreadable("no".into()));
         let plan = bucket.plan(&policy(1, &[]));
-        assert_eq!(plan.newest_good.as_deref(), Some("b10"));
+        assert_eq!(plan.newest_good, Some(id("b10")));
         assert!(plan.expired.is_empty());
     }
 
@@ -420,23 +492,26 @@ mod tests {
         let mut bucket = Bucket::new().backup("gone", 30).backup("b1", 1);
         bucket
             .manifests
-            .insert("gone".into(), ManifestReading::Vanished);
+            .insert(id("gone"), ManifestReading::Vanished);
         let plan = bucket.plan(&policy(7, &[]));
         assert!(plan.expired.is_empty());
         assert_eq!(
             plan.skipped,
-            ["gone: manifest.json vanished during the pass"]
+            ["gone/u-gone: manifest.json vanished during the pass"]
         );
     }
 
     #[test]
-    fn keys_outside_backup_directories_or_the_prefix_are_never_deleted() {
+    fn keys_outside_backup_directories_or_the_clusters_root_are_never_deleted() {
         let bucket = Bucket::new()
             .backup("b30", 30)
             .backup("b1", 1)
-            .key("ns/a/notes.txt")
-            .key("ns/ab/b30/manifest.json")
-            .key("ns/ab/b30/globals.sql")
+            .key("ns/a/c1/notes.txt")
+            // Another cluster on the same prefix, a legacy backup, another prefix.
+            .key("ns/a/c2/b30/u-b30/manifest.json")
+            .key("ns/a/c2/b30/u-b30/globals.sql")
+            .key("ns/a/b30/manifest.json")
+            .key("ns/a/b30/globals.sql")
             .key("elsewhere/b30/globals.sql");
         let plan = bucket.plan(&policy(7, &[]));
         let doomed: Vec<String> = plan
@@ -448,9 +523,9 @@ mod tests {
         assert_eq!(
             doomed,
             [
-                "ns/a/b30/manifest.json",
-                "ns/a/b30/globals.sql",
-                "ns/a/b30/databases/app.dump"
+                "ns/a/c1/b30/u-b30/manifest.json",
+                "ns/a/c1/b30/u-b30/globals.sql",
+                "ns/a/c1/b30/u-b30/databases/app.dump"
             ]
         );
     }
@@ -493,11 +568,14 @@ mod tests {
             .backup("b20", 20)
             .backup("b1", 1);
         let plan = bucket.plan(&policy(7, &[]));
-        let manifest_kept = BTreeSet::from(["b30".to_string()]);
+        let manifest_kept = BTreeSet::from([id("b30")]);
         let data: Vec<String> = plan.data_batches(&manifest_kept).concat();
         assert_eq!(
             data,
-            ["ns/a/b20/globals.sql", "ns/a/b20/databases/app.dump"]
+            [
+                "ns/a/c1/b20/u-b20/globals.sql",
+                "ns/a/c1/b20/u-b20/databases/app.dump"
+            ]
         );
     }
 
@@ -506,68 +584,6 @@ mod tests {
         let bucket = Bucket::new().backup("b30", 30).backup("b1", 1);
         let plan = bucket.plan(&policy(u32::MAX, &[]));
         assert!(plan.expired.is_empty());
-        assert_eq!(plan.kept, ["b30", "b1"]);
-    }
-
-    fn upload(key: &str, hours_ago: Option<i64>) -> OpenUpload {
-        OpenUpload {
-            key: key.into(),
-            upload_id: format!("id-{key}"),
-            initiated: hours_ago.map(|hours| now() - TimeDelta::hours(hours)),
-        }
-    }
-
-    #[test]
-    fn uploads_under_the_prefix_older_than_a_day_are_aborted() {
-        let uploads = [
-            upload("ns/a/b1/databases/app.dump", Some(25)),
-            upload("ns/a/b2/databases/app.dump", Some(23)),
-            upload("ns/a/b3/databases/app.dump", Some(24)),
-            upload("ns/a/b4/databases/app.dump", None),
-            upload("ns/ab/b1/databases/app.dump", Some(48)),
-        ];
-        let plan = Bucket::new().plan_with_uploads(&policy(7, &[]), &uploads);
-        assert_eq!(plan.stale_uploads, [uploads[0].clone()]);
-    }
-
-    #[test]
-    fn a_manifest_is_read_for_its_finish_time() {
-        let mut manifest = Manifest {
-            manifest_version: MANIFEST_VERSION,
-            cluster: "a".into(),
-            namespace: "ns".into(),
-            backup_name: "b1".into(),
-            postgresql_version: "16.4".into(),
-            started_at: "2025-06-01T00:00:00Z".into(),
-            finished_at: "2025-06-01T00:05:00+02:00".into(),
-            format: DATABASE_FORMAT.into(),
-            globals: StoredObject {
-                key: "ns/a/b1/globals.sql".into(),
-                size: 1,
-                sha256: "00".repeat(32),
-                format: DATABASE_FORMAT.into(),
-                compression: None,
-            },
-            databases: Vec::<DatabaseObject>::new(),
-        };
-        let json = serde_json::to_vec(&manifest).expect("serialises");
-        let expected = Utc.with_ymd_and_hms(2025, 5, 31, 22, 5, 0).single();
-        assert_eq!(
-            ManifestReading::from_bytes("k", &json),
-            ManifestReading::Finished(expected.expect("a time"))
-        );
-
-        manifest.finished_at = "yesterday".into();
-        let json = serde_json::to_vec(&manifest).expect("serialises");
-        let reading = ManifestReading::from_bytes("k", &json);
-        assert!(
-            matches!(&reading, ManifestReading::Unreadable(reason) if reason.contains("yesterday")),
-            "{reading:?}"
-        );
-        let reading = ManifestReading::from_bytes("ns/a/b1/manifest.json", b"{\"manifestVer");
-        assert!(
-            matches!(&reading, ManifestReading::Unreadable(reason) if reason.contains("ns/a/b1/manifest.json")),
-            "{reading:?}"
-        );
+        assert_eq!(plan.kept, ids(&["b30", "b1"]));
     }
 }

@@ -7,9 +7,10 @@ use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, SdkConfig};
 use aws_sdk_s3::Client;
 use aws_sdk_s3::config::{Region, RequestChecksumCalculation, ResponseChecksumValidation};
-use aws_sdk_s3::error::SdkError;
+use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_s3::operation::create_multipart_upload::builders::CreateMultipartUploadFluentBuilder;
 use aws_sdk_s3::operation::put_object::builders::PutObjectFluentBuilder;
+use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::ServerSideEncryption;
 use aws_sdk_s3::types::{Delete, ObjectIdentifier};
 
@@ -184,6 +185,37 @@ impl S3Bucket {
         Ok(answer.errors().iter().map(failed_key).collect())
     }
 
+    /// Writes `body` at `key` only if no object is there: a HEAD first, then a PutObject with
+    /// `If-None-Match: *`. Stores that honour the header (AWS S3, recent MinIO and Ceph RGW)
+    /// refuse the write if an object appeared after the HEAD; stores that ignore it on PutObject
+    /// (Garage 2.5) rely on the HEAD alone.
+    pub async fn put_new_object(
+        &self,
+        key: &str,
+        body: Vec<u8>,
+        content_type: &str,
+    ) -> Result<NewObject, StorageError> {
+        if self.object_size(key).await?.is_some() {
+            return Ok(NewObject::AlreadyExists);
+        }
+        let answer = self
+            .put_object(key)
+            .if_none_match("*")
+            .content_type(content_type)
+            .body(ByteStream::from(body))
+            .send()
+            .await;
+        match answer {
+            Ok(_) => Ok(NewObject::Written),
+            Err(SdkError::ServiceError(service))
+                if refused_as_existing(service.raw().status().as_u16(), service.err().code()) =>
+            {
+                Ok(NewObject::AlreadyExists)
+            }
+            Err(error) => Err(s3_error("PutObject", key, error)),
+        }
+    }
+
     /// A PutObject of `key` that requests the bucket's server-side encryption.
     pub fn put_object(&self, key: &str) -> PutObjectFluentBuilder {
         self.client
@@ -240,6 +272,20 @@ async fn shared_config(options: &S3Options) -> Result<SdkConfig, StorageError> {
         loader = loader.http_client(bundle.https_client()?);
     }
     Ok(loader.load().await)
+}
+
+/// What [`S3Bucket::put_new_object`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NewObject {
+    Written,
+    /// An object was there already: nothing was written.
+    AlreadyExists,
+}
+
+/// Whether a conditional PutObject was refused because the key exists: 412 Precondition
+/// Failed, or 409 ConditionalRequestConflict (another conditional write of the key in flight).
+fn refused_as_existing(status: u16, code: Option<&str>) -> bool {
+    status == 412 || (status == 409 && code == Some("ConditionalRequestConflict"))
 }
 
 /// A key DeleteObjects did not delete, and the store's reason in one line.
@@ -312,6 +358,15 @@ mod tests {
         // its type is what this test can check.
         let provider = format!("{:?}", shared.credentials_provider().expect("a provider"));
         assert!(provider.contains("DefaultCredentialsChain"), "{provider}");
+    }
+
+    #[test]
+    fn only_a_failed_precondition_or_a_conditional_conflict_means_the_key_exists() {
+        assert!(refused_as_existing(412, Some("PreconditionFailed")));
+        assert!(refused_as_existing(412, None));
+        assert!(refused_as_existing(409, Some("ConditionalRequestConflict")));
+        assert!(!refused_as_existing(409, Some("OperationAborted")));
+        assert!(!refused_as_existing(403, Some("AccessDenied")));
     }
 
     #[tokio::test]

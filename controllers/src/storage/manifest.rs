@@ -1,5 +1,11 @@
-//! The backup manifest: `<prefix>/<backup-name>/manifest.json`, written last by the agent,
-//! read by restores, by the backup controller's verification and by retention.
+//! The backup manifest: `manifest.json` in the backup's directory (see [`super::keys`]), written
+//! last by the agent, and only where no object is (a reused key never replaces a manifest); read
+//! by restores, by the backup controller's verification and by retention.
+//!
+//! It records whose backup it is: the cluster's name, namespace and uid, and the
+//! PostgreSQLBackup's name and uid. Manifests written before the uids were recorded have the
+//! names only (`clusterUid` and `backupUid` absent); readers that ignore unknown fields read the
+//! new ones, so the version does not change for them.
 //!
 //! Its presence means every object it lists was uploaded completely and its stored size was
 //! checked. Restore trusts only what it lists: keys, sizes and SHA-256 checksums, all of the
@@ -37,7 +43,13 @@ pub struct Manifest {
     pub manifest_version: u32,
     pub cluster: String,
     pub namespace: String,
+    /// The uid of the PostgreSQLCluster; absent in manifests written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_uid: Option<String>,
     pub backup_name: String,
+    /// The uid of the PostgreSQLBackup; absent in manifests written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_uid: Option<String>,
     /// `SHOW server_version` of the backed-up server, for example "15.18 (Debian ...)".
     pub postgresql_version: String,
     /// RFC 3339, UTC.
@@ -191,7 +203,9 @@ mod tests {
             manifest_version: MANIFEST_VERSION,
             cluster: "main".into(),
             namespace: "db".into(),
+            cluster_uid: Some("c-uid".into()),
             backup_name: "b1".into(),
+            backup_uid: Some("b-uid".into()),
             postgresql_version: "15.18".into(),
             started_at: "2025-01-01T00:00:00Z".into(),
             finished_at: "2025-01-01T00:01:00Z".into(),
@@ -237,6 +251,20 @@ mod tests {
         let plain = sample(Some(StoredCompression::None));
         assert_eq!(plain.required_version(), MANIFEST_VERSION);
         assert_eq!(zstd_sample().manifest_version, MANIFEST_VERSION_ZSTD);
+    }
+
+    #[test]
+    fn the_uids_are_recorded_and_a_manifest_without_them_still_reads() {
+        let json = serde_json::to_value(sample(None)).expect("serialises");
+        assert_eq!(json["clusterUid"], "c-uid");
+        assert_eq!(json["backupUid"], "b-uid");
+        let mut old = sample(None);
+        old.cluster_uid = None;
+        old.backup_uid = None;
+        let bytes = serde_json::to_vec(&old).expect("serialises");
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(!text.contains("Uid"), "{text}");
+        assert_eq!(Manifest::parse("k", &bytes).expect("parses"), old);
     }
 
     #[test]

@@ -25,10 +25,11 @@
 mod client;
 mod credentials;
 mod error;
+pub mod keys;
 pub mod manifest;
 mod tls;
 
-pub use client::{Encryption, S3Bucket, S3Options, is_https};
+pub use client::{Encryption, NewObject, S3Bucket, S3Options, is_https};
 pub use credentials::{
     ACCESS_KEY_ID_FILE_VARIABLE, CredentialSource, SECRET_ACCESS_KEY_FILE_VARIABLE,
     SESSION_TOKEN_FILE_VARIABLE, StaticKeys, secret_from_env_or_file,

@@ -4,6 +4,9 @@
 
 #![allow(dead_code)] // Each test binary uses a different part.
 
+pub mod real_node;
+pub mod stored;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -216,17 +219,27 @@ impl Running {
     /// [`SimulatedInstances`] for pods on the simulated nodes; `None` when test bed tests are
     /// skipped.
     pub async fn start(prefix: &str, resync_interval: Duration) -> Option<Running> {
+        Self::start_with(prefix, resync_interval, |_| {}).await
+    }
+
+    /// [`Running::start`], with `change` applied to the controllers' settings.
+    pub async fn start_with(
+        prefix: &str,
+        resync_interval: Duration,
+        change: impl FnOnce(&mut Settings),
+    ) -> Option<Running> {
         let env = pgkube_testkit::testbed()?;
         let client = env.kube_client().await;
         install_crds(&client).await;
         let namespace = TestNamespace::create(&client, prefix).await;
         let instances = Arc::new(SimulatedInstances::default());
-        let settings = Settings {
+        let mut settings = Settings {
             watch_namespaces: vec![namespace.name().to_owned()],
             resync_interval,
             instance_status: instances.clone(),
             ..Settings::default()
         };
+        change(&mut settings);
         let mut running = Running {
             namespace,
             client,

@@ -1,0 +1,175 @@
+//! What a backup or restore Job's agent is given: its settings as environment variables (nothing
+//! secret), and the Secret files it reads (the superuser's password, the S3 keys and CA bundle).
+
+use k8s_openapi::api::core::v1::{
+    EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath, ProjectedVolumeSource,
+    SecretKeySelector, SecretProjection, SecretVolumeSource, Volume, VolumeProjection,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::ResourceExt;
+use pgkube_crds::{PostgreSQLCluster, S3Storage};
+
+use super::build::{
+    ACCESS_KEY_ID_FILE, AGENT_VOLUME, CA_BUNDLE_FILE, JobInput, S3_MOUNT, S3_VOLUME,
+    SECRET_ACCESS_KEY_FILE, SUPERUSER_MOUNT, SUPERUSER_VOLUME, Task,
+};
+use crate::cluster::build::{ChildNames, POSTGRES_PORT};
+
+fn value(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value: Some(value.into()),
+        ..EnvVar::default()
+    }
+}
+
+/// The agent's settings. Nothing secret: the password and the keys are files.
+pub(super) fn agent_env(input: &JobInput<'_>) -> Vec<EnvVar> {
+    let cluster = input.cluster.name_any();
+    let names = ChildNames::for_cluster(&cluster);
+    let storage = input.storage;
+    let mut env = vec![
+        value("PGKUBE_BACKUP_NAME", input.task.backup_name()),
+        value("PGKUBE_CLUSTER", cluster),
+        value(
+            "PGKUBE_NAMESPACE",
+            input
+                .task
+                .owner_meta()
+                .namespace
+                .clone()
+                .unwrap_or_default(),
+        ),
+        value("PGHOST", names.rw_service),
+        value("PGPORT", POSTGRES_PORT.to_string()),
+        EnvVar {
+            name: "PGUSER".to_owned(),
+            value_from: Some(EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: names.secret.clone(),
+                    key: "username".to_owned(),
+                    optional: None,
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        },
+        value(
+            "PGKUBE_PGPASSWORD_FILE",
+            format!("{SUPERUSER_MOUNT}/password"),
+        ),
+        value("PGKUBE_S3_BUCKET", &storage.bucket),
+        value("PGKUBE_S3_PREFIX", input.prefix),
+        value("PGKUBE_S3_REGION", &storage.region),
+        value(
+            "PGKUBE_S3_ACCESS_KEY_ID_FILE",
+            format!("{S3_MOUNT}/{ACCESS_KEY_ID_FILE}"),
+        ),
+        value(
+            "PGKUBE_S3_SECRET_ACCESS_KEY_FILE",
+            format!("{S3_MOUNT}/{SECRET_ACCESS_KEY_FILE}"),
+        ),
+    ];
+    env.extend(location_env(&input.task, input.cluster));
+    if let Some(endpoint) = &storage.endpoint {
+        env.push(value("PGKUBE_S3_ENDPOINT", endpoint));
+    }
+    if storage.force_path_style {
+        env.push(value("PGKUBE_S3_FORCE_PATH_STYLE", "true"));
+    }
+    if storage.ca_bundle.is_some() {
+        env.push(value(
+            "PGKUBE_S3_CA_BUNDLE",
+            format!("{S3_MOUNT}/{CA_BUNDLE_FILE}"),
+        ));
+    }
+    if let Some(encryption) = storage.server_side_encryption {
+        let algorithm = serde_json::to_value(encryption)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        env.push(value("PGKUBE_S3_SSE", algorithm));
+    }
+    if let Some(trace_parent) = &input.trace_parent {
+        env.push(value("TRACEPARENT", trace_parent));
+    }
+    env.extend(
+        input
+            .otel_env
+            .iter()
+            .map(|(name, setting)| value(name, setting)),
+    );
+    env
+}
+
+pub(super) fn volumes(input: &JobInput<'_>) -> Vec<Volume> {
+    let names = ChildNames::for_cluster(&input.cluster.name_any());
+    vec![
+        Volume {
+            name: AGENT_VOLUME.to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        },
+        Volume {
+            name: SUPERUSER_VOLUME.to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(names.secret),
+                items: Some(vec![key_to_path("password", "password")]),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+        Volume {
+            name: S3_VOLUME.to_owned(),
+            projected: Some(ProjectedVolumeSource {
+                sources: Some(s3_sources(input.storage)),
+                ..ProjectedVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+    ]
+}
+
+fn key_to_path(key: &str, path: &str) -> KeyToPath {
+    KeyToPath {
+        key: key.to_owned(),
+        path: path.to_owned(),
+        mode: None,
+    }
+}
+
+/// The S3 keys (and CA bundle) as files, each from the Secret key the storage names.
+fn s3_sources(storage: &S3Storage) -> Vec<VolumeProjection> {
+    let from = |selector: &SecretKeySelector, path: &str| VolumeProjection {
+        secret: Some(SecretProjection {
+            name: selector.name.clone(),
+            items: Some(vec![key_to_path(&selector.key, path)]),
+            optional: None,
+        }),
+        ..VolumeProjection::default()
+    };
+    let credentials = &storage.credentials;
+    let mut sources = vec![
+        from(&credentials.access_key_id, ACCESS_KEY_ID_FILE),
+        from(&credentials.secret_access_key, SECRET_ACCESS_KEY_FILE),
+    ];
+    if let Some(ca_bundle) = &storage.ca_bundle {
+        sources.push(from(ca_bundle, CA_BUNDLE_FILE));
+    }
+    sources
+}
+
+/// Where the agent's objects are: for a backup, the uids that name its directory (with the
+/// prefix and its name, see [`crate::storage::keys`]); for a restore, the manifest's key.
+fn location_env(task: &Task<'_>, cluster: &PostgreSQLCluster) -> Vec<EnvVar> {
+    let uid = |meta: &ObjectMeta| meta.uid.clone().unwrap_or_default();
+    match task {
+        Task::Backup { backup, .. } => vec![
+            value("PGKUBE_CLUSTER_UID", uid(&cluster.metadata)),
+            value("PGKUBE_BACKUP_UID", uid(&backup.metadata)),
+        ],
+        Task::Restore { manifest_key, .. } => {
+            vec![value("PGKUBE_MANIFEST_KEY", *manifest_key)]
+        }
+    }
+}
