@@ -370,6 +370,12 @@ pub struct PrimaryChange {
     /// When the new primary first reported itself as one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_at: Option<Time>,
+    /// The decision's term: one more than the previous change's. Every command the operator
+    /// sends to carry it out bears it, and an instance manager refuses a command of a term
+    /// older than one it has seen (a command that waited in a queue while a newer decision
+    /// was taken).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub term: Option<i64>,
 }
 
 /// Kind of a [`PrimaryChange`].

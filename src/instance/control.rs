@@ -14,6 +14,11 @@
 //!
 //! The handlers only check and pass the request on: the supervisor loop owns the server and
 //! does everything to it, in order ([`ControlRequest`]).
+//!
+//! Each order bears the term of the operator's decision it carries out (header `pgkube-term`;
+//! none counts as 0). The supervisor refuses an order of a term older than the highest it has
+//! seen ([`Terms`]): an order that waited in the queue, or was sent by a manager that lost its
+//! leadership, never undoes a newer decision.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -49,12 +54,67 @@ pub enum ControlRequest {
     Follow(Target),
 }
 
+/// A request with the term of the decision it carries out.
+#[derive(Debug)]
+pub struct Order {
+    pub term: i64,
+    pub request: ControlRequest,
+}
+
+/// The header that carries an order's term.
+const TERM_HEADER: &str = "pgkube-term";
+
+/// The highest term of the orders this instance manager carried out.
+#[derive(Debug, Default)]
+pub struct Terms {
+    highest: i64,
+}
+
+impl Terms {
+    /// The order's request when its term is not older than any seen, else none (a refused
+    /// promotion is answered here).
+    pub fn admit(&mut self, order: Order) -> Option<ControlRequest> {
+        if order.term >= self.highest {
+            self.highest = order.term;
+            return Some(order.request);
+        }
+        let why = format!(
+            "refused: term {} is older than term {}, already carried out",
+            order.term, self.highest
+        );
+        tracing::warn!(
+            term = order.term,
+            highest = self.highest,
+            "an order of an older term is refused"
+        );
+        if let ControlRequest::Promote(reply) = order.request {
+            let _ = reply.send(Err(why));
+        }
+        None
+    }
+}
+
+/// The term an order bears; 0 without the header.
+fn term_of(headers: &HeaderMap) -> Result<i64, (StatusCode, &'static str)> {
+    match headers.get(TERM_HEADER) {
+        None => Ok(0),
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .ok_or((
+                StatusCode::BAD_REQUEST,
+                "the pgkube-term header is not an integer",
+            )),
+    }
+}
+
 /// What the control endpoints need.
 #[derive(Debug)]
 pub struct Control {
     pub token_file: PathBuf,
     pub pod: String,
-    pub requests: mpsc::Sender<ControlRequest>,
+    pub requests: mpsc::Sender<Order>,
 }
 
 #[derive(Deserialize)]
@@ -69,13 +129,20 @@ pub async fn promote(control: &Control, status: InstanceStatus, headers: &Header
     if let Err((code, why)) = authorize(&control.token_file, headers) {
         return message(code, why);
     }
+    let term = match term_of(headers) {
+        Ok(term) => term,
+        Err((code, why)) => return message(code, why),
+    };
     if status.role == ReportedRole::Starting {
         return message(StatusCode::CONFLICT, "the server is not running");
     }
     let (reply, answer) = oneshot::channel();
     if control
         .requests
-        .try_send(ControlRequest::Promote(reply))
+        .try_send(Order {
+            term,
+            request: ControlRequest::Promote(reply),
+        })
         .is_err()
     {
         return message(
@@ -96,6 +163,10 @@ pub async fn follow(control: &Control, headers: &HeaderMap, body: &[u8]) -> Resp
     if let Err((code, why)) = authorize(&control.token_file, headers) {
         return message(code, why);
     }
+    let term = match term_of(headers) {
+        Ok(term) => term,
+        Err((code, why)) => return message(code, why),
+    };
     let body: FollowBody = match serde_json::from_slice(body) {
         Ok(body) => body,
         Err(error) => return message(StatusCode::BAD_REQUEST, &format!("bad body: {error}")),
@@ -117,7 +188,11 @@ pub async fn follow(control: &Control, headers: &HeaderMap, body: &[u8]) -> Resp
         host: body.primary_host,
     };
     let text = format!("following {}", target.pod);
-    match control.requests.try_send(ControlRequest::Follow(target)) {
+    let order = Order {
+        term,
+        request: ControlRequest::Follow(target),
+    };
+    match control.requests.try_send(order) {
         Ok(()) => message(StatusCode::ACCEPTED, &text),
         Err(_) => message(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -223,5 +298,50 @@ mod tests {
         assert!(constant_time_eq(b"0123abcd", b"0123abcd"));
         assert!(!constant_time_eq(b"0123abcd", b"0123abce"));
         assert!(!constant_time_eq(b"", b"x"));
+    }
+}
+
+#[cfg(test)]
+mod term_tests {
+    use super::*;
+
+    fn follow(term: i64) -> Order {
+        Order {
+            term,
+            request: ControlRequest::Follow(Target {
+                pod: "a-1".to_owned(),
+                host: "a-1.h".to_owned(),
+            }),
+        }
+    }
+
+    #[test]
+    fn an_order_of_an_older_term_is_refused_and_a_promotion_told_why() {
+        let mut terms = Terms::default();
+        assert!(terms.admit(follow(0)).is_some(), "no term yet");
+        assert!(terms.admit(follow(3)).is_some());
+        assert!(terms.admit(follow(3)).is_some(), "the same term again");
+        assert!(terms.admit(follow(2)).is_none(), "an older term");
+        let (reply, answer) = oneshot::channel();
+        let stale = Order {
+            term: 1,
+            request: ControlRequest::Promote(reply),
+        };
+        assert!(terms.admit(stale).is_none());
+        let why = answer
+            .blocking_recv()
+            .expect("answered")
+            .expect_err("refused");
+        assert!(why.contains("term 1 is older than term 3"), "{why}");
+    }
+
+    #[test]
+    fn the_term_comes_from_its_header() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(term_of(&headers), Ok(0));
+        headers.insert(TERM_HEADER, "7".parse().expect("value"));
+        assert_eq!(term_of(&headers), Ok(7));
+        headers.insert(TERM_HEADER, "seven".parse().expect("value"));
+        assert!(term_of(&headers).is_err());
     }
 }

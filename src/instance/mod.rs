@@ -68,7 +68,7 @@ use clap::{Args, Subcommand};
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
 
-use control::{ControlRequest, Target};
+use control::{ControlRequest, Order, Target, Terms};
 use datadir::Role;
 use desired::{Desired, Sources};
 use endpoint::{InstanceStatus, SharedStatus};
@@ -207,7 +207,7 @@ enum Wakeup {
     Stop(StopRequest),
     Reload,
     ServerExited(std::io::Result<std::process::ExitStatus>),
-    Order(ControlRequest),
+    Order(Order),
     OrdersClosed,
     Tick,
 }
@@ -294,6 +294,7 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         reload_pending: false,
         client: None,
         orders,
+        terms: Terms::default(),
         orders_open: true,
         initialized_by: None,
     };
@@ -344,7 +345,9 @@ struct Instance {
     slot_reaper: slots::SlotReaper,
     client: Option<Arc<tokio_postgres::Client>>,
     /// The operator's orders, from the control endpoints.
-    orders: tokio::sync::mpsc::Receiver<ControlRequest>,
+    orders: tokio::sync::mpsc::Receiver<Order>,
+    /// The highest term of the orders carried out: older ones are refused.
+    terms: Terms,
     /// False once the endpoint is gone (it could not listen): no order comes any more.
     orders_open: bool,
     /// Who made this database, from its marker, read when the server starts.
@@ -394,12 +397,15 @@ impl Instance {
                     self.orders_open = false;
                     Next::Continue
                 }
-                Wakeup::Order(ControlRequest::Promote(reply)) => {
-                    // The endpoint may have given up waiting; the promotion stands anyway.
-                    let _ = reply.send(self.promote().await);
-                    Next::Continue
-                }
-                Wakeup::Order(ControlRequest::Follow(target)) => Next::Follow(target),
+                Wakeup::Order(order) => match self.terms.admit(order) {
+                    Some(ControlRequest::Promote(reply)) => {
+                        // The endpoint may have given up waiting; the promotion stands anyway.
+                        let _ = reply.send(self.promote().await);
+                        Next::Continue
+                    }
+                    Some(ControlRequest::Follow(target)) => Next::Follow(target),
+                    None => Next::Continue,
+                },
                 Wakeup::Tick => self.tick().await,
             };
             server = match next {

@@ -293,11 +293,14 @@ impl Instance {
             tokio::select! {
                 _ = &mut sleep => return self.retarget_from_file(target),
                 order = self.orders.recv(), if self.orders_open => match order {
-                    Some(ControlRequest::Follow(next)) => target = next,
-                    Some(ControlRequest::Promote(reply)) => {
-                        let _ = reply.send(Err("the server is not running: this instance is rejoining as a standby".to_owned()));
-                    }
                     None => self.orders_open = false,
+                    Some(order) => match self.terms.admit(order) {
+                        Some(ControlRequest::Follow(next)) => target = next,
+                        Some(ControlRequest::Promote(reply)) => {
+                            let _ = reply.send(Err("the server is not running: this instance is rejoining as a standby".to_owned()));
+                        }
+                        None => {}
+                    },
                 },
             }
         }

@@ -328,6 +328,7 @@ mod tests {
             reason: String::new(),
             started_at: time(started),
             completed_at: None,
+            term: None,
         };
         assert_eq!(interrupted_by_primary_change(&running, &moved), None);
         if let Some(status) = moved.status.as_mut() {

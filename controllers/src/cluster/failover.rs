@@ -101,11 +101,14 @@ pub fn plan(situation: &Situation<'_>) -> Plan {
         urgent: in_progress || !primary_available(situation),
         ..Plan::default()
     };
-    if let Some(target) = situation.switchover_request {
-        if in_progress {
-            // Handled once the change under way completes.
-            return plan;
+    if in_progress {
+        // A change whose target is lost, or never takes over, is decided again.
+        if let Some(change) = replan(situation) {
+            plan.designate = Some(change);
         }
+        return plan;
+    }
+    if let Some(target) = situation.switchover_request {
         plan.clear_request = true;
         match switchover(situation, target) {
             Ok(change) => plan.designate = change,
@@ -113,7 +116,7 @@ pub fn plan(situation: &Situation<'_>) -> Plan {
         }
         return plan;
     }
-    if in_progress || primary_available(situation) {
+    if primary_available(situation) {
         return plan;
     }
     match failover(situation) {
@@ -200,6 +203,7 @@ fn switchover(situation: &Situation<'_>, target: &str) -> Result<Option<PrimaryC
         reason: format!("asked for with the {SWITCHOVER_ANNOTATION} annotation"),
         started_at: Time(situation.now),
         completed_at: None,
+        term: Some(next_term(situation.status)),
     }))
 }
 
@@ -236,7 +240,76 @@ fn failover(situation: &Situation<'_>) -> Result<Option<PrimaryChange>, String> 
         ),
         started_at: Time(situation.now),
         completed_at: None,
+        term: Some(next_term(status)),
     }))
+}
+
+/// How long a switchover's target may take to become the primary before the change is
+/// decided again.
+pub const SWITCHOVER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The term of the next decision: one more than the last recorded one's.
+fn next_term(status: Option<&PostgreSQLClusterStatus>) -> i64 {
+    current_term(status).saturating_add(1)
+}
+
+/// The term of the last recorded switchover or failover: every command carries it, and an
+/// instance manager refuses a command of a term older than one it has seen.
+pub fn current_term(status: Option<&PostgreSQLClusterStatus>) -> i64 {
+    status
+        .and_then(|s| s.primary_change.as_ref())
+        .and_then(|change| change.term)
+        .unwrap_or(0)
+}
+
+/// A new failover when the change under way cannot complete: its target has not answered as
+/// a ready instance for the failover delay (it died mid-change), or, for a switchover, has
+/// not become the primary within [`SWITCHOVER_TIMEOUT`]. The new target is the best ready
+/// replica other than the lost one.
+fn replan(situation: &Situation<'_>) -> Option<PrimaryChange> {
+    let status = situation.status?;
+    let change = status.primary_change.as_ref()?;
+    let target = situation.primary;
+    let target_alive = find(situation.instances, target)
+        .and_then(ObservedInstance::reported)
+        .is_some_and(|report| report.ready);
+    let since_change = situation
+        .now
+        .duration_since(change.started_at.0)
+        .as_secs_f64();
+    let why = if !target_alive && since_change >= situation.failover_delay.as_secs_f64() {
+        format!(
+            "the target {target} of the {} was unavailable for {since_change:.0}s ({})",
+            change.kind.as_str().to_lowercase(),
+            unavailability(situation.instances, target)
+        )
+    } else if change.kind == PrimaryChangeKind::Switchover
+        && since_change >= SWITCHOVER_TIMEOUT.as_secs_f64()
+    {
+        format!(
+            "the target {target} of the switchover did not become the primary within {}s",
+            SWITCHOVER_TIMEOUT.as_secs()
+        )
+    } else {
+        return None;
+    };
+    if situation.restoring {
+        return None;
+    }
+    let candidate = best_replica(situation)?;
+    check_synchronous_quorum(situation).ok()?;
+    Some(PrimaryChange {
+        kind: PrimaryChangeKind::Failover,
+        from: target.to_owned(),
+        to: candidate.pod.clone(),
+        reason: format!(
+            "{why}; decided again: {} is the ready replica with the most WAL",
+            candidate.pod
+        ),
+        started_at: Time(situation.now),
+        completed_at: None,
+        term: Some(next_term(Some(status))),
+    })
 }
 
 /// With `ANY k` synchronous replication among the `m` other instances, a commit was confirmed
@@ -248,7 +321,11 @@ fn check_synchronous_quorum(situation: &Situation<'_>) -> Result<(), String> {
     }
     let standbys = u32::try_from(situation.replicas.saturating_sub(1)).unwrap_or(0);
     let needed = standbys.saturating_sub(situation.synchronous_min) + 1;
-    let answering = replicas_answering(situation).count();
+    // Only a replica that could be promoted counts: one that answers but is not ready could
+    // be the only one holding a commit, and could not take over with it.
+    let answering = replicas_answering(situation)
+        .filter(|instance| instance.reported().is_some_and(|report| report.ready))
+        .count();
     if u32::try_from(answering).unwrap_or(u32::MAX) >= needed {
         return Ok(());
     }
@@ -278,12 +355,16 @@ fn replicas_answering<'a>(
     })
 }
 
-/// The ready replica that received the most WAL; the lowest ordinal among equals.
+/// The ready replica on the latest timeline that received the most WAL; the lowest ordinal
+/// among equals. A position on an older timeline may be past the fork of the newer one.
 fn best_replica<'a>(situation: &'a Situation<'a>) -> Option<&'a ObservedInstance> {
     replicas_answering(situation)
         .filter(|instance| instance.reported().is_some_and(|report| report.ready))
         .max_by(|a, b| {
-            let position = |instance: &ObservedInstance| wal_position(instance);
+            let position = |instance: &ObservedInstance| {
+                let timeline = instance.reported().and_then(|report| report.timeline);
+                (timeline, wal_position(instance))
+            };
             let ordinal = |instance: &ObservedInstance| {
                 roles::ordinal(situation.statefulset, &instance.pod).unwrap_or(i32::MAX)
             };

@@ -248,6 +248,7 @@ async fn send_commands(
     let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
     let token = control_token(context, &namespace, names).await?;
     let source = context.base.settings.instance_status.as_ref();
+    let term = failover::current_term(cluster.status.as_ref());
     for command in commands {
         let pod = command.pod();
         let Some(ip) = addresses.get(pod) else {
@@ -258,10 +259,11 @@ async fn send_commands(
             ip: *ip,
         };
         let control = match command {
-            failover::Command::Promote { .. } => instances::ControlCommand::Promote,
+            failover::Command::Promote { .. } => instances::ControlCommand::Promote { term },
             failover::Command::Follow { primary, .. } => instances::ControlCommand::Follow {
                 primary: primary.clone(),
                 primary_host: build::instance_host(names, &namespace, primary),
+                term,
             },
         };
         match source.command(&address, &token, &control).await {

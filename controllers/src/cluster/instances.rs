@@ -184,33 +184,46 @@ pub trait InstanceStatusSource: fmt::Debug + Send + Sync {
     }
 }
 
-/// A command to an instance manager's control endpoint, as it is sent.
+/// The header that carries a command's term (the term of the switchover or failover it
+/// carries out): an instance manager refuses a term older than one it has seen. A header, so
+/// that an instance manager that does not know it ignores it.
+pub const TERM_HEADER: &str = "pgkube-term";
+
+/// A command to an instance manager's control endpoint, as it is sent, with its term.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ControlCommand {
     /// `POST /control/promote`: a replica becomes the primary.
-    Promote,
+    Promote { term: i64 },
     /// `POST /control/follow`: become a standby of `primary`, reached at `primary_host`.
     Follow {
         primary: String,
         primary_host: String,
+        term: i64,
     },
 }
 
 impl ControlCommand {
     fn path(&self) -> &'static str {
         match self {
-            Self::Promote => "/control/promote",
+            Self::Promote { .. } => "/control/promote",
             Self::Follow { .. } => "/control/follow",
         }
     }
 
     fn body(&self) -> serde_json::Value {
         match self {
-            Self::Promote => serde_json::json!({}),
+            Self::Promote { .. } => serde_json::json!({}),
             Self::Follow {
                 primary,
                 primary_host,
+                ..
             } => serde_json::json!({"primary": primary, "primaryHost": primary_host}),
+        }
+    }
+
+    fn term(&self) -> i64 {
+        match self {
+            Self::Promote { term } | Self::Follow { term, .. } => *term,
         }
     }
 }
@@ -301,6 +314,7 @@ impl HttpInstanceStatus {
         let request = http::Request::post(format!("http://{socket}{}", command.path()))
             .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
             .header(http::header::CONTENT_TYPE, "application/json")
+            .header(TERM_HEADER, command.term())
             .body(Full::new(Bytes::from(command.body().to_string())))
             .map_err(|error| FetchError::BadAnswer(format!("request to {socket}: {error}")))?;
         let (status, body) = self.send(request).await?;

@@ -861,6 +861,7 @@ mod tests {
                 reason: "lost".to_owned(),
                 started_at: started.clone(),
                 completed_at: None,
+                term: None,
             }),
             ..PostgreSQLClusterStatus::default()
         };

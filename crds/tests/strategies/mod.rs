@@ -364,15 +364,17 @@ fn primary_change() -> impl Strategy<Value = PrimaryChange> {
         "[A-Za-z ]{0,30}",
         time(),
         of(time()),
+        of(1i64..1000),
     )
         .prop_map(
-            |(kind, from, to, reason, started_at, completed_at)| PrimaryChange {
+            |(kind, from, to, reason, started_at, completed_at, term)| PrimaryChange {
                 kind,
                 from,
                 to,
                 reason,
                 started_at,
                 completed_at,
+                term,
             },
         )
 }

@@ -278,6 +278,7 @@ fn switchover_status(from: i32, to: i32, started: Timestamp) -> PostgreSQLCluste
         reason: String::new(),
         started_at: Time(started),
         completed_at: None,
+        term: None,
     });
     status
 }
@@ -402,5 +403,98 @@ fn the_watch_period_is_half_the_delay_within_bounds() {
     assert_eq!(
         watch_period(Duration::from_secs(600), true),
         Duration::from_secs(1)
+    );
+}
+
+/// A failover to `to` decided `started` ago, with term `term`.
+fn failover_status(from: i32, to: i32, started: Timestamp, term: i64) -> PostgreSQLClusterStatus {
+    let mut status = switchover_status(from, to, started);
+    if let Some(change) = status.primary_change.as_mut() {
+        change.kind = PrimaryChangeKind::Failover;
+        change.term = Some(term);
+    }
+    status
+}
+
+#[test]
+fn a_failover_whose_target_is_lost_is_decided_again_with_the_next_term() {
+    let target = pod(1);
+    let lost = [unreachable(0), unreachable(1), replica(2, 100, 0)];
+    // Within the delay the target may still come: nothing new.
+    let recent = failover_status(0, 1, seconds_ago(2), 4);
+    assert_eq!(plan(&situation(&recent, &target, &lost)).designate, None);
+    // After it, the best other replica is the new target, from the lost one.
+    let old = failover_status(0, 1, seconds_ago(6), 4);
+    let change = plan(&situation(&old, &target, &lost))
+        .designate
+        .expect("decided again");
+    assert_eq!(
+        (change.kind, change.from.as_str(), change.to.as_str()),
+        (
+            PrimaryChangeKind::Failover,
+            target.as_str(),
+            pod(2).as_str()
+        )
+    );
+    assert_eq!(change.term, Some(5));
+    assert!(change.reason.contains("decided again"), "{}", change.reason);
+    // A target that answers as a ready replica (promotion under way) is not replaced.
+    let alive = [unreachable(0), replica(1, 100, 0), replica(2, 100, 0)];
+    assert_eq!(plan(&situation(&old, &target, &alive)).designate, None);
+}
+
+#[test]
+fn a_switchover_whose_target_never_takes_over_is_decided_again() {
+    let target = pod(1);
+    let stuck = [replica(0, 100, 1), replica(1, 90, 0), replica(2, 80, 0)];
+    let recent = switchover_status(0, 1, seconds_ago(30));
+    assert_eq!(plan(&situation(&recent, &target, &stuck)).designate, None);
+    let old = switchover_status(0, 1, seconds_ago(61));
+    let change = plan(&situation(&old, &target, &stuck))
+        .designate
+        .expect("decided again");
+    // The old primary stepped down with the most WAL: it takes over again.
+    assert_eq!(change.to, pod(0));
+    assert_eq!(change.term, Some(1));
+}
+
+#[test]
+fn the_latest_timeline_ranks_before_the_most_wal() {
+    let mut behind_on_newer = replica(1, 90, 0);
+    let mut ahead_on_older = replica(2, 120, 0);
+    if let (Ok(newer), Ok(older)) = (&mut behind_on_newer.report, &mut ahead_on_older.report) {
+        newer.timeline = Some(3);
+        older.timeline = Some(2);
+    }
+    let instances = [unreachable(0), behind_on_newer, ahead_on_older];
+    let primary_pod = pod(0);
+    let lost = status(0, Some(seconds_ago(6)));
+    let change = plan(&situation(&lost, &primary_pod, &instances))
+        .designate
+        .expect("a failover");
+    assert_eq!(change.to, pod(1));
+}
+
+#[test]
+fn the_synchronous_quorum_counts_only_replicas_that_could_be_promoted() {
+    let mut starting = replica(2, 100, 0);
+    if let Ok(report) = &mut starting.report {
+        report.ready = false;
+    }
+    let instances = [unreachable(0), replica(1, 100, 0), starting];
+    let primary_pod = pod(0);
+    let lost = status(0, Some(seconds_ago(6)));
+    // ANY 1 of 2 standbys: 2 - 1 + 1 = 2 promotable replicas are needed; one is not ready.
+    let synchronous = Situation {
+        synchronous_min: 1,
+        ..situation(&lost, &primary_pod, &instances)
+    };
+    let plan = plan(&synchronous);
+    assert_eq!(plan.designate, None);
+    assert!(
+        plan.waiting
+            .as_deref()
+            .is_some_and(|why| why.contains("1 of 2")),
+        "{plan:?}"
     );
 }
