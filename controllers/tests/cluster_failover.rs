@@ -27,8 +27,9 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use pgkube_crds::{PostgreSQLCluster, PrimaryChange, PrimaryChangeKind};
 use pgkube_testkit::{
@@ -581,15 +582,21 @@ async fn a_child_that_does_not_apply_does_not_hold_back_a_failover() {
     let budget = format!("{CLUSTER}-postgresql");
     // The policy takes effect once the API server's own watch has it: until the budget is
     // refused, delete it again.
+    let events = running.api::<Event>();
     wait_until("the budget to be refused", CHANGE_TIMEOUT, || async {
         let _ = budgets.delete(&budget, &DeleteParams::default()).await;
-        let failed = common::events_with_reason(&running, CLUSTER, "ReconcileFailed").await;
-        let refused = failed.iter().any(|event| {
-            event
-                .note
-                .as_deref()
-                .is_some_and(|note| note.contains("PodDisruptionBudget"))
-        });
+        let refused = events
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .any(|event| {
+                event.reason.as_deref() == Some("ReconcileFailed")
+                    && event
+                        .note
+                        .as_deref()
+                        .is_some_and(|note| note.contains("PodDisruptionBudget"))
+            });
         Ok(refused.then_some(()))
     })
     .await

@@ -117,13 +117,13 @@ pub enum Error {
 impl Error {
     /// A write refused because it was computed from a cluster the cache had not caught up
     /// with: not a failure, the reconcile looks again at once.
-    fn is_stale(&self) -> bool {
+    pub(super) fn is_stale(&self) -> bool {
         matches!(self, Error::Stale { .. })
     }
 
     /// The API server refused a write because the namespace is being deleted: it creates
     /// nothing new in such a namespace (its admission names the cause `NamespaceTerminating`).
-    fn is_namespace_terminating(&self) -> bool {
+    pub(super) fn is_namespace_terminating(&self) -> bool {
         let Error::Kube {
             source: kube::Error::Api(status),
             ..

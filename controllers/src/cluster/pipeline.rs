@@ -60,6 +60,9 @@ pub(super) async fn reconcile_cluster(
         &primary,
     );
     let instances = live.instances.clone();
+    // A child that does not apply still leaves a status that says so (and what the
+    // instances report); the error goes to the error policy after it.
+    let mut apply_error = None;
     let outcome = match validated {
         Ok(validation) => {
             let built = Built {
@@ -67,7 +70,18 @@ pub(super) async fn reconcile_cluster(
                 synchronous_standbys,
                 system_identifier: system_identifier.as_deref(),
             };
-            apply_validated(context, &namespace, validation, live, built).await?
+            let statefulset = live.statefulset.clone();
+            match apply_validated(context, &namespace, validation, live, built).await {
+                Ok(outcome) => outcome,
+                Err(error) if error.is_stale() || error.is_namespace_terminating() => {
+                    return Err(error);
+                }
+                Err(error) => {
+                    let outcome = failed_apply_outcome(cluster, statefulset, &error);
+                    apply_error = Some(error);
+                    outcome
+                }
+            }
         }
         Err(invalid) => invalid_spec_outcome(cluster, live, invalid),
     };
@@ -110,7 +124,10 @@ pub(super) async fn reconcile_cluster(
     if let Some(held_for) = held_for {
         next = next.min(held_for);
     }
-    Ok(Action::requeue(next))
+    match apply_error {
+        Some(error) => Err(error),
+        None => Ok(Action::requeue(next)),
+    }
 }
 
 /// Standbys each commit waits for: as many replicas as stream, within the spec's
@@ -202,6 +219,30 @@ fn invalid_spec_outcome(
             reason: "InvalidSpec".to_owned(),
             message: invalid.0,
             invalid_spec: true,
+        }),
+        held_back: false,
+        expansion_pending: false,
+        desired_replicas: replicas,
+    }
+}
+
+/// The children could not all be applied: the status tells why, and judges readiness against
+/// the StatefulSet as it is.
+fn failed_apply_outcome(
+    cluster: &PostgreSQLCluster,
+    statefulset: Option<Arc<StatefulSet>>,
+    error: &Error,
+) -> Outcome {
+    let replicas = statefulset
+        .as_ref()
+        .and_then(|sts| sts.spec.as_ref()?.replicas)
+        .unwrap_or(cluster.spec.replicas);
+    Outcome {
+        statefulset,
+        issue: Some(Issue {
+            reason: "ApplyFailed".to_owned(),
+            message: error.to_string(),
+            invalid_spec: false,
         }),
         held_back: false,
         expansion_pending: false,
