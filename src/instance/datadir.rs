@@ -34,6 +34,8 @@ pub enum DataDirError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot find {what} of {path}")]
+    Unreadable { what: &'static str, path: PathBuf },
     #[error("{program} failed ({status}): {stderr}")]
     Tool {
         program: &'static str,
@@ -194,6 +196,11 @@ fn integer_setting(config: &str, name: &str) -> Option<i64> {
 
 /// What the control file of `pgdata` records (see [`parse_controldata`]).
 pub async fn recorded_settings(pgdata: &Path) -> Result<Vec<Floor>, DataDirError> {
+    Ok(parse_controldata(&controldata(pgdata).await?))
+}
+
+/// `pg_controldata`'s output for `pgdata`, with its labels untranslated.
+pub async fn controldata(pgdata: &Path) -> Result<String, DataDirError> {
     let output = Command::new("pg_controldata")
         .arg(pgdata)
         // Its labels are translated otherwise.
@@ -213,7 +220,7 @@ pub async fn recorded_settings(pgdata: &Path) -> Result<Vec<Floor>, DataDirError
             stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
         });
     }
-    Ok(parse_controldata(&String::from_utf8_lossy(&output.stdout)))
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 /// The `postgresql.conf` this instance runs with: the operator's settings, then this
@@ -507,206 +514,4 @@ async fn run_tool(program: &'static str, mut command: Command) -> Result<(), Dat
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::desired::Topology;
-    use super::*;
-
-    fn desired() -> Desired {
-        let credentials = |username: &str, password: &str| Credentials {
-            username: username.to_owned(),
-            password: password.to_owned(),
-            password_file: PathBuf::from("/etc/pgkube/x/password"),
-        };
-        Desired {
-            postgresql_conf: "port = 5432\nwork_mem = '8MB'\n".to_owned(),
-            pg_hba_conf: "local all all peer\n".to_owned(),
-            topology: Topology {
-                primary: "db-postgresql-0".to_owned(),
-                primary_host: "db-postgresql-0.db-postgresql-headless.ns.svc".to_owned(),
-                port: 5432,
-                replicas: 3,
-                statefulset: "db-postgresql".to_owned(),
-                hosts: Default::default(),
-                cluster_uid: None,
-                system_identifier: None,
-            },
-            superuser: credentials("postgres", "super"),
-            replication: credentials("streaming_replica", "pa:ss\\word"),
-        }
-    }
-
-    #[test]
-    fn every_data_state_has_one_plan_and_only_the_designated_primary_takes_writes() {
-        use DataState::*;
-        use StartPlan::*;
-        let cases = [
-            ("a-0", Empty, Initdb),
-            ("a-1", Empty, Clone),
-            ("a-0", Primary, RunPrimary),
-            ("a-1", Primary, Demote),
-            ("a-0", Standby, Promote),
-            ("a-1", Standby, Follow),
-        ];
-        for (pod, state, expected) in cases {
-            let plan = plan(pod, "a-0", state, false);
-            assert_eq!(plan, expected, "{pod} with {state:?}");
-            // A designated standby waits for /control/promote: it starts as a replica.
-            assert_eq!(
-                plan.role() == Role::Primary,
-                pod == "a-0" && state != Standby
-            );
-        }
-    }
-
-    #[test]
-    fn an_empty_volume_never_runs_initdb_once_the_cluster_has_its_database() {
-        use DataState::*;
-        use StartPlan::*;
-        assert_eq!(plan("a-0", "a-0", Empty, true), WaitForData);
-        assert_eq!(WaitForData.role(), Role::Replica);
-        assert_eq!(plan("a-1", "a-0", Empty, true), Clone);
-        // Existing data goes as before.
-        assert_eq!(plan("a-0", "a-0", Primary, true), RunPrimary);
-        assert_eq!(plan("a-1", "a-0", Standby, true), Follow);
-    }
-
-    #[test]
-    fn a_copy_replaces_data_only_once_complete_and_an_interrupted_swap_is_undone() {
-        let root = std::env::temp_dir().join(format!("pgkube-swap-{}", std::process::id()));
-        let pgdata = root.join("pgdata");
-        let copy = root.join("pgdata.clone");
-        for (dir, content) in [(&pgdata, "old"), (&copy, "new")] {
-            std::fs::create_dir_all(dir).expect("dir");
-            std::fs::write(dir.join(VERSION_FILE), "15\n").expect("version");
-            std::fs::write(dir.join("data"), content).expect("data");
-        }
-        swap_in(&copy, &pgdata).expect("swapped");
-        assert_eq!(
-            std::fs::read_to_string(pgdata.join("data")).expect("read"),
-            "new"
-        );
-        assert!(!copy.exists() && !previous_of(&pgdata).exists());
-        // A crash after the old data went aside and before the copy came in.
-        std::fs::rename(&pgdata, previous_of(&pgdata)).expect("aside");
-        recover_interrupted_swap(&pgdata).expect("recovered");
-        assert_eq!(
-            std::fs::read_to_string(pgdata.join("data")).expect("read"),
-            "new"
-        );
-        assert!(!previous_of(&pgdata).exists());
-        // A crash after the copy came in: the old data aside is removed.
-        std::fs::create_dir_all(previous_of(&pgdata)).expect("aside again");
-        recover_interrupted_swap(&pgdata).expect("recovered");
-        assert!(!previous_of(&pgdata).exists() && pgdata.join("data").exists());
-        remove_dir(&root).expect("clean up");
-    }
-
-    #[test]
-    fn a_replica_config_names_the_primary_and_its_slot_but_no_password() {
-        let desired = desired();
-        let config = server_config(
-            &desired,
-            "db-postgresql-2",
-            Some(&desired.topology.primary_host),
-            Path::new("/controller/pgpass"),
-            &[],
-        );
-        assert!(config.contains("work_mem = '8MB'\n"));
-        assert!(config.contains(
-            "primary_conninfo = 'host=''db-postgresql-0.db-postgresql-headless.ns.svc'' port=5432 \
-             user=''streaming_replica'' passfile=''/controller/pgpass'' \
-             application_name=''db-postgresql-2'' sslmode=prefer'\n"
-        ));
-        assert!(config.contains("primary_slot_name = 'pgkube_db_postgresql_2'\n"));
-        assert!(!config.contains("pa:ss"));
-    }
-
-    #[test]
-    fn a_primary_config_has_no_primary_conninfo() {
-        let config = server_config(&desired(), "db-postgresql-0", None, Path::new("/p"), &[]);
-        assert!(config.contains("cluster_name = 'db-postgresql-0'\n"));
-        assert!(!config.contains("primary_conninfo"));
-    }
-
-    #[test]
-    fn a_standby_keeps_the_primarys_higher_settings_until_it_replays_the_change() {
-        let controldata = "wal_level setting:                    replica\n\
-                           max_connections setting:              100\n\
-                           max_worker_processes setting:         8\n\
-                           max_wal_senders setting:              10\n\
-                           max_prepared_xacts setting:           0\n\
-                           max_locks_per_xact setting:           64\n";
-        let recorded = parse_controldata(controldata);
-        assert_eq!(recorded.len(), 5);
-        let lowered = "max_connections = 100\n# spec\nmax_connections = '90'\n";
-        let floors = standby_floors(lowered, &recorded);
-        assert_eq!(floors, [("max_connections".to_owned(), 100)]);
-        let config = server_config(
-            &desired(),
-            "db-postgresql-1",
-            Some("h"),
-            Path::new("/p"),
-            &floors,
-        );
-        assert!(config.ends_with("max_connections = 100\n"), "{config}");
-        // Once the standby replayed the primary's lower value, nothing is kept.
-        let replayed = parse_controldata(&controldata.replace("100", "90"));
-        assert!(standby_floors(lowered, &replayed).is_empty());
-        // A setting left to its default counts as the default.
-        assert!(standby_floors("work_mem = '8MB'\n", &recorded).is_empty());
-    }
-
-    #[test]
-    fn the_rewind_source_is_the_new_primary_as_the_superuser_with_a_passfile() {
-        let conninfo = superuser_conninfo(
-            "db-postgresql-1.h",
-            5432,
-            &desired().superuser,
-            "db-postgresql-0",
-            Path::new("/controller/pgpass-superuser"),
-        );
-        assert_eq!(
-            conninfo,
-            "host='db-postgresql-1.h' port=5432 user='postgres' dbname=postgres \
-             passfile='/controller/pgpass-superuser' application_name='db-postgresql-0-rewind' \
-             connect_timeout=10 sslmode=prefer"
-        );
-        assert!(!conninfo.contains("super'"));
-    }
-
-    #[test]
-    fn pgpass_escapes_colons_and_backslashes() {
-        assert_eq!(
-            pgpass(&desired().replication),
-            "*:*:*:streaming_replica:pa\\:ss\\\\word\n"
-        );
-    }
-
-    #[test]
-    fn data_state_follows_the_files() {
-        let dir = std::env::temp_dir().join(format!("pgkube-datadir-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        assert_eq!(DataState::of(&dir), DataState::Empty);
-        std::fs::write(dir.join(VERSION_FILE), "15\n").expect("write");
-        assert_eq!(DataState::of(&dir), DataState::Primary);
-        set_standby(&dir, true).expect("standby");
-        assert_eq!(DataState::of(&dir), DataState::Standby);
-        set_standby(&dir, false).expect("primary");
-        set_standby(&dir, false).expect("twice is fine");
-        assert_eq!(DataState::of(&dir), DataState::Primary);
-        assert!(write_config(&dir, "a = 1\n", "local all all peer\n").expect("first"));
-        assert!(!write_config(&dir, "a = 1\n", "local all all peer\n").expect("same"));
-        remove_slots(&dir).expect("no slots directory");
-        std::fs::create_dir_all(dir.join("pg_replslot/pgkube_a_1")).expect("slot dir");
-        std::fs::write(dir.join("pg_replslot/pgkube_a_1/state"), "x").expect("slot state");
-        remove_slots(&dir).expect("slots removed");
-        assert_eq!(
-            std::fs::read_dir(dir.join("pg_replslot"))
-                .expect("kept")
-                .count(),
-            0
-        );
-        remove_dir(&dir).expect("clean up");
-        remove_dir(&dir).expect("already gone");
-    }
-}
+mod tests;

@@ -11,12 +11,9 @@
 //! Reading (`pg_controldata`, the marker) does I/O; the decisions are pure.
 
 use std::path::Path;
-use std::process::Stdio;
 
+use super::datadir::{DataDirError, controldata, write_file};
 use serde::{Deserialize, Serialize};
-use tokio::process::Command;
-
-use super::datadir::{DataDirError, write_file};
 
 /// The marker in the data directory: who initialised this database.
 pub const MARKER_FILE: &str = "pgkube-identity.json";
@@ -59,26 +56,11 @@ pub fn parse_system_identifier(controldata: &str) -> Option<String> {
 
 /// The system identifier of the (stopped or running) database in `pgdata`.
 pub async fn system_identifier_of(pgdata: &Path) -> Result<String, DataDirError> {
-    let output = Command::new("pg_controldata")
-        .arg(pgdata)
-        .env("LC_ALL", "C")
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|source| DataDirError::Spawn {
-            program: "pg_controldata",
-            source,
-        })?;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    match parse_system_identifier(&stdout) {
-        Some(identifier) if output.status.success() => Ok(identifier),
-        _ => Err(DataDirError::Tool {
-            program: "pg_controldata",
-            status: output.status,
-            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-        }),
-    }
+    let output = controldata(pgdata).await?;
+    parse_system_identifier(&output).ok_or_else(|| DataDirError::Unreadable {
+        what: "the system identifier in pg_controldata's output",
+        path: pgdata.to_owned(),
+    })
 }
 
 /// Why a replacement of data was refused.
