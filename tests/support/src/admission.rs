@@ -48,7 +48,18 @@ impl TestAdmission {
         if let Some(pem) = ca_pem {
             configuration = pgkube_crds::admission_trusting(configuration, pem.as_bytes());
         }
-        configuration.metadata.name = Some(name.clone());
+        configuration.metadata.name = Some(name);
+        TestAdmission::create(client, configuration, namespace).await
+    }
+
+    /// Creates `configuration` as it is (a configuration `pgkube admission-webhook` printed, say),
+    /// for a test whose clusters are created in `namespace`.
+    pub async fn create(
+        client: &Client,
+        configuration: MutatingWebhookConfiguration,
+        namespace: &str,
+    ) -> TestAdmission {
+        let name = configuration.metadata.name.clone().unwrap_or_default();
         Api::<MutatingWebhookConfiguration>::all(client.clone())
             .create(&PostParams::default(), &configuration)
             .await
