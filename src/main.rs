@@ -14,6 +14,7 @@ mod migrate_storage;
 
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use pgkube::{agent, instance};
 
@@ -76,11 +77,25 @@ struct CrdArgs {
     storage_version: StorageVersionArg,
 }
 
-/// Where the printed MutatingWebhookConfiguration sends its AdmissionReviews.
+/// Where the printed MutatingWebhookConfiguration sends its AdmissionReviews, and for which
+/// namespaces.
 #[derive(clap::Args)]
 struct AdmissionArgs {
     #[command(flatten)]
     webhook: WebhookArgs,
+    /// Send only the clusters created in these namespaces, comma-separated (as the manager's
+    /// `--watch-namespaces`). Default: every namespace.
+    #[arg(
+        long,
+        visible_alias = "namespace",
+        value_delimiter = ',',
+        value_name = "NS,..."
+    )]
+    namespaces: Vec<String>,
+    /// The configuration's name. A manager that manages its certificate (`run
+    /// --webhook-cert-secret`) sets the `caBundle` of the one named `pgkube` only.
+    #[arg(long, default_value = pgkube_crds::ADMISSION_WEBHOOK)]
+    name: String,
 }
 
 /// The manager's webhook, as the API server reaches it.
@@ -99,6 +114,11 @@ struct WebhookArgs {
     /// `admission-webhook`).
     #[arg(long, value_name = "URL", conflicts_with = "webhook_service", value_parser = parse_https_url)]
     webhook_url: Option<String>,
+    /// A PEM file of the CA certificates the API server trusts the webhook with, printed as its
+    /// `caBundle`: for a certificate of your own. Default: none, for the manager's managed
+    /// certificate (`run --webhook-cert-secret`) or cert-manager's CA injector to set.
+    #[arg(long, value_name = "FILE")]
+    ca_bundle: Option<std::path::PathBuf>,
 }
 
 impl WebhookArgs {
@@ -110,6 +130,19 @@ impl WebhookArgs {
                 name: self.webhook_service.1.clone(),
             },
         }
+    }
+
+    /// The contents of `--ca-bundle`, if given.
+    fn ca_pem(&self) -> anyhow::Result<Option<Vec<u8>>> {
+        let Some(path) = &self.ca_bundle else {
+            return Ok(None);
+        };
+        let pem = std::fs::read(path)
+            .with_context(|| format!("cannot read the CA bundle {}", path.display()))?;
+        if !pem.starts_with(b"-----BEGIN CERTIFICATE-----") {
+            anyhow::bail!("{} is not a PEM certificate", path.display());
+        }
+        Ok(Some(pem))
     }
 }
 
@@ -149,14 +182,24 @@ fn parse_https_url(value: &str) -> Result<String, String> {
 }
 
 fn print_crds(args: &CrdArgs) -> anyhow::Result<()> {
-    let crds =
+    let mut crds =
         pgkube_crds::crds_converting_through(&args.webhook.webhook(), args.storage_version.into());
+    if let Some(pem) = args.webhook.ca_pem()? {
+        crds = pgkube_crds::crds_trusting(crds, &pem);
+    }
     print!("{}", pgkube_crds::crd_yaml(&crds)?);
     Ok(())
 }
 
 fn print_admission(args: &AdmissionArgs) -> anyhow::Result<()> {
-    let configuration = pgkube_crds::admission_through(&args.webhook.webhook());
+    let mut configuration = pgkube_crds::admission_through(&args.webhook.webhook());
+    configuration.metadata.name = Some(args.name.clone());
+    if !args.namespaces.is_empty() {
+        configuration = pgkube_crds::admission_in_namespaces(configuration, &args.namespaces);
+    }
+    if let Some(pem) = args.webhook.ca_pem()? {
+        configuration = pgkube_crds::admission_trusting(configuration, &pem);
+    }
     print!("{}", pgkube_crds::admission_yaml(&configuration)?);
     Ok(())
 }

@@ -4,6 +4,9 @@
 //! - A cluster comes out of its create request with the cleanup finalizer, and one that carries
 //!   finalizers of its own keeps them: the manager's controllers watch another namespace, so the
 //!   create's answer can only come from admission.
+//! - Registered as `pgkube admission-webhook --namespaces` prints it (as deploy/local-up does), it
+//!   is called for the clusters of that namespace, with the CA `--ca-bundle` gave it, and for no
+//!   other namespace's.
 //! - With the webhook unreachable (its manager answered, then stopped), a cluster is still
 //!   created (the failure policy is `Ignore`), without the finalizer, and the cluster controller
 //!   adds it.
@@ -15,6 +18,7 @@ mod manager_common;
 use std::path::Path;
 use std::time::Duration;
 
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use manager_common::Manager;
 use pgkube_crds::{CLEANUP_FINALIZER, PostgreSQLCluster};
@@ -100,6 +104,80 @@ async fn a_cluster_gets_the_finalizer_as_it_is_created_and_keeps_its_own() {
     manager.terminate();
     assert_eq!(manager.exit_code(EXIT_TIMEOUT).await, Some(0));
     namespace.cleanup_without_controllers().await;
+    idle.cleanup().await;
+    let _ = std::fs::remove_dir_all(cert_dir);
+}
+
+/// `pgkube admission-webhook`'s output for `name`, calling `address`, for `namespace` alone,
+/// trusting the CA in `ca_file`.
+fn printed_registration(
+    name: &str,
+    address: std::net::SocketAddr,
+    namespace: &str,
+    ca_file: &Path,
+) -> MutatingWebhookConfiguration {
+    let url = format!("https://{address}{}", pgkube_crds::ADMISSION_PATH);
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_pgkube"))
+        .args(["admission-webhook", "--webhook-url", &url, "--name", name])
+        .args(["--namespaces", namespace, "--ca-bundle"])
+        .arg(ca_file)
+        .output()
+        .expect("pgkube runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_yaml::from_slice(&output.stdout).expect("a MutatingWebhookConfiguration")
+}
+
+#[tokio::test]
+async fn a_registration_for_one_namespace_admits_that_namespaces_clusters_alone() {
+    let Some(env) = testbed() else { return };
+    let client = env.kube_client().await;
+    install_crds(&client).await;
+    let namespace = TestNamespace::create(&client, "admission-scoped").await;
+    let other = TestNamespace::create(&client, "admission-unscoped").await;
+    let idle = TestNamespace::create(&client, "admission-scoped-idle").await;
+    let ca = TestCa::new();
+    let cert_dir = ca.serving_certificate_dir("admission-scoped");
+    let ca_file = cert_dir.join("ca.crt");
+    std::fs::write(&ca_file, ca.pem()).expect("CA file");
+    let mut manager = webhook_manager(&env, "manager-admission-scoped", idle.name(), &cert_dir);
+    let address = manager.endpoint("webhook").await;
+    let name = format!("pgkube-{}", namespace.name());
+    let registration = printed_registration(&name, address, namespace.name(), &ca_file);
+    let admission = TestAdmission::create(&client, registration, namespace.name()).await;
+    // Called for the namespace, trusting the CA given on the command line.
+    admission
+        .wait_answering()
+        .await
+        .unwrap_or_else(|error| panic!("{error:#}\noutput:\n{}", manager.output().join("\n")));
+
+    // Not for another: a cluster created there comes back without the finalizer, while the
+    // webhook answers (as the namespace's clusters show, before and after).
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let elsewhere: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), other.name());
+    let created = elsewhere
+        .create(&dry_run, &cluster("elsewhere", &[]))
+        .await
+        .expect("created with dryRun");
+    assert_eq!(finalizers(&created), Vec::<String>::new());
+    let here: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), namespace.name());
+    let created = here
+        .create(&dry_run, &cluster("here", &[]))
+        .await
+        .expect("created with dryRun");
+    assert_eq!(finalizers(&created), [CLEANUP_FINALIZER]);
+
+    admission.delete().await;
+    manager.terminate();
+    assert_eq!(manager.exit_code(EXIT_TIMEOUT).await, Some(0));
+    namespace.cleanup_without_controllers().await;
+    other.cleanup_without_controllers().await;
     idle.cleanup().await;
     let _ = std::fs::remove_dir_all(cert_dir);
 }

@@ -9,10 +9,12 @@
 //! so with the manager down a cluster is still created, and the controller adds the finalizer
 //! itself as before.
 
+use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
     WebhookClientConfig,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use kube::api::ObjectMeta;
 
 use crate::ConversionWebhook;
@@ -21,6 +23,8 @@ use crate::ConversionWebhook;
 pub const ADMISSION_WEBHOOK: &str = "pgkube";
 /// The path the manager serves AdmissionReviews on.
 pub const ADMISSION_PATH: &str = "/mutate";
+/// The label the API server sets on every namespace, to the namespace's name.
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 /// The API server waits this long for an answer, then creates the cluster without one.
 const TIMEOUT_SECONDS: i32 = 5;
 
@@ -70,6 +74,39 @@ pub fn admission_through(webhook: &ConversionWebhook) -> MutatingWebhookConfigur
     }
 }
 
+/// `configuration` with each webhook called only for the clusters created in `namespaces` (a
+/// `namespaceSelector` on the label the API server gives every namespace, its name), as a
+/// manager watching those namespaces alone needs: other managers' clusters never reach it.
+pub fn admission_in_namespaces(
+    mut configuration: MutatingWebhookConfiguration,
+    namespaces: &[String],
+) -> MutatingWebhookConfiguration {
+    let selector = LabelSelector {
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: NAMESPACE_NAME_LABEL.to_owned(),
+            operator: "In".to_owned(),
+            values: Some(namespaces.to_vec()),
+        }]),
+        match_labels: None,
+    };
+    for webhook in configuration.webhooks.iter_mut().flatten() {
+        webhook.namespace_selector = Some(selector.clone());
+    }
+    configuration
+}
+
+/// `configuration` with each webhook trusting `ca_pem` (PEM, one or more CA certificates), for a
+/// certificate neither the manager nor cert-manager manages.
+pub fn admission_trusting(
+    mut configuration: MutatingWebhookConfiguration,
+    ca_pem: &[u8],
+) -> MutatingWebhookConfiguration {
+    for webhook in configuration.webhooks.iter_mut().flatten() {
+        webhook.client_config.ca_bundle = Some(ByteString(ca_pem.to_vec()));
+    }
+    configuration
+}
+
 /// The configuration as one YAML document, as `pgkube admission-webhook` prints it and
 /// `deploy/admission-webhook.yaml` holds it.
 pub fn admission_yaml(
@@ -108,5 +145,54 @@ mod tests {
         let webhook = &configuration.webhooks.as_ref().expect("one webhook")[0];
         assert_eq!(webhook.client_config.url.as_ref(), Some(&url));
         assert!(webhook.client_config.service.is_none());
+    }
+
+    #[test]
+    fn by_default_every_namespace_is_admitted_and_no_ca_is_trusted() {
+        let configuration = admission_through(&ConversionWebhook::default());
+        let webhook = &configuration.webhooks.as_ref().expect("one webhook")[0];
+        assert!(webhook.namespace_selector.is_none());
+        assert!(webhook.client_config.ca_bundle.is_none());
+    }
+
+    #[test]
+    fn a_scoped_configuration_selects_its_namespaces_by_their_name_label() {
+        let namespaces = ["pgkube-demo".to_owned(), "team-b".to_owned()];
+        let configuration = admission_in_namespaces(
+            admission_through(&ConversionWebhook::default()),
+            &namespaces,
+        );
+        let webhook = &configuration.webhooks.as_ref().expect("one webhook")[0];
+        let selector = serde_json::to_value(webhook.namespace_selector.as_ref()).expect("JSON");
+        assert_eq!(
+            selector,
+            serde_json::json!({"matchExpressions": [{
+                "key": "kubernetes.io/metadata.name",
+                "operator": "In",
+                "values": ["pgkube-demo", "team-b"],
+            }]})
+        );
+        assert_eq!(
+            (configuration.webhooks.as_ref()).map(Vec::len),
+            Some(1),
+            "still one webhook"
+        );
+    }
+
+    #[test]
+    fn a_given_ca_is_trusted_by_every_webhook() {
+        let pem = b"-----BEGIN CERTIFICATE-----\n...\n-----END CERTIFICATE-----\n";
+        let configuration =
+            admission_trusting(admission_through(&ConversionWebhook::default()), pem);
+        for webhook in configuration.webhooks.iter().flatten() {
+            assert_eq!(
+                webhook
+                    .client_config
+                    .ca_bundle
+                    .as_ref()
+                    .map(|b| b.0.as_slice()),
+                Some(&pem[..])
+            );
+        }
     }
 }

@@ -22,7 +22,10 @@ mod restore;
 pub mod v1alpha1;
 pub mod v1beta1;
 
-pub use admission::{ADMISSION_PATH, ADMISSION_WEBHOOK, admission_through, admission_yaml};
+pub use admission::{
+    ADMISSION_PATH, ADMISSION_WEBHOOK, admission_in_namespaces, admission_through,
+    admission_trusting, admission_yaml,
+};
 pub use backup::*;
 pub use cluster::*;
 pub use common::*;
@@ -112,6 +115,28 @@ pub fn crds_converting_through(
         .collect()
 }
 
+/// `crds` with each conversion webhook trusting `ca_pem` (PEM, one or more CA certificates), for
+/// a certificate neither the manager nor cert-manager manages. CRDs that do not convert through
+/// a webhook are left as they are.
+pub fn crds_trusting(
+    mut crds: Vec<CustomResourceDefinition>,
+    ca_pem: &[u8],
+) -> Vec<CustomResourceDefinition> {
+    let configs = (crds.iter_mut()).filter_map(|crd| {
+        crd.spec
+            .conversion
+            .as_mut()?
+            .webhook
+            .as_mut()?
+            .client_config
+            .as_mut()
+    });
+    for config in configs {
+        config.ca_bundle = Some(k8s_openapi::ByteString(ca_pem.to_vec()));
+    }
+    crds
+}
+
 fn conversion_through(webhook: &ConversionWebhook) -> CustomResourceConversion {
     let (url, service) = match webhook {
         ConversionWebhook::Service { namespace, name } => (
@@ -146,4 +171,55 @@ pub fn crd_yaml(crds: &[CustomResourceDefinition]) -> Result<String, serde_yaml:
         out.push_str(&serde_yaml::to_string(crd)?);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each CRD's webhook client configuration, as `(url, caBundle)`.
+    fn clients(crds: &[CustomResourceDefinition]) -> Vec<(Option<String>, Option<Vec<u8>>)> {
+        (crds.iter())
+            .map(|crd| {
+                let conversion = crd.spec.conversion.as_ref().expect("a conversion");
+                let webhook = conversion.webhook.as_ref().expect("a webhook");
+                let config = webhook.client_config.as_ref().expect("a client config");
+                (
+                    config.url.clone(),
+                    config.ca_bundle.as_ref().map(|b| b.0.clone()),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_given_ca_is_trusted_by_every_crds_webhook_and_nothing_else_changes() {
+        let url = "https://127.0.0.1:18443/convert".to_owned();
+        let plain = crds_converting_through(
+            &ConversionWebhook::Url(url.clone()),
+            StorageVersion::V1alpha1,
+        );
+        assert_eq!(clients(&plain), vec![(Some(url.clone()), None); 3]);
+        let pem = b"-----BEGIN CERTIFICATE-----\n...\n-----END CERTIFICATE-----\n";
+        let trusting = crds_trusting(plain.clone(), pem);
+        assert_eq!(clients(&trusting), vec![(Some(url), Some(pem.to_vec())); 3]);
+        // Nothing else changed: without the bundles, they are the CRDs as before.
+        let mut unbundled = trusting;
+        for crd in &mut unbundled {
+            let conversion = crd.spec.conversion.as_mut().expect("a conversion");
+            let webhook = conversion.webhook.as_mut().expect("a webhook");
+            webhook
+                .client_config
+                .as_mut()
+                .expect("a client config")
+                .ca_bundle = None;
+        }
+        assert_eq!(unbundled, plain);
+    }
+
+    #[test]
+    fn crds_without_a_webhook_are_left_alone() {
+        let alone = v1alpha1::crds();
+        assert_eq!(crds_trusting(alone.clone(), b"ca"), alone);
+    }
 }

@@ -10,9 +10,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 use pgkube_crds::{CLEANUP_FINALIZER, ConversionWebhook, PostgreSQLCluster};
@@ -44,21 +42,24 @@ impl TestAdmission {
     ) -> TestAdmission {
         let name = name.to_owned();
         let url = format!("https://{address}{}", pgkube_crds::ADMISSION_PATH);
-        let mut configuration = pgkube_crds::admission_through(&ConversionWebhook::Url(url));
-        configuration.metadata.name = Some(name.clone());
-        for webhook in configuration.webhooks.iter_mut().flatten() {
-            webhook.client_config.ca_bundle = ca_pem.map(|pem| ByteString(pem.as_bytes().to_vec()));
-            webhook.namespace_selector = Some(LabelSelector {
-                match_labels: Some(
-                    [(
-                        "kubernetes.io/metadata.name".to_owned(),
-                        namespace.to_owned(),
-                    )]
-                    .into(),
-                ),
-                ..LabelSelector::default()
-            });
+        let configuration = pgkube_crds::admission_through(&ConversionWebhook::Url(url));
+        let mut configuration =
+            pgkube_crds::admission_in_namespaces(configuration, &[namespace.to_owned()]);
+        if let Some(pem) = ca_pem {
+            configuration = pgkube_crds::admission_trusting(configuration, pem.as_bytes());
         }
+        configuration.metadata.name = Some(name);
+        TestAdmission::create(client, configuration, namespace).await
+    }
+
+    /// Creates `configuration` as it is (a configuration `pgkube admission-webhook` printed, say),
+    /// for a test whose clusters are created in `namespace`.
+    pub async fn create(
+        client: &Client,
+        configuration: MutatingWebhookConfiguration,
+        namespace: &str,
+    ) -> TestAdmission {
+        let name = configuration.metadata.name.clone().unwrap_or_default();
         Api::<MutatingWebhookConfiguration>::all(client.clone())
             .create(&PostParams::default(), &configuration)
             .await
