@@ -620,10 +620,11 @@ async fn restore_runs(scenario: &Scenario, backup: &str) {
     );
 }
 
-/// A cluster bootstrapped from a backup that does not exist: the cluster controller creates
-/// its bootstrap restore, which the restore controller refuses; then the cluster goes.
+/// A cluster bootstrapped from a backup that does not exist: once its primary runs, the
+/// cluster controller creates its bootstrap restore, which the restore controller refuses;
+/// then the cluster goes.
 async fn bootstrap_restore_is_made(scenario: &Scenario) {
-    let copy: PostgreSQLCluster = serde_json::from_value(serde_json::json!({
+    let mut copy: PostgreSQLCluster = serde_json::from_value(serde_json::json!({
         "apiVersion": "db.example.com/v1alpha1",
         "kind": "PostgreSQLCluster",
         "metadata": {"name": "copy"},
@@ -635,6 +636,9 @@ async fn bootstrap_restore_is_made(scenario: &Scenario) {
         },
     }))
     .expect("cluster manifest");
+    // On the real node: the bootstrap restore is made once the primary reports a database
+    // that this cluster made.
+    pgkube_testkit::local_node_scheduling().apply_to_cluster(&mut copy.spec);
     let clusters = scenario.api::<PostgreSQLCluster>();
     clusters
         .create(&PostParams::default(), &copy)
