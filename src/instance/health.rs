@@ -126,9 +126,9 @@ impl Board {
             Ok(())
         } else {
             Err(format!(
-                "the supervisor loop has not turned for {}s (more than {}s)",
-                since_beat.as_secs(),
-                self.liveness_bound.as_secs()
+                "the supervisor loop has not turned for {:.1} s (the bound is {:.1} s)",
+                since_beat.as_secs_f64(),
+                self.liveness_bound.as_secs_f64()
             ))
         }
     }

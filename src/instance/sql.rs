@@ -43,10 +43,10 @@ pub enum Admission {
     /// Connected; or refused only for lack of a free connection slot: the server is up, and
     /// another instance would not take those clients any better.
     Accepted,
-    /// Refused by the server itself (starting up, shutting down, ...): its postmaster runs and
-    /// handles signals, but no client gets in.
+    /// Refused by the server itself (starting up, shutting down, ...), or by the system (no
+    /// server listens yet): no client gets in, but the postmaster is not known to hang.
     Refused,
-    /// No answer from the server in time, or a socket error: its postmaster does not answer.
+    /// No answer from the server in time: its postmaster hangs.
     NoAnswer,
 }
 
@@ -55,9 +55,7 @@ impl Admission {
     pub fn of(result: &Result<(), ConnectError>) -> Self {
         match result {
             Ok(()) => Self::Accepted,
-            Err(ConnectError::Postgres(error)) => {
-                error.code().map_or(Self::NoAnswer, Self::refusal)
-            }
+            Err(ConnectError::Postgres(error)) => error.code().map_or(Self::Refused, Self::refusal),
             Err(ConnectError::Timeout(_)) => Self::NoAnswer,
         }
     }

@@ -144,13 +144,16 @@ impl Instance {
     /// Records what a new connection got, telling when that changes.
     pub(super) fn note_admission(&mut self, result: &Result<(), ConnectError>) {
         let admission = Admission::of(result);
-        if admission != self.admission {
-            match result {
-                Ok(()) => tracing::info!(?admission, "the server accepts new connections"),
-                Err(error) => {
-                    tracing::warn!(?admission, %error, "the server accepts no new connection; it is reported not ready")
-                }
+        match (self.admission, admission, result) {
+            (before, after, _) if before == after => {}
+            (_, Admission::NoAnswer, _) => tracing::warn!(
+                "the server does not answer a new connection (its postmaster hangs); it is reported not ready"
+            ),
+            (Admission::NoAnswer, _, _) => {
+                tracing::info!(?admission, "the server answers new connections again")
             }
+            (_, _, Err(error)) => tracing::debug!(?admission, %error, "no new connection"),
+            (_, _, Ok(())) => tracing::debug!("the server accepts new connections"),
         }
         self.admission = admission;
     }
