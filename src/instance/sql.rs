@@ -6,8 +6,9 @@
 //! server, its logs or `pg_stat_activity`.
 //!
 //! Nothing here waits without bound: a connection is ready within [`CONNECT_TIMEOUT`] or given
-//! up, and the server cancels any statement of the manager after 10 s (a promotion, which waits
-//! up to a minute for the server: 90 s).
+//! up, the server cancels any statement of the manager after 10 s (a promotion, which waits up
+//! to a minute for the server: 90 s), and a connection to another instance notices within about
+//! half a minute that its peer is gone from the network (TCP keepalives and user timeout).
 
 use std::path::Path;
 use std::time::Duration;
@@ -140,7 +141,13 @@ pub async fn connect_remote(
         .password(&credentials.password)
         .dbname("postgres")
         .application_name(application_name)
-        .options(format!("-c statement_timeout={STATEMENT_TIMEOUT}"));
+        .options(format!("-c statement_timeout={STATEMENT_TIMEOUT}"))
+        // A peer gone from the network (its node lost) is noticed within about half a minute,
+        // not the system's two hours, by queries of the long steps that have no time limit.
+        .keepalives_idle(Duration::from_secs(10))
+        .keepalives_interval(Duration::from_secs(5))
+        .keepalives_retries(3)
+        .tcp_user_timeout(Duration::from_secs(30));
     connect(&config, CONNECT_TIMEOUT).await
 }
 
