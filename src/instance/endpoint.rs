@@ -4,8 +4,8 @@
 //!   steady state, it has not for longer than a bound ([`super::health`]). A long step (initdb,
 //!   a clone, a rewind, waiting for a primary) never fails it. The manager exits when postgres
 //!   dies, so liveness never has to judge the server, and never kills one that is recovering.
-//! - `/readyz`: 200 when the status says ready and is not stale ([`super::health::STALE_AFTER`]), 503
-//!   otherwise.
+//! - `/readyz`: 200 when the status says ready and is not stale
+//!   ([`super::health::STALE_AFTER`]), 503 otherwise.
 //! - `/status`: the instance as JSON (role, readiness, timeline, WAL positions, streaming, and
 //!   on a replica the primary it follows), with `observedAt` (RFC 3339) and `ageSeconds`,
 //!   computed when served.

@@ -44,9 +44,9 @@
 //!    the named primary if that is another pod ([`ha`]).
 //! 6. On SIGTERM or SIGINT: a fast shutdown, immediate once `--shutdown-timeout` has passed,
 //!    then exits (a server whose postmaster did not answer a new connection at the last look is
-//!    killed at once, here as for any stop). SIGQUIT asks for an immediate shutdown; SIGHUP is passed on (reload). If
-//!    postgres exits by itself, so does the manager, with an error: the kubelet restarts the
-//!    container.
+//!    killed at once, here as for any stop). SIGQUIT asks for an immediate shutdown; SIGHUP is
+//!    passed on (reload). If postgres exits by itself, so does the manager, with an error: the
+//!    kubelet restarts the container.
 
 mod control;
 mod datadir;
