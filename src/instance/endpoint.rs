@@ -1,16 +1,21 @@
 //! The instance's HTTP endpoint, for the kubelet's probes and for the operator:
 //!
-//! - `/healthz`: 200 while the instance manager runs. It exits when postgres dies, so liveness
-//!   never has to judge the server, and never kills one that is recovering.
-//! - `/readyz`: 200 when the server answers queries, 503 otherwise.
+//! - `/healthz`: 200 while the instance manager's supervisor loop turns; 503 when, in its
+//!   steady state, it has not for longer than a bound ([`super::health`]). A long step (initdb,
+//!   a clone, a rewind, waiting for a primary) never fails it. The manager exits when postgres
+//!   dies, so liveness never has to judge the server, and never kills one that is recovering.
+//! - `/readyz`: 200 when the status says ready and is not stale
+//!   ([`super::health::STALE_AFTER`]), 503 otherwise.
 //! - `/status`: the instance as JSON (role, readiness, timeline, WAL positions, streaming, and
-//!   on a replica the primary it follows).
+//!   on a replica the primary it follows), with `observedAt` (RFC 3339) and `ageSeconds`,
+//!   computed when served.
 //! - `POST /control/promote`, `POST /control/follow`: the operator's orders ([`super::control`]).
 //!
 //! No Service exposes the port: it is reached at the pod's address, from inside the cluster.
 
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -21,6 +26,7 @@ use axum::routing::{get, post};
 use serde::Serialize;
 
 use super::control::{self, Control};
+use super::health::Board;
 use super::sql::ServerState;
 
 /// The role as the operator reads it.
@@ -33,12 +39,14 @@ pub enum ReportedRole {
     Replica,
 }
 
-/// The body of `/status`.
+/// The body of `/status`, but for its time ([`Served`]).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InstanceStatus {
     pub pod: String,
+    /// The role the server was last seen in since it started; `Starting` until then.
     pub role: ReportedRole,
+    /// The server answers the manager's queries and accepts new connections now.
     pub ready: bool,
     pub timeline: Option<i64>,
     pub current_lsn: Option<String>,
@@ -55,7 +63,7 @@ pub struct InstanceStatus {
     /// for data made otherwise (an older pgkube, a copy from elsewhere).
     pub initialized_by: Option<String>,
     /// Why an instance whose server does not run waits (data it will not replace, a primary
-    /// that does not answer).
+    /// that does not answer), or why a running server is not ready.
     pub message: Option<String>,
 }
 
@@ -111,26 +119,62 @@ impl InstanceStatus {
     }
 }
 
-/// The status the endpoint serves, updated by the supervisor.
-pub type SharedStatus = Arc<RwLock<InstanceStatus>>;
+impl InstanceStatus {
+    /// This status, but not ready for the reason `why` (a fixed text, so that an instance that
+    /// stays so reports the same): the role and positions last seen are kept, a server not
+    /// seen since it started stays `Starting`.
+    pub fn not_ready(self, why: &str) -> Self {
+        if self.role == ReportedRole::Starting {
+            return self;
+        }
+        Self {
+            ready: false,
+            streaming: false,
+            message: Some(why.to_owned()),
+            ..self
+        }
+    }
+}
 
-/// What the handlers share: the status, and the way to the supervisor.
+/// The body of `/status`: the status, when it was observed and how long ago.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Served<'a> {
+    #[serde(flatten)]
+    status: &'a InstanceStatus,
+    observed_at: String,
+    age_seconds: f64,
+}
+
+impl<'a> Served<'a> {
+    /// `status`, `age` old at `now`.
+    fn new(status: &'a InstanceStatus, age: Duration, now: SystemTime) -> Self {
+        let observed_at = now.checked_sub(age).unwrap_or(now);
+        Self {
+            status,
+            observed_at: humantime::format_rfc3339_millis(observed_at).to_string(),
+            age_seconds: (age.as_secs_f64() * 1000.0).round() / 1000.0,
+        }
+    }
+}
+
+/// What the handlers share: the status and heartbeat, and the way to the supervisor.
 #[derive(Clone)]
 struct Shared {
-    status: SharedStatus,
+    board: Arc<Board>,
     control: Arc<Control>,
 }
 
 /// Serves the endpoint on `address` until the task is dropped.
 pub async fn serve(
     address: SocketAddr,
-    status: SharedStatus,
+    board: Arc<Board>,
     control: Control,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(address).await?;
     tracing::info!(%address, "status endpoint listening");
     let shared = Shared {
-        status,
+        board,
         control: Arc::new(control),
     };
     axum::serve(listener, router(shared)).await
@@ -138,7 +182,7 @@ pub async fn serve(
 
 fn router(shared: Shared) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/status", get(status_json))
         .route("/control/promote", post(promote))
@@ -147,23 +191,25 @@ fn router(shared: Shared) -> Router {
 }
 
 async fn promote(State(shared): State<Shared>, headers: HeaderMap) -> Response {
-    control::promote(&shared.control, snapshot(&shared.status), &headers).await
+    control::promote(&shared.control, shared.board.status(), &headers).await
 }
 
 async fn follow(State(shared): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
     control::follow(&shared.control, &headers, &body).await
 }
 
-fn snapshot(status: &SharedStatus) -> InstanceStatus {
-    // A panic while holding the lock leaves the last status, still worth serving.
-    status
-        .read()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .clone()
+async fn healthz(State(shared): State<Shared>) -> impl IntoResponse {
+    match shared.board.liveness() {
+        Ok(()) => (StatusCode::OK, "ok".to_owned()),
+        Err(why) => {
+            tracing::warn!(%why, "failing the liveness probe");
+            (StatusCode::SERVICE_UNAVAILABLE, why)
+        }
+    }
 }
 
 async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
-    if snapshot(&shared.status).ready {
+    if shared.board.ready() {
         (StatusCode::OK, "ready")
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready")
@@ -171,7 +217,8 @@ async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
 }
 
 async fn status_json(State(shared): State<Shared>) -> impl IntoResponse {
-    match serde_json::to_string(&snapshot(&shared.status)) {
+    let (status, age) = shared.board.snapshot();
+    match serde_json::to_string(&Served::new(&status, age, SystemTime::now())) {
         Ok(body) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],
@@ -223,5 +270,28 @@ mod tests {
             serde_json::to_value(InstanceStatus::starting("p")).expect("serializes")["role"],
             "starting"
         );
+    }
+
+    #[test]
+    fn a_server_not_ready_keeps_the_role_it_was_seen_in() {
+        let primary = InstanceStatus::observed("p", ServerState::default(), None);
+        let hung = primary.clone().not_ready("no new connection");
+        assert_eq!((hung.role, hung.ready), (ReportedRole::Primary, false));
+        assert_eq!(hung.message.as_deref(), Some("no new connection"));
+        assert_eq!(hung.timeline, primary.timeline);
+        let starting = InstanceStatus::starting("p").not_ready("no new connection");
+        assert_eq!(starting, InstanceStatus::starting("p"));
+    }
+
+    #[test]
+    fn the_status_is_served_with_when_it_was_observed_and_its_age() {
+        let status = InstanceStatus::starting("p");
+        let now = humantime::parse_rfc3339("2025-03-01T12:00:10Z").expect("a time");
+        let served = Served::new(&status, Duration::from_millis(2_345), now);
+        let json = serde_json::to_value(&served).expect("serializes");
+        assert_eq!(json["observedAt"], "2025-03-01T12:00:07.655Z");
+        assert_eq!(json["ageSeconds"], 2.345);
+        assert_eq!(json["pod"], "p");
+        assert_eq!(json["role"], "starting");
     }
 }

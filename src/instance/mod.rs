@@ -25,7 +25,10 @@
 //!    changed and restarts it when a changed setting needs a restart; sets the role passwords
 //!    when a Secret changed (on the primary, without a restart); drops the slots of instances no
 //!    longer in the cluster, after a grace period ([`slots`]); on a replica told to follow a
-//!    new primary, makes its slot there; refreshes the status served by the [`endpoint`].
+//!    new primary, makes its slot there; refreshes the status served by the [`endpoint`]:
+//!    ready only when the server answers and accepts a new connection. Each tick has a time
+//!    budget ([`tick`]); the loop beats at every turn, and `/healthz` fails when it stops
+//!    turning outside a long step ([`health`]).
 //!    A replica that has not streamed for a few periods asks its primary why ([`stream`]):
 //!    when its history diverged from the primary's (it replayed WAL beyond where the
 //!    primary's timeline forked off) it stops, is rewound with pg_rewind (a new clone if that
@@ -40,9 +43,10 @@
 //!    file only when the primary it names changes, and then never promotes itself — it follows
 //!    the named primary if that is another pod ([`ha`]).
 //! 6. On SIGTERM or SIGINT: a fast shutdown, immediate once `--shutdown-timeout` has passed,
-//!    then exits. SIGQUIT asks for an immediate shutdown; SIGHUP is passed on (reload). If
-//!    postgres exits by itself, so does the manager, with an error: the kubelet restarts the
-//!    container.
+//!    then exits (a server whose postmaster did not answer a new connection at the last look is
+//!    killed at once, here as for any stop). SIGQUIT asks for an immediate shutdown; SIGHUP is
+//!    passed on (reload). If postgres exits by itself, so does the manager, with an error: the
+//!    kubelet restarts the container.
 
 mod control;
 mod datadir;
@@ -50,6 +54,7 @@ mod desired;
 mod endpoint;
 mod guarded;
 mod ha;
+mod health;
 mod identity;
 mod repair;
 mod roles;
@@ -57,10 +62,11 @@ mod server;
 mod slots;
 mod sql;
 mod stream;
+mod tick;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -71,7 +77,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use control::{ControlRequest, Order, Target, Terms};
 use datadir::Role;
 use desired::{Desired, Sources};
-use endpoint::{InstanceStatus, SharedStatus};
+use endpoint::InstanceStatus;
 use ha::Designation;
 use server::{Server, Shutdown};
 
@@ -263,7 +269,7 @@ impl Signals {
 
 async fn supervise(args: RunArgs) -> anyhow::Result<()> {
     let mut signals = Signals::install().context("cannot handle signals")?;
-    let status: SharedStatus = Arc::new(RwLock::new(InstanceStatus::starting(&args.pod_name)));
+    let board = health::Board::new(InstanceStatus::starting(&args.pod_name), args.watch_period);
     let address = SocketAddr::new(args.status_address, args.status_port);
     let (requests, orders) = tokio::sync::mpsc::channel(control::QUEUE);
     let control = control::Control {
@@ -271,7 +277,7 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         pod: args.pod_name.clone(),
         requests,
     };
-    let endpoint = tokio::spawn(endpoint::serve(address, status.clone(), control));
+    let endpoint = tokio::spawn(endpoint::serve(address, board.clone(), control));
     let sources = Sources {
         config_dir: args.config_dir.clone(),
         superuser_dir: args.superuser_dir.clone(),
@@ -282,7 +288,7 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         slot_reaper: slots::SlotReaper::new(args.slot_drop_grace),
         args,
         sources,
-        status,
+        board,
         role: Role::Replica,
         upstream: None,
         slot_on_upstream: true,
@@ -293,6 +299,7 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         changed_since_start: false,
         reload_pending: false,
         client: None,
+        admission: sql::Admission::Accepted,
         orders,
         terms: Terms::default(),
         orders_open: true,
@@ -320,7 +327,8 @@ async fn floors(
 struct Instance {
     args: RunArgs,
     sources: Sources,
-    status: SharedStatus,
+    /// The status served and the loop's heartbeat ([`health`]).
+    board: Arc<health::Board>,
     role: Role,
     /// The primary a replica follows: whom its primary_conninfo names. None on a primary, and
     /// on a designated standby waiting for `/control/promote`. The operator's orders set it
@@ -344,6 +352,8 @@ struct Instance {
     /// On the primary: when the slots of removed instances go.
     slot_reaper: slots::SlotReaper,
     client: Option<Arc<tokio_postgres::Client>>,
+    /// What a new connection to the server got at the last look ([`tick`]).
+    admission: sql::Admission,
     /// The operator's orders, from the control endpoints.
     orders: tokio::sync::mpsc::Receiver<Order>,
     /// The highest term of the orders carried out: older ones are refused.
@@ -367,9 +377,13 @@ impl Instance {
         self.run(server, signals).await
     }
 
+    /// The steady state: the loop turns at every wakeup, at least every watch period, and beats
+    /// each time ([`health`]); the long steps it takes are marked busy.
     async fn run(&mut self, mut server: Server, signals: &mut Signals) -> anyhow::Result<()> {
         let mut ticker = tokio::time::interval(self.args.watch_period);
+        self.board.steady();
         loop {
+            self.board.beat();
             let wakeup = tokio::select! {
                 signal = signals.next() => match signal {
                     Some(request) => Wakeup::Stop(request),
@@ -383,7 +397,10 @@ impl Instance {
                 _ = ticker.tick() => Wakeup::Tick,
             };
             let next = match wakeup {
-                Wakeup::Stop(request) => return self.stop(server, request).await,
+                Wakeup::Stop(request) => {
+                    let _busy = self.board.busy("stopping");
+                    return self.stop(server, request).await;
+                }
                 Wakeup::Reload => {
                     server.signal(Signal::SIGHUP);
                     Next::Continue
@@ -399,6 +416,7 @@ impl Instance {
                 }
                 Wakeup::Order(order) => match self.terms.admit(order) {
                     Some(ControlRequest::Promote(reply)) => {
+                        let _busy = self.board.busy("promoting");
                         // The endpoint may have given up waiting; the promotion stands anyway.
                         let _ = reply.send(self.promote().await);
                         Next::Continue
@@ -410,60 +428,25 @@ impl Instance {
             };
             server = match next {
                 Next::Continue => server,
-                Next::Restart => self.restart(server).await?,
-                Next::Follow(target) => match self.follow(server, target, signals).await? {
-                    Some(server) => server,
-                    None => return Ok(()),
-                },
-                Next::Repair(stuck) => match self.repair(server, stuck, signals).await? {
-                    Some(server) => server,
-                    None => return Ok(()),
-                },
+                Next::Restart => {
+                    let _busy = self.board.busy("restarting");
+                    self.restart(server).await?
+                }
+                Next::Follow(target) => {
+                    let _busy = self.board.busy("taking the role ordered");
+                    match self.follow(server, target, signals).await? {
+                        Some(server) => server,
+                        None => return Ok(()),
+                    }
+                }
+                Next::Repair(stuck) => {
+                    let _busy = self.board.busy("repairing");
+                    match self.repair(server, stuck, signals).await? {
+                        Some(server) => server,
+                        None => return Ok(()),
+                    }
+                }
             };
-        }
-    }
-
-    /// One look at the files and the server: what to do next.
-    async fn tick(&mut self) -> Next {
-        if let Some(target) = self.apply_files() {
-            return Next::Follow(target);
-        }
-        self.update_floors().await;
-        self.ensure_upstream_slot().await;
-        let Some(client) = self.client().await else {
-            self.set_status(InstanceStatus::starting(&self.args.pod_name));
-            return Next::Continue;
-        };
-        if let Err(error) = self.apply_to_server(&client).await {
-            tracing::warn!(%error, "cannot apply the desired state to the server");
-            self.client = None;
-        }
-        match sql::observe(&client).await {
-            Ok(state) => {
-                let (in_recovery, streaming) = (state.in_recovery, state.streaming);
-                let restart = self.changed_since_start && !state.pending_restart.is_empty();
-                if restart {
-                    tracing::info!(settings = ?state.pending_restart, "changed settings need a restart");
-                }
-                let mut status =
-                    InstanceStatus::observed(&self.args.pod_name, state, self.following());
-                status.initialized_by = self.initialized_by.clone();
-                self.set_status(status);
-                // After the status: asking the primary may take a few seconds.
-                if let Some(stuck) = self.stuck(&client, in_recovery, streaming).await {
-                    Next::Repair(stuck)
-                } else if restart {
-                    Next::Restart
-                } else {
-                    Next::Continue
-                }
-            }
-            Err(error) => {
-                tracing::debug!(%error, "cannot observe the server");
-                self.client = None;
-                self.set_status(InstanceStatus::starting(&self.args.pod_name));
-                Next::Continue
-            }
         }
     }
 
@@ -472,26 +455,6 @@ impl Instance {
         match self.role {
             Role::Primary => None,
             Role::Replica => self.upstream.as_ref().map(|target| target.pod.as_str()),
-        }
-    }
-
-    /// A replica's floors follow what it has replayed; when they change, so does its file.
-    async fn update_floors(&mut self) {
-        let floors = match floors(self.role, &self.args.pgdata, &self.applied).await {
-            Ok(floors) => floors,
-            Err(error) => {
-                tracing::warn!(%error, "cannot read the settings the control file records");
-                return;
-            }
-        };
-        if floors == self.floors {
-            return;
-        }
-        tracing::info!(?floors, "settings kept at the primary's until replayed");
-        self.floors = floors;
-        let desired = self.applied.clone();
-        if let Err(error) = self.write_files(&desired) {
-            tracing::warn!(%error, "cannot write the new settings");
         }
     }
 
@@ -557,71 +520,28 @@ impl Instance {
         Ok(())
     }
 
-    /// Reloads after a file change; on the primary, sets the passwords and drops the slots of
-    /// removed instances.
-    async fn apply_to_server(&mut self, client: &tokio_postgres::Client) -> anyhow::Result<()> {
-        if self.reload_pending {
-            sql::reload(client).await?;
-            self.reload_pending = false;
-            // The server applies a reload asynchronously; give it a moment before the
-            // observation that follows looks for settings pending a restart.
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-        if self.role != Role::Primary {
-            return Ok(());
-        }
-        if !self.credentials_applied {
-            sql::apply_credentials(client, &self.applied.superuser, &self.applied.replication)
-                .await?;
-            tracing::info!("role passwords set from the Secrets");
-            self.credentials_applied = true;
-        }
-        let wanted = self.applied.topology.slots_kept_by(&self.args.pod_name);
-        let unwanted = sql::unwanted_slots(client, &wanted).await?;
-        for slot in self.slot_reaper.due(&unwanted, std::time::Instant::now()) {
-            sql::drop_slot(client, &slot).await?;
-            self.slot_reaper.dropped(&slot);
-        }
-        Ok(())
-    }
-
-    /// The connection to the local server, made again when it was lost.
-    async fn client(&mut self) -> Option<Arc<tokio_postgres::Client>> {
-        if let Some(client) = &self.client
-            && !client.is_closed()
-        {
-            return Some(client.clone());
-        }
-        let connected = sql::connect_local(
-            &self.args.socket_dir,
-            self.args.port,
-            &self.applied.superuser.username,
-        )
-        .await;
-        match connected {
-            Ok(client) => {
-                let client = Arc::new(client);
-                self.client = Some(client.clone());
-                Some(client)
-            }
-            Err(error) => {
-                tracing::debug!(%error, "the server does not answer yet");
-                None
-            }
-        }
-    }
-
     fn set_status(&self, status: InstanceStatus) {
-        *self
-            .status
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner()) = status;
+        self.board.set(status);
+    }
+
+    /// Stops the server: a fast shutdown, immediate after `timeout`; a kill at once when a new
+    /// connection got no answer at the last look (its postmaster hangs: it would handle no
+    /// shutdown signal, while its backends go on serving their clients).
+    async fn stop_server(&mut self, server: Server, timeout: Duration) -> Shutdown {
+        self.client = None;
+        let shutdown = if self.admission == sql::Admission::NoAnswer {
+            tracing::warn!("the server's postmaster does not answer: it is killed, not shut down");
+            server.kill().await
+        } else {
+            server.stop(timeout).await
+        };
+        self.admission = sql::Admission::Accepted;
+        shutdown
     }
 
     async fn restart(&mut self, server: Server) -> anyhow::Result<Server> {
         self.set_status(InstanceStatus::starting(&self.args.pod_name));
-        self.client = None;
-        let shutdown = server.stop(self.args.shutdown_timeout).await;
+        let shutdown = self.stop_server(server, self.args.shutdown_timeout).await;
         tracing::info!(?shutdown, "postgres stopped for a restart");
         self.changed_since_start = false;
         // The passwords are in the data and survive; set them again anyway in case a change
@@ -633,12 +553,11 @@ impl Instance {
     async fn stop(&mut self, server: Server, request: StopRequest) -> anyhow::Result<()> {
         tracing::info!(?request, "stopping");
         self.set_status(InstanceStatus::starting(&self.args.pod_name));
-        self.client = None;
         let timeout = match request {
             StopRequest::Fast => self.args.shutdown_timeout,
             StopRequest::Immediate => Duration::ZERO,
         };
-        match server.stop(timeout).await {
+        match self.stop_server(server, timeout).await {
             Shutdown::Clean => {
                 tracing::info!("postgres stopped cleanly");
                 Ok(())

@@ -86,8 +86,7 @@ impl Instance {
         let target = self.upstream.clone().context("no primary to rejoin")?;
         tracing::warn!(primary = %target.pod, reason = %stuck, remedy = ?stuck.remedy(), "this replica cannot stream from its primary; it stops and is brought back");
         self.set_status(InstanceStatus::starting(&self.args.pod_name));
-        self.client = None;
-        let shutdown = server.stop(self.args.shutdown_timeout).await;
+        let shutdown = self.stop_server(server, self.args.shutdown_timeout).await;
         if shutdown != Shutdown::Clean {
             // pg_rewind recovers such a target itself first.
             tracing::warn!(?shutdown, "the standby did not stop cleanly");

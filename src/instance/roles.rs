@@ -34,6 +34,21 @@ use super::{ControlRequest, Instance, Signals, floors, sql};
 const PEER_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often a former primary asks again whether the new primary answers.
 const REJOIN_RETRY: Duration = Duration::from_secs(2);
+/// How long the manager waits for a statement of a promotion (the server cancels it at 10 s).
+const SQL_TIMEOUT: Duration = Duration::from_secs(12);
+/// How long the manager waits for `pg_promote`, which waits up to 60 s itself.
+const PROMOTE_TIMEOUT: Duration = Duration::from_secs(75);
+
+/// `work`, or an error once `limit` has passed.
+async fn within<T, E: std::fmt::Display>(
+    limit: Duration,
+    work: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(limit, work).await {
+        Ok(result) => result.map_err(|error| error.to_string()),
+        Err(_) => Err(format!("no answer within {limit:?}")),
+    }
+}
 
 impl Instance {
     /// Makes the data directory ready, decides the role and starts `postgres`.
@@ -116,6 +131,7 @@ impl Instance {
         self.reload_pending = false;
         self.credentials_applied = false;
         self.client = None;
+        self.admission = sql::Admission::Accepted;
         self.stall.reset();
         self.initialized_by =
             identity::read_marker(&self.args.pgdata).and_then(|marker| marker.cluster_uid);
@@ -376,9 +392,11 @@ impl Instance {
             return Ok(Some(server));
         }
         tracing::warn!(primary = %target.pod, "told to follow another primary: this primary stops and rejoins as its standby");
+        // It reports a primary until its server is down: the operator promotes no other before.
+        let why = format!("stopping, to rejoin as a standby of {}", target.pod);
+        self.set_status(self.board.status().not_ready(&why));
+        let shutdown = self.stop_server(server, self.args.shutdown_timeout).await;
         self.set_status(InstanceStatus::starting(&self.args.pod_name));
-        self.client = None;
-        let shutdown = server.stop(self.args.shutdown_timeout).await;
         if shutdown != Shutdown::Clean {
             tracing::warn!(?shutdown, "the primary did not stop cleanly");
         }
@@ -397,12 +415,12 @@ impl Instance {
         let Some(client) = self.client().await else {
             return Err("the server is not running".to_owned());
         };
-        let in_recovery = sql::in_recovery(&client)
+        let in_recovery = within(SQL_TIMEOUT, sql::in_recovery(&client))
             .await
             .map_err(|error| format!("the server does not answer: {error}"))?;
         if in_recovery {
             tracing::warn!("promoting this standby (/control/promote)");
-            match sql::promote(&client).await {
+            match within(PROMOTE_TIMEOUT, sql::promote(&client)).await {
                 Ok(true) => {}
                 Ok(false) => return Err("the promotion did not finish within 60 s".to_owned()),
                 Err(error) => return Err(format!("cannot promote: {error}")),
@@ -411,11 +429,14 @@ impl Instance {
         if self.role != Role::Primary {
             self.become_primary();
         }
-        let state = sql::observe(&client)
-            .await
-            .map_err(|error| format!("promoted, but the server does not answer: {error}"))?;
-        let mut status = InstanceStatus::observed(&self.args.pod_name, state, None);
-        status.initialized_by = self.initialized_by.clone();
+        let (state, admission) = tokio::join!(
+            within(SQL_TIMEOUT, sql::observe(&client)),
+            self.new_connection()
+        );
+        self.note_admission(&admission);
+        let state =
+            state.map_err(|error| format!("promoted, but the server does not answer: {error}"))?;
+        let status = self.shown(state);
         self.set_status(status.clone());
         Ok(status)
     }

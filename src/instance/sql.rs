@@ -4,21 +4,79 @@
 //!
 //! Passwords are sent as SCRAM verifiers computed here, so the clear text never reaches the
 //! server, its logs or `pg_stat_activity`.
+//!
+//! Nothing here waits without bound: a connection is ready within [`CONNECT_TIMEOUT`] or given
+//! up, the server cancels any statement of the manager after 10 s (a promotion, which waits up
+//! to a minute for the server: 90 s), and a connection to another instance notices within about
+//! half a minute that its peer is gone from the network (TCP keepalives and user timeout).
 
 use std::path::Path;
 use std::time::Duration;
 
 use serde::Serialize;
+use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Config, NoTls};
 
 use super::desired::{Credentials, is_managed_slot};
 
-/// How long one connection attempt may take.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a connection may take until it is ready for queries: the socket, the startup and
+/// the authentication. (tokio-postgres's own `connect_timeout` covers only the socket, and a
+/// postmaster that hangs accepts the socket but never answers the startup.)
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a statement of the manager may run before the server cancels it: the manager's
+/// own waits are shorter, and a statement it gave up on must not go on running.
+const STATEMENT_TIMEOUT: &str = "10s";
+/// The statement timeout of a promotion, which waits up to 60 s for the server.
+const PROMOTE_STATEMENT_TIMEOUT: &str = "90s";
 
-/// A connection that drives itself in a background task.
-async fn connect(config: &Config) -> Result<Client, tokio_postgres::Error> {
-    let (client, connection) = config.connect(NoTls).await?;
+/// Why a connection was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error(transparent)]
+    Postgres(#[from] tokio_postgres::Error),
+}
+
+/// What a new connection to the local server got.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// Connected; or refused only for lack of a free connection slot: the server is up, and
+    /// another instance would not take those clients any better.
+    Accepted,
+    /// Refused by the server itself (starting up, shutting down, ...), or by the system (no
+    /// server listens yet): no client gets in, but the postmaster is not known to hang.
+    Refused,
+    /// No answer from the server in time: its postmaster hangs.
+    NoAnswer,
+}
+
+impl Admission {
+    /// What the connection attempt `result` shows.
+    pub fn of(result: &Result<(), ConnectError>) -> Self {
+        match result {
+            Ok(()) => Self::Accepted,
+            Err(ConnectError::Postgres(error)) => error.code().map_or(Self::Refused, Self::refusal),
+            Err(ConnectError::Timeout(_)) => Self::NoAnswer,
+        }
+    }
+
+    /// The server refused a connection with `code`.
+    fn refusal(code: &SqlState) -> Self {
+        if *code == SqlState::TOO_MANY_CONNECTIONS {
+            Self::Accepted
+        } else {
+            Self::Refused
+        }
+    }
+}
+
+/// A connection that drives itself in a background task, ready within `timeout`.
+async fn connect(config: &Config, timeout: Duration) -> Result<Client, ConnectError> {
+    let connecting = config.connect(NoTls);
+    let (client, connection) = tokio::time::timeout(timeout, connecting)
+        .await
+        .map_err(|_| ConnectError::Timeout(timeout))??;
     tokio::spawn(async move {
         if let Err(error) = connection.await {
             tracing::debug!(%error, "connection closed");
@@ -27,12 +85,8 @@ async fn connect(config: &Config) -> Result<Client, tokio_postgres::Error> {
     Ok(client)
 }
 
-/// The local server, as `superuser`, through the socket in `socket_dir`.
-pub async fn connect_local(
-    socket_dir: &Path,
-    port: u16,
-    superuser: &str,
-) -> Result<Client, tokio_postgres::Error> {
+/// The local server's connection settings, as `superuser`, through the socket in `socket_dir`.
+fn local_config(socket_dir: &Path, port: u16, superuser: &str) -> Config {
     let mut config = Config::new();
     config
         .host_path(socket_dir)
@@ -42,9 +96,33 @@ pub async fn connect_local(
         .application_name("pgkube-instance-manager")
         // The manager's own writes (passwords, slots) never wait for synchronous standbys:
         // on a new primary none exists yet, and waiting would keep it from ever being ready.
-        .options("-c synchronous_commit=local")
-        .connect_timeout(CONNECT_TIMEOUT);
-    connect(&config).await
+        .options(format!(
+            "-c synchronous_commit=local -c statement_timeout={STATEMENT_TIMEOUT}"
+        ));
+    config
+}
+
+/// The local server, as `superuser`, through the socket in `socket_dir`.
+pub async fn connect_local(
+    socket_dir: &Path,
+    port: u16,
+    superuser: &str,
+) -> Result<Client, ConnectError> {
+    connect(&local_config(socket_dir, port, superuser), CONNECT_TIMEOUT).await
+}
+
+/// A new connection to the local server, closed at once: whether it is ready within `timeout`
+/// ([`Admission::of`] tells what a failure means). A postmaster that hangs leaves its backends
+/// answering on their connections, the manager's own, while no client can connect.
+pub async fn new_connection(
+    socket_dir: &Path,
+    port: u16,
+    superuser: &str,
+    timeout: Duration,
+) -> Result<(), ConnectError> {
+    connect(&local_config(socket_dir, port, superuser), timeout)
+        .await
+        .map(drop)
 }
 
 /// Another instance (the primary, or the one that is to be), as `credentials` (the replication
@@ -54,7 +132,7 @@ pub async fn connect_remote(
     port: u16,
     credentials: &Credentials,
     application_name: &str,
-) -> Result<Client, tokio_postgres::Error> {
+) -> Result<Client, ConnectError> {
     let mut config = Config::new();
     config
         .host(host)
@@ -63,8 +141,14 @@ pub async fn connect_remote(
         .password(&credentials.password)
         .dbname("postgres")
         .application_name(application_name)
-        .connect_timeout(CONNECT_TIMEOUT);
-    connect(&config).await
+        .options(format!("-c statement_timeout={STATEMENT_TIMEOUT}"))
+        // A peer gone from the network (its node lost) is noticed within about half a minute,
+        // not the system's two hours, by queries of the long steps that have no time limit.
+        .keepalives_idle(Duration::from_secs(10))
+        .keepalives_interval(Duration::from_secs(5))
+        .keepalives_retries(3)
+        .tcp_user_timeout(Duration::from_secs(30));
+    connect(&config, CONNECT_TIMEOUT).await
 }
 
 /// The server as the status endpoint shows it.
@@ -221,9 +305,15 @@ pub async fn drop_own_slot(client: &Client, slot: &str) -> Result<(), tokio_post
 /// finish in that time (the server goes on with it).
 pub async fn promote(client: &Client) -> Result<bool, tokio_postgres::Error> {
     client
+        .batch_execute(&format!(
+            "SET statement_timeout = '{PROMOTE_STATEMENT_TIMEOUT}'"
+        ))
+        .await?;
+    let promoted = client
         .query_one("SELECT pg_promote(wait => true, wait_seconds => 60)", &[])
-        .await?
-        .try_get(0)
+        .await;
+    client.batch_execute("RESET statement_timeout").await?;
+    promoted?.try_get(0)
 }
 
 /// Re-reads the configuration files.
@@ -344,6 +434,26 @@ mod tests {
         assert_eq!(quote_ident("streaming_replica"), "\"streaming_replica\"");
         assert_eq!(quote_ident("we\"ird"), "\"we\"\"ird\"");
         assert_eq!(quote_literal("it's"), "'it''s'");
+    }
+
+    #[test]
+    fn only_a_refusal_for_lack_of_slots_counts_as_accepted_and_no_answer_is_told_apart() {
+        assert_eq!(
+            Admission::refusal(&SqlState::TOO_MANY_CONNECTIONS),
+            Admission::Accepted
+        );
+        // Starting up, shutting down, in recovery: no client gets in.
+        assert_eq!(
+            Admission::refusal(&SqlState::CANNOT_CONNECT_NOW),
+            Admission::Refused
+        );
+        assert_eq!(
+            Admission::refusal(&SqlState::INVALID_PASSWORD),
+            Admission::Refused
+        );
+        assert_eq!(Admission::of(&Ok(())), Admission::Accepted);
+        let silent = Err(ConnectError::Timeout(Duration::from_secs(3)));
+        assert_eq!(Admission::of(&silent), Admission::NoAnswer);
     }
 
     #[test]

@@ -20,7 +20,10 @@
 //! - a replica that follows another instance than the designated primary is told to follow it.
 //!
 //! A failover is decided when the designated primary has not reported a ready primary for the
-//! failover delay (the `PrimaryAvailable` condition's last transition tells since when). It
+//! failover delay (the `PrimaryAvailable` condition's last transition tells since when): it
+//! cannot be asked, its report is stale (its instance manager hangs), or it reports a server
+//! that is not ready (one whose postmaster accepts no new connection included: that primary is
+//! told to follow and stops before the new one is promoted, as it still reports a primary). It
 //! promotes the ready replica that received the most WAL. It waits, saying why, while a restore
 //! runs, when no replica is ready, and, with synchronous replication, while too few replicas
 //! answer to be sure that one of them has every acknowledged commit.
@@ -144,7 +147,10 @@ pub fn unavailability(instances: &[ObservedInstance], primary: &str) -> String {
         Some(instance) => match &instance.report {
             Err(unavailable) => unavailable.to_string(),
             Ok(report) => match report.role {
-                ReportedRole::Primary if !report.ready => "not ready".to_owned(),
+                ReportedRole::Primary if !report.ready => match &report.message {
+                    Some(why) => format!("not ready: {why}"),
+                    None => "not ready".to_owned(),
+                },
                 ReportedRole::Primary => "available".to_owned(),
                 ReportedRole::Replica => "runs as a replica".to_owned(),
                 ReportedRole::Starting => match &report.message {
@@ -321,11 +327,7 @@ fn check_synchronous_quorum(situation: &Situation<'_>) -> Result<(), String> {
     }
     let standbys = u32::try_from(situation.replicas.saturating_sub(1)).unwrap_or(0);
     let needed = standbys.saturating_sub(situation.synchronous_min) + 1;
-    // Only a replica that could be promoted counts: one that answers but is not ready could
-    // be the only one holding a commit, and could not take over with it.
-    let answering = replicas_answering(situation)
-        .filter(|instance| instance.reported().is_some_and(|report| report.ready))
-        .count();
+    let answering = replicas_answering(situation).count();
     if u32::try_from(answering).unwrap_or(u32::MAX) >= needed {
         return Ok(());
     }
@@ -343,7 +345,9 @@ fn unavailable_since(status: Option<&PostgreSQLClusterStatus>) -> Option<Timesta
         .map(|condition| condition.last_transition_time.0)
 }
 
-/// Instances other than the designated primary that report a replica.
+/// Instances other than the designated primary that report a ready replica: one that is not
+/// ready (its server does not accept connections) can be neither promoted nor counted on to
+/// hold a commit another lacks.
 fn replicas_answering<'a>(
     situation: &'a Situation<'a>,
 ) -> impl Iterator<Item = &'a ObservedInstance> + 'a {
@@ -351,27 +355,25 @@ fn replicas_answering<'a>(
         instance.pod != situation.primary
             && instance
                 .reported()
-                .is_some_and(|report| report.role == ReportedRole::Replica)
+                .is_some_and(|report| report.role == ReportedRole::Replica && report.ready)
     })
 }
 
 /// The ready replica on the latest timeline that received the most WAL; the lowest ordinal
 /// among equals. A position on an older timeline may be past the fork of the newer one.
 fn best_replica<'a>(situation: &'a Situation<'a>) -> Option<&'a ObservedInstance> {
-    replicas_answering(situation)
-        .filter(|instance| instance.reported().is_some_and(|report| report.ready))
-        .max_by(|a, b| {
-            let position = |instance: &ObservedInstance| {
-                let timeline = instance.reported().and_then(|report| report.timeline);
-                (timeline, wal_position(instance))
-            };
-            let ordinal = |instance: &ObservedInstance| {
-                roles::ordinal(situation.statefulset, &instance.pod).unwrap_or(i32::MAX)
-            };
-            position(a)
-                .cmp(&position(b))
-                .then_with(|| ordinal(b).cmp(&ordinal(a)))
-        })
+    replicas_answering(situation).max_by(|a, b| {
+        let position = |instance: &ObservedInstance| {
+            let timeline = instance.reported().and_then(|report| report.timeline);
+            (timeline, wal_position(instance))
+        };
+        let ordinal = |instance: &ObservedInstance| {
+            roles::ordinal(situation.statefulset, &instance.pod).unwrap_or(i32::MAX)
+        };
+        position(a)
+            .cmp(&position(b))
+            .then_with(|| ordinal(b).cmp(&ordinal(a)))
+    })
 }
 
 /// How far an instance's WAL goes: written (primary), else received, else replayed.

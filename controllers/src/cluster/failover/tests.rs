@@ -1,3 +1,5 @@
+//! Unit tests of the decisions about the primary.
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 
 use super::*;
@@ -384,6 +386,102 @@ fn after_a_failover_the_old_primary_that_returns_is_told_to_follow() {
             },
         ]
     );
+}
+
+/// `instance`, its server not ready for `why`.
+fn not_ready(instance: ObservedInstance, why: &str) -> ObservedInstance {
+    let report = instance.report.map(|report| InstanceReport {
+        ready: false,
+        streaming: false,
+        message: Some(why.to_owned()),
+        ..report
+    });
+    ObservedInstance { report, ..instance }
+}
+
+#[test]
+fn a_primary_that_accepts_no_connection_is_failed_over_and_stops_before_the_promotion() {
+    let hung = "the server accepts no new connection";
+    let instances = [
+        not_ready(primary(0, 100), hung),
+        replica(1, 100, 0),
+        replica(2, 90, 0),
+    ];
+    let primary_pod = pod(0);
+    let late = status(0, Some(seconds_ago(6)));
+    let change = plan(&situation(&late, &primary_pod, &instances))
+        .designate
+        .expect("a failover");
+    assert_eq!(change.to, pod(1));
+    assert!(
+        change.reason.contains(&format!("not ready: {hung}")),
+        "{}",
+        change.reason
+    );
+    // Once recorded: the old primary, which still reports a primary, is told to follow, and
+    // the target is promoted only once it no longer does.
+    let mut failing_over = switchover_status(0, 1, seconds_ago(1));
+    if let Some(change) = failing_over.primary_change.as_mut() {
+        change.kind = PrimaryChangeKind::Failover;
+    }
+    let target = pod(1);
+    assert_eq!(
+        commands(&situation(&failing_over, &target, &instances)),
+        vec![
+            Command::Follow {
+                pod: pod(0),
+                primary: target.clone()
+            },
+            Command::Follow {
+                pod: pod(2),
+                primary: target.clone()
+            },
+        ]
+    );
+    let stopped = [unreachable(0), replica(1, 100, 0), replica(2, 90, 1)];
+    assert_eq!(
+        commands(&situation(&failing_over, &target, &stopped)),
+        vec![Command::Promote { pod: target }]
+    );
+}
+
+#[test]
+fn the_primary_of_a_stale_report_is_failed_over() {
+    let stale = ObservedInstance {
+        report: Err(Unavailable::Stale),
+        ..unreachable(0)
+    };
+    let instances = [stale, replica(1, 100, 0), replica(2, 90, 0)];
+    let primary_pod = pod(0);
+    let late = status(0, Some(seconds_ago(6)));
+    let change = plan(&situation(&late, &primary_pod, &instances))
+        .designate
+        .expect("a failover");
+    assert_eq!(change.to, pod(1));
+    assert!(
+        change.reason.contains("status is stale"),
+        "{}",
+        change.reason
+    );
+}
+
+#[test]
+fn a_replica_that_is_not_ready_is_neither_promoted_nor_counted_for_the_quorum() {
+    let late = status(0, Some(seconds_ago(60)));
+    let primary_pod = pod(0);
+    let hung = "the server accepts no new connection";
+    // It received the most WAL, but its server takes no connection.
+    let instances = [
+        unreachable(0),
+        replica(1, 100, 0),
+        not_ready(replica(2, 150, 0), hung),
+    ];
+    let mut asynchronous = situation(&late, &primary_pod, &instances);
+    assert_eq!(plan(&asynchronous).designate.map(|c| c.to), Some(pod(1)));
+    // ANY 1 of 2: the replica that is not ready may be the only one with the last commits.
+    asynchronous.synchronous_min = 1;
+    let waiting = plan(&asynchronous).waiting.expect("waits");
+    assert!(waiting.contains("1 of 2 replicas answer"), "{waiting}");
 }
 
 #[test]
