@@ -384,8 +384,10 @@ impl Instance {
             if self.upstream.as_ref() != Some(&target) {
                 tracing::info!(primary = %target.pod, host = %target.host, "following a new primary");
             }
+            // The slot first: a WAL receiver that finds none waits a retry interval (5 s)
+            // before it asks again, and with synchronous replication commits wait meanwhile.
+            self.slot_on_upstream = self.make_slot_on(&target.host).await.is_ok();
             self.upstream = Some(target);
-            self.slot_on_upstream = false;
             self.stall.reset();
             let desired = self.applied.clone();
             self.write_files(&desired)?;
