@@ -34,7 +34,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use pgkube_crds::{PostgreSQLClusterStatus, PrimaryChange, PrimaryChangeKind};
 
-use super::instances::{Lsn, ObservedInstance, ReportedRole};
+use super::instances::{Lsn, ObservedInstance, ReportedRole, Unavailable};
 use super::roles;
 
 /// The annotation a user sets to ask for a switchover:
@@ -268,22 +268,32 @@ pub fn current_term(status: Option<&PostgreSQLClusterStatus>) -> i64 {
         .unwrap_or(0)
 }
 
-/// A new failover when the change under way cannot complete: its target has not answered as
-/// a ready instance for the failover delay (it died mid-change), or, for a switchover, has
-/// not become the primary within [`SWITCHOVER_TIMEOUT`]. The new target is the best ready
-/// replica other than the lost one.
+/// Whether the target of a change is known to be gone: its pod is missing or has no address,
+/// or its instance manager says its server does not run. One that merely does not answer is
+/// not: it may be alive behind a partition, with a promotion it was sent waiting in its queue.
+fn target_lost(instances: &[ObservedInstance], target: &str) -> bool {
+    match find(instances, target).map(|instance| &instance.report) {
+        None | Some(Err(Unavailable::NoAddress)) => true,
+        Some(Err(_)) => false,
+        Some(Ok(report)) => report.role == ReportedRole::Starting,
+    }
+}
+
+/// A new failover when the change under way cannot complete: its target is lost (see
+/// [`target_lost`]) for the failover delay since the change began (it died mid-change), or,
+/// for a switchover, has not become the primary within [`SWITCHOVER_TIMEOUT`]. The new target
+/// is the best ready replica other than the lost one.
 fn replan(situation: &Situation<'_>) -> Option<PrimaryChange> {
     let status = situation.status?;
     let change = status.primary_change.as_ref()?;
     let target = situation.primary;
-    let target_alive = find(situation.instances, target)
-        .and_then(ObservedInstance::reported)
-        .is_some_and(|report| report.ready);
     let since_change = situation
         .now
         .duration_since(change.started_at.0)
         .as_secs_f64();
-    let why = if !target_alive && since_change >= situation.failover_delay.as_secs_f64() {
+    let why = if target_lost(situation.instances, target)
+        && since_change >= situation.failover_delay.as_secs_f64()
+    {
         format!(
             "the target {target} of the {} was unavailable for {since_change:.0}s ({})",
             change.kind.as_str().to_lowercase(),

@@ -517,7 +517,12 @@ fn failover_status(from: i32, to: i32, started: Timestamp, term: i64) -> Postgre
 #[test]
 fn a_failover_whose_target_is_lost_is_decided_again_with_the_next_term() {
     let target = pod(1);
-    let lost = [unreachable(0), unreachable(1), replica(2, 100, 0)];
+    // Its server died (the instance manager says so).
+    let lost = [
+        unreachable(0),
+        reporting(1, ReportedRole::Starting, 0, None),
+        replica(2, 100, 0),
+    ];
     // Within the delay the target may still come: nothing new.
     let recent = failover_status(0, 1, seconds_ago(2), 4);
     assert_eq!(plan(&situation(&recent, &target, &lost)).designate, None);
@@ -539,6 +544,9 @@ fn a_failover_whose_target_is_lost_is_decided_again_with_the_next_term() {
     // A target that answers as a ready replica (promotion under way) is not replaced.
     let alive = [unreachable(0), replica(1, 100, 0), replica(2, 100, 0)];
     assert_eq!(plan(&situation(&old, &target, &alive)).designate, None);
+    // Nor one that does not answer at all: it may be alive with a promotion in its queue.
+    let silent = [unreachable(0), unreachable(1), replica(2, 100, 0)];
+    assert_eq!(plan(&situation(&old, &target, &silent)).designate, None);
 }
 
 #[test]
