@@ -108,9 +108,14 @@ pub(super) async fn reconcile_cluster(
     let StatusStep {
         status: new_status,
         held_for,
-    } = Box::pin(write_status(cluster, context, observation))
-        .instrument(info_span!("status", held_ms = field::Empty))
-        .await?;
+    } = Box::pin(write_status(
+        cluster,
+        context,
+        observation,
+        apply_error.is_none(),
+    ))
+    .instrument(info_span!("status", held_ms = field::Empty))
+    .await?;
     let mut next = next_look(
         &outcome,
         &new_status,

@@ -29,6 +29,7 @@ pub(super) async fn write_status(
     cluster: &PostgreSQLCluster,
     context: &ClusterContext,
     observation: Observation<'_>,
+    publish_events: bool,
 ) -> Result<StatusStep, Error> {
     let now = Timestamp::now();
     let new_status = status::compute(observation, now);
@@ -58,8 +59,11 @@ pub(super) async fn write_status(
             .metrics
             .observe_primary_change_completed(kind.as_str(), took);
     }
-    for event in status::events(&new_status, observation.previous) {
-        publish_event(context, cluster, event.warning, &event.reason, event.note).await;
+    // A reconcile that failed publishes one Event, its error's (see the error policy).
+    if publish_events {
+        for event in status::events(&new_status, observation.previous) {
+            publish_event(context, cluster, event.warning, &event.reason, event.note).await;
+        }
     }
     Ok(StatusStep::written(new_status))
 }
