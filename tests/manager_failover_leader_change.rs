@@ -166,6 +166,7 @@ async fn a_leader_change_in_the_middle_of_a_failover_still_ends_with_one_primary
         .spec(|spec| {
             spec.high_availability = Some(HighAvailability {
                 failover_delay_seconds: Some(FAILOVER_DELAY_SECONDS),
+                isolation_timeout_seconds: None,
                 synchronous: None,
             });
         })

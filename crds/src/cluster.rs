@@ -84,12 +84,22 @@ pub struct PostgreSQLClusterSpec {
 /// lose. The same in v1alpha1 and v1beta1.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(FENCE_BEFORE_FAILOVER_RULE).message(FENCE_BEFORE_FAILOVER_MESSAGE))]
 pub struct HighAvailability {
     /// How long the primary may be unreachable or not ready before the operator promotes the
     /// ready replica with the most WAL. Default 5.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 3600))]
     pub failover_delay_seconds: Option<u32>,
+    /// How long the primary of a cluster of several instances may be cut off from both the
+    /// API server and every replica before it fences itself: its instance manager stops the
+    /// server at once, so that no client writes to it while another instance may be promoted.
+    /// Default 3. When set, `failoverDelaySeconds` must be at least this plus
+    /// [`FENCE_MARGIN_SECONDS`] (2), so that a cut-off primary has stopped before a failover
+    /// away from it is decided.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub isolation_timeout_seconds: Option<u32>,
     /// Synchronous replication: a commit returns only once this many standbys have flushed
     /// it, so that a failover loses no acknowledged commit. Unset: asynchronous replication,
     /// where a failover can lose the last commits the replicas had not received.
@@ -99,6 +109,16 @@ pub struct HighAvailability {
 
 /// Default of [`HighAvailability::failover_delay_seconds`].
 pub const DEFAULT_FAILOVER_DELAY_SECONDS: u32 = 5;
+/// Default of [`HighAvailability::isolation_timeout_seconds`].
+pub const DEFAULT_ISOLATION_TIMEOUT_SECONDS: u32 = 3;
+/// The least time between a cut-off primary fencing itself and a failover away from it: the
+/// instance manager looks at its contacts four times a second and stops the server at once,
+/// while the operator's clock for the failover delay starts up to a second early (a
+/// condition's time is kept to the second).
+pub const FENCE_MARGIN_SECONDS: u32 = 2;
+/// With an isolation timeout set: the failover delay (or its default) leaves the margin.
+const FENCE_BEFORE_FAILOVER_RULE: &str = "!has(self.isolationTimeoutSeconds) || (has(self.failoverDelaySeconds) ? self.failoverDelaySeconds : 5) >= self.isolationTimeoutSeconds + 2";
+const FENCE_BEFORE_FAILOVER_MESSAGE: &str = "failoverDelaySeconds (default 5) must be at least isolationTimeoutSeconds + 2, so that a cut-off primary has fenced itself before another instance is promoted";
 
 impl HighAvailability {
     /// The failover delay in seconds, with its default.
@@ -106,6 +126,13 @@ impl HighAvailability {
         high_availability
             .and_then(|ha| ha.failover_delay_seconds)
             .unwrap_or(DEFAULT_FAILOVER_DELAY_SECONDS)
+    }
+
+    /// The isolation timeout in seconds, with its default.
+    pub fn isolation_timeout_seconds(high_availability: Option<&Self>) -> u32 {
+        high_availability
+            .and_then(|ha| ha.isolation_timeout_seconds)
+            .unwrap_or(DEFAULT_ISOLATION_TIMEOUT_SECONDS)
     }
 }
 
@@ -162,6 +189,7 @@ pub const MANAGED_PARAMETERS: &[&str] = &[
     "max_wal_senders",
     "max_replication_slots",
     "wal_log_hints",
+    "wal_receiver_status_interval",
 ];
 
 /// PostgreSQL server settings of a cluster.
@@ -174,11 +202,12 @@ pub struct PostgreSQLSettings {
     /// the parameter needs a restart. Parameters pgkube manages itself are refused:
     /// listen_addresses, port, data_directory, config_file, hba_file, ident_file,
     /// external_pid_file, unix_socket_directories, logging_collector, log_destination,
-    /// wal_level, hot_standby, max_wal_senders, max_replication_slots, wal_log_hints.
+    /// wal_level, hot_standby, max_wal_senders, max_replication_slots, wal_log_hints,
+    /// wal_receiver_status_interval.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "parameters_schema")]
     #[x_kube(
-        validation = Rule::new("self.all(name, !(name in ['listen_addresses', 'port', 'data_directory', 'config_file', 'hba_file', 'ident_file', 'external_pid_file', 'unix_socket_directories', 'logging_collector', 'log_destination', 'wal_level', 'hot_standby', 'max_wal_senders', 'max_replication_slots', 'wal_log_hints']))").message("sets a parameter that pgkube manages itself (listen_addresses, port, data_directory, config_file, hba_file, ident_file, external_pid_file, unix_socket_directories, logging_collector, log_destination, wal_level, hot_standby, max_wal_senders, max_replication_slots, wal_log_hints)"),
+        validation = Rule::new("self.all(name, !(name in ['listen_addresses', 'port', 'data_directory', 'config_file', 'hba_file', 'ident_file', 'external_pid_file', 'unix_socket_directories', 'logging_collector', 'log_destination', 'wal_level', 'hot_standby', 'max_wal_senders', 'max_replication_slots', 'wal_log_hints', 'wal_receiver_status_interval']))").message("sets a parameter that pgkube manages itself (listen_addresses, port, data_directory, config_file, hba_file, ident_file, external_pid_file, unix_socket_directories, logging_collector, log_destination, wal_level, hot_standby, max_wal_senders, max_replication_slots, wal_log_hints, wal_receiver_status_interval)"),
         validation = Rule::new("self.all(name, !self[name].contains('\\n'))").message("parameter values must be a single line")
     )]
     pub parameters: BTreeMap<String, String>,

@@ -571,6 +571,8 @@ fn postgresql_conf(cluster: &ValidatedCluster, names: &ChildNames, synchronous: 
          max_wal_senders = 10\n\
          max_replication_slots = 10\n\
          wal_log_hints = on\n\
+         # A standby answers at least every second: its primary counts it as contact (fencing)\n\
+         wal_receiver_status_interval = 1s\n\
          {synchronous}\
          {parameters}",
         parameters = user_parameters(&cluster.parameters),
@@ -636,6 +638,10 @@ struct InstanceTopology<'a> {
     /// volume never gets a new one. Absent until the first primary reported it.
     #[serde(skip_serializing_if = "Option::is_none")]
     system_identifier: Option<&'a str>,
+    /// How long the primary may be cut off from the API server and every replica before it
+    /// fences itself. Absent for a single instance: nothing could be promoted in its place.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    isolation_timeout_seconds: Option<u32>,
 }
 
 /// The stable DNS name of instance `pod`, through the headless Service.
@@ -652,6 +658,8 @@ fn instance_json(cluster: &ValidatedCluster, names: &ChildNames, input: &BuildIn
         statefulset: &names.statefulset,
         cluster_uid: &cluster.owner.uid,
         system_identifier: input.system_identifier,
+        isolation_timeout_seconds: (cluster.replicas > 1)
+            .then_some(cluster.isolation_timeout_seconds),
     };
     // Strings and integers only: serializing cannot fail.
     serde_json::to_string(&topology).unwrap_or_default()

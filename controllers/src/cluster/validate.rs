@@ -59,6 +59,9 @@ pub struct ValidatedCluster {
     pub scheduling: Scheduling,
     /// The user's `postgresql.conf` parameters (`spec.postgresql.parameters`).
     pub parameters: BTreeMap<String, String>,
+    /// How long the primary may be cut off before it fences itself
+    /// (`spec.highAvailability.isolationTimeoutSeconds`, with its default).
+    pub isolation_timeout_seconds: u32,
 }
 
 /// A valid spec: what to build now, and the changes held back from it.
@@ -251,6 +254,9 @@ pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validat
         resources: spec.resources.clone(),
         scheduling: Scheduling::of(spec),
         parameters,
+        isolation_timeout_seconds: pgkube_crds::HighAvailability::isolation_timeout_seconds(
+            spec.high_availability.as_ref(),
+        ),
     };
     Ok(Validation {
         effective,

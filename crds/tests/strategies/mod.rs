@@ -343,14 +343,19 @@ pub fn high_availability() -> impl Strategy<Value = Option<HighAvailability>> {
             min_standbys,
             max_standbys: (min_standbys + extra).min(9),
         });
-    of(
-        (of(1u32..=3600), of(synchronous)).prop_map(|(failover_delay_seconds, synchronous)| {
-            HighAvailability {
-                failover_delay_seconds,
-                synchronous,
-            }
-        }),
-    )
+    // With an isolation timeout, the failover delay (default 5) leaves the fencing margin.
+    let delays = (of(1u32..=10), 0u32..=3600).prop_map(|(isolation, delay)| match isolation {
+        Some(isolation) => (Some(isolation), Some(delay.max(isolation + 2))),
+        None => (None, Some(delay.max(1))),
+    });
+    let delays = prop_oneof![Just((None, None)), delays];
+    of((delays, of(synchronous)).prop_map(
+        |((isolation_timeout_seconds, failover_delay_seconds), synchronous)| HighAvailability {
+            failover_delay_seconds,
+            isolation_timeout_seconds,
+            synchronous,
+        },
+    ))
 }
 
 fn primary_change() -> impl Strategy<Value = PrimaryChange> {

@@ -271,8 +271,12 @@ fn instance_json_names_the_primary_its_host_and_the_instances() {
             "replicas": 3,
             "statefulset": "my-cluster-postgresql",
             "clusterUid": "0b5a5c2e-0000-4000-8000-000000000001",
+            "isolationTimeoutSeconds": 3,
         })
     );
+    // A single instance has nothing to fence for: nothing could be promoted in its place.
+    let single = json(&built(&validated("my-cluster", 1)));
+    assert_eq!(single.get("isolationTimeoutSeconds"), None, "{single}");
     let recorded = build(
         &cluster,
         &BuildInput {
