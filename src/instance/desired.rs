@@ -101,6 +101,10 @@ pub struct Topology {
     /// is only ever copied from an instance that holds this database.
     #[serde(default)]
     pub system_identifier: Option<String>,
+    /// How long the primary may be cut off from the API server and every replica before it
+    /// fences itself ([`super::isolation`]); absent for a single instance.
+    #[serde(default)]
+    pub isolation_timeout_seconds: Option<u64>,
 }
 
 impl Topology {

@@ -56,6 +56,7 @@ mod guarded;
 mod ha;
 mod health;
 mod identity;
+mod isolation;
 mod repair;
 mod roles;
 mod server;
@@ -284,7 +285,17 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         replication_dir: args.replication_dir.clone(),
     };
     let desired = Desired::load(&sources)?;
+    let isolation = isolation::Isolation::new(&args.run_dir, &args.pgdata);
+    isolation::spawn(
+        &isolation,
+        isolation::LocalServer {
+            socket_dir: args.socket_dir.clone(),
+            port: args.port,
+            superuser: desired.superuser.username.clone(),
+        },
+    );
     let mut instance = Instance {
+        isolation,
         slot_reaper: slots::SlotReaper::new(args.slot_drop_grace),
         args,
         sources,
@@ -362,28 +373,61 @@ struct Instance {
     orders_open: bool,
     /// Who made this database, from its marker, read when the server starts.
     initialized_by: Option<String>,
+    /// The primary's watch on its contacts, and the fence ([`isolation`]).
+    isolation: Arc<isolation::Isolation>,
+}
+
+/// How the steady state ended.
+enum RunEnd {
+    /// Asked to stop, or the server is gone for good.
+    Stopped,
+    /// The primary fenced itself: the server starts again only once the fence is lifted.
+    Fenced,
 }
 
 impl Instance {
-    /// Prepares the data directory, starts the server and supervises it until asked to stop.
+    /// Prepares the data directory, starts the server and supervises it until asked to stop;
+    /// prepares again after a fence.
     async fn start_and_run(&mut self, signals: &mut Signals) -> anyhow::Result<()> {
-        let server = tokio::select! {
-            server = self.prepare() => server?,
-            request = signals.stop_requested() => {
-                tracing::info!(?request, "stopping before the server started");
-                return Ok(());
+        loop {
+            let server = tokio::select! {
+                server = self.prepare() => server?,
+                request = signals.stop_requested() => {
+                    tracing::info!(?request, "stopping before the server started");
+                    return Ok(());
+                }
+            };
+            match self.run(server, signals).await? {
+                RunEnd::Stopped => return Ok(()),
+                RunEnd::Fenced => tracing::warn!(
+                    "fenced: the server stays stopped until another instance answers"
+                ),
             }
-        };
-        self.run(server, signals).await
+        }
+    }
+
+    /// The isolation timeout while this instance runs as the primary of several.
+    fn isolation_watch(&self) -> Option<Duration> {
+        let timeout = self.applied.topology.isolation_timeout_seconds?;
+        (self.role == Role::Primary).then(|| Duration::from_secs(timeout))
     }
 
     /// The steady state: the loop turns at every wakeup, at least every watch period, and beats
     /// each time ([`health`]); the long steps it takes are marked busy.
-    async fn run(&mut self, mut server: Server, signals: &mut Signals) -> anyhow::Result<()> {
+    async fn run(&mut self, mut server: Server, signals: &mut Signals) -> anyhow::Result<RunEnd> {
         let mut ticker = tokio::time::interval(self.args.watch_period);
         self.board.steady();
         loop {
             self.board.beat();
+            if self.isolation.fenced() {
+                // The guard stopped the postmaster; a server started meanwhile goes too.
+                self.isolation.watch_primary(None);
+                self.set_status(InstanceStatus::starting(&self.args.pod_name));
+                let shutdown = self.stop_server(server, Duration::ZERO).await;
+                tracing::warn!(?shutdown, "the server is stopped: fenced");
+                return Ok(RunEnd::Fenced);
+            }
+            self.isolation.watch_primary(self.isolation_watch());
             let wakeup = tokio::select! {
                 signal = signals.next() => match signal {
                     Some(request) => Wakeup::Stop(request),
@@ -399,12 +443,13 @@ impl Instance {
             let next = match wakeup {
                 Wakeup::Stop(request) => {
                     let _busy = self.board.busy("stopping");
-                    return self.stop(server, request).await;
+                    return self.stop(server, request).await.map(|()| RunEnd::Stopped);
                 }
                 Wakeup::Reload => {
                     server.signal(Signal::SIGHUP);
                     Next::Continue
                 }
+                Wakeup::ServerExited(_) if self.isolation.fenced() => continue,
                 Wakeup::ServerExited(exit) => {
                     self.set_status(InstanceStatus::starting(&self.args.pod_name));
                     anyhow::bail!("postgres exited by itself ({exit:?})");
@@ -426,6 +471,10 @@ impl Instance {
                 },
                 Wakeup::Tick => self.tick().await,
             };
+            if !matches!(next, Next::Continue) {
+                // The server stops for a while: nothing to fence meanwhile.
+                self.isolation.watch_primary(None);
+            }
             server = match next {
                 Next::Continue => server,
                 Next::Restart => {
@@ -436,14 +485,14 @@ impl Instance {
                     let _busy = self.board.busy("taking the role ordered");
                     match self.follow(server, target, signals).await? {
                         Some(server) => server,
-                        None => return Ok(()),
+                        None => return Ok(RunEnd::Stopped),
                     }
                 }
                 Next::Repair(stuck) => {
                     let _busy = self.board.busy("repairing");
                     match self.repair(server, stuck, signals).await? {
                         Some(server) => server,
-                        None => return Ok(()),
+                        None => return Ok(RunEnd::Stopped),
                     }
                 }
             };

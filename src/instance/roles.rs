@@ -53,6 +53,7 @@ async fn within<T, E: std::fmt::Display>(
 impl Instance {
     /// Makes the data directory ready, decides the role and starts `postgres`.
     pub(super) async fn prepare(&mut self) -> anyhow::Result<Server> {
+        self.wait_out_fence().await;
         self.write_passfiles(&self.applied.clone())?;
         let topology = self.applied.topology.clone();
         datadir::recover_interrupted_swap(&self.args.pgdata)?;
@@ -213,12 +214,22 @@ impl Instance {
     /// Another instance whose `/status` says it is a primary (each asked for at most
     /// [`PEER_TIMEOUT`]).
     async fn primary_peer(&self) -> Option<Target> {
-        let client = reqwest::Client::builder()
-            .timeout(PEER_TIMEOUT)
-            .build()
-            .inspect_err(|error| tracing::warn!(%error, "cannot make an HTTP client"))
-            .ok()?;
+        let answers = self.peer_statuses().await;
+        let (target, _) = answers
+            .into_iter()
+            .find(|(_, body)| ha::reports_primary(body))?;
+        Some(target)
+    }
+
+    /// The other instances that answer `GET /status`, with their answers (each asked for at
+    /// most [`PEER_TIMEOUT`]).
+    pub(super) async fn peer_statuses(&self) -> Vec<(Target, String)> {
+        let Ok(client) = reqwest::Client::builder().timeout(PEER_TIMEOUT).build() else {
+            tracing::warn!("cannot make an HTTP client");
+            return Vec::new();
+        };
         let topology = &self.applied.topology;
+        let mut answers = Vec::new();
         for pod in topology.instances() {
             if pod == self.args.pod_name {
                 continue;
@@ -228,18 +239,15 @@ impl Instance {
                 continue;
             };
             let url = format!("http://{host}:{}/status", self.args.status_port);
-            let body = match client.get(&url).send().await {
-                Ok(response) => response.text().await.unwrap_or_default(),
-                Err(error) => {
-                    tracing::info!(%pod, %error, "no status from this instance");
-                    continue;
+            match client.get(&url).send().await {
+                Ok(response) => {
+                    let body = response.text().await.unwrap_or_default();
+                    answers.push((Target { pod, host }, body));
                 }
-            };
-            if ha::reports_primary(&body) {
-                return Some(Target { pod, host });
+                Err(error) => tracing::info!(%pod, %error, "no status from this instance"),
             }
         }
-        None
+        answers
     }
 
     /// Turns the stopped server's data (a primary's) into a standby's of `target`: waits as

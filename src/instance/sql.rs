@@ -211,6 +211,19 @@ pub async fn system_identifier(client: &Client) -> Result<String, tokio_postgres
         .try_get(0)
 }
 
+/// The standbys' last answers to their walsenders, as `pid@reply_time` joined by commas (empty
+/// with none): when it changes, some standby was heard from ([`super::isolation`]).
+pub async fn replica_marks(client: &Client) -> Result<String, tokio_postgres::Error> {
+    client
+        .query_one(
+            "SELECT coalesce(string_agg(pid::text || '@' || reply_time::text, ',' ORDER BY pid), '') \
+             FROM pg_stat_replication WHERE reply_time IS NOT NULL",
+            &[],
+        )
+        .await?
+        .try_get(0)
+}
+
 /// Whether the server is a standby (in recovery).
 pub async fn in_recovery(client: &Client) -> Result<bool, tokio_postgres::Error> {
     client

@@ -52,6 +52,9 @@ pub struct Situation<'a> {
     /// Instances the cluster has now.
     pub replicas: i32,
     pub failover_delay: Duration,
+    /// How long a primary that may still run, unseen, takes at most to fence itself once cut
+    /// off: its isolation timeout plus [`pgkube_crds::FENCE_MARGIN_SECONDS`].
+    pub fence_wait: Duration,
     /// `minStandbys` of synchronous replication; 0 when replication is asynchronous.
     pub synchronous_min: u32,
     pub status: Option<&'a PostgreSQLClusterStatus>,
@@ -227,8 +230,7 @@ fn failover(situation: &Situation<'_>) -> Result<Option<PrimaryChange>, String> 
     // A condition's time is kept to the second, cut down: the primary may have been lost up
     // to a second after `since`, so the failover may come up to a second before the delay.
     let elapsed = situation.now.duration_since(since).as_secs_f64();
-    let delay = situation.failover_delay;
-    if elapsed < delay.as_secs_f64() {
+    if elapsed < failover_wait(situation).as_secs_f64() {
         return Ok(None);
     }
     let candidate = best_replica(situation).ok_or_else(|| {
@@ -248,6 +250,20 @@ fn failover(situation: &Situation<'_>) -> Result<Option<PrimaryChange>, String> 
         completed_at: None,
         term: Some(next_term(status)),
     }))
+}
+
+/// How long the primary must have been unavailable before a failover: the failover delay, and,
+/// unless its instance manager says its server does not run as a primary, long enough for it
+/// to have fenced itself if it runs cut off (`fence_wait`).
+fn failover_wait(situation: &Situation<'_>) -> Duration {
+    let answers = find(situation.instances, situation.primary)
+        .is_some_and(|instance| instance.report.is_ok());
+    if answers {
+        // It answers: if it still runs as a primary it is told to follow before any promotion.
+        situation.failover_delay
+    } else {
+        situation.failover_delay.max(situation.fence_wait)
+    }
 }
 
 /// How long a switchover's target may take to become the primary before the change is

@@ -67,6 +67,10 @@ pub(super) async fn step(
         statefulset: &names.statefulset,
         replicas: live_replicas(live, cluster.spec.replicas),
         failover_delay,
+        fence_wait: Duration::from_secs(u64::from(
+            pgkube_crds::HighAvailability::isolation_timeout_seconds(high_availability)
+                + pgkube_crds::FENCE_MARGIN_SECONDS,
+        )),
         synchronous_min: high_availability
             .and_then(|ha| ha.synchronous.as_ref())
             .map_or(0, |sync| sync.min_standbys),

@@ -19,6 +19,7 @@ fn desired() -> Desired {
             hosts: Default::default(),
             cluster_uid: None,
             system_identifier: None,
+            isolation_timeout_seconds: Some(3),
         },
         superuser: credentials("postgres", "super"),
         replication: credentials("streaming_replica", "pa:ss\\word"),

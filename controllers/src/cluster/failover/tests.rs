@@ -94,6 +94,7 @@ fn situation<'a>(
         statefulset: STS,
         replicas: 3,
         failover_delay: Duration::from_secs(5),
+        fence_wait: Duration::from_secs(5),
         synchronous_min: 0,
         status: Some(status),
         primary,
@@ -603,4 +604,47 @@ fn the_synchronous_quorum_counts_only_replicas_that_could_be_promoted() {
             .is_some_and(|why| why.contains("1 of 2")),
         "{plan:?}"
     );
+}
+
+/// A failover delay shorter than the fence wait: 1 s, and 5 s for a cut-off primary to fence.
+fn quick<'a>(
+    status: &'a PostgreSQLClusterStatus,
+    primary: &'a str,
+    instances: &'a [ObservedInstance],
+) -> Situation<'a> {
+    Situation {
+        failover_delay: Duration::from_secs(1),
+        fence_wait: Duration::from_secs(5),
+        ..situation(status, primary, instances)
+    }
+}
+
+#[test]
+fn a_primary_that_may_run_unseen_is_given_the_time_to_fence_itself() {
+    let primary_pod = pod(0);
+    let answering = [replica(1, 100, 0), replica(2, 90, 0)];
+    // Its manager does not answer, or its pod is gone (its processes may still run).
+    let unanswered = [unreachable(0), answering[0].clone(), answering[1].clone()];
+    for instances in [&unanswered[..], &answering[..]] {
+        let early = status(0, Some(seconds_ago(3)));
+        let decided = plan(&quick(&early, &primary_pod, instances));
+        assert_eq!(decided.designate, None, "{decided:?}");
+        let late = status(0, Some(seconds_ago(5)));
+        let decided = plan(&quick(&late, &primary_pod, instances));
+        assert_eq!(
+            decided.designate.map(|change| change.to),
+            Some(pod(1)),
+            "after the fence wait"
+        );
+    }
+}
+
+#[test]
+fn a_primary_whose_manager_says_its_server_is_down_is_failed_over_after_the_delay() {
+    let primary_pod = pod(0);
+    let stopped = reporting(0, ReportedRole::Starting, 100, None);
+    let instances = [stopped, replica(1, 100, 0), replica(2, 90, 0)];
+    let lost = status(0, Some(seconds_ago(2)));
+    let decided = plan(&quick(&lost, &primary_pod, &instances));
+    assert_eq!(decided.designate.map(|change| change.to), Some(pod(1)));
 }
