@@ -109,6 +109,7 @@ mod http;
 mod names;
 mod namespace;
 pub mod otlp;
+mod partition;
 mod process;
 pub mod proxy;
 mod restore;
@@ -137,6 +138,7 @@ pub use failover::{RoleSampler, SAMPLE_PERIOD, Sample};
 pub use http::http_get;
 pub use names::unique_name;
 pub use namespace::TestNamespace;
+pub use partition::Partition;
 pub use process::{
     Frozen, cpu_time, instance_manager_of, peak_rss_bytes, pod_processes, postmaster_of,
     processes_with_args, processes_with_env, send_signal,
