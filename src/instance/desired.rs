@@ -101,6 +101,11 @@ pub struct Topology {
     /// is only ever copied from an instance that holds this database.
     #[serde(default)]
     pub system_identifier: Option<String>,
+    /// The operator moves the primary to a replica (a switchover) when the primary's changed
+    /// settings need a restart, so the primary does not restart for them itself
+    /// ([`super::planned`]). Absent (an older operator, or one instance): it restarts in place.
+    #[serde(default)]
+    pub restart_by_switchover: bool,
 }
 
 impl Topology {

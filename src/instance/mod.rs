@@ -28,7 +28,8 @@
 //!    new primary, makes its slot there; refreshes the status served by the [`endpoint`]:
 //!    ready only when the server answers and accepts a new connection. Each tick has a time
 //!    budget ([`tick`]); the loop beats at every turn, and `/healthz` fails when it stops
-//!    turning outside a long step ([`health`]).
+//!    turning outside a long step ([`health`]). On the primary of a cluster with replicas, a
+//!    restart for changed settings is left to the operator's switchover ([`planned`]).
 //!    A replica that has not streamed for a few periods asks its primary why ([`stream`]):
 //!    when its history diverged from the primary's (it replayed WAL beyond where the
 //!    primary's timeline forked off) it stops, is rewound with pg_rewind (a new clone if that
@@ -56,6 +57,7 @@ mod guarded;
 mod ha;
 mod health;
 mod identity;
+mod planned;
 mod repair;
 mod roles;
 mod server;

@@ -19,6 +19,7 @@ fn desired() -> Desired {
             hosts: Default::default(),
             cluster_uid: None,
             system_identifier: None,
+            restart_by_switchover: false,
         },
         superuser: credentials("postgres", "super"),
         replication: credentials("streaming_replica", "pa:ss\\word"),
