@@ -22,15 +22,16 @@ fn the_primary_of_a_cluster_with_replicas_leaves_its_restart_to_a_switchover() {
         r#"{"primary":"db-0","primaryHost":"h","port":5432,"replicas":2,"statefulset":"db",
             "restartBySwitchover":true}"#,
     );
-    assert!(with_peers.restart_by_switchover);
+    let asked = with_peers.restart_by_switchover;
+    assert!(asked);
     assert_eq!(
-        decide(&pending(), true, true, with_peers.restart_by_switchover, false),
+        decide(&pending(), true, true, asked, false),
         PendingRestart::BySwitchover,
         "the primary does not restart itself"
     );
     // Its replicas restart as before: no write depends on them.
     assert_eq!(
-        decide(&pending(), true, false, with_peers.restart_by_switchover, false),
+        decide(&pending(), true, false, asked, false),
         PendingRestart::InPlace
     );
 }
