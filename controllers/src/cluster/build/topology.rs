@@ -23,6 +23,11 @@ struct InstanceTopology<'a> {
     /// volume never gets a new one. Absent until the first primary reported it.
     #[serde(skip_serializing_if = "Option::is_none")]
     system_identifier: Option<&'a str>,
+    /// With more than one instance, a restart of the primary for changed settings is a
+    /// switchover (`failover::planned`): the primary does not restart itself. Left out for one
+    /// instance, which restarts in place.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    restart_by_switchover: bool,
 }
 
 /// The stable DNS name of instance `pod`, through the headless Service.
@@ -43,6 +48,7 @@ pub(super) fn instance_json(
         statefulset: &names.statefulset,
         cluster_uid: &cluster.owner.uid,
         system_identifier: input.system_identifier,
+        restart_by_switchover: cluster.replicas > 1,
     };
     // Strings and integers only: serializing cannot fail.
     serde_json::to_string(&topology).unwrap_or_default()
