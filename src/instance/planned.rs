@@ -26,8 +26,9 @@ use super::datadir::{self, Floor};
 use super::endpoint::InstanceStatus;
 use super::sql::ServerState;
 
-/// How long reading the control file may take (`pg_controldata`, a local file).
-const CONTROLDATA_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long reading the control file may take (`pg_controldata`, a local file), within the
+/// tick's look at the server ([`super::tick::OBSERVE_BUDGET`]).
+const CONTROLDATA_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// What to do about settings pending a restart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

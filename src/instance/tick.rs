@@ -38,6 +38,16 @@ const NO_NEW_CONNECTION: &str = "the server accepts no new connection";
 const NO_ANSWER: &str = "the server does not answer the instance manager";
 const TOO_SLOW: &str = "the server did not answer the instance manager within 5 s";
 
+/// What the server showed on the manager's connection.
+struct Looked {
+    client: Arc<tokio_postgres::Client>,
+    state: ServerState,
+    /// The server was told to re-read its files in this look: it may not have applied them.
+    reloaded: bool,
+    /// What to do about its settings pending a restart ([`super::planned`]).
+    pending: PendingRestart,
+}
+
 /// What a tick's look at the server found.
 struct Observation {
     client: Arc<tokio_postgres::Client>,
@@ -61,10 +71,7 @@ impl Instance {
         );
         self.note_admission(&admission);
         let observation = match looked {
-            Ok(Ok((client, state, reloaded))) => {
-                let restart = self.pending_restart(&state).await;
-                Some(self.show(client, state, restart, reloaded))
-            }
+            Ok(Ok(looked)) => Some(self.show(looked)),
             Ok(Err(why)) => {
                 self.report_not_ready(why);
                 None
@@ -88,12 +95,9 @@ impl Instance {
         }
     }
 
-    /// Applies what changed to the server and reads what it shows on the manager's connection,
-    /// and whether it was told to re-read its files just now; why not ready when it does not
-    /// answer.
-    async fn look(
-        &mut self,
-    ) -> Result<(Arc<tokio_postgres::Client>, ServerState, bool), &'static str> {
+    /// Applies what changed to the server and reads what it shows on the manager's connection;
+    /// why not ready when it does not answer.
+    async fn look(&mut self) -> Result<Looked, &'static str> {
         self.update_floors().await;
         let client = self.client().await.ok_or(NO_ANSWER)?;
         let reloaded = self.reload_pending;
@@ -102,7 +106,12 @@ impl Instance {
             self.client = None;
         }
         match sql::observe(&client).await {
-            Ok(state) => Ok((client, state, reloaded)),
+            Ok(state) => Ok(Looked {
+                pending: self.pending_restart(&state).await,
+                client,
+                state,
+                reloaded,
+            }),
             Err(error) => {
                 tracing::debug!(%error, "cannot observe the server");
                 self.client = None;
@@ -111,15 +120,14 @@ impl Instance {
         }
     }
 
-    /// Sets the status from what the server showed, and what to do about its settings pending
-    /// a restart; `reloaded`: it was told to re-read its files in this tick.
-    fn show(
-        &mut self,
-        client: Arc<tokio_postgres::Client>,
-        state: ServerState,
-        pending: PendingRestart,
-        reloaded: bool,
-    ) -> Observation {
+    /// Sets the status from what the server showed.
+    fn show(&mut self, looked: Looked) -> Observation {
+        let Looked {
+            client,
+            state,
+            reloaded,
+            pending,
+        } = looked;
         let restart = pending == PendingRestart::InPlace;
         if restart {
             tracing::info!(settings = ?state.pending_restart, "changed settings need a restart");
