@@ -105,6 +105,11 @@ pub struct Topology {
     /// fences itself ([`super::isolation`]); absent for a single instance.
     #[serde(default)]
     pub isolation_timeout_seconds: Option<u64>,
+    /// The operator moves the primary to a replica (a switchover) when the primary's changed
+    /// settings need a restart, so the primary does not restart for them itself
+    /// ([`super::planned`]). Absent (an older operator, or one instance): it restarts in place.
+    #[serde(default)]
+    pub restart_by_switchover: bool,
 }
 
 impl Topology {

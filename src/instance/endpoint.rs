@@ -63,8 +63,16 @@ pub struct InstanceStatus {
     /// for data made otherwise (an older pgkube, a copy from elsewhere).
     pub initialized_by: Option<String>,
     /// Why an instance whose server does not run waits (data it will not replace, a primary
-    /// that does not answer), or why a running server is not ready.
+    /// that does not answer), or why a running server is not ready; on a primary that leaves
+    /// its restart to a switchover, that it does.
     pub message: Option<String>,
+    /// A primary whose changed settings (`pendingRestart`) need a restart, which it leaves to
+    /// the operator's switchover ([`super::planned`]).
+    pub restart_by_switchover: bool,
+    /// A digest of the operator's `postgresql.conf` that the server has read, none while it
+    /// is re-read or while a replica keeps settings at its primary's: two instances with the
+    /// same digest and nothing pending run the same settings.
+    pub settings_digest: Option<String>,
 }
 
 impl InstanceStatus {
@@ -84,6 +92,8 @@ impl InstanceStatus {
             system_identifier: None,
             initialized_by: None,
             message: None,
+            restart_by_switchover: false,
+            settings_digest: None,
         }
     }
 
@@ -115,6 +125,8 @@ impl InstanceStatus {
             system_identifier: server.system_identifier,
             initialized_by: None,
             message: None,
+            restart_by_switchover: false,
+            settings_digest: None,
         }
     }
 }
@@ -260,7 +272,7 @@ mod tests {
                 "currentLsn": null, "receivedLsn": "0/3000148", "replayedLsn": "0/3000100",
                 "streaming": true, "pendingRestart": [], "following": "db-postgresql-0",
                 "systemIdentifier": "7312345678901234567", "initializedBy": null,
-                "message": null
+                "message": null, "restartBySwitchover": false, "settingsDigest": null
             })
         );
         let primary = InstanceStatus::observed("p", ServerState::default(), Some("q"));

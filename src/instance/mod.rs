@@ -28,7 +28,11 @@
 //!    new primary, makes its slot there; refreshes the status served by the [`endpoint`]:
 //!    ready only when the server answers and accepts a new connection. Each tick has a time
 //!    budget ([`tick`]); the loop beats at every turn, and `/healthz` fails when it stops
-//!    turning outside a long step ([`health`]).
+//!    turning outside a long step ([`health`]). On the primary of a cluster with replicas, a
+//!    restart for changed settings is left to the operator's switchover ([`planned`]). A
+//!    primary of several instances that hears from neither the API server nor any replica for
+//!    the isolation timeout stops its server at once and waits for another instance to answer
+//!    ([`isolation`]).
 //!    A replica that has not streamed for a few periods asks its primary why ([`stream`]):
 //!    when its history diverged from the primary's (it replayed WAL beyond where the
 //!    primary's timeline forked off) it stops, is rewound with pg_rewind (a new clone if that
@@ -57,6 +61,7 @@ mod ha;
 mod health;
 mod identity;
 mod isolation;
+mod planned;
 mod repair;
 mod roles;
 mod server;

@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use super::datadir::Role;
 use super::endpoint::InstanceStatus;
+use super::planned::PendingRestart;
 use super::sql::{self, Admission, ConnectError, ServerState};
 use super::stream::Stuck;
 use super::{Instance, Next, floors};
@@ -37,12 +38,22 @@ const NO_NEW_CONNECTION: &str = "the server accepts no new connection";
 const NO_ANSWER: &str = "the server does not answer the instance manager";
 const TOO_SLOW: &str = "the server did not answer the instance manager within 5 s";
 
+/// What the server showed on the manager's connection.
+struct Looked {
+    client: Arc<tokio_postgres::Client>,
+    state: ServerState,
+    /// The server was told to re-read its files in this look: it may not have applied them.
+    reloaded: bool,
+    /// What to do about its settings pending a restart ([`super::planned`]).
+    pending: PendingRestart,
+}
+
 /// What a tick's look at the server found.
 struct Observation {
     client: Arc<tokio_postgres::Client>,
     in_recovery: bool,
     streaming: bool,
-    /// Settings the manager changed need a restart.
+    /// Settings the manager changed need a restart, here and now ([`super::planned`]).
     restart: bool,
 }
 
@@ -60,7 +71,7 @@ impl Instance {
         );
         self.note_admission(&admission);
         let observation = match looked {
-            Ok(Ok((client, state))) => Some(self.show(client, state)),
+            Ok(Ok(looked)) => Some(self.show(looked)),
             Ok(Err(why)) => {
                 self.report_not_ready(why);
                 None
@@ -86,15 +97,21 @@ impl Instance {
 
     /// Applies what changed to the server and reads what it shows on the manager's connection;
     /// why not ready when it does not answer.
-    async fn look(&mut self) -> Result<(Arc<tokio_postgres::Client>, ServerState), &'static str> {
+    async fn look(&mut self) -> Result<Looked, &'static str> {
         self.update_floors().await;
         let client = self.client().await.ok_or(NO_ANSWER)?;
+        let reloaded = self.reload_pending;
         if let Err(error) = self.apply_to_server(&client).await {
             tracing::warn!(%error, "cannot apply the desired state to the server");
             self.client = None;
         }
         match sql::observe(&client).await {
-            Ok(state) => Ok((client, state)),
+            Ok(state) => Ok(Looked {
+                pending: self.pending_restart(&state).await,
+                client,
+                state,
+                reloaded,
+            }),
             Err(error) => {
                 tracing::debug!(%error, "cannot observe the server");
                 self.client = None;
@@ -104,13 +121,20 @@ impl Instance {
     }
 
     /// Sets the status from what the server showed.
-    fn show(&mut self, client: Arc<tokio_postgres::Client>, state: ServerState) -> Observation {
-        let restart = self.changed_since_start && !state.pending_restart.is_empty();
+    fn show(&mut self, looked: Looked) -> Observation {
+        let Looked {
+            client,
+            state,
+            reloaded,
+            pending,
+        } = looked;
+        let restart = pending == PendingRestart::InPlace;
         if restart {
             tracing::info!(settings = ?state.pending_restart, "changed settings need a restart");
         }
         let (in_recovery, streaming) = (state.in_recovery, state.streaming);
         let status = self.shown(state);
+        let status = self.mark_planned_restart(status, pending, reloaded);
         self.set_status(status);
         Observation {
             client,

@@ -26,7 +26,6 @@ use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec}
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use serde::Serialize;
 
 use super::memory::MemorySettings;
 use super::validate::ValidatedCluster;
@@ -622,49 +621,6 @@ local   all          all                                peer\n\
 host    replication  streaming_replica  all             scram-sha-256\n\
 host    all          all                all             scram-sha-256\n";
 
-/// `instance.json`: which pod is the primary and how the others reach it, and which pods are
-/// the cluster's instances (`<statefulset>-0` up to `<statefulset>-(replicas - 1)`).
-#[derive(Serialize)]
-#[serde(rename_all = "camelCase")]
-struct InstanceTopology<'a> {
-    primary: &'a str,
-    primary_host: String,
-    port: i32,
-    replicas: i32,
-    statefulset: &'a str,
-    /// Recorded in the marker of a database an instance makes with initdb.
-    cluster_uid: &'a str,
-    /// The cluster's database: instances copy only from one that holds it, and an empty
-    /// volume never gets a new one. Absent until the first primary reported it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    system_identifier: Option<&'a str>,
-    /// How long the primary may be cut off from the API server and every replica before it
-    /// fences itself. Absent for a single instance: nothing could be promoted in its place.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    isolation_timeout_seconds: Option<u32>,
-}
-
-/// The stable DNS name of instance `pod`, through the headless Service.
-pub fn instance_host(names: &ChildNames, namespace: &str, pod: &str) -> String {
-    format!("{pod}.{}.{namespace}.svc", names.headless_service)
-}
-
-fn instance_json(cluster: &ValidatedCluster, names: &ChildNames, input: &BuildInput<'_>) -> String {
-    let topology = InstanceTopology {
-        primary: input.primary,
-        primary_host: instance_host(names, &cluster.namespace, input.primary),
-        port: POSTGRES_PORT,
-        replicas: cluster.replicas,
-        statefulset: &names.statefulset,
-        cluster_uid: &cluster.owner.uid,
-        system_identifier: input.system_identifier,
-        isolation_timeout_seconds: (cluster.replicas > 1)
-            .then_some(cluster.isolation_timeout_seconds),
-    };
-    // Strings and integers only: serializing cannot fail.
-    serde_json::to_string(&topology).unwrap_or_default()
-}
-
 /// The user's parameters, last, so that they take precedence over pgkube's defaults (the server
 /// takes the last setting of a name). Values are quoted, quotes doubled.
 fn user_parameters(parameters: &BTreeMap<String, String>) -> String {
@@ -717,6 +673,11 @@ fn pod_disruption_budget(cluster: &ValidatedCluster, names: &ChildNames) -> PodD
         ..PodDisruptionBudget::default()
     }
 }
+
+mod topology;
+
+pub use topology::instance_host;
+use topology::instance_json;
 
 #[cfg(test)]
 mod tests;

@@ -27,6 +27,8 @@
 //! promotes the ready replica that received the most WAL. It waits, saying why, while a restore
 //! runs, when no replica is ready, and, with synchronous replication, while too few replicas
 //! answer to be sure that one of them has every acknowledged commit.
+//!
+//! A primary whose changed settings need a restart moves by a switchover too ([`planned`]).
 
 use std::time::Duration;
 
@@ -94,7 +96,8 @@ pub struct Plan {
     pub clear_request: bool,
     /// Why the switchover request was refused.
     pub refusal: Option<String>,
-    /// Why the cluster does not fail over although its primary is unavailable.
+    /// Why the cluster does not fail over although its primary is unavailable, or why a
+    /// primary that waits for a planned restart does not move yet ([`planned`]).
     pub waiting: Option<String>,
     /// Look again within a second: the primary is unavailable or a change is under way.
     pub urgent: bool,
@@ -123,6 +126,10 @@ pub fn plan(situation: &Situation<'_>) -> Plan {
         return plan;
     }
     if primary_available(situation) {
+        match planned::planned_restart(situation) {
+            Ok(change) => plan.designate = change,
+            Err(waiting) => plan.waiting = Some(waiting),
+        }
         return plan;
     }
     match failover(situation) {
@@ -523,6 +530,8 @@ pub fn watch_period(failover_delay: Duration, urgent: bool) -> Duration {
     }
     (failover_delay / 2).clamp(Duration::from_secs(1), super::INSTANCE_REFRESH)
 }
+
+mod planned;
 
 #[cfg(test)]
 mod tests;

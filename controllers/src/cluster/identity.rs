@@ -82,6 +82,8 @@ mod tests {
             system_identifier: Some("7".to_owned()),
             initialized_by: made_by.map(str::to_owned),
             message: None,
+            restart_by_switchover: false,
+            settings_digest: None,
         }
     }
 

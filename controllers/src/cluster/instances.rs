@@ -134,6 +134,14 @@ pub struct InstanceReport {
     /// Why an instance whose server does not run waits.
     #[serde(default)]
     pub message: Option<String>,
+    /// A primary whose `pending_restart` settings need a restart, which it leaves to a
+    /// switchover (`failover::planned`). Older instance managers restart in place and do not say.
+    #[serde(default)]
+    pub restart_by_switchover: bool,
+    /// A digest of the operator's `postgresql.conf` the server has read, when it runs it as
+    /// asked: instances with the same one and nothing pending run the same settings.
+    #[serde(default)]
+    pub settings_digest: Option<String>,
 }
 
 /// Why an instance has no report. Each reason has one fixed description, stable from one

@@ -451,6 +451,8 @@ mod tests {
                 system_identifier: None,
                 initialized_by: None,
                 message: None,
+                restart_by_switchover: false,
+                settings_digest: None,
             }),
         };
         let primary = "db-postgresql-0";

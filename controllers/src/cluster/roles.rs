@@ -121,6 +121,8 @@ mod tests {
                     system_identifier: None,
                     initialized_by: None,
                     message: None,
+                    restart_by_switchover: false,
+                    settings_digest: None,
                 })
                 .ok_or(Unavailable::Unreachable),
         }

@@ -150,6 +150,8 @@ impl SimulatedInstances {
             system_identifier: None,
             initialized_by: None,
             message: None,
+            restart_by_switchover: false,
+            settings_digest: None,
         }
     }
 

@@ -20,6 +20,7 @@ fn desired() -> Desired {
             cluster_uid: None,
             system_identifier: None,
             isolation_timeout_seconds: Some(3),
+            restart_by_switchover: false,
         },
         superuser: credentials("postgres", "super"),
         replication: credentials("streaming_replica", "pa:ss\\word"),

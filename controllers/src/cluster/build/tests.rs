@@ -271,11 +271,13 @@ fn instance_json_names_the_primary_its_host_and_the_instances() {
             "replicas": 3,
             "statefulset": "my-cluster-postgresql",
             "clusterUid": "0b5a5c2e-0000-4000-8000-000000000001",
+            "restartBySwitchover": true,
             "isolationTimeoutSeconds": 3,
         })
     );
-    // A single instance has nothing to fence for: nothing could be promoted in its place.
+    // One instance restarts in place, and has nothing to fence for: nothing could take over.
     let single = json(&built(&validated("my-cluster", 1)));
+    assert_eq!(single.get("restartBySwitchover"), None, "{single}");
     assert_eq!(single.get("isolationTimeoutSeconds"), None, "{single}");
     let recorded = build(
         &cluster,

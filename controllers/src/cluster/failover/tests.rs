@@ -45,6 +45,8 @@ fn reporting(
             system_identifier: None,
             initialized_by: None,
             message: None,
+            restart_by_switchover: false,
+            settings_digest: None,
         }),
     }
 }

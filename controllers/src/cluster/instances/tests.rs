@@ -143,6 +143,8 @@ fn report(pod: &str, role: ReportedRole) -> InstanceReport {
         system_identifier: None,
         initialized_by: None,
         message: None,
+        restart_by_switchover: false,
+        settings_digest: None,
     }
 }
 

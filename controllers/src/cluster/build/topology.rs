@@ -1,0 +1,61 @@
+//! `instance.json`, the file of the cluster's ConfigMap that tells each instance manager the
+//! cluster's layout: which pod is the primary and how the others reach it, which pods are the
+//! instances, and the cluster's identity.
+
+use serde::Serialize;
+
+use super::super::validate::ValidatedCluster;
+use super::{BuildInput, ChildNames, POSTGRES_PORT};
+
+/// `instance.json`: which pod is the primary and how the others reach it, and which pods are
+/// the cluster's instances (`<statefulset>-0` up to `<statefulset>-(replicas - 1)`).
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct InstanceTopology<'a> {
+    primary: &'a str,
+    primary_host: String,
+    port: i32,
+    replicas: i32,
+    statefulset: &'a str,
+    /// Recorded in the marker of a database an instance makes with initdb.
+    cluster_uid: &'a str,
+    /// The cluster's database: instances copy only from one that holds it, and an empty
+    /// volume never gets a new one. Absent until the first primary reported it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    system_identifier: Option<&'a str>,
+    /// With more than one instance, a restart of the primary for changed settings is a
+    /// switchover (`failover::planned`): the primary does not restart itself. Left out for one
+    /// instance, which restarts in place.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    restart_by_switchover: bool,
+    /// How long the primary may be cut off from the API server and every replica before it
+    /// fences itself. Absent for a single instance: nothing could be promoted in its place.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    isolation_timeout_seconds: Option<u32>,
+}
+
+/// The stable DNS name of instance `pod`, through the headless Service.
+pub fn instance_host(names: &ChildNames, namespace: &str, pod: &str) -> String {
+    format!("{pod}.{}.{namespace}.svc", names.headless_service)
+}
+
+pub(super) fn instance_json(
+    cluster: &ValidatedCluster,
+    names: &ChildNames,
+    input: &BuildInput<'_>,
+) -> String {
+    let topology = InstanceTopology {
+        primary: input.primary,
+        primary_host: instance_host(names, &cluster.namespace, input.primary),
+        port: POSTGRES_PORT,
+        replicas: cluster.replicas,
+        statefulset: &names.statefulset,
+        cluster_uid: &cluster.owner.uid,
+        system_identifier: input.system_identifier,
+        restart_by_switchover: cluster.replicas > 1,
+        isolation_timeout_seconds: (cluster.replicas > 1)
+            .then_some(cluster.isolation_timeout_seconds),
+    };
+    // Strings and integers only: serializing cannot fail.
+    serde_json::to_string(&topology).unwrap_or_default()
+}

@@ -1,0 +1,220 @@
+//! Unit tests of the planned restart's switchover.
+
+use std::time::Duration;
+
+use k8s_openapi::jiff::Timestamp;
+use pgkube_crds::PostgreSQLClusterStatus;
+
+use super::super::{Command, Plan, Situation, commands, plan};
+use crate::cluster::instances::{InstanceReport, Lsn, ObservedInstance, ReportedRole};
+
+const STS: &str = "db-postgresql";
+const NEW: &str = "a1b2c3d4e5f60718";
+const OLD: &str = "0000000000000000";
+
+fn pod(ordinal: i32) -> String {
+    format!("{STS}-{ordinal}")
+}
+
+fn now() -> Timestamp {
+    "2026-12-01T02:00:00Z".parse().expect("timestamp")
+}
+
+/// A ready instance in `role` at WAL position `lsn`, running the settings of `digest`; a
+/// replica streams from instance 0.
+fn instance(ordinal: i32, role: ReportedRole, lsn: u64, digest: &str) -> ObservedInstance {
+    let replica = role == ReportedRole::Replica;
+    ObservedInstance {
+        pod: pod(ordinal),
+        uid: Some(format!("uid-{ordinal}")),
+        role_label: None,
+        report: Ok(InstanceReport {
+            pod: pod(ordinal),
+            role,
+            ready: true,
+            timeline: Some(1),
+            current_lsn: (!replica).then_some(Lsn(lsn)),
+            received_lsn: replica.then_some(Lsn(lsn)),
+            replayed_lsn: replica.then_some(Lsn(lsn)),
+            streaming: replica,
+            pending_restart: Vec::new(),
+            following: replica.then(|| pod(0)),
+            system_identifier: None,
+            initialized_by: None,
+            message: None,
+            restart_by_switchover: false,
+            settings_digest: Some(digest.to_owned()),
+        }),
+    }
+}
+
+fn report(instance: &mut ObservedInstance) -> &mut InstanceReport {
+    instance.report.as_mut().expect("a report")
+}
+
+/// Instance 0, the primary, waiting for a switchover to restart for `max_connections`.
+fn waiting_primary() -> ObservedInstance {
+    let mut primary = instance(0, ReportedRole::Primary, 200, NEW);
+    let report = report(&mut primary);
+    report.pending_restart = vec!["max_connections".to_owned()];
+    report.restart_by_switchover = true;
+    primary
+}
+
+/// A replica that restarted with the new settings.
+fn restarted(ordinal: i32, lsn: u64) -> ObservedInstance {
+    instance(ordinal, ReportedRole::Replica, lsn, NEW)
+}
+
+fn status(term: i64) -> PostgreSQLClusterStatus {
+    PostgreSQLClusterStatus {
+        current_primary: Some(pod(0)),
+        primary_change: Some(pgkube_crds::PrimaryChange {
+            kind: pgkube_crds::PrimaryChangeKind::Failover,
+            from: pod(1),
+            to: pod(0),
+            reason: "earlier".to_owned(),
+            started_at: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()),
+            completed_at: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now())),
+            term: Some(term),
+        }),
+        ..PostgreSQLClusterStatus::default()
+    }
+}
+
+fn plan_for(status: &PostgreSQLClusterStatus, instances: &[ObservedInstance]) -> Plan {
+    let primary = pod(0);
+    plan(&situation(status, &primary, instances))
+}
+
+fn situation<'a>(
+    status: &'a PostgreSQLClusterStatus,
+    primary: &'a str,
+    instances: &'a [ObservedInstance],
+) -> Situation<'a> {
+    Situation {
+        statefulset: STS,
+        replicas: i32::try_from(instances.len()).expect("few instances"),
+        failover_delay: Duration::from_secs(5),
+        fence_wait: Duration::from_secs(5),
+        synchronous_min: 0,
+        status: Some(status),
+        primary,
+        switchover_request: None,
+        instances,
+        restoring: false,
+        now: now(),
+    }
+}
+
+#[test]
+fn the_primary_moves_by_a_switchover_to_the_best_replica_that_runs_the_new_settings() {
+    let status = status(4);
+    let instances = [waiting_primary(), restarted(1, 150), restarted(2, 200)];
+    let change = plan_for(&status, &instances)
+        .designate
+        .expect("a switchover");
+    assert_eq!(change.kind, pgkube_crds::PrimaryChangeKind::Switchover);
+    assert_eq!(
+        (change.from.as_str(), change.to.as_str()),
+        (pod(0).as_str(), "db-postgresql-2")
+    );
+    assert!(
+        change.reason.starts_with("planned restart") && change.reason.contains("max_connections"),
+        "{}",
+        change.reason
+    );
+    assert_eq!(change.term, Some(5), "one more than the last decision's");
+    assert_eq!(change.completed_at, None);
+
+    // Recorded, the switchover is carried through as any other: the old primary is told to
+    // follow the target (it shuts down cleanly and restarts as a replica, with the settings).
+    let mut recorded = status.clone();
+    recorded.target_primary = Some(change.to.clone());
+    recorded.primary_change = Some(change);
+    let target = pod(2);
+    let carried = situation(&recorded, &target, &instances);
+    assert_eq!(plan(&carried).designate, None, "decided once");
+    assert!(commands(&carried).contains(&Command::Follow {
+        pod: pod(0),
+        primary: pod(2),
+    }));
+}
+
+#[test]
+fn the_primary_waits_while_the_replicas_restart_or_lack_the_new_settings() {
+    let status = status(4);
+    let mut restarting = restarted(1, 200);
+    report(&mut restarting).pending_restart = vec!["max_connections".to_owned()];
+    // Its mounted ConfigMap is not refreshed yet: nothing pending, but the old settings.
+    let behind = instance(2, ReportedRole::Replica, 200, OLD);
+    let plan = plan_for(&status, &[waiting_primary(), restarting, behind]);
+    assert_eq!(plan.designate, None);
+    let waiting = plan.waiting.expect("says why");
+    assert!(
+        waiting.contains("db-postgresql-1 restarts for max_connections")
+            && waiting.contains("db-postgresql-2 does not run the primary's settings yet"),
+        "{waiting}"
+    );
+    assert!(!plan.urgent, "the primary serves meanwhile");
+
+    // Neither a replica that streams from another instance, nor one that is not ready.
+    let mut elsewhere = restarted(1, 200);
+    report(&mut elsewhere).following = Some(pod(2));
+    let mut not_ready = restarted(2, 200);
+    report(&mut not_ready).ready = false;
+    let plan = plan_for(&status, &[waiting_primary(), elsewhere, not_ready]);
+    assert_eq!(plan.designate, None);
+}
+
+#[test]
+fn a_single_instance_or_a_primary_that_restarts_in_place_gets_no_switchover() {
+    let status = status(4);
+    let alone = plan_for(&status, &[waiting_primary()]);
+    assert_eq!(alone.designate, None);
+    assert!(
+        alone.waiting.expect("says why").contains("no replica"),
+        "a primary that waits alone is told so"
+    );
+    // One instance: instance.json does not ask, so the primary restarts in place and does not
+    // report restartBySwitchover; likewise an older instance manager, or a user's own
+    // ALTER SYSTEM. Nothing to do for the operator.
+    let mut in_place = waiting_primary();
+    report(&mut in_place).restart_by_switchover = false;
+    assert_eq!(plan_for(&status, &[in_place.clone()]), Plan::default());
+    assert_eq!(
+        plan_for(&status, &[in_place, restarted(1, 200)]),
+        Plan::default()
+    );
+}
+
+#[test]
+fn no_planned_switchover_while_a_change_is_in_progress_or_a_restore_runs() {
+    let mut changing = status(4);
+    changing.target_primary = Some(pod(0));
+    let instances = [waiting_primary(), restarted(1, 200)];
+    assert_eq!(plan_for(&changing, &instances).designate, None);
+
+    let status = status(4);
+    let primary = pod(0);
+    let mut restoring = situation(&status, &primary, &instances);
+    restoring.restoring = true;
+    let plan = plan(&restoring);
+    assert_eq!(plan.designate, None);
+    assert!(plan.waiting.expect("says why").contains("restore"));
+}
+
+#[test]
+fn the_instance_managers_report_is_read_with_or_without_the_new_fields() {
+    let newer: InstanceReport = serde_json::from_str(
+        r#"{"pod":"db-0","role":"primary","ready":true,"pendingRestart":["max_connections"],
+            "restartBySwitchover":true,"settingsDigest":"a1b2c3d4e5f60718"}"#,
+    )
+    .expect("a report");
+    assert!(newer.restart_by_switchover);
+    assert_eq!(newer.settings_digest.as_deref(), Some(NEW));
+    let older: InstanceReport =
+        serde_json::from_str(r#"{"pod":"db-0","role":"primary","ready":true}"#).expect("a report");
+    assert!(!older.restart_by_switchover);
+    assert_eq!(older.settings_digest, None);
+}
