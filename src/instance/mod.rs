@@ -52,6 +52,7 @@
 //!    passed on (reload). If postgres exits by itself, so does the manager, with an error: the
 //!    kubelet restarts the container.
 
+mod args;
 mod control;
 mod datadir;
 mod desired;
@@ -65,27 +66,29 @@ mod planned;
 mod repair;
 mod roles;
 mod server;
+mod signals;
 mod slots;
 mod sql;
 mod stream;
 mod tick;
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::{Args, Subcommand};
+use clap::Subcommand;
 use nix::sys::signal::Signal;
-use tokio::signal::unix::{SignalKind, signal};
 
+pub use args::RunArgs;
 use control::{ControlRequest, Order, Target, Terms};
 use datadir::Role;
 use desired::{Desired, Sources};
 use endpoint::InstanceStatus;
 use ha::Designation;
 use server::{Server, Shutdown};
+use signals::{Signals, StopRequest};
 
 #[derive(Subcommand)]
 pub enum InstanceCommand {
@@ -96,85 +99,6 @@ pub enum InstanceCommand {
     },
     /// Run PostgreSQL as the instance of a cluster (the container's command, as PID 1).
     Run(Box<RunArgs>),
-}
-
-/// Flags of `pgkube instance run`; the operator sets them through the environment.
-#[derive(Args, Debug, Clone)]
-pub struct RunArgs {
-    /// This pod's name.
-    #[arg(long, env = "POD_NAME")]
-    pod_name: String,
-
-    /// The data directory.
-    #[arg(long, env = "PGDATA")]
-    pgdata: PathBuf,
-
-    /// The cluster's ConfigMap: postgresql.conf, pg_hba.conf, instance.json.
-    #[arg(long, env = "PGKUBE_CONFIG_DIR", default_value = "/etc/pgkube/config")]
-    config_dir: PathBuf,
-
-    /// The superuser's Secret: username, password.
-    #[arg(
-        long,
-        env = "PGKUBE_SUPERUSER_DIR",
-        default_value = "/etc/pgkube/superuser"
-    )]
-    superuser_dir: PathBuf,
-
-    /// The replication role's Secret: username, password.
-    #[arg(
-        long,
-        env = "PGKUBE_REPLICATION_DIR",
-        default_value = "/etc/pgkube/replication"
-    )]
-    replication_dir: PathBuf,
-
-    /// The control Secret: `token`, which the operator's orders must bear. Without it the
-    /// control endpoints are disabled.
-    #[arg(
-        long,
-        env = "PGKUBE_CONTROL_DIR",
-        default_value = "/etc/pgkube/control"
-    )]
-    control_dir: PathBuf,
-
-    /// A directory of the manager's own (the password files go there).
-    #[arg(long, env = "PGKUBE_RUN_DIR", default_value = "/controller")]
-    run_dir: PathBuf,
-
-    /// The server's port (as its postgresql.conf says), for the manager's own connection.
-    #[arg(long, env = "PGKUBE_PORT", default_value_t = 5432)]
-    port: u16,
-
-    /// Where the server puts its Unix socket (the `unix_socket_directories` of the config).
-    #[arg(long, env = "PGKUBE_SOCKET_DIR", default_value = "/var/run/postgresql")]
-    socket_dir: PathBuf,
-
-    /// Address of the status endpoint.
-    #[arg(long, env = "PGKUBE_STATUS_ADDRESS", default_value = "0.0.0.0")]
-    status_address: IpAddr,
-
-    /// Port of the status endpoint.
-    #[arg(long, env = "PGKUBE_STATUS_PORT", default_value_t = 8000)]
-    status_port: u16,
-
-    /// How long a fast shutdown may take before it becomes immediate. Keep it below the pod's
-    /// termination grace period.
-    #[arg(long, env = "PGKUBE_SHUTDOWN_TIMEOUT", default_value = "50s",
-        value_parser = humantime::parse_duration)]
-    shutdown_timeout: Duration,
-
-    /// How long the primary waits before it drops the slot of an instance no longer in the
-    /// cluster: longer than a kubelet takes to refresh the mounted ConfigMap, so that the new
-    /// replica of a scale-up keeps the slot it made before the primary learns of it.
-    #[arg(long, env = "PGKUBE_SLOT_DROP_GRACE", default_value = "2m",
-        value_parser = humantime::parse_duration)]
-    slot_drop_grace: Duration,
-
-    /// How often the mounted files and the server are looked at.
-    #[arg(long, env = "PGKUBE_WATCH_PERIOD", default_value = "2s",
-        value_parser = humantime::parse_duration)]
-    watch_period: Duration,
 }
 
 /// Runs an instance command on its own Tokio runtime.
@@ -205,15 +129,6 @@ fn install(destination: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// How the manager was asked to stop.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum StopRequest {
-    /// SIGTERM (the kubelet) or SIGINT: fast, then immediate.
-    Fast,
-    /// SIGQUIT: immediate at once.
-    Immediate,
-}
-
 /// What woke the supervisor up.
 enum Wakeup {
     Stop(StopRequest),
@@ -233,44 +148,6 @@ enum Next {
     Follow(Target),
     /// This replica cannot stream from its primary: rewind or clone it ([`repair`]).
     Repair(stream::Stuck),
-}
-
-/// The signals the manager handles, as PID 1 must (the kernel ignores unhandled ones for it).
-struct Signals {
-    terminate: tokio::signal::unix::Signal,
-    interrupt: tokio::signal::unix::Signal,
-    quit: tokio::signal::unix::Signal,
-    hangup: tokio::signal::unix::Signal,
-}
-
-impl Signals {
-    fn install() -> std::io::Result<Self> {
-        Ok(Self {
-            terminate: signal(SignalKind::terminate())?,
-            interrupt: signal(SignalKind::interrupt())?,
-            quit: signal(SignalKind::quit())?,
-            hangup: signal(SignalKind::hangup())?,
-        })
-    }
-
-    /// The next signal; a hangup is `None` (pass it on), the others ask to stop.
-    async fn next(&mut self) -> Option<StopRequest> {
-        tokio::select! {
-            _ = self.terminate.recv() => Some(StopRequest::Fast),
-            _ = self.interrupt.recv() => Some(StopRequest::Fast),
-            _ = self.quit.recv() => Some(StopRequest::Immediate),
-            _ = self.hangup.recv() => None,
-        }
-    }
-
-    /// Waits for a signal that asks to stop.
-    async fn stop_requested(&mut self) -> StopRequest {
-        loop {
-            if let Some(request) = self.next().await {
-                return request;
-            }
-        }
-    }
 }
 
 async fn supervise(args: RunArgs) -> anyhow::Result<()> {

@@ -1,0 +1,86 @@
+//! The flags of `pgkube instance run`, which the operator sets through the pod's environment.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+/// Flags of `pgkube instance run`; the operator sets them through the environment.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// This pod's name.
+    #[arg(long, env = "POD_NAME")]
+    pub(super) pod_name: String,
+
+    /// The data directory.
+    #[arg(long, env = "PGDATA")]
+    pub(super) pgdata: PathBuf,
+
+    /// The cluster's ConfigMap: postgresql.conf, pg_hba.conf, instance.json.
+    #[arg(long, env = "PGKUBE_CONFIG_DIR", default_value = "/etc/pgkube/config")]
+    pub(super) config_dir: PathBuf,
+
+    /// The superuser's Secret: username, password.
+    #[arg(
+        long,
+        env = "PGKUBE_SUPERUSER_DIR",
+        default_value = "/etc/pgkube/superuser"
+    )]
+    pub(super) superuser_dir: PathBuf,
+
+    /// The replication role's Secret: username, password.
+    #[arg(
+        long,
+        env = "PGKUBE_REPLICATION_DIR",
+        default_value = "/etc/pgkube/replication"
+    )]
+    pub(super) replication_dir: PathBuf,
+
+    /// The control Secret: `token`, which the operator's orders must bear. Without it the
+    /// control endpoints are disabled.
+    #[arg(
+        long,
+        env = "PGKUBE_CONTROL_DIR",
+        default_value = "/etc/pgkube/control"
+    )]
+    pub(super) control_dir: PathBuf,
+
+    /// A directory of the manager's own (the password files go there).
+    #[arg(long, env = "PGKUBE_RUN_DIR", default_value = "/controller")]
+    pub(super) run_dir: PathBuf,
+
+    /// The server's port (as its postgresql.conf says), for the manager's own connection.
+    #[arg(long, env = "PGKUBE_PORT", default_value_t = 5432)]
+    pub(super) port: u16,
+
+    /// Where the server puts its Unix socket (the `unix_socket_directories` of the config).
+    #[arg(long, env = "PGKUBE_SOCKET_DIR", default_value = "/var/run/postgresql")]
+    pub(super) socket_dir: PathBuf,
+
+    /// Address of the status endpoint.
+    #[arg(long, env = "PGKUBE_STATUS_ADDRESS", default_value = "0.0.0.0")]
+    pub(super) status_address: IpAddr,
+
+    /// Port of the status endpoint.
+    #[arg(long, env = "PGKUBE_STATUS_PORT", default_value_t = 8000)]
+    pub(super) status_port: u16,
+
+    /// How long a fast shutdown may take before it becomes immediate. Keep it below the pod's
+    /// termination grace period.
+    #[arg(long, env = "PGKUBE_SHUTDOWN_TIMEOUT", default_value = "50s",
+        value_parser = humantime::parse_duration)]
+    pub(super) shutdown_timeout: Duration,
+
+    /// How long the primary waits before it drops the slot of an instance no longer in the
+    /// cluster: longer than a kubelet takes to refresh the mounted ConfigMap, so that the new
+    /// replica of a scale-up keeps the slot it made before the primary learns of it.
+    #[arg(long, env = "PGKUBE_SLOT_DROP_GRACE", default_value = "2m",
+        value_parser = humantime::parse_duration)]
+    pub(super) slot_drop_grace: Duration,
+
+    /// How often the mounted files and the server are looked at.
+    #[arg(long, env = "PGKUBE_WATCH_PERIOD", default_value = "2s",
+        value_parser = humantime::parse_duration)]
+    pub(super) watch_period: Duration,
+}
