@@ -551,56 +551,6 @@ fn config_map(cluster: &ValidatedCluster, names: &ChildNames, input: &BuildInput
     }
 }
 
-fn postgresql_conf(cluster: &ValidatedCluster, names: &ChildNames, synchronous: u32) -> String {
-    let memory = MemorySettings::for_resources(cluster.resources.as_ref()).config_lines();
-    let synchronous = synchronous_standby_names(cluster, names, synchronous);
-    format!(
-        "# Managed by pgkube; edits are overwritten.\n\
-         listen_addresses = '*'\n\
-         port = {POSTGRES_PORT}\n\
-         unix_socket_directories = '/var/run/postgresql'\n\
-         max_connections = 100\n\
-         {memory}\
-         password_encryption = scram-sha-256\n\
-         log_destination = 'stderr'\n\
-         logging_collector = off\n\
-         # Streaming replication (wal_log_hints: so that pg_rewind can bring back a former primary)\n\
-         wal_level = replica\n\
-         hot_standby = on\n\
-         max_wal_senders = 10\n\
-         max_replication_slots = 10\n\
-         wal_log_hints = on\n\
-         # A standby answers at least every second: its primary counts it as contact (fencing)\n\
-         wal_receiver_status_interval = 1s\n\
-         {synchronous}\
-         {parameters}",
-        parameters = user_parameters(&cluster.parameters),
-    )
-}
-
-/// `synchronous_standby_names` asking `count` standbys to confirm each commit, or nothing when
-/// `count` is 0. Every instance is named, the primary too: a server is never its own standby,
-/// so the same line holds whichever instance is the primary, and a failover needs no change.
-/// Standbys connect with their pod name as `application_name`.
-fn synchronous_standby_names(cluster: &ValidatedCluster, names: &ChildNames, count: u32) -> String {
-    if count == 0 {
-        return String::new();
-    }
-    let standbys: Vec<String> = (0..cluster.replicas)
-        .map(|ordinal| {
-            format!(
-                "\"{}\"",
-                super::roles::pod_name(&names.statefulset, ordinal)
-            )
-        })
-        .collect();
-    format!(
-        "# Synchronous replication (spec.highAvailability.synchronous)\n\
-         synchronous_standby_names = 'ANY {count} ({})'\n",
-        standbys.join(", ")
-    )
-}
-
 /// The Secret of the control token, owned by the cluster.
 fn control_secret(cluster: &ValidatedCluster, names: &ChildNames, token: &str) -> Secret {
     Secret {
@@ -612,26 +562,6 @@ fn control_secret(cluster: &ValidatedCluster, names: &ChildNames, token: &str) -
         )])),
         ..Secret::default()
     }
-}
-
-/// Local connections as the matching system user (the instance manager runs as `postgres`),
-/// replication as `streaming_replica` and everything else with a SCRAM password.
-const PG_HBA: &str = "# Managed by pgkube; edits are overwritten.\n\
-local   all          all                                peer\n\
-host    replication  streaming_replica  all             scram-sha-256\n\
-host    all          all                all             scram-sha-256\n";
-
-/// The user's parameters, last, so that they take precedence over pgkube's defaults (the server
-/// takes the last setting of a name). Values are quoted, quotes doubled.
-fn user_parameters(parameters: &BTreeMap<String, String>) -> String {
-    if parameters.is_empty() {
-        return String::new();
-    }
-    let mut lines = String::from("# spec.postgresql.parameters\n");
-    for (name, value) in parameters {
-        lines.push_str(&format!("{name} = '{}'\n", value.replace('\'', "''")));
-    }
-    lines
 }
 
 /// A Secret with a generated password and no owner: like the data volumes, which the
@@ -674,8 +604,10 @@ fn pod_disruption_budget(cluster: &ValidatedCluster, names: &ChildNames) -> PodD
     }
 }
 
+mod config;
 mod topology;
 
+use config::{PG_HBA, postgresql_conf};
 pub use topology::instance_host;
 use topology::instance_json;
 
