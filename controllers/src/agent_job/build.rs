@@ -578,6 +578,7 @@ mod tests {
                 },
                 databases: vec!["app".to_owned(), "shop".to_owned()],
                 drop_existing: true,
+                expected_system_identifier: None,
             },
         );
         restore.metadata.namespace = Some("db".to_owned());

@@ -93,6 +93,7 @@ pub fn bootstrap_restore(cluster: &PostgreSQLCluster) -> Option<PostgreSQLRestor
         cluster: LocalReference { name: name.clone() },
         databases: Vec::new(),
         drop_existing: true,
+        expected_system_identifier: None,
     };
     let mut restore = PostgreSQLRestore::new(&bootstrap_restore_name(&name), spec);
     restore.metadata = ObjectMeta {
@@ -266,6 +267,7 @@ mod tests {
                 },
                 databases: Vec::new(),
                 drop_existing: true,
+                expected_system_identifier: None,
             },
         );
         restore.status = Some(PostgreSQLRestoreStatus {
