@@ -21,6 +21,7 @@
 //! scheduler skips the cluster's ticks while one is unfinished.
 
 pub mod decide;
+pub mod identity;
 mod status;
 
 use std::sync::Arc;
