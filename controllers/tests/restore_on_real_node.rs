@@ -6,279 +6,28 @@
 //! of every database) taken before and after.
 
 mod common;
+mod restore_common;
 
 use std::time::Duration;
 
-use common::Running;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::ResourceExt;
-use kube::api::{DeleteParams, ListParams, LogParams, Patch, PatchParams};
-use pgkube_controllers::storage::manifest::Manifest;
+use kube::api::{ListParams, LogParams, Patch, PatchParams};
 use pgkube_crds::{
-    BackupPhase, Bootstrap, ClusterPhase, DeletionPolicy, LocalReference, PostgreSQLBackup,
-    PostgreSQLCluster, PostgreSQLRestore, PostgreSQLRestoreSpec, RestorePhase, RestoreSource,
-    S3Storage,
+    Bootstrap, ClusterPhase, LocalReference, PostgreSQLBackup, PostgreSQLCluster,
+    PostgreSQLRestore, RestorePhase, RestoreSource,
 };
 use pgkube_testkit::{
-    ClusterDigest, RESTORE_CONDITION, RESTORE_LABEL, TestBucket, TestCluster, TestEnv,
-    backup_config, condition, create_backup, create_restore, create_s3_secret, describe_cluster,
-    describe_restore, put_object, restore_condition, restore_jobs, restore_of_backup,
-    restore_of_source, restore_reason, test_storage, wait_backup_ended, wait_for_cluster,
-    wait_restore, wait_restore_ended, wait_until,
+    RESTORE_CONDITION, RESTORE_LABEL, TestCluster, condition, describe_cluster, describe_restore,
+    put_object, restore_condition, restore_jobs, restore_of_backup, restore_of_source,
+    restore_reason, wait_for_cluster, wait_restore, wait_until,
 };
-
-const RESYNC: Duration = Duration::from_secs(30);
-const CLUSTER_TIMEOUT: Duration = Duration::from_secs(300);
-const BACKUP_TIMEOUT: Duration = Duration::from_secs(180);
-const RESTORE_TIMEOUT: Duration = Duration::from_secs(240);
-/// A new cluster's start plus its bootstrap restore.
-const BOOTSTRAP_TIMEOUT: Duration = Duration::from_secs(420);
-/// Longer than a minute tick plus the timer's and the watches' delays.
-const TICK: Duration = Duration::from_secs(150);
-/// A schedule that never comes during a test (1 January, 00:00), so that only the tests'
-/// own backups run.
-const NEVER: &str = "0 0 1 1 *";
-const S3_SECRET: &str = "s3-keys";
-
-/// The data every fixture's cluster starts with, in database `postgres`: a role, two tables
-/// and a grant that needs the role (so a restore must bring globals back before the tables).
-const POSTGRES_DATA: &str = "CREATE ROLE reporter NOLOGIN;
-     CREATE TABLE items (id int PRIMARY KEY, name text);
-     INSERT INTO items SELECT i, 'item ' || i FROM generate_series(1, 1000) i;
-     CREATE TABLE notes (id int PRIMARY KEY, body text, written date);
-     INSERT INTO notes SELECT i, md5(i::text), date '2024-01-01' + i FROM generate_series(1, 50) i;
-     GRANT SELECT ON items TO reporter;";
-/// ...and in database `shop`.
-const SHOP_DATA: &str = "CREATE TABLE orders (id int PRIMARY KEY, customer text, total numeric(10, 2));
-     INSERT INTO orders SELECT i, 'customer ' || (i % 17), i * 1.25 FROM generate_series(1, 200) i;";
-
-/// A running cluster `pg` with data, whose backups go to a fresh bucket.
-struct Fixture {
-    running: Running,
-    env: TestEnv,
-    cluster: TestCluster,
-    bucket: TestBucket,
-}
-
-impl Fixture {
-    async fn start(prefix: &str) -> Option<Fixture> {
-        Fixture::start_with(prefix, Vec::new()).await
-    }
-
-    /// With `otel_env` as the manager's `OTEL_*` environment, which the controllers pass on to
-    /// their Jobs.
-    async fn start_with(prefix: &str, otel_env: Vec<(String, String)>) -> Option<Fixture> {
-        let mut running = Running::start(prefix, RESYNC).await?;
-        if !otel_env.is_empty() {
-            running
-                .restart_with(|settings| settings.otel_env = otel_env)
-                .await;
-        }
-        let env = pgkube_testkit::testbed()?;
-        let bucket = TestBucket::create(&env, "restores").await;
-        create_s3_secret(
-            &running.client,
-            &env,
-            running.namespace.name(),
-            S3_SECRET,
-            None,
-        )
-        .await
-        .expect("S3 Secret");
-        let storage = test_storage(&env, bucket.name(), S3_SECRET);
-        let cluster = TestCluster::builder("pg")
-            .spec(|spec| spec.backup = Some(backup_config(storage, NEVER)))
-            .timeout(CLUSTER_TIMEOUT)
-            .start(&running.namespace)
-            .await
-            .unwrap_or_else(|error| panic!("the cluster becomes Running: {error:#}"));
-        let sql = cluster.sql().await.expect("SQL");
-        sql.batch_execute(POSTGRES_DATA)
-            .await
-            .expect("data written");
-        // On its own: CREATE DATABASE cannot run in the implicit transaction of a batch.
-        sql.batch_execute("CREATE DATABASE shop")
-            .await
-            .expect("database created");
-        cluster
-            .sql_to("shop")
-            .await
-            .expect("SQL to shop")
-            .batch_execute(SHOP_DATA)
-            .await
-            .expect("shop data written");
-        Some(Fixture {
-            running,
-            env,
-            cluster,
-            bucket,
-        })
-    }
-
-    fn namespace(&self) -> &str {
-        self.running.namespace.name()
-    }
-
-    fn client(&self) -> &kube::Client {
-        &self.running.client
-    }
-
-    /// The test bed's Garage, the fixture's bucket, with the keys of the test's Secret.
-    fn storage(&self) -> S3Storage {
-        test_storage(&self.env, self.bucket.name(), S3_SECRET)
-    }
-
-    /// Backs the cluster up as `name` and waits until the backup Completed.
-    async fn backup(&self, name: &str) -> PostgreSQLBackup {
-        create_backup(
-            self.client(),
-            self.namespace(),
-            name,
-            self.cluster.name(),
-            DeletionPolicy::Retain,
-        )
-        .await
-        .expect("backup created");
-        let backup = wait_backup_ended(self.client(), self.namespace(), name, BACKUP_TIMEOUT)
-            .await
-            .unwrap_or_else(|error| panic!("{error:#}"));
-        assert_eq!(
-            backup.status.as_ref().and_then(|s| s.phase),
-            Some(BackupPhase::Completed),
-            "{:?}",
-            backup.status
-        );
-        backup
-    }
-
-    /// The manifest key of a Completed backup, and the manifest.
-    async fn manifest(&self, backup: &PostgreSQLBackup) -> (String, Manifest) {
-        let key = backup
-            .status
-            .as_ref()
-            .and_then(|s| s.object_key.clone())
-            .expect("the backup's manifest key");
-        let bytes = self.bucket.object(&key).await.expect("manifest");
-        let manifest = Manifest::parse(&key, &bytes).expect("a manifest");
-        (key, manifest)
-    }
-
-    async fn restore(&self, name: &str, spec: PostgreSQLRestoreSpec) -> PostgreSQLRestore {
-        create_restore(self.client(), self.namespace(), name, spec)
-            .await
-            .expect("restore created")
-    }
-
-    async fn restore_ended(&self, name: &str) -> PostgreSQLRestore {
-        wait_restore_ended(self.client(), self.namespace(), name, RESTORE_TIMEOUT)
-            .await
-            .unwrap_or_else(|error| panic!("{error:#}"))
-    }
-
-    /// The fixture cluster's data now.
-    async fn digest(&self) -> ClusterDigest {
-        digest_of(&self.cluster).await
-    }
-
-    /// Waits until cluster `name` shows condition `type_` with `status` and `reason`.
-    async fn wait_cluster_condition(
-        &self,
-        name: &str,
-        type_: &str,
-        status: &str,
-        reason: &str,
-    ) -> PostgreSQLCluster {
-        wait_for_cluster(
-            self.client(),
-            self.namespace(),
-            name,
-            &format!("condition {type_}={status} reason {reason}"),
-            Duration::from_secs(90),
-            |cluster| {
-                condition(cluster, type_).is_some_and(|c| c.status == status && c.reason == reason)
-            },
-        )
-        .await
-        .unwrap_or_else(|error| panic!("{error:#}"))
-    }
-
-    /// Deletes the restores while the controllers run (in case they hold finalizers), then the
-    /// clusters, the controllers, the namespace and the bucket.
-    async fn stop(self) {
-        let restores = self.running.api::<PostgreSQLRestore>();
-        let _ = restores
-            .delete_collection(&DeleteParams::default(), &ListParams::default())
-            .await;
-        let gone = wait_until(
-            "the test's restores to be deleted",
-            Duration::from_secs(60),
-            || async {
-                let left = restores.list_metadata(&ListParams::default()).await?;
-                Ok(left.items.is_empty().then_some(()))
-            },
-        )
-        .await;
-        if let Err(error) = gone {
-            eprintln!("warning: {error:#}");
-        }
-        self.cluster
-            .delete(Duration::from_secs(120))
-            .await
-            .expect("cluster deleted");
-        self.running.stop().await;
-        self.bucket.cleanup().await;
-    }
-}
-
-async fn digest_of(cluster: &TestCluster) -> ClusterDigest {
-    pgkube_testkit::cluster_digest(cluster)
-        .await
-        .unwrap_or_else(|error| panic!("digest of {}: {error:#}", cluster.name()))
-}
-
-fn phase(restore: &PostgreSQLRestore) -> Option<RestorePhase> {
-    restore.status.as_ref().and_then(|s| s.phase)
-}
-
-fn with_drop_existing(mut spec: PostgreSQLRestoreSpec) -> PostgreSQLRestoreSpec {
-    spec.drop_existing = true;
-    spec
-}
-
-/// Asserts that `restore` failed with `reason` before any Job was made for it.
-async fn assert_refused(fixture: &Fixture, restore: &PostgreSQLRestore, reason: &str) {
-    let name = restore.name_any();
-    assert_eq!(
-        phase(restore),
-        Some(RestorePhase::Failed),
-        "{}",
-        describe_restore(restore)
-    );
-    let shown = restore_condition(restore, RESTORE_CONDITION).expect("Completed condition");
-    assert_eq!(
-        (shown.status.as_str(), shown.reason.as_str()),
-        ("False", reason),
-        "{}",
-        describe_restore(restore)
-    );
-    let status = restore.status.clone().unwrap_or_default();
-    assert!(
-        status.message.as_deref().is_some_and(|m| !m.is_empty()),
-        "a refusal says why: {}",
-        describe_restore(restore)
-    );
-    assert_eq!(status.job_name, None, "{}", describe_restore(restore));
-    let jobs = restore_jobs(fixture.client(), fixture.namespace(), &name)
-        .await
-        .expect("jobs");
-    assert!(
-        jobs.is_empty(),
-        "no Job for refused restore {name}: {:?}",
-        jobs.iter().map(ResourceExt::name_any).collect::<Vec<_>>()
-    );
-}
+use restore_common::{
+    BOOTSTRAP_TIMEOUT, CLUSTER_TIMEOUT, Fixture, NEVER, TICK, assert_refused, digest_of, phase,
+    with_drop_existing,
+};
 
 #[tokio::test]
 async fn a_restore_brings_back_exactly_the_data_of_the_backup_time() {
@@ -488,6 +237,135 @@ async fn a_corrupted_backup_object_fails_the_restore_naming_it_and_changes_nothi
     fixture.stop().await;
 }
 
+/// The system identifier cluster `name` has recorded in its status.
+async fn recorded_system_identifier(fixture: &Fixture, name: &str) -> String {
+    let cluster = wait_for_cluster(
+        fixture.client(),
+        fixture.namespace(),
+        name,
+        "status.systemIdentifier recorded",
+        Duration::from_secs(60),
+        |cluster| {
+            cluster
+                .status
+                .as_ref()
+                .is_some_and(|s| s.system_identifier.is_some())
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error:#}"));
+    cluster
+        .status
+        .and_then(|s| s.system_identifier)
+        .expect("recorded")
+}
+
+/// The arguments of the agent in restore `name`'s Job.
+async fn restore_job_arguments(fixture: &Fixture, name: &str) -> Vec<String> {
+    let job = fixture
+        .running
+        .api::<Job>()
+        .get(&format!("{name}-restore"))
+        .await
+        .expect("the restore's Job");
+    let pod = job.spec.and_then(|spec| spec.template.spec).expect("pod");
+    pod.containers[0].args.clone().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_restore_runs_only_into_the_database_it_expects() {
+    let Some(fixture) = Fixture::start("restore-identity").await else {
+        return;
+    };
+    let at_backup = fixture.digest().await;
+    fixture.backup("before-writes").await;
+    // Rows written after the backup: a restore that runs would remove them.
+    fixture
+        .cluster
+        .sql()
+        .await
+        .expect("SQL")
+        .batch_execute("INSERT INTO items VALUES (1001, 'after the backup')")
+        .await
+        .expect("row written after the backup");
+    let after_writes = fixture.digest().await;
+    assert_ne!(after_writes, at_backup, "the new row shows");
+    let recorded = recorded_system_identifier(&fixture, "pg").await;
+    let wrong = "1";
+    assert_ne!(recorded, wrong);
+
+    // Another database than the one expected: the agent refuses before it drops anything.
+    let mut spec = with_drop_existing(restore_of_backup("before-writes", "pg"));
+    spec.expected_system_identifier = Some(wrong.to_owned());
+    fixture.restore("wrong-target", spec).await;
+    let refused = fixture.restore_ended("wrong-target").await;
+    assert_eq!(
+        phase(&refused),
+        Some(RestorePhase::Failed),
+        "{}",
+        describe_restore(&refused)
+    );
+    assert_eq!(
+        restore_reason(&refused).as_deref(),
+        Some("SystemIdentifierMismatch"),
+        "{}",
+        describe_restore(&refused)
+    );
+    let status = refused.status.clone().unwrap_or_default();
+    assert_eq!(status.target_system_identifier.as_deref(), Some(wrong));
+    let message = status.message.unwrap_or_default();
+    assert!(
+        message.contains(&recorded) && message.contains(&format!("expected {wrong}")),
+        "the message names both identifiers: {message}"
+    );
+    assert_eq!(
+        restore_job_arguments(&fixture, "wrong-target").await,
+        ["--drop-existing", "--expect-system-identifier", wrong]
+    );
+    assert_eq!(
+        fixture.digest().await,
+        after_writes,
+        "a refused restore changes nothing: the row written after the backup is still there"
+    );
+    fixture
+        .wait_cluster_condition("pg", "Restoring", "False", "RestoreFailed")
+        .await;
+
+    // Without an expectation: the database the cluster recorded, checked, then restored.
+    fixture
+        .restore(
+            "recorded-target",
+            with_drop_existing(restore_of_backup("before-writes", "pg")),
+        )
+        .await;
+    let restored = fixture.restore_ended("recorded-target").await;
+    assert_eq!(
+        phase(&restored),
+        Some(RestorePhase::Completed),
+        "{}",
+        describe_restore(&restored)
+    );
+    assert_eq!(
+        restored
+            .status
+            .as_ref()
+            .and_then(|s| s.target_system_identifier.as_deref()),
+        Some(recorded.as_str()),
+        "{}",
+        describe_restore(&restored)
+    );
+    assert_eq!(
+        restore_job_arguments(&fixture, "recorded-target").await,
+        [
+            "--drop-existing",
+            "--expect-system-identifier",
+            recorded.as_str()
+        ]
+    );
+    assert_eq!(fixture.digest().await, at_backup, "the backup's data");
+    fixture.stop().await;
+}
+
 #[tokio::test]
 async fn a_restore_into_a_cluster_not_made_yet_waits_for_it_then_restores() {
     let Some(fixture) = Fixture::start("restore-later").await else {
@@ -660,6 +538,20 @@ fn assert_bootstrapped(
         (&from.backup, &from.source)
     );
     assert_eq!(restore.spec.cluster.name, name);
+    // It restored only into the database the cluster made and recorded.
+    let recorded = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.system_identifier.clone());
+    assert!(recorded.is_some(), "{name} recorded its system identifier");
+    assert_eq!(restore.spec.expected_system_identifier, recorded);
+    assert_eq!(
+        restore
+            .status
+            .as_ref()
+            .and_then(|s| s.target_system_identifier.clone()),
+        recorded
+    );
     let owners = restore.owner_references();
     assert_eq!(owners.len(), 1, "{owners:?}");
     assert_eq!(

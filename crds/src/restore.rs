@@ -7,6 +7,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::common::{LocalReference, S3Storage, conditions_schema};
 
+/// The `expectedSystemIdentifier` (and `targetSystemIdentifier`) that accepts whatever database
+/// the target cluster holds.
+pub const ANY_SYSTEM_IDENTIFIER: &str = "Any";
+
 /// Which backup to restore into which cluster. Immutable.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
@@ -47,6 +51,17 @@ pub struct PostgreSQLRestoreSpec {
     /// restore into an existing database fails and changes nothing.
     #[serde(default)]
     pub drop_existing: bool,
+    /// Which database the target cluster must hold for the restore to run, by its PostgreSQL
+    /// system identifier (`SELECT system_identifier FROM pg_control_system()`). Unset: the
+    /// identifier the cluster recorded in its `status.systemIdentifier` (the restore waits,
+    /// Pending, until the cluster has recorded one). Digits: exactly that identifier. `Any`: no
+    /// check, the user accepts whatever database the cluster holds. The restore Job checks the
+    /// target before it drops or restores anything; on a mismatch the restore fails with reason
+    /// `SystemIdentifierMismatch` and the target's data is untouched. Immutable, like the rest
+    /// of the spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]{1,20}|Any)$"))]
+    pub expected_system_identifier: Option<String>,
 }
 
 /// A backup located directly in storage.
@@ -76,6 +91,11 @@ pub struct PostgreSQLRestoreStatus {
     /// Manifest key of the backup that was restored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restored_object_key: Option<String>,
+    /// The PostgreSQL system identifier the target's database had to have, recorded before the
+    /// restore Job was created: `spec.expectedSystemIdentifier`, else the cluster's
+    /// `status.systemIdentifier`; `Any` when the spec accepts any database.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_system_identifier: Option<String>,
     /// Databases that were restored.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restored_databases: Vec<String>,

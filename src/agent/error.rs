@@ -7,6 +7,7 @@
 
 use std::path::PathBuf;
 
+use pgkube_controllers::restore::identity::SYSTEM_IDENTIFIER_MISMATCH;
 use pgkube_controllers::storage::StorageError;
 use thiserror::Error;
 
@@ -60,6 +61,22 @@ pub enum AgentError {
         .0.join(", ")
     )]
     DatabasesExist(Vec<String>),
+
+    #[error(
+        "the target database has system identifier {found}, not the expected {expected}: it is \
+         not the database this restore was meant for, so nothing was dropped or restored"
+    )]
+    SystemIdentifierMismatch { expected: String, found: String },
+}
+
+impl AgentError {
+    /// The reason a controller can show for this failure, for the failures it tells apart.
+    pub fn reason(&self) -> Option<&'static str> {
+        match self {
+            Self::SystemIdentifierMismatch { .. } => Some(SYSTEM_IDENTIFIER_MISMATCH),
+            _ => None,
+        }
+    }
 }
 
 /// The shared S3 client's errors keep the agent's wording: the same variants, the same lines.

@@ -73,6 +73,7 @@ mod postgres;
 mod report;
 mod restore;
 pub mod storage;
+mod target;
 pub mod zstd_stream;
 
 use std::path::PathBuf;

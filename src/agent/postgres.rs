@@ -198,6 +198,17 @@ impl Postgres {
         Ok(output.trim().to_string())
     }
 
+    /// The PostgreSQL system identifier of the database the server runs.
+    pub async fn system_identifier(&self) -> Result<String, AgentError> {
+        let output = self
+            .query(
+                &self.maintenance_database,
+                "SELECT system_identifier::text FROM pg_control_system()",
+            )
+            .await?;
+        Ok(output.trim().to_string())
+    }
+
     /// The connecting role as `pg_dumpall` writes it (quoted only when needed).
     pub async fn current_role_identifier(&self) -> Result<String, AgentError> {
         let output = self

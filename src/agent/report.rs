@@ -26,6 +26,10 @@ pub struct Report {
     pub status: Status,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// A failure's reason, for the failures a controller tells apart (see
+    /// [`AgentError::reason`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backup_name: Option<String>,
     /// Key of the manifest: the backup's object key.
@@ -54,6 +58,7 @@ impl Report {
         Self {
             status: Status::Completed,
             message: None,
+            reason: None,
             backup_name: None,
             manifest_key: None,
             manifest_sha256: None,
@@ -70,6 +75,7 @@ impl Report {
         Self {
             status: Status::Failed,
             message: Some(error.to_string()),
+            reason: error.reason(),
             ..Self::completed()
         }
     }
@@ -138,6 +144,19 @@ mod tests {
         let value: serde_json::Value = serde_json::from_str(&line).expect("JSON");
         assert_eq!(value["status"], "Failed");
         assert_eq!(value["message"], "the backup has no database named shop");
+        assert!(value.get("reason").is_none(), "{line}");
+    }
+
+    #[test]
+    fn a_target_of_another_database_gives_its_reason() {
+        let error = AgentError::SystemIdentifierMismatch {
+            expected: "7312345678901234567".into(),
+            found: "7400000000000000001".into(),
+        };
+        let line = Report::failed(&error).to_line();
+        let value: serde_json::Value = serde_json::from_str(&line).expect("JSON");
+        assert_eq!(value["reason"], "SystemIdentifierMismatch");
+        assert_eq!(value["message"], error.to_string());
     }
 
     #[test]

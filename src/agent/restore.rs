@@ -1,5 +1,10 @@
 //! `pgkube agent restore`: verify everything first, then apply globals and databases.
 //!
+//! With `--expect-system-identifier`, the server's database must be that one (see
+//! [`super::target`]): checked once the server accepts connections, before anything is read
+//! from storage, and again just before the first change, since verifying can take long. A
+//! mismatch fails the restore with nothing dropped or restored.
+//!
 //! The manifest is read at `--manifest-key` (the backup controller passes the key its backup
 //! recorded), else at `<prefix>/<backup-name>/manifest.json`, where backups were stored before
 //! the uids were in the keys; every object is then read at the key the manifest lists, so both
@@ -38,6 +43,7 @@ use super::error::AgentError;
 use super::postgres::{Postgres, conninfo_for};
 use super::report::Report;
 use super::storage::{Store, s3_error};
+use super::target;
 use super::zstd_stream::{DecodeError, Decompressor};
 use pgkube_controllers::cluster::build::REPLICATION_USER;
 use pgkube_controllers::storage::keys::{BackupKeys, MANIFEST_FILE};
@@ -70,6 +76,17 @@ pub struct RestoreArgs {
     /// of backups stored before their directory was named by uids.
     #[arg(long, env = "PGKUBE_MANIFEST_KEY")]
     manifest_key: Option<String>,
+
+    /// Restore only into a server whose database has this PostgreSQL system identifier
+    /// (`SELECT system_identifier FROM pg_control_system()`): another database fails the
+    /// restore before anything is dropped or restored. Default: any database.
+    #[arg(
+        long,
+        env = "PGKUBE_EXPECT_SYSTEM_IDENTIFIER",
+        value_name = "ID",
+        value_parser = target::parse_identifier
+    )]
+    expect_system_identifier: Option<String>,
 }
 
 impl RestoreArgs {
@@ -98,6 +115,8 @@ pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
     postgres
         .wait_until_accepting(args.common.server_wait())
         .await?;
+    let expected = args.expect_system_identifier.as_deref();
+    target::check(&postgres, expected).await?;
     let existing = existing_among(&postgres, &selected).await?;
     if !existing.is_empty() && !args.drop_existing {
         return Err(AgentError::DatabasesExist(existing.into_iter().collect()));
@@ -108,6 +127,7 @@ pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
         .instrument(info_span!("verify", objects = selected.len()))
         .await?;
 
+    target::check(&postgres, expected).await?;
     if let Some(globals) = globals {
         restore_globals(&postgres, &globals).await?;
     }
@@ -149,6 +169,7 @@ impl RestoreArgs {
             prefix = %self.common.s3.prefix,
             manifest_key = self.manifest_key.as_deref().unwrap_or_default(),
             drop_existing = self.drop_existing,
+            expect_system_identifier = self.expect_system_identifier.as_deref().unwrap_or_default(),
             otel.status_description = tracing::field::Empty,
         )
     }
@@ -476,6 +497,36 @@ mod tests {
                     object: object(&format!("b/databases/{name}.dump")),
                 })
                 .collect(),
+        }
+    }
+
+    fn parse(args: &[&str]) -> Result<RestoreArgs, clap::Error> {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            restore: RestoreArgs,
+        }
+        let required = ["agent", "--backup-name", "b1", "--s3-bucket", "backups"];
+        <Cli as clap::Parser>::try_parse_from(required.iter().chain(args)).map(|cli| cli.restore)
+    }
+
+    #[test]
+    fn the_expected_system_identifier_is_a_flag_of_digits() {
+        let args = parse(&["--expect-system-identifier", "7312345678901234567"]).expect("parses");
+        assert_eq!(
+            args.expect_system_identifier.as_deref(),
+            Some("7312345678901234567")
+        );
+        assert_eq!(parse(&[]).expect("parses").expect_system_identifier, None);
+        for bad in ["Any", "-1", "7x", ""] {
+            let flag = format!("--expect-system-identifier={bad}");
+            let error = parse(&[flag.as_str()]).err();
+            let message = error.map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                message.contains("--expect-system-identifier")
+                    && message.contains("not a PostgreSQL system identifier"),
+                "{bad:?}: {message}"
+            );
         }
     }
 

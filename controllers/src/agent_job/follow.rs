@@ -13,6 +13,9 @@ pub struct AgentResult {
     /// `Completed` or `Failed`.
     pub status: String,
     pub message: Option<String>,
+    /// Why it failed, as a reason the controllers know (for example
+    /// `SystemIdentifierMismatch`), when the agent gives one.
+    pub reason: Option<String>,
     pub backup_name: Option<String>,
     pub manifest_key: Option<String>,
     /// Hex SHA-256 of the manifest's bytes.
@@ -40,8 +43,27 @@ pub enum JobState {
     Running,
     /// Succeeded; the agent's result, when it could be read.
     Succeeded(Option<Box<AgentResult>>),
-    /// Failed, and why, in one line.
-    Failed(String),
+    /// Failed, and why.
+    Failed(JobFailure),
+}
+
+/// Why a Job failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobFailure {
+    /// The agent's reason, when its result gives one.
+    pub reason: Option<String>,
+    /// What failed, in one line.
+    pub message: String,
+}
+
+impl JobFailure {
+    /// A failure with a message only.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            reason: None,
+            message: message.into(),
+        }
+    }
 }
 
 /// Whether the Job has ended (its Complete or Failed condition is True): only then are its
@@ -85,29 +107,30 @@ pub fn job_state(job: &Job, pods: &[Pod]) -> JobState {
     JobState::Running
 }
 
-/// Why a Job failed: the agent's own message when it wrote one, else the end of its log (the
-/// fallback termination message), else the Job controller's reason (for example
+/// Why a Job failed: the agent's own message (and reason) when it wrote one, else the end of
+/// its log (the fallback termination message), else the Job controller's reason (for example
 /// `DeadlineExceeded`).
 fn failure_reason(
     reason: Option<&str>,
     message: Option<&str>,
     termination: Option<&str>,
-) -> String {
+) -> JobFailure {
     if let Some(termination) = termination.map(str::trim).filter(|m| !m.is_empty()) {
         return match AgentResult::parse(termination) {
             Some(AgentResult {
                 message: Some(message),
+                reason,
                 ..
-            }) => message,
-            _ => last_lines(termination),
+            }) => JobFailure { reason, message },
+            _ => JobFailure::new(last_lines(termination)),
         };
     }
-    match (reason, message) {
+    JobFailure::new(match (reason, message) {
         (Some(reason), Some(message)) => format!("{reason}: {message}"),
         (Some(reason), None) => reason.to_owned(),
         (None, Some(message)) => message.to_owned(),
         (None, None) => "the Job failed".to_owned(),
-    }
+    })
 }
 
 /// The last three lines of a log, joined, at most 512 characters.
@@ -218,15 +241,16 @@ mod tests {
         let agent = r#"{"status":"Failed","message":"S3 CreateMultipartUpload of db/main/b1/globals.sql failed: InvalidAccessKeyId"}"#;
         assert_eq!(
             job_state(&failed, &[pod(agent)]),
-            JobState::Failed(
+            JobState::Failed(JobFailure::new(
                 "S3 CreateMultipartUpload of db/main/b1/globals.sql failed: InvalidAccessKeyId"
-                    .to_owned()
-            )
+            ))
         );
         let log = "starting\nline two\npanicked at src/x.rs\nthread main aborted\n";
         assert_eq!(
             job_state(&failed, &[pod(log)]),
-            JobState::Failed("line two | panicked at src/x.rs | thread main aborted".to_owned())
+            JobState::Failed(JobFailure::new(
+                "line two | panicked at src/x.rs | thread main aborted"
+            ))
         );
         let deadline = job(Some((
             "Failed",
@@ -235,9 +259,23 @@ mod tests {
         )));
         assert_eq!(
             job_state(&deadline, &[]),
-            JobState::Failed(
-                "DeadlineExceeded: Job was active longer than specified deadline".to_owned()
-            )
+            JobState::Failed(JobFailure::new(
+                "DeadlineExceeded: Job was active longer than specified deadline"
+            ))
+        );
+    }
+
+    #[test]
+    fn a_failed_job_carries_the_agents_reason_when_it_gives_one() {
+        let failed = job(Some(("Failed", "BackoffLimitExceeded", "")));
+        let agent = r#"{"status":"Failed","reason":"SystemIdentifierMismatch","message":"the target database has system identifier 1, not the expected 2"}"#;
+        assert_eq!(
+            job_state(&failed, &[pod(agent)]),
+            JobState::Failed(JobFailure {
+                reason: Some("SystemIdentifierMismatch".to_owned()),
+                message: "the target database has system identifier 1, not the expected 2"
+                    .to_owned(),
+            })
         );
     }
 }

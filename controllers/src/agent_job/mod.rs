@@ -8,5 +8,5 @@ mod inputs;
 mod live;
 
 pub use build::{BACKUP_LABEL, JobInput, RESTORE_LABEL, Task, build, job_name, restore_job_name};
-pub use follow::{AgentResult, JobState, has_ended, job_state};
+pub use follow::{AgentResult, JobFailure, JobState, has_ended, job_state};
 pub use live::{JobError, create, own_jobs, state};

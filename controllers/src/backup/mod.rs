@@ -376,7 +376,9 @@ async fn follow_job(
     let found = job::state(client, namespace, &name).await?;
     let deleted = found.is_none();
     let state = found.unwrap_or_else(|| {
-        JobState::Failed(format!("the backup Job {name} was deleted before it ended"))
+        JobState::Failed(job::JobFailure::new(format!(
+            "the backup Job {name} was deleted before it ended"
+        )))
     });
     match state {
         JobState::Running => {
@@ -390,10 +392,10 @@ async fn follow_job(
         JobState::Succeeded(result) => {
             complete(context, backup, namespace, result.map(|r| *r)).await
         }
-        JobState::Failed(reason) => {
+        JobState::Failed(failure) => {
             let change = Change::Failed(decide::Reason {
                 reason: if deleted { "JobDeleted" } else { "JobFailed" },
-                message: reason,
+                message: failure.message,
             });
             status::write(context, backup, change).await?;
             Ok(Action::await_change())

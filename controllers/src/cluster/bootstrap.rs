@@ -1,5 +1,8 @@
 //! The cluster's bootstrap restore: made only over a database this cluster made (see
-//! [`identity::bootstrap_gate`](super::identity::bootstrap_gate)).
+//! [`identity::bootstrap_gate`](super::identity::bootstrap_gate)), and restoring only into
+//! that database: its `expectedSystemIdentifier` is the one the primary reported when the gate
+//! let it run. So the restore never waits for the cluster's status to record the identifier
+//! (written after the restore is made, in the same reconcile).
 
 use kube::{Api, ResourceExt};
 use pgkube_crds::{PostgreSQLCluster, PostgreSQLRestore};
@@ -19,14 +22,17 @@ pub(super) async fn step(
     restores: &[&PostgreSQLRestore],
     outcome: &Outcome,
 ) -> Result<Option<restores::Bootstrap>, Error> {
-    let gate = bootstrap_gate(cluster, instances, primary);
+    let report = primary_report(instances, primary);
+    let gate = identity::bootstrap_gate(cluster.metadata.uid.as_deref(), report);
     let bootstrap = restores::bootstrap(cluster, restores, cluster.status.as_ref(), &gate);
     if matches!(bootstrap, Some(restores::Bootstrap::InProgress(_)))
         && gate == identity::BootstrapGate::Proceed
         && outcome.issue.as_ref().is_none_or(|i| !i.invalid_spec)
     {
         let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
-        ensure_bootstrap_restore(context, cluster, restores, &namespace)
+        // The database the gate let the restore run over.
+        let system_identifier = report.and_then(|r| r.system_identifier.as_deref());
+        ensure_bootstrap_restore(context, cluster, system_identifier, restores, &namespace)
             .instrument(info_span!("bootstrap"))
             .await?;
     }
@@ -39,22 +45,33 @@ pub(super) fn bootstrap_gate(
     instances: &[instances::ObservedInstance],
     primary: &str,
 ) -> identity::BootstrapGate {
-    let report = instances
-        .iter()
-        .find(|instance| instance.pod == primary)
-        .and_then(instances::ObservedInstance::reported);
-    identity::bootstrap_gate(cluster.metadata.uid.as_deref(), report)
+    identity::bootstrap_gate(
+        cluster.metadata.uid.as_deref(),
+        primary_report(instances, primary),
+    )
 }
 
-/// Creates the cluster's bootstrap restore unless the cache has it. One that exists already
-/// (the cache lags behind a create) is left as it is.
+/// What the designated primary reports, if it answers.
+fn primary_report<'a>(
+    instances: &'a [instances::ObservedInstance],
+    primary: &str,
+) -> Option<&'a instances::InstanceReport> {
+    instances
+        .iter()
+        .find(|instance| instance.pod == primary)
+        .and_then(instances::ObservedInstance::reported)
+}
+
+/// Creates the cluster's bootstrap restore, into the database of `system_identifier`, unless
+/// the cache has it. One that exists already (the cache lags behind a create) is left as it is.
 async fn ensure_bootstrap_restore(
     context: &ClusterContext,
     cluster: &PostgreSQLCluster,
+    system_identifier: Option<&str>,
     restores: &[&PostgreSQLRestore],
     namespace: &str,
 ) -> Result<(), Error> {
-    let Some(desired) = restores::bootstrap_restore(cluster) else {
+    let Some(desired) = restores::bootstrap_restore(cluster, system_identifier) else {
         return Ok(());
     };
     let name = desired.name_any();

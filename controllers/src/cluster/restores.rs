@@ -83,8 +83,13 @@ pub fn bootstrap_restore_name(cluster: &str) -> String {
 
 /// The bootstrap restore of `cluster`, owned by it, when its spec asks for one. It replaces
 /// the databases the backup holds: in a new cluster those are only the empty ones `initdb`
-/// made.
-pub fn bootstrap_restore(cluster: &PostgreSQLCluster) -> Option<PostgreSQLRestore> {
+/// made. It restores only into `system_identifier`, the database the primary reported when the
+/// bootstrap was allowed to run (see [`BootstrapGate`]): the restore needs nothing the cluster's
+/// status may not have recorded yet. Without one, it expects the identifier the cluster records.
+pub fn bootstrap_restore(
+    cluster: &PostgreSQLCluster,
+    system_identifier: Option<&str>,
+) -> Option<PostgreSQLRestore> {
     let bootstrap = cluster.spec.bootstrap.as_ref()?;
     let name = cluster.name_any();
     let spec = PostgreSQLRestoreSpec {
@@ -93,6 +98,7 @@ pub fn bootstrap_restore(cluster: &PostgreSQLCluster) -> Option<PostgreSQLRestor
         cluster: LocalReference { name: name.clone() },
         databases: Vec::new(),
         drop_existing: true,
+        expected_system_identifier: system_identifier.map(str::to_owned),
     };
     let mut restore = PostgreSQLRestore::new(&bootstrap_restore_name(&name), spec);
     restore.metadata = ObjectMeta {
@@ -266,6 +272,7 @@ mod tests {
                 },
                 databases: Vec::new(),
                 drop_existing: true,
+                expected_system_identifier: None,
             },
         );
         restore.status = Some(PostgreSQLRestoreStatus {
@@ -281,12 +288,19 @@ mod tests {
 
     #[test]
     fn the_bootstrap_restore_is_owned_by_the_cluster_and_replaces_the_empty_databases() {
-        assert!(bootstrap_restore(&cluster(false)).is_none());
-        let restore = bootstrap_restore(&cluster(true)).expect("a restore");
+        assert!(bootstrap_restore(&cluster(false), Some("7")).is_none());
+        let restore = bootstrap_restore(&cluster(true), Some("7")).expect("a restore");
         assert_eq!(restore.name_any(), "main-bootstrap");
         assert_eq!(restore.namespace().as_deref(), Some("db"));
         assert_eq!(restore.spec.cluster.name, "main");
         assert!(restore.spec.drop_existing);
+        // Only into the database the primary reported, whatever the status has recorded yet.
+        assert_eq!(
+            restore.spec.expected_system_identifier.as_deref(),
+            Some("7")
+        );
+        let unreported = bootstrap_restore(&cluster(true), None).expect("a restore");
+        assert_eq!(unreported.spec.expected_system_identifier, None);
         let owner = &restore.owner_references()[0];
         assert_eq!(
             (owner.uid.as_str(), owner.controller),

@@ -5,8 +5,10 @@
 //! was taken from a newer PostgreSQL major than the target cluster runs. It waits (Pending, with
 //! a reason) while the named backup has not ended, while the target cluster is missing or has
 //! no ready primary, while another restore into the cluster goes first (one at a time, the
-//! oldest first), and while a backup of the cluster runs; after the pending deadline it fails.
-//! Then the manifest is read from storage and checked (see the controller), and the Job starts.
+//! oldest first), while a backup of the cluster runs, and while the database the restore must
+//! find in the cluster is not known (see [`identity`](super::identity)); after the pending
+//! deadline it fails. Then the manifest is read from storage and checked (see the controller),
+//! the identifier the Job checks is recorded in the status, and the Job starts.
 
 use std::time::Duration;
 
@@ -20,6 +22,8 @@ use pgkube_crds::{
 use crate::backup::decide::{Reason, manifest_key, resolved_prefix};
 use crate::storage::keys::MANIFEST_FILE;
 
+use super::identity::{self, Expectation};
+
 /// The next step for a restore.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Next {
@@ -31,8 +35,18 @@ pub enum Next {
     Wait(Reason),
     /// Refused, or waited too long: Failed.
     Fail(Reason),
-    /// Read the manifest at this location, check it against the cluster, then start the Job.
-    Start(Box<Location>),
+    /// Read the manifest at this location, check it against the cluster, record the target,
+    /// then start the Job.
+    Start(Box<Start>),
+}
+
+/// What a restore that may start restores, and into which database.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Start {
+    pub location: Location,
+    /// What the Job checks the target's database against, for `status.targetSystemIdentifier`:
+    /// a system identifier, or `Any`.
+    pub target_system_identifier: String,
 }
 
 /// Where the backup to restore is.
@@ -87,9 +101,17 @@ pub fn next(
             return Next::Fail(refusal);
         }
     }
-    match blocker(restore, facts) {
-        Some(reason) => waiting(restore, reason, now, pending_deadline),
-        None => Next::Start(Box::new(location)),
+    let cluster = match ready_cluster(restore, facts) {
+        Ok(cluster) => cluster,
+        Err(reason) => return waiting(restore, reason, now, pending_deadline),
+    };
+    match identity::expectation(restore, cluster) {
+        Expectation::Known(target_system_identifier) => Next::Start(Box::new(Start {
+            location,
+            target_system_identifier,
+        })),
+        Expectation::Unknown(reason) => waiting(restore, reason, now, pending_deadline),
+        Expectation::Invalid(reason) => Next::Fail(reason),
     }
 }
 
@@ -223,23 +245,27 @@ pub fn source_location(storage: &S3Storage, key: &str) -> Result<Location, Reaso
     })
 }
 
-/// What the target cluster, the other restores or a running backup hold the restore for.
-fn blocker(restore: &PostgreSQLRestore, facts: Facts<'_>) -> Option<Reason> {
+/// The target cluster, unless it, the other restores or a running backup hold the restore:
+/// then what holds it.
+fn ready_cluster<'a>(
+    restore: &PostgreSQLRestore,
+    facts: Facts<'a>,
+) -> Result<&'a PostgreSQLCluster, Reason> {
     let cluster_name = &restore.spec.cluster.name;
     let Some(cluster) = facts.cluster else {
-        return Some(Reason::new(
+        return Err(Reason::new(
             "ClusterNotFound",
             format!("PostgreSQLCluster {cluster_name} does not exist"),
         ));
     };
     if let Some(why) = not_ready(cluster) {
-        return Some(Reason::new(
+        return Err(Reason::new(
             "ClusterNotReady",
             format!("PostgreSQLCluster {cluster_name} {why}"),
         ));
     }
     if let Some(first) = first_unfinished(restore, facts.restores) {
-        return Some(Reason::new(
+        return Err(Reason::new(
             "WaitingForRestore",
             format!("restore {first} into the same cluster runs first (one restore at a time)"),
         ));
@@ -249,15 +275,16 @@ fn blocker(restore: &PostgreSQLRestore, facts: Facts<'_>) -> Option<Reason> {
         .iter()
         .filter(|b| &b.spec.cluster.name == cluster_name)
         .find(|b| b.status.as_ref().and_then(|s| s.phase) == Some(BackupPhase::Running));
-    running_backup.map(|backup| {
-        Reason::new(
+    match running_backup {
+        Some(backup) => Err(Reason::new(
             "WaitingForBackup",
             format!(
                 "backup {} of the cluster is running; the restore starts once it ends",
                 backup.name_any()
             ),
-        )
-    })
+        )),
+        None => Ok(cluster),
+    }
 }
 
 /// Why `cluster` cannot take a restore yet: a restore needs a ready primary (the replicas
@@ -324,277 +351,4 @@ pub fn wait_or_time_out(
 }
 
 #[cfg(test)]
-mod tests {
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-    use k8s_openapi::jiff::Timestamp;
-    use pgkube_crds::{
-        InstanceStatus, LocalReference, PostgreSQLBackupSpec, PostgreSQLBackupStatus,
-        PostgreSQLClusterSpec, PostgreSQLClusterStatus, PostgreSQLRestoreSpec,
-        PostgreSQLRestoreStatus, PostgresVersion, RestoreSource,
-    };
-
-    use super::*;
-
-    const DEADLINE: Duration = Duration::from_secs(600);
-
-    fn at(second: i64) -> DateTime<Utc> {
-        DateTime::<Utc>::from_timestamp(1_800_000_000 + second, 0).expect("time")
-    }
-
-    fn created(second: i64) -> Time {
-        Time(Timestamp::from_second(1_800_000_000 + second).expect("time"))
-    }
-
-    fn storage() -> S3Storage {
-        S3Storage {
-            bucket: "backups".to_owned(),
-            ..S3Storage::default()
-        }
-    }
-
-    fn restore(name: &str, second: i64, phase: Option<RestorePhase>) -> PostgreSQLRestore {
-        let mut restore = PostgreSQLRestore::new(
-            name,
-            PostgreSQLRestoreSpec {
-                backup: Some(LocalReference {
-                    name: "nightly".to_owned(),
-                }),
-                source: None,
-                cluster: LocalReference {
-                    name: "main".to_owned(),
-                },
-                databases: Vec::new(),
-                drop_existing: false,
-            },
-        );
-        restore.metadata.namespace = Some("db".to_owned());
-        restore.metadata.creation_timestamp = Some(created(second));
-        restore.status = phase.map(|phase| PostgreSQLRestoreStatus {
-            phase: Some(phase),
-            ..PostgreSQLRestoreStatus::default()
-        });
-        restore
-    }
-
-    fn backup(phase: BackupPhase, version: &str) -> PostgreSQLBackup {
-        let mut backup = PostgreSQLBackup::new(
-            "nightly",
-            PostgreSQLBackupSpec {
-                cluster: LocalReference {
-                    name: "main".to_owned(),
-                },
-                method: Default::default(),
-                deletion_policy: Default::default(),
-                compression: None,
-            },
-        );
-        backup.metadata.namespace = Some("db".to_owned());
-        backup.status = Some(PostgreSQLBackupStatus {
-            phase: Some(phase),
-            storage: Some(storage()),
-            object_key: Some("db/main/c-uid/nightly/b-uid/manifest.json".to_owned()),
-            postgres_version: Some(version.to_owned()),
-            message: Some("the store refused".to_owned()),
-            ..PostgreSQLBackupStatus::default()
-        });
-        backup
-    }
-
-    fn cluster(version: PostgresVersion, primary_ready: bool) -> PostgreSQLCluster {
-        let mut spec: PostgreSQLClusterSpec =
-            serde_json::from_value(serde_json::json!({"storage": "1Gi"})).expect("spec");
-        spec.version = version;
-        let mut cluster = PostgreSQLCluster::new("main", spec);
-        cluster.status = Some(PostgreSQLClusterStatus {
-            current_primary: Some("main-0".to_owned()),
-            instances: vec![InstanceStatus {
-                name: "main-0".to_owned(),
-                role: InstanceRole::Primary,
-                ready: primary_ready,
-                timeline: None,
-                lag_bytes: None,
-                streaming: None,
-                message: None,
-            }],
-            ..PostgreSQLClusterStatus::default()
-        });
-        cluster
-    }
-
-    fn reason(next: &Next) -> Option<&'static str> {
-        match next {
-            Next::Wait(reason) | Next::Fail(reason) => Some(reason.reason),
-            _ => None,
-        }
-    }
-
-    fn decide(
-        restore: &PostgreSQLRestore,
-        backup: Option<&PostgreSQLBackup>,
-        cluster: Option<&PostgreSQLCluster>,
-        now: i64,
-    ) -> Next {
-        let facts = Facts {
-            backup,
-            cluster,
-            restores: &[],
-            backups: &[],
-        };
-        next(restore, facts, at(now), DEADLINE)
-    }
-
-    #[test]
-    fn a_completed_backup_into_a_ready_cluster_starts_at_the_backups_manifest() {
-        let r = restore("r1", 0, None);
-        let b = backup(BackupPhase::Completed, "15.14");
-        let c = cluster(PostgresVersion::V15, true);
-        let Next::Start(location) = decide(&r, Some(&b), Some(&c), 5) else {
-            panic!("starts");
-        };
-        assert_eq!(location.prefix, "db/main");
-        assert_eq!(location.backup_name, "nightly");
-        assert_eq!(
-            location.manifest_key,
-            "db/main/c-uid/nightly/b-uid/manifest.json"
-        );
-    }
-
-    #[test]
-    fn a_backup_from_before_the_uids_in_the_keys_is_restored_from_its_legacy_key() {
-        let (r, c) = (restore("r1", 0, None), cluster(PostgresVersion::V15, true));
-        for recorded in [Some("db/main/nightly/manifest.json".to_owned()), None] {
-            let mut legacy = backup(BackupPhase::Completed, "15.14");
-            legacy.status.as_mut().expect("status").object_key = recorded;
-            let next = decide(&r, Some(&legacy), Some(&c), 5);
-            let Next::Start(location) = next else {
-                panic!("starts: {next:?}")
-            };
-            assert_eq!(location.manifest_key, "db/main/nightly/manifest.json");
-        }
-    }
-
-    #[test]
-    fn unusable_backups_are_refused_at_once() {
-        let r = restore("r1", 0, None);
-        let c = cluster(PostgresVersion::V15, true);
-        assert_eq!(
-            reason(&decide(&r, None, Some(&c), 5)),
-            Some("BackupNotFound")
-        );
-        let failed = backup(BackupPhase::Failed, "15.14");
-        let Next::Fail(refusal) = decide(&r, Some(&failed), Some(&c), 5) else {
-            panic!("refused");
-        };
-        assert_eq!(refusal.reason, "BackupFailed");
-        assert!(refusal.message.contains("the store refused"));
-        let newer = backup(BackupPhase::Completed, "16.4 (Debian 16.4-1)");
-        let Next::Fail(refusal) = decide(&r, Some(&newer), Some(&c), 5) else {
-            panic!("refused");
-        };
-        assert_eq!(refusal.reason, "NewerMajor");
-        assert!(refusal.message.contains("major 16"), "{}", refusal.message);
-        assert!(
-            refusal.message.contains("PostgreSQL 15"),
-            "{}",
-            refusal.message
-        );
-        // An older major restores into a newer server.
-        let older = backup(BackupPhase::Completed, "14.9");
-        let newer_cluster = cluster(PostgresVersion::V16, true);
-        assert!(matches!(
-            decide(&r, Some(&older), Some(&newer_cluster), 5),
-            Next::Start(_)
-        ));
-    }
-
-    #[test]
-    fn it_waits_for_the_backup_and_the_cluster_then_times_out() {
-        let r = restore("r1", 0, None);
-        let running = backup(BackupPhase::Running, "15.14");
-        let ready = cluster(PostgresVersion::V15, true);
-        assert_eq!(
-            reason(&decide(&r, Some(&running), Some(&ready), 5)),
-            Some("BackupNotCompleted")
-        );
-        let b = backup(BackupPhase::Completed, "15.14");
-        assert_eq!(
-            reason(&decide(&r, Some(&b), None, 5)),
-            Some("ClusterNotFound")
-        );
-        let starting = cluster(PostgresVersion::V15, false);
-        assert_eq!(
-            reason(&decide(&r, Some(&b), Some(&starting), 5)),
-            Some("ClusterNotReady")
-        );
-        let Next::Fail(late) = decide(&r, Some(&b), None, 601) else {
-            panic!("timed out");
-        };
-        assert_eq!(late.reason, "PendingTimeout");
-        assert!(late.message.contains("main does not exist"));
-    }
-
-    #[test]
-    fn one_restore_at_a_time_and_never_during_a_backup() {
-        let b = backup(BackupPhase::Completed, "15.14");
-        let c = cluster(PostgresVersion::V15, true);
-        let old = restore("old", 0, Some(RestorePhase::Pending));
-        let new = restore("new", 10, None);
-        let restores = [&old, &new];
-        let decide = |restore: &PostgreSQLRestore, backups: &[&PostgreSQLBackup]| {
-            let facts = Facts {
-                backup: Some(&b),
-                cluster: Some(&c),
-                restores: &restores,
-                backups,
-            };
-            next(restore, facts, at(20), DEADLINE)
-        };
-        assert!(matches!(decide(&old, &[]), Next::Start(_)));
-        assert_eq!(reason(&decide(&new, &[])), Some("WaitingForRestore"));
-        let running = backup(BackupPhase::Running, "15.14");
-        assert_eq!(reason(&decide(&old, &[&running])), Some("WaitingForBackup"));
-        let done = restore("done", 30, Some(RestorePhase::Completed));
-        assert_eq!(decide(&done, &[]), Next::Finished);
-        let following = restore("following", 30, Some(RestorePhase::Running));
-        assert_eq!(decide(&following, &[]), Next::Follow);
-    }
-
-    #[test]
-    fn a_source_must_name_a_manifest_key() {
-        let location =
-            source_location(&storage(), "team/main/nightly/manifest.json").expect("a manifest key");
-        assert_eq!(
-            (location.prefix.as_str(), location.backup_name.as_str()),
-            ("team/main", "nightly")
-        );
-        let top = source_location(&storage(), "nightly/manifest.json").expect("no prefix");
-        assert_eq!(
-            (top.prefix.as_str(), top.backup_name.as_str()),
-            ("", "nightly")
-        );
-        for bad in [
-            "team/main/nightly",
-            "manifest.json",
-            "a/../manifest.json",
-            "a/xmanifest.json",
-        ] {
-            assert_eq!(
-                source_location(&storage(), bad)
-                    .map(|_| ())
-                    .map_err(|r| r.reason),
-                Err("InvalidSource"),
-                "{bad}"
-            );
-        }
-        let mut from_source = restore("r1", 0, None);
-        from_source.spec.backup = None;
-        from_source.spec.source = Some(RestoreSource {
-            s3: storage(),
-            object_key: "elsewhere/manifest".to_owned(),
-        });
-        assert_eq!(
-            reason(&decide(&from_source, None, None, 5)),
-            Some("InvalidSource")
-        );
-    }
-}
+mod tests;

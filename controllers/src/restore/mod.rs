@@ -8,11 +8,14 @@
 //!    the pending deadline has passed.
 //! 2. **check**: read the backup's manifest from storage. A missing manifest, one that cannot
 //!    be parsed, or one from a newer major refuses the restore before any Job exists.
-//! 3. **start**: create the Job (the shared [`crate::agent_job`]), owned by the restore, then
-//!    record Running with the manifest key.
+//! 3. **start**: record in `status.targetSystemIdentifier` which database the Job must find in
+//!    the cluster ([`identity`]), then create the Job (the shared [`crate::agent_job`]), owned
+//!    by the restore and built from that record, then record Running with the manifest key.
 //! 4. **follow**: Completed with the databases and times the agent reported, or Failed with the
-//!    reason from its pod. The agent verifies every object before it changes anything, so a
-//!    corrupted backup fails with the existing data untouched.
+//!    reason from its pod. The agent checks the target's system identifier and verifies every
+//!    object before it changes anything, so a restore into another database than expected
+//!    (`SystemIdentifierMismatch`) or of a corrupted backup fails with the existing data
+//!    untouched.
 //!
 //! Every phase ends: Pending has a deadline, the Job has `activeDeadlineSeconds`, and a Job
 //! that disappears before it ended fails the restore. The status is written with server-side
@@ -21,6 +24,7 @@
 //! scheduler skips the cluster's ticks while one is unfinished.
 
 pub mod decide;
+pub mod identity;
 mod status;
 
 use std::sync::Arc;
@@ -35,7 +39,7 @@ use kube::{Api, ResourceExt};
 use pgkube_crds::{PostgreSQLBackup, PostgreSQLCluster, PostgreSQLRestore, RestorePhase};
 use tracing::{Instrument, Span, field, info_span, instrument};
 
-use crate::agent_job::{self as job, JobState};
+use crate::agent_job::{self as job, JobFailure, JobState};
 use crate::backup::access;
 use crate::backup::decide::Reason;
 use crate::events::Recorder;
@@ -221,8 +225,8 @@ async fn reconcile_restore(
             status::write(context, restore, Change::Failed(reason)).await?;
             Ok(Action::await_change())
         }
-        Next::Start(location) => match read.cluster.as_ref() {
-            Some(cluster) => start(context, restore, cluster, &location, &namespace).await,
+        Next::Start(plan) => match read.cluster.as_ref() {
+            Some(cluster) => start(context, restore, cluster, &plan, &namespace).await,
             // `decide` starts only a restore whose cluster it saw; never reached.
             None => Ok(Action::requeue(WAIT_REQUEUE)),
         },
@@ -295,15 +299,16 @@ impl Read {
     }
 }
 
-/// Checks the manifest, creates the Job (or takes over the one a previous reconcile created),
-/// then records Running.
+/// Checks the manifest, records the target's expected system identifier, creates the Job (or
+/// takes over the one a previous reconcile created) from that record, then records Running.
 async fn start(
     context: &RestoreContext,
     restore: &PostgreSQLRestore,
     cluster: &PostgreSQLCluster,
-    location: &Location,
+    plan: &decide::Start,
     namespace: &str,
 ) -> Result<Action, Error> {
+    let location = &plan.location;
     match check_manifest(context, restore, cluster, location, namespace)
         .instrument(info_span!("check"))
         .await
@@ -318,11 +323,16 @@ async fn start(
             return Ok(Action::await_change());
         }
     }
+    // Record, then act: the Job is built from the status as written, so what it checks is on
+    // record before it can change anything.
+    let target = plan.target_system_identifier.clone();
+    let mut recorded = restore.clone();
+    recorded.status = Some(status::write(context, restore, Change::Starting { target }).await?);
     let settings = &context.base.settings;
     let desired = info_span!("build").in_scope(|| {
         job::build(&job::JobInput {
             task: job::Task::Restore {
-                restore,
+                restore: &recorded,
                 backup_name: &location.backup_name,
                 manifest_key: &location.manifest_key,
             },
@@ -349,7 +359,7 @@ async fn start(
         job: name,
         manifest_key: location.manifest_key.clone(),
     };
-    status::write(context, restore, change).await?;
+    status::write(context, &recorded, change).await?;
     Ok(Action::requeue(FOLLOW_REQUEUE))
 }
 
@@ -418,13 +428,13 @@ async fn follow_job(
     let change = match job::state(&context.base.client, namespace, &name).await? {
         Some(JobState::Running) => return Ok(Action::requeue(FOLLOW_REQUEUE)),
         Some(JobState::Succeeded(Some(result))) if result.status == "Completed" => {
-            Change::Completed(*result)
+            Change::Completed(result)
         }
         Some(JobState::Succeeded(_)) => Change::Failed(Reason::new(
             "NoResult",
             "the restore Job succeeded but its pod left no readable result",
         )),
-        Some(JobState::Failed(reason)) => Change::Failed(Reason::new("JobFailed", reason)),
+        Some(JobState::Failed(failure)) => Change::Failed(job_failure(failure)),
         None => Change::Failed(Reason::new(
             "JobDeleted",
             format!("the restore Job {name} was deleted before it ended"),
@@ -432,4 +442,17 @@ async fn follow_job(
     };
     status::write(context, restore, change).await?;
     Ok(Action::await_change())
+}
+
+/// The restore's reason for its failed Job: the agent's own when it is one the restore knows
+/// (a target that is not the expected database), else `JobFailed`; the agent's message either
+/// way.
+fn job_failure(failure: JobFailure) -> Reason {
+    let JobFailure { reason, message } = failure;
+    match reason.as_deref() {
+        Some(identity::SYSTEM_IDENTIFIER_MISMATCH) => {
+            Reason::new(identity::SYSTEM_IDENTIFIER_MISMATCH, message)
+        }
+        _ => Reason::new("JobFailed", message),
+    }
 }

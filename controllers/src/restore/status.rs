@@ -8,6 +8,7 @@ use kube::{Api, Resource, ResourceExt};
 use pgkube_crds::{PostgreSQLRestore, PostgreSQLRestoreStatus, RestorePhase};
 use serde_json::json;
 
+use super::identity::starting_message;
 use super::{Error, RestoreContext, STATUS_FIELD_MANAGER, kube_error};
 use crate::agent_job::AgentResult;
 use crate::backup::decide::Reason;
@@ -18,22 +19,30 @@ pub const COMPLETED_CONDITION: &str = "Completed";
 /// What happened to the restore.
 pub enum Change {
     Pending(Reason),
-    Running { job: String, manifest_key: String },
-    Completed(AgentResult),
+    /// About to create the Job, which must find the database of system identifier `target` (or
+    /// any, for `Any`) in the cluster: recorded before the Job exists.
+    Starting {
+        target: String,
+    },
+    Running {
+        job: String,
+        manifest_key: String,
+    },
+    Completed(Box<AgentResult>),
     Failed(Reason),
 }
 
 /// Writes the status for `change` if it differs from the current one, with an Event when the
-/// phase or its reason changes.
+/// phase or its reason changes; returns the status as it now is.
 pub async fn write(
     context: &RestoreContext,
     restore: &PostgreSQLRestore,
     change: Change,
-) -> Result<(), Error> {
+) -> Result<PostgreSQLRestoreStatus, Error> {
     let previous = restore.status.clone().unwrap_or_default();
     let new = next_status(&previous, change, Timestamp::now());
     if same(&new, &previous) {
-        return Ok(());
+        return Ok(previous);
     }
     patch(context, restore, &new).await?;
     tracing::info!(phase = ?new.phase, message = new.message.as_deref().unwrap_or(""), "status updated");
@@ -50,7 +59,7 @@ pub async fn write(
         )
         .await;
     }
-    Ok(())
+    Ok(new)
 }
 
 /// The status after `change`.
@@ -67,6 +76,11 @@ pub fn next_status(
             reason.reason,
             reason.message,
         ),
+        Change::Starting { target } => {
+            let message = starting_message(&target);
+            status.target_system_identifier = Some(target);
+            (RestorePhase::Pending, "False", "Starting", message)
+        }
         Change::Running { job, manifest_key } => {
             status.job_name = Some(job.clone());
             status.restored_object_key = Some(manifest_key.clone());
@@ -186,7 +200,7 @@ mod tests {
             databases: Some(vec!["app".to_owned(), "shop".to_owned()]),
             ..AgentResult::default()
         };
-        let done = next_status(&running, Change::Completed(result), at(90));
+        let done = next_status(&running, Change::Completed(Box::new(result)), at(90));
         assert_eq!(done.phase, Some(RestorePhase::Completed));
         assert_eq!(done.restored_databases, ["app", "shop"]);
         assert_eq!(
@@ -202,6 +216,46 @@ mod tests {
             (condition.status.as_str(), condition.reason.as_str()),
             ("True", "Completed")
         );
+    }
+
+    #[test]
+    fn the_target_is_recorded_before_the_job_and_kept_to_the_end() {
+        let starting = next_status(
+            &PostgreSQLRestoreStatus::default(),
+            Change::Starting {
+                target: "7312345678901234567".to_owned(),
+            },
+            at(0),
+        );
+        assert_eq!(starting.phase, Some(RestorePhase::Pending));
+        assert_eq!(
+            starting.target_system_identifier.as_deref(),
+            Some("7312345678901234567")
+        );
+        assert_eq!(starting.job_name, None, "recorded before any Job");
+        assert_eq!(starting.conditions[0].reason, "Starting");
+        let running = next_status(
+            &starting,
+            Change::Running {
+                job: "r1-restore".to_owned(),
+                manifest_key: "db/main/b1/manifest.json".to_owned(),
+            },
+            at(1),
+        );
+        let failed = next_status(
+            &running,
+            Change::Failed(Reason::new(
+                "SystemIdentifierMismatch",
+                "the target database has system identifier 1",
+            )),
+            at(2),
+        );
+        assert_eq!(
+            failed.target_system_identifier.as_deref(),
+            Some("7312345678901234567")
+        );
+        assert_eq!(failed.phase, Some(RestorePhase::Failed));
+        assert_eq!(failed.conditions[0].reason, "SystemIdentifierMismatch");
     }
 
     #[test]

@@ -414,6 +414,7 @@ mod tests {
                 },
                 databases: Vec::new(),
                 drop_existing: false,
+                expected_system_identifier: None,
             },
         );
         restore.metadata.namespace = Some("db".to_owned());

@@ -42,7 +42,7 @@ pub use crate::cluster::{
     SynchronousReplication,
 };
 pub use crate::common::{LocalReference, S3Credentials, S3Storage, ServerSideEncryption};
-pub use crate::restore::{PostgreSQLRestoreStatus, RestorePhase};
+pub use crate::restore::{ANY_SYSTEM_IDENTIFIER, PostgreSQLRestoreStatus, RestorePhase};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;

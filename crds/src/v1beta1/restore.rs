@@ -50,4 +50,15 @@ pub struct PostgreSQLRestoreSpec {
     /// restore into an existing database fails and changes nothing.
     #[serde(default)]
     pub drop_existing: bool,
+    /// Which database the target cluster must hold for the restore to run, by its PostgreSQL
+    /// system identifier (`SELECT system_identifier FROM pg_control_system()`). Unset: the
+    /// identifier the cluster recorded in its `status.systemIdentifier` (the restore waits,
+    /// Pending, until the cluster has recorded one). Digits: exactly that identifier. `Any`: no
+    /// check, the user accepts whatever database the cluster holds. The restore Job checks the
+    /// target before it drops or restores anything; on a mismatch the restore fails with reason
+    /// `SystemIdentifierMismatch` and the target's data is untouched. Immutable, like the rest
+    /// of the spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]{1,20}|Any)$"))]
+    pub expected_system_identifier: Option<String>,
 }

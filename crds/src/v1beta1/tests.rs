@@ -150,6 +150,10 @@ fn restore_fields_validate_as_in_v1alpha1() {
             ("spec.cluster", "spec.cluster"),
             ("spec.databases", "spec.databases"),
             ("spec.dropExisting", "spec.dropExisting"),
+            (
+                "spec.expectedSystemIdentifier",
+                "spec.expectedSystemIdentifier",
+            ),
             ("status", "status"),
         ],
     );

@@ -332,6 +332,7 @@ impl Typed<v1beta1::PostgreSQLRestore> for v1alpha1::PostgreSQLRestore {
             cluster,
             databases,
             drop_existing,
+            expected_system_identifier,
         } = spec;
         v1beta1::PostgreSQLRestore {
             metadata,
@@ -341,6 +342,7 @@ impl Typed<v1beta1::PostgreSQLRestore> for v1alpha1::PostgreSQLRestore {
                 cluster,
                 databases,
                 drop_existing,
+                expected_system_identifier,
             },
             status,
         }
@@ -360,6 +362,7 @@ impl Typed<v1alpha1::PostgreSQLRestore> for v1beta1::PostgreSQLRestore {
             cluster,
             databases,
             drop_existing,
+            expected_system_identifier,
         } = spec;
         v1alpha1::PostgreSQLRestore {
             metadata,
@@ -369,6 +372,7 @@ impl Typed<v1alpha1::PostgreSQLRestore> for v1beta1::PostgreSQLRestore {
                 cluster,
                 databases,
                 drop_existing,
+                expected_system_identifier,
             },
             status,
         }

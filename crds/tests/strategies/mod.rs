@@ -516,16 +516,17 @@ pub fn restore_status() -> impl Strategy<Value = PostgreSQLRestoreStatus> {
     (
         (of(restore_phase()), of(time()), of(time())),
         (of("[a-z/.-]{1,30}"), vec(name(), 0..3), of(name())),
-        (of(text()), conditions()),
+        (of(text()), conditions(), of("([0-9]{1,20}|Any)")),
     )
         .prop_map(|(state, result, detail)| {
             let (phase, start_time, completion_time) = state;
             let (restored_object_key, restored_databases, job_name) = result;
-            let (message, conditions) = detail;
+            let (message, conditions, target_system_identifier) = detail;
             PostgreSQLRestoreStatus {
                 phase,
                 start_time,
                 completion_time,
+                target_system_identifier,
                 restored_object_key,
                 restored_databases,
                 job_name,

@@ -174,16 +174,20 @@ fn restore_spec() -> impl Strategy<Value = PostgreSQLRestoreSpec> {
         local_reference(),
         vec(name(), 0..3),
         any::<bool>(),
+        of("([0-9]{1,20}|Any)"),
     )
-        .prop_map(|((backup, source), cluster, databases, drop_existing)| {
-            PostgreSQLRestoreSpec {
-                backup,
-                source,
-                cluster,
-                databases,
-                drop_existing,
-            }
-        })
+        .prop_map(
+            |((backup, source), cluster, databases, drop_existing, expected)| {
+                PostgreSQLRestoreSpec {
+                    backup,
+                    source,
+                    cluster,
+                    databases,
+                    drop_existing,
+                    expected_system_identifier: expected,
+                }
+            },
+        )
 }
 
 pub fn restore() -> impl Strategy<Value = PostgreSQLRestore> {

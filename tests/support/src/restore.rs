@@ -39,6 +39,7 @@ pub fn restore_of_backup(backup: &str, cluster: &str) -> PostgreSQLRestoreSpec {
         },
         databases: Vec::new(),
         drop_existing: false,
+        expected_system_identifier: None,
     }
 }
 
@@ -59,6 +60,7 @@ pub fn restore_of_source(
         },
         databases: Vec::new(),
         drop_existing: false,
+        expected_system_identifier: None,
     }
 }
 
