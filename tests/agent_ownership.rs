@@ -55,6 +55,19 @@ async fn a_name_used_again_gets_a_directory_of_its_own_and_the_first_backup_stay
     assert_eq!(manifest["cluster"], "main");
     assert_eq!(manifest["namespace"], "agent-tests");
     assert_eq!(manifest["backupName"], "nightly");
+    let system_identifier: String = client
+        .query_one(
+            "SELECT system_identifier::text FROM pg_control_system()",
+            &[],
+        )
+        .await
+        .expect("the server's system identifier")
+        .get(0);
+    assert_eq!(
+        manifest["systemIdentifier"],
+        system_identifier.as_str(),
+        "the manifest records which database was backed up"
+    );
     let before = contents(&s3, bucket.name(), &first_dir).await;
     assert_eq!(before.len(), 3, "{before:?}");
 

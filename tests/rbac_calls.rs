@@ -534,6 +534,7 @@ async fn expired_backup(scenario: &Scenario) {
         cluster: CLUSTER.to_owned(),
         namespace: ns.to_owned(),
         cluster_uid: Some(cluster_uid),
+        system_identifier: None,
         backup_name: "ancient".to_owned(),
         backup_uid: Some(backup_uid),
         postgresql_version: "15".to_owned(),

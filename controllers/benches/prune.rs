@@ -102,6 +102,7 @@ fn manifest_json(name: &str, finished_at: DateTime<Utc>) -> Vec<u8> {
         cluster: "bench".into(),
         namespace: "ns".into(),
         cluster_uid: Some(CLUSTER_UID.into()),
+        system_identifier: None,
         backup_name: name.into(),
         backup_uid: Some(format!("{name}-uid")),
         postgresql_version: "16.4".into(),

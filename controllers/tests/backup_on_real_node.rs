@@ -384,6 +384,7 @@ fn manifest(
         cluster: "pg".to_owned(),
         namespace: "ns".to_owned(),
         cluster_uid: uids.map(|(cluster, _)| cluster.to_owned()),
+        system_identifier: None,
         backup_name: name.to_owned(),
         backup_uid: uids.map(|(_, backup)| backup.to_owned()),
         postgresql_version: "15".to_owned(),

@@ -123,6 +123,7 @@ pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
         .wait_until_accepting(args.common.server_wait())
         .await?;
     let postgresql_version = postgres.server_version().await?;
+    let system_identifier = postgres.system_identifier().await?;
     let databases = select_databases(postgres.list_databases().await?, &args.databases)?;
     info!(
         backup = %args.common.backup_name,
@@ -153,6 +154,7 @@ pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
         cluster: args.cluster,
         namespace: args.namespace,
         cluster_uid: Some(args.cluster_uid),
+        system_identifier: Some(system_identifier),
         backup_name: args.common.backup_name.clone(),
         backup_uid: Some(args.backup_uid),
         postgresql_version,

@@ -480,6 +480,7 @@ mod tests {
             cluster: "c".into(),
             namespace: "n".into(),
             cluster_uid: None,
+            system_identifier: None,
             backup_name: "b".into(),
             backup_uid: None,
             postgresql_version: "15".into(),

@@ -53,6 +53,7 @@ pub async fn store_old_format_backup(
         cluster: "main".into(),
         namespace: "agent-tests".into(),
         cluster_uid: None,
+        system_identifier: None,
         backup_name: backup.into(),
         backup_uid: None,
         postgresql_version: "15".into(),

@@ -159,6 +159,7 @@ mod tests {
             cluster: "main".into(),
             namespace: "db".into(),
             cluster_uid: uid.map(|_| "c1".to_owned()),
+            system_identifier: None,
             backup_name: "nightly".into(),
             backup_uid: uid.map(str::to_owned),
             postgresql_version: "16".into(),

@@ -86,6 +86,7 @@ mod tests {
             cluster: "a".into(),
             namespace: "ns".into(),
             cluster_uid: Some("c1".into()),
+            system_identifier: None,
             backup_name: "b1".into(),
             backup_uid: Some("u1".into()),
             postgresql_version: "16.4".into(),

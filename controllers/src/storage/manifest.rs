@@ -46,6 +46,10 @@ pub struct Manifest {
     /// The uid of the PostgreSQLCluster; absent in manifests written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_uid: Option<String>,
+    /// The PostgreSQL system identifier of the backed-up database (`pg_control_system()`);
+    /// absent in manifests written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_identifier: Option<String>,
     pub backup_name: String,
     /// The uid of the PostgreSQLBackup; absent in manifests written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -204,6 +208,7 @@ mod tests {
             cluster: "main".into(),
             namespace: "db".into(),
             cluster_uid: Some("c-uid".into()),
+            system_identifier: None,
             backup_name: "b1".into(),
             backup_uid: Some("b-uid".into()),
             postgresql_version: "15.18".into(),

@@ -57,6 +57,7 @@ pub fn manifest_json(
         cluster: "a".into(),
         namespace: "ns".into(),
         cluster_uid: owner.map(|(cluster, _)| cluster.to_owned()),
+        system_identifier: None,
         backup_name: name.into(),
         backup_uid: owner.map(|(_, backup)| backup.to_owned()),
         postgresql_version: "16.4".into(),
