@@ -44,31 +44,19 @@ async fn count_items(sql: &tokio_postgres::Client) -> i64 {
 /// Starts a healthy 3-instance cluster with 1000 rows in `items`, caught up on every
 /// replica; returns it and its primary.
 async fn healthy_cluster_with_rows(running: &Running) -> (TestCluster, String) {
-    let cluster = TestCluster::builder(CLUSTER)
+    TestCluster::builder(CLUSTER)
         .replicas(3)
         .timeout(CLUSTER_TIMEOUT)
         .extra_spec(json!({
             "highAvailability": {"failoverDelaySeconds": FAILOVER_DELAY_SECONDS},
         }))
-        .start(&running.namespace)
+        .start_healthy(
+            &running.namespace,
+            "CREATE TABLE items (id int PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 1000);",
+            CHANGE_TIMEOUT,
+        )
         .await
-        .unwrap_or_else(|error| panic!("a 3-instance cluster becomes Running: {error:#}"));
-    let primary = cluster
-        .wait_healthy(None, CHANGE_TIMEOUT)
-        .await
-        .expect("the cluster is healthy");
-    let sql = cluster.sql().await.expect("login through rw");
-    sql.batch_execute(
-        "CREATE TABLE items (id int PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 1000);",
-    )
-    .await
-    .expect("rows through rw");
-    drop(sql);
-    cluster
-        .wait_healthy(Some(&primary), CHANGE_TIMEOUT)
-        .await
-        .expect("the replicas caught up");
-    (cluster, primary)
+        .unwrap_or_else(|error| panic!("a healthy 3-instance cluster with rows: {error:#}"))
 }
 
 #[tokio::test]

@@ -30,30 +30,21 @@ const ROWS: i32 = 1000;
 /// Starts a healthy 3-instance cluster with [`ROWS`] rows in `items`, caught up on every
 /// replica; returns it and its primary.
 async fn healthy_cluster_with_rows(running: &Running) -> (TestCluster, String) {
-    let cluster = TestCluster::builder(CLUSTER)
+    TestCluster::builder(CLUSTER)
         .replicas(3)
         .timeout(CLUSTER_TIMEOUT)
         .extra_spec(json!({
             "highAvailability": {"failoverDelaySeconds": FAILOVER_DELAY_SECONDS},
         }))
-        .start(&running.namespace)
+        .start_healthy(
+            &running.namespace,
+            &format!(
+                "CREATE TABLE items (id int PRIMARY KEY); INSERT INTO items SELECT generate_series(1, {ROWS});"
+            ),
+            CHANGE_TIMEOUT,
+        )
         .await
-        .unwrap_or_else(|error| panic!("a 3-instance cluster becomes Running: {error:#}"));
-    let primary = cluster
-        .wait_healthy(None, CHANGE_TIMEOUT)
-        .await
-        .expect("the cluster is healthy");
-    let sql = cluster.sql().await.expect("login through rw");
-    sql.batch_execute(&format!(
-        "CREATE TABLE items (id int PRIMARY KEY); INSERT INTO items SELECT generate_series(1, {ROWS});"
-    ))
-    .await
-    .expect("rows through rw");
-    cluster
-        .wait_healthy(Some(&primary), CHANGE_TIMEOUT)
-        .await
-        .expect("the replicas caught up");
-    (cluster, primary)
+        .unwrap_or_else(|error| panic!("a healthy 3-instance cluster with rows: {error:#}"))
 }
 
 /// Freezes the instance manager and the postmaster of `pod`: it answers nothing, and restarts

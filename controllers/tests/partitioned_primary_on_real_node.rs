@@ -92,31 +92,20 @@ async fn address_of(cluster: &TestCluster, pod: &str) -> std::net::Ipv4Addr {
 
 /// Starts a healthy 2-instance cluster with the table `writes`; returns it and its primary.
 async fn healthy_cluster(running: &Running) -> (TestCluster, String) {
-    let cluster = TestCluster::builder(CLUSTER)
+    TestCluster::builder(CLUSTER)
         .replicas(2)
         .timeout(CLUSTER_TIMEOUT)
         .extra_spec(json!({"highAvailability": {
             "failoverDelaySeconds": FAILOVER_DELAY_SECONDS,
             "isolationTimeoutSeconds": ISOLATION_TIMEOUT_SECONDS,
         }}))
-        .start(&running.namespace)
+        .start_healthy(
+            &running.namespace,
+            "CREATE TABLE writes (id bigserial PRIMARY KEY, at timestamptz NOT NULL DEFAULT clock_timestamp())",
+            CHANGE_TIMEOUT,
+        )
         .await
-        .unwrap_or_else(|error| panic!("a 2-instance cluster becomes Running: {error:#}"));
-    let primary = cluster
-        .wait_healthy(None, CHANGE_TIMEOUT)
-        .await
-        .expect("the cluster is healthy");
-    let sql = cluster.sql().await.expect("login through rw");
-    sql.batch_execute(
-        "CREATE TABLE writes (id bigserial PRIMARY KEY, at timestamptz NOT NULL DEFAULT clock_timestamp())",
-    )
-    .await
-    .expect("the table through rw");
-    cluster
-        .wait_healthy(Some(&primary), CHANGE_TIMEOUT)
-        .await
-        .expect("the replica caught up");
-    (cluster, primary)
+        .unwrap_or_else(|error| panic!("a healthy 2-instance cluster: {error:#}"))
 }
 
 #[tokio::test]

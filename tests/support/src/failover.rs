@@ -15,12 +15,38 @@ use kube::api::ListParams;
 use pgkube_crds::{InstanceRole, PrimaryChange, PrimaryChangeKind};
 use tokio::task::JoinHandle;
 
-use crate::cluster::{ClusterService, ROLE_LABEL, TestCluster, instance_pod};
+use crate::cluster::{ClusterService, ROLE_LABEL, TestCluster, TestClusterBuilder, instance_pod};
+use crate::namespace::TestNamespace;
 use crate::service::pod_addresses;
 use crate::wait_until;
 
 /// How often a [`RoleSampler`] looks at the pods.
 pub const SAMPLE_PERIOD: Duration = Duration::from_millis(100);
+
+impl TestClusterBuilder {
+    /// Starts the cluster in `namespace`, waits until it is healthy, runs `setup` through
+    /// `-rw` and waits until every replica has caught up with it; returns the cluster and its
+    /// primary. Each wait takes at most `timeout`.
+    pub async fn start_healthy(
+        self,
+        namespace: &TestNamespace,
+        setup: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<(TestCluster, String)> {
+        let cluster = self.start(namespace).await?;
+        let primary = cluster.wait_healthy(None, timeout).await?;
+        let sql = cluster.sql().await.context("login through rw")?;
+        sql.batch_execute(setup)
+            .await
+            .with_context(|| format!("running {setup:?} through rw"))?;
+        drop(sql);
+        cluster
+            .wait_healthy(Some(&primary), timeout)
+            .await
+            .context("the replicas catch up")?;
+        Ok((cluster, primary))
+    }
+}
 
 impl TestCluster {
     /// The label selector of the cluster's instance pods.
