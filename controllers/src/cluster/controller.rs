@@ -2,6 +2,7 @@
 //! finalizer around each reconcile, and the error policy.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -159,6 +160,9 @@ pub async fn reconcile(
     let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
     let key = cluster_key(&cluster);
     let api = Api::<PostgreSQLCluster>::namespaced(context.base.client.clone(), &namespace);
+    // A look again after a stale status write is no success: the failures stay counted, so
+    // that a failure that goes on after it does not publish its Event again.
+    let stale = AtomicBool::new(false);
     let result = finalizer(&api, CLEANUP_FINALIZER, cluster, |event| async {
         match event {
             // Boxed, as the pipeline's steps below: the futures of these async fns hold the
@@ -170,6 +174,7 @@ pub async fn reconcile(
                     }
                     Err(error) if error.is_stale() => {
                         tracing::info!(%error, "looking again once the cache caught up");
+                        stale.store(true, Ordering::Relaxed);
                         Ok(Action::requeue(STALE_RETRY))
                     }
                     result => result,
@@ -190,7 +195,9 @@ pub async fn reconcile(
         .observe_reconcile(CONTROLLER, result.is_ok(), started.elapsed());
     match &result {
         Ok(action) => {
-            context.failures().remove(&key);
+            if !stale.load(Ordering::Relaxed) {
+                context.failures().remove(&key);
+            }
             tracing::debug!(?action, "reconciled");
         }
         Err(error) => tracing::warn!(%error, "reconcile failed"),
