@@ -316,17 +316,30 @@ impl Instance {
         tracing::warn!("{why}");
         self.set_status(InstanceStatus::waiting(&self.args.pod_name, &why));
         let _busy = self.board.busy("fenced");
-        while self.peer_statuses().await.is_empty() {
+        loop {
+            self.read_files_again();
+            // Scaled down to one instance since: no other could be promoted, none answers.
+            if self.applied.topology.isolation_timeout_seconds.is_none() {
+                tracing::info!("a single instance now: the fence is lifted");
+                break;
+            }
+            if !self.peer_statuses().await.is_empty() {
+                tracing::info!("another instance answers: the fence is lifted");
+                break;
+            }
             tokio::time::sleep(FENCE_RETRY).await;
-        }
-        match Desired::load(&self.sources) {
-            Ok(desired) => self.applied = desired,
-            Err(error) => tracing::warn!(%error, "keeping the settings last read"),
         }
         if let Err(error) = self.isolation.lift() {
             tracing::error!(%error, "cannot remove the fence marker");
         }
-        tracing::info!("another instance answers: the fence is lifted");
+    }
+
+    /// `instance.json` and the rest, read again: the start that follows decides from them.
+    fn read_files_again(&mut self) {
+        match Desired::load(&self.sources) {
+            Ok(desired) => self.applied = desired,
+            Err(error) => tracing::warn!(%error, "keeping the settings last read"),
+        }
     }
 }
 
