@@ -197,11 +197,13 @@ impl Isolation {
     }
 }
 
-/// The postmaster's pid: the first line of `postmaster.pid`.
+/// The postmaster's pid: the first line of `postmaster.pid`, if that process runs in `pgdata`
+/// (a file left by a crash may name a pid that another process has since).
 fn postmaster_pid(pgdata: &Path) -> Option<Pid> {
     let text = std::fs::read_to_string(pgdata.join("postmaster.pid")).ok()?;
     let pid: i32 = text.lines().next()?.trim().parse().ok()?;
-    (pid > 1).then(|| Pid::from_raw(pid))
+    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
+    (pid > 1 && cwd == pgdata.canonicalize().ok()?).then(|| Pid::from_raw(pid))
 }
 
 /// Where the local server is, for the replica probe.
@@ -314,17 +316,30 @@ impl Instance {
         tracing::warn!("{why}");
         self.set_status(InstanceStatus::waiting(&self.args.pod_name, &why));
         let _busy = self.board.busy("fenced");
-        while self.peer_statuses().await.is_empty() {
+        loop {
+            self.read_files_again();
+            // Scaled down to one instance since: no other could be promoted, none answers.
+            if self.applied.topology.isolation_timeout_seconds.is_none() {
+                tracing::info!("a single instance now: the fence is lifted");
+                break;
+            }
+            if !self.peer_statuses().await.is_empty() {
+                tracing::info!("another instance answers: the fence is lifted");
+                break;
+            }
             tokio::time::sleep(FENCE_RETRY).await;
-        }
-        match Desired::load(&self.sources) {
-            Ok(desired) => self.applied = desired,
-            Err(error) => tracing::warn!(%error, "keeping the settings last read"),
         }
         if let Err(error) = self.isolation.lift() {
             tracing::error!(%error, "cannot remove the fence marker");
         }
-        tracing::info!("another instance answers: the fence is lifted");
+    }
+
+    /// `instance.json` and the rest, read again: the start that follows decides from them.
+    fn read_files_again(&mut self) {
+        match Desired::load(&self.sources) {
+            Ok(desired) => self.applied = desired,
+            Err(error) => tracing::warn!(%error, "keeping the settings last read"),
+        }
     }
 }
 
@@ -392,6 +407,34 @@ mod tests {
         );
         isolation.watch_primary(None);
         assert!(isolation.state().watch.is_none());
+    }
+
+    #[test]
+    fn only_a_process_running_in_the_data_directory_is_the_postmaster() {
+        let dir = std::env::temp_dir().join(format!("pgkube-pid-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .current_dir(&dir)
+            .spawn()
+            .expect("sleep");
+        let pid = i32::try_from(child.id()).expect("pid");
+        std::fs::write(
+            dir.join("postmaster.pid"),
+            format!("{pid}\n{}\n", dir.display()),
+        )
+        .expect("pid file");
+        assert_eq!(postmaster_pid(&dir), Some(Pid::from_raw(pid)));
+        // This test's own process runs elsewhere: a stale file naming it is ignored.
+        std::fs::write(
+            dir.join("postmaster.pid"),
+            format!("{}\n", std::process::id()),
+        )
+        .expect("pid file");
+        assert_eq!(postmaster_pid(&dir), None);
+        child.kill().expect("kill");
+        child.wait().expect("wait");
+        std::fs::remove_dir_all(&dir).expect("clean up");
     }
 
     #[test]

@@ -25,6 +25,7 @@ use serde_json::json;
 
 use super::ownership::{self, Target};
 use super::{BackupContext, Error, access, holds, kube_error};
+use crate::storage::guarded::{Scope, delete_in};
 use crate::storage::{S3Bucket, StorageError, s3_error};
 
 /// How soon to look again while the backup's Job is going away.
@@ -218,24 +219,24 @@ async fn delete_data(
         return Ok(Deleted::Left(why));
     }
     let directory = keys.directory();
-    let deleted = delete_directory(&bucket, directory)
+    let deleted = delete_directory(&bucket, &Scope::backup_directory(keys))
         .await
         .map_err(Error::Remove)?;
     tracing::info!(%directory, deleted, "backup data deleted");
     Ok(Deleted::Done)
 }
 
-/// Deletes every key under `directory` (which ends with `/`), `manifest.json` first; returns
-/// how many keys were deleted.
-pub async fn delete_directory(bucket: &S3Bucket, directory: &str) -> Result<usize, StorageError> {
-    let mut keys = list_keys(bucket, directory).await?;
+/// Deletes every key under the directory of `scope`, `manifest.json` first; returns how many
+/// keys were deleted.
+async fn delete_directory(bucket: &S3Bucket, scope: &Scope) -> Result<usize, StorageError> {
+    let mut keys = list_keys(bucket, scope.directory()).await?;
     // The manifest first: once it is gone, the rest is an incomplete backup nobody restores.
     keys.sort_by_key(|key| !key.ends_with("/manifest.json"));
     let (manifests, others): (Vec<String>, Vec<String>) = keys
         .into_iter()
         .partition(|key| key.ends_with("/manifest.json"));
-    delete_keys(bucket, &manifests).await?;
-    delete_keys(bucket, &others).await?;
+    delete_keys(bucket, scope, &manifests).await?;
+    delete_keys(bucket, scope, &others).await?;
     Ok(manifests.len() + others.len())
 }
 
@@ -259,9 +260,13 @@ async fn list_keys(bucket: &S3Bucket, prefix: &str) -> Result<Vec<String>, Stora
     Ok(keys)
 }
 
-async fn delete_keys(bucket: &S3Bucket, keys: &[String]) -> Result<(), StorageError> {
+async fn delete_keys(
+    bucket: &S3Bucket,
+    scope: &Scope,
+    keys: &[String],
+) -> Result<(), StorageError> {
     for batch in keys.chunks(DELETE_BATCH) {
-        let failed = bucket.delete_objects(batch).await?;
+        let failed = delete_in(bucket, scope, batch).await?;
         if let Some((key, reason)) = failed.first() {
             return Err(StorageError::S3 {
                 operation: "DeleteObjects",

@@ -14,6 +14,7 @@ use super::RequestCount;
 use super::layout::BackupId;
 use super::plan::{ExpiredBackup, Plan};
 use super::uploads::OpenUpload;
+use crate::storage::guarded::{Scope, delete_in};
 use crate::storage::{S3Bucket, StorageError, s3_error};
 
 /// Keys named in the error of a pass that could not delete everything.
@@ -65,16 +66,26 @@ impl KeyFailures {
     }
 }
 
-/// Deletes the expired backups of `plan`: their manifests first, then their other keys.
+/// Deletes the expired backups of `plan`, all under `scope` (the cluster's root): their
+/// manifests first, then their other keys.
 pub async fn delete_expired(
     bucket: &S3Bucket,
+    scope: &Scope,
     plan: &Plan,
     requests: &mut RequestCount,
 ) -> Result<Deletion, StorageError> {
     let mut deletion = Deletion::default();
     let mut failures = KeyFailures::default();
     for batch in plan.manifest_batches() {
-        delete_batch(bucket, &batch, requests, &mut deletion, &mut failures).await?;
+        delete_batch(
+            bucket,
+            scope,
+            &batch,
+            requests,
+            &mut deletion,
+            &mut failures,
+        )
+        .await?;
     }
     let manifest_kept: BTreeSet<BackupId> = plan
         .expired
@@ -83,7 +94,15 @@ pub async fn delete_expired(
         .map(|backup| backup.id.clone())
         .collect();
     for batch in plan.data_batches(&manifest_kept) {
-        delete_batch(bucket, &batch, requests, &mut deletion, &mut failures).await?;
+        delete_batch(
+            bucket,
+            scope,
+            &batch,
+            requests,
+            &mut deletion,
+            &mut failures,
+        )
+        .await?;
     }
     deletion.deleted_backups = plan
         .expired
@@ -101,13 +120,14 @@ pub async fn delete_expired(
 /// One DeleteObjects request (quiet: the answer lists only the keys not deleted).
 async fn delete_batch(
     bucket: &S3Bucket,
+    scope: &Scope,
     keys: &[String],
     requests: &mut RequestCount,
     deletion: &mut Deletion,
     failures: &mut KeyFailures,
 ) -> Result<(), StorageError> {
     requests.add(1);
-    let failed = bucket.delete_objects(keys).await?;
+    let failed = delete_in(bucket, scope, keys).await?;
     deletion.deleted_objects += (keys.len() - failed.len().min(keys.len())) as u64;
     failures.0.extend(failed);
     Ok(())
@@ -253,6 +273,11 @@ mod tests {
             .collect()
     }
 
+    /// The root of the test cluster: `ns/a/`.
+    fn scope() -> Scope {
+        Scope::cluster_root("ns", "a")
+    }
+
     fn expired(name: &str) -> ExpiredBackup {
         ExpiredBackup {
             id: BackupId::new(name, "u1"),
@@ -273,7 +298,7 @@ mod tests {
         };
         let mut requests = RequestCount::default();
 
-        let error = delete_expired(&store.bucket(), &plan, &mut requests)
+        let error = delete_expired(&store.bucket(), &scope(), &plan, &mut requests)
             .await
             .expect_err("two keys were refused");
 
@@ -315,7 +340,7 @@ mod tests {
         };
         let mut requests = RequestCount::default();
 
-        let deletion = delete_expired(&store.bucket(), &plan, &mut requests)
+        let deletion = delete_expired(&store.bucket(), &scope(), &plan, &mut requests)
             .await
             .expect("nothing refused");
 

@@ -35,6 +35,7 @@ pub use plan::{ExpiredBackup, MAX_KEYS_PER_DELETE, Plan, plan};
 pub use reading::ManifestReading;
 pub use uploads::{OpenUpload, STALE_UPLOAD_AGE};
 
+use crate::storage::guarded::Scope;
 use crate::storage::keys::{check_segment, cluster_root};
 use crate::storage::{S3Bucket, StorageError};
 
@@ -127,7 +128,8 @@ pub async fn prune(
     let uploads = gather::list_open_uploads(bucket, &root, &mut requests).await?;
     let plan = plan(policy, &layout, &manifests, &uploads, now);
 
-    let deletion = execute::delete_expired(bucket, &plan, &mut requests).await;
+    let scope = Scope::cluster_root(&policy.prefix, &policy.cluster_uid);
+    let deletion = execute::delete_expired(bucket, &scope, &plan, &mut requests).await;
     let aborted = execute::abort_uploads(bucket, &plan.stale_uploads, &mut requests).await;
     let deletion = deletion?;
     let report = PruneReport {

@@ -154,7 +154,7 @@ impl S3Bucket {
     /// One quiet DeleteObjects request for `keys` (at most 1000): the keys the store says it
     /// did not delete, with its reason. DeleteObjects answers 200 even then, so callers must
     /// look at them.
-    pub async fn delete_objects(
+    pub(super) async fn delete_objects(
         &self,
         keys: &[String],
     ) -> Result<Vec<(String, String)>, StorageError> {

@@ -25,6 +25,7 @@
 mod client;
 mod credentials;
 mod error;
+pub mod guarded;
 pub mod keys;
 pub mod manifest;
 mod tls;
