@@ -23,8 +23,11 @@
 //! failover delay (the `PrimaryAvailable` condition's last transition tells since when): it
 //! cannot be asked, its report is stale (its instance manager hangs), or it reports a server
 //! that is not ready (one whose postmaster accepts no new connection included: that primary is
-//! told to follow and stops before the new one is promoted, as it still reports a primary). It
-//! promotes the ready replica that received the most WAL. It waits, saying why, while a restore
+//! told to follow and stops before the new one is promoted, as it still reports a primary). A
+//! primary whose instance manager does not answer (or whose pod is gone) may still run behind a
+//! partition: the failover then also waits until it has had the time to fence itself
+//! (`fence_wait`, its isolation timeout plus 2 s). It promotes the ready replica that received
+//! the most WAL. It waits, saying why, while a restore
 //! runs, when no replica is ready, and, with synchronous replication, while too few replicas
 //! answer to be sure that one of them has every acknowledged commit.
 //!
