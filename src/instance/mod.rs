@@ -301,6 +301,13 @@ impl Instance {
         self.board.steady();
         loop {
             self.board.beat();
+            if self.isolation.fenced() && self.role == Role::Replica {
+                // Told to follow while the guard fenced: a standby takes no writes.
+                tracing::info!("a standby now: the fence is lifted");
+                if let Err(error) = self.isolation.lift() {
+                    tracing::error!(%error, "cannot remove the fence marker");
+                }
+            }
             if self.isolation.fenced() {
                 // The guard stopped the postmaster; a server started meanwhile goes too.
                 self.isolation.watch_primary(None);
