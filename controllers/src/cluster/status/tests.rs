@@ -1,6 +1,7 @@
 use super::*;
 use crate::cluster::instances::{InstanceReport, Unavailable};
 use k8s_openapi::api::apps::v1::{StatefulSetSpec, StatefulSetStatus};
+use pgkube_crds::PrimaryChangeKind;
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
