@@ -87,7 +87,7 @@ fn status(current: i32, unavailable_since: Option<Timestamp>) -> PostgreSQLClust
     }
 }
 
-fn situation<'a>(
+pub(super) fn situation<'a>(
     status: &'a PostgreSQLClusterStatus,
     primary: &'a str,
     instances: &'a [ObservedInstance],

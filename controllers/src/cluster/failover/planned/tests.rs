@@ -1,7 +1,5 @@
 //! Unit tests of the planned restart's switchover.
 
-use std::time::Duration;
-
 use k8s_openapi::jiff::Timestamp;
 use pgkube_crds::PostgreSQLClusterStatus;
 
@@ -87,23 +85,15 @@ fn plan_for(status: &PostgreSQLClusterStatus, instances: &[ObservedInstance]) ->
     plan(&situation(status, &primary, instances))
 }
 
+/// The failover tests' situation, with as many instances as `instances`.
 fn situation<'a>(
     status: &'a PostgreSQLClusterStatus,
     primary: &'a str,
     instances: &'a [ObservedInstance],
 ) -> Situation<'a> {
     Situation {
-        statefulset: STS,
         replicas: i32::try_from(instances.len()).expect("few instances"),
-        failover_delay: Duration::from_secs(5),
-        fence_wait: Duration::from_secs(5),
-        synchronous_min: 0,
-        status: Some(status),
-        primary,
-        switchover_request: None,
-        instances,
-        restoring: false,
-        now: now(),
+        ..super::super::tests::situation(status, primary, instances)
     }
 }
 
