@@ -10,11 +10,11 @@
 //!
 //! It starts `pgkube run` (the binary `cargo bench` builds, so with the bench profile, which is
 //! the release one) serving the webhook over TLS on 127.0.0.1 with a certificate from a test CA,
-//! installs the CRDs with both versions (v1alpha1 stored) and a webhook conversion to it, and
-//! creates 1,000 PostgreSQLClusters in v1alpha1 in a namespace of its own. Then it measures each
-//! request in v1beta1 against the same request in v1alpha1, the stored version, which the API
-//! server answers without the webhook, the two interleaved so that both see the same load on the
-//! machine:
+//! installs the CRDs as `pgkube crd` makes them (v1beta1 stored, v1alpha1 served through the
+//! webhook), and creates 1,000 PostgreSQLClusters in v1beta1 in a namespace of its own. Then it
+//! measures each request in v1alpha1, what an old client pays, against the same request in
+//! v1beta1, the stored version, which the API server answers without the webhook, the two
+//! interleaved so that both see the same load on the machine:
 //! - a GET of each object, one at a time, then 16 at a time (throughput): the API server reads
 //!   it from etcd and sends the webhook a ConversionReview of that one object;
 //! - a LIST of all the objects, 20 times each way, served from the API server's watch cache of
@@ -25,7 +25,7 @@
 //! - in each phase, the ConversionReviews the API server sent and their mean duration (its own
 //!   metric `apiserver_crd_conversion_webhook_duration_seconds`), and the manager's CPU time
 //!   (user + system, from /proc) per review: the webhook's own work. The creation has some too:
-//!   the API server's v1beta1 watch cache converts every object written. Each phase starts and
+//!   the API server's v1alpha1 watch cache converts every object written. Each phase starts and
 //!   ends once the API server has sent no review for a second, so that the reviews its watch
 //!   cache makes for writes, which lag behind them, count where they belong.
 //!
@@ -33,9 +33,8 @@
 //! objects: their StatefulSets, Services, ConfigMaps and Secrets would load the API server and
 //! the manager's CPU while it is measured, and finalizers would then hold the namespace.
 //!
-//! It cleans up after itself, after a panic too: the namespaces are deleted while the webhook
-//! still serves (the namespace controller deletes v1beta1 objects through conversion), then the
-//! v1alpha1-only CRDs are put back, then the manager stops. A CRD left converting through a dead
+//! It cleans up after itself, after a panic too: the namespaces are deleted, then the
+//! v1beta1-only CRDs are put back, then the manager stops. A CRD left converting through a dead
 //! webhook would break every later test, so a guard puts the CRDs back (with kubectl) if the
 //! bench panics before it has.
 
@@ -58,8 +57,10 @@ use pgkube_testkit::{
 };
 
 const GROUP: &str = "db.example.com";
-const ALPHA: &str = "v1alpha1";
-const BETA: &str = "v1beta1";
+/// The version the CRDs store, which the API server answers without the webhook.
+const STORED: &str = "v1beta1";
+/// The version served beside it, whose every request goes through the webhook.
+const CONVERTED: &str = "v1alpha1";
 /// Objects measured, unless `PGKUBE_BENCH_OBJECTS` says otherwise.
 const DEFAULT_OBJECTS: usize = 1_000;
 /// LISTs of all the objects, in each version.
@@ -137,9 +138,8 @@ async fn bench(env: TestEnv) {
         eprintln!("the manager's last lines:\n{}", tail.join("\n"));
     }
 
-    // The namespace controller deletes v1beta1 objects through the webhook: while it still
-    // serves, the namespaces go first; if it is gone (a Ctrl-C in a terminal reaches the manager
-    // too), the CRDs do.
+    // While the webhook serves, the namespaces go first; if it is gone (a Ctrl-C in a terminal
+    // reaches the manager too), the CRDs do, so that nothing calls it.
     if manager.is_running() {
         delete_namespaces(&client, [objects_namespace, idle_namespace]).await;
         restore_crds(&client).await;
@@ -214,10 +214,10 @@ impl Row {
 impl Run {
     async fn measure(self, crds: Vec<CustomResourceDefinition>) {
         let n = self.names.len();
-        install(&self.client, &crds, &self.path(BETA)).await;
+        install(&self.client, &crds, &self.path(CONVERTED)).await;
 
-        // Written in v1alpha1: no conversion for the request, but the API server keeps a watch
-        // cache for each served version, and the v1beta1 one converts every new object.
+        // Written in v1beta1: no conversion for the request, but the API server keeps a watch
+        // cache for each served version, and the v1alpha1 one converts every new object.
         let phase = self.phase().await;
         let (creates, creates_wall) = self.create_objects().await;
         let create_work = phase.end().await;
@@ -229,35 +229,36 @@ impl Run {
             .await
             .map(|info| info.git_version)
             .unwrap_or_else(|error| format!("unknown ({error})"));
-        let (_, one_alpha) = self.get(ALPHA, &self.names[0]).await;
-        let (_, one_beta) = self.get(BETA, &self.names[0]).await;
+        let (_, one_stored) = self.get(STORED, &self.names[0]).await;
+        let (_, one_converted) = self.get(CONVERTED, &self.names[0]).await;
         self.warm_up().await;
 
         // GETs (read from etcd) one at a time, the two versions interleaved object by object.
         let phase = self.phase().await;
-        let (mut get_alpha, mut get_beta) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut get_stored, mut get_converted) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for name in &self.names {
-            get_alpha.push(self.get(ALPHA, name).await.0);
-            get_beta.push(self.get(BETA, name).await.0);
+            get_stored.push(self.get(STORED, name).await.0);
+            get_converted.push(self.get(CONVERTED, name).await.0);
         }
         let get_work = phase.end().await;
 
         // LISTs, served from the watch cache of their version, interleaved too.
         let phase = self.phase().await;
-        let (mut cached_alpha, mut cached_beta) = (Vec::new(), Vec::new());
+        let (mut cached_stored, mut cached_converted) = (Vec::new(), Vec::new());
         for _ in 0..LISTS {
-            cached_alpha.push(self.list(ALPHA, ListParams::default()).await);
-            cached_beta.push(self.list(BETA, ListParams::default()).await);
+            cached_stored.push(self.list(STORED, ListParams::default()).await);
+            cached_converted.push(self.list(CONVERTED, ListParams::default()).await);
         }
         let cached_work = phase.end().await;
 
         // GETs CONCURRENCY at a time, one version after the other.
         let phase = self.phase().await;
-        let (concurrent_alpha, concurrent_alpha_wall) = self.concurrent_gets(ALPHA).await;
-        let concurrent_alpha_work = phase.end().await;
+        let (concurrent_stored, concurrent_stored_wall) = self.concurrent_gets(STORED).await;
+        let concurrent_stored_work = phase.end().await;
         let phase = self.phase().await;
-        let (concurrent_beta, concurrent_beta_wall) = self.concurrent_gets(BETA).await;
-        let concurrent_beta_work = phase.end().await;
+        let (concurrent_converted, concurrent_converted_wall) =
+            self.concurrent_gets(CONVERTED).await;
+        let concurrent_converted_work = phase.end().await;
 
         // LISTs read from etcd: at the resourceVersion right after the objects were created,
         // older than anything the watch caches hold once a CRD change has made them anew.
@@ -267,41 +268,47 @@ impl Run {
             .at(&created_at)
             .matching(VersionMatch::Exact);
         let phase = self.phase().await;
-        let (mut etcd_alpha, mut etcd_beta) = (Vec::new(), Vec::new());
+        let (mut etcd_stored, mut etcd_converted) = (Vec::new(), Vec::new());
         for _ in 0..LISTS {
-            etcd_alpha.push(self.list(ALPHA, at_creation.clone()).await);
-            etcd_beta.push(self.list(BETA, at_creation.clone()).await);
+            etcd_stored.push(self.list(STORED, at_creation.clone()).await);
+            etcd_converted.push(self.list(CONVERTED, at_creation.clone()).await);
         }
         let etcd_work = phase.end().await;
 
         let concurrently = format!("GET one object, {CONCURRENCY} at a time");
         let cached = format!("LIST all {n}, from the watch cache");
         let from_etcd = format!("LIST all {n} at an older resourceVersion, from etcd");
-        let stored = "v1alpha1 (stored: no webhook)";
+        let stored = "v1beta1 (stored: no webhook)";
         let rows = [
             Row::new(
                 &format!("CREATE one object, {CONCURRENCY} at a time"),
-                "v1alpha1 (the v1beta1 watch cache converts it)",
+                "v1beta1 (the v1alpha1 watch cache converts it)",
                 creates,
                 1,
             )
             .wall(creates_wall)
             .webhook(create_work),
-            Row::new("GET one object, one at a time", stored, get_alpha, 1),
-            Row::new("GET one object, one at a time", BETA, get_beta, 1).webhook(get_work),
-            Row::new(&concurrently, stored, concurrent_alpha, 1)
-                .wall(concurrent_alpha_wall)
-                .webhook(concurrent_alpha_work),
-            Row::new(&concurrently, BETA, concurrent_beta, 1)
-                .wall(concurrent_beta_wall)
-                .webhook(concurrent_beta_work),
-            Row::new(&cached, stored, cached_alpha, n),
-            Row::new(&cached, "v1beta1 (converted when cached)", cached_beta, n)
-                .webhook(cached_work),
-            Row::new(&from_etcd, stored, etcd_alpha, n),
-            Row::new(&from_etcd, BETA, etcd_beta, n).webhook(etcd_work),
+            Row::new("GET one object, one at a time", stored, get_stored, 1),
+            Row::new("GET one object, one at a time", CONVERTED, get_converted, 1)
+                .webhook(get_work),
+            Row::new(&concurrently, stored, concurrent_stored, 1)
+                .wall(concurrent_stored_wall)
+                .webhook(concurrent_stored_work),
+            Row::new(&concurrently, CONVERTED, concurrent_converted, 1)
+                .wall(concurrent_converted_wall)
+                .webhook(concurrent_converted_work),
+            Row::new(&cached, stored, cached_stored, n),
+            Row::new(
+                &cached,
+                "v1alpha1 (converted when cached)",
+                cached_converted,
+                n,
+            )
+            .webhook(cached_work),
+            Row::new(&from_etcd, stored, etcd_stored, n),
+            Row::new(&from_etcd, CONVERTED, etcd_converted, n).webhook(etcd_work),
         ];
-        print_report(&rows, &kubernetes, one_alpha.len(), one_beta.len());
+        print_report(&rows, &kubernetes, one_stored.len(), one_converted.len());
     }
 
     /// Starts measuring the webhook's work, once the API server has finished converting.
@@ -325,12 +332,12 @@ impl Run {
     /// GETs in both versions before anything is timed (connections, TLS sessions).
     async fn warm_up(&self) {
         for name in self.names.iter().cycle().take(WARM_UP) {
-            self.get(ALPHA, name).await;
-            self.get(BETA, name).await;
+            self.get(STORED, name).await;
+            self.get(CONVERTED, name).await;
         }
     }
 
-    /// Creates the objects in v1alpha1, CONCURRENCY at a time: the latencies, and the wall time.
+    /// Creates the objects in v1beta1, CONCURRENCY at a time: the latencies, and the wall time.
     async fn create_objects(&self) -> (Vec<Duration>, Duration) {
         let api =
             Api::<pgkube_crds::PostgreSQLCluster>::namespaced(self.client.clone(), &self.namespace);
@@ -341,7 +348,7 @@ impl Run {
             .map(|name| {
                 let api = &api;
                 async move {
-                    let cluster = cluster_v1alpha1(&name);
+                    let cluster = sample_cluster(&name);
                     let started = Instant::now();
                     api.create(&PostParams::default(), &cluster)
                         .await
@@ -357,14 +364,14 @@ impl Run {
 
     /// The resourceVersion of the collection now (a consistent LIST of one object).
     async fn resource_version(&self) -> String {
-        let request = Request::new(self.path(ALPHA))
+        let request = Request::new(self.path(STORED))
             .list(&ListParams::default().limit(1))
             .expect("LIST request");
         let body = self
             .client
             .request_text(request)
             .await
-            .unwrap_or_else(|error| panic!("LIST in {ALPHA}: {error}"));
+            .unwrap_or_else(|error| panic!("LIST in {STORED}: {error}"));
         let list: serde_json::Value = serde_json::from_str(&body).expect("a JSON list");
         list.pointer("/metadata/resourceVersion")
             .and_then(|rv| rv.as_str())
@@ -396,7 +403,7 @@ impl Run {
         // The API server's CRD informer sees the change within milliseconds on loopback.
         tokio::time::sleep(Duration::from_secs(2)).await;
         wait_until("the new watch caches", STEP_TIMEOUT, || async {
-            for version in [ALPHA, BETA] {
+            for version in [STORED, CONVERTED] {
                 let request = Request::new(self.path(version)).list(&ListParams::default())?;
                 self.client.request_text(request).await?;
             }
@@ -443,7 +450,7 @@ impl Run {
         let n = self.names.len();
         let items = body.matches(r#""kind":"PostgreSQLCluster""#).count();
         let in_beta = body.matches(r#""postgresVersion""#).count();
-        let expected_in_beta = if version == BETA { n } else { 0 };
+        let expected_in_beta = if version == "v1beta1" { n } else { 0 };
         assert!(
             items == n && in_beta == expected_in_beta,
             "LIST in {version}: {items} objects, {in_beta} in v1beta1; expected {n} and {expected_in_beta}"
@@ -464,7 +471,7 @@ impl Run {
     }
 }
 
-fn print_report(rows: &[Row], kubernetes: &str, alpha_bytes: usize, beta_bytes: usize) {
+fn print_report(rows: &[Row], kubernetes: &str, stored_bytes: usize, converted_bytes: usize) {
     let profile = if cfg!(debug_assertions) {
         "dev (debug)"
     } else {
@@ -475,7 +482,7 @@ fn print_report(rows: &[Row], kubernetes: &str, alpha_bytes: usize, beta_bytes: 
     println!(
         "Conversion webhook, API server in the loop: Kubernetes {kubernetes} (test bed), {cores} \
          cores ({}); manager {} built with the {profile} profile, webhook over TLS on 127.0.0.1; \
-         one object is {alpha_bytes} bytes of JSON in v1alpha1, {beta_bytes} in v1beta1.",
+         one object is {stored_bytes} bytes of JSON in v1beta1, {converted_bytes} in v1alpha1.",
         cpu_model(),
         env!("CARGO_BIN_EXE_pgkube"),
     );
@@ -507,15 +514,15 @@ fn print_report(rows: &[Row], kubernetes: &str, alpha_bytes: usize, beta_bytes: 
         );
     }
     println!();
-    let (get_alpha, get_beta) = (&rows[1], &rows[2]);
+    let (get_stored, get_converted) = (&rows[1], &rows[2]);
     println!(
-        "- a GET's conversion (v1beta1 - v1alpha1): p50 {:+.2} ms, p99 {:+.2} ms",
-        get_beta.p(50.0) - get_alpha.p(50.0),
-        get_beta.p(99.0) - get_alpha.p(99.0),
+        "- a GET's conversion (v1alpha1 - v1beta1): p50 {:+.2} ms, p99 {:+.2} ms",
+        get_converted.p(50.0) - get_stored.p(50.0),
+        get_converted.p(99.0) - get_stored.p(99.0),
     );
     let (alpha, beta) = (&rows[3], &rows[4]);
     println!(
-        "- {CONCURRENCY} GETs at a time: {:.0} conversions/s (v1alpha1, no conversion: {:.0} GETs/s)",
+        "- {CONCURRENCY} GETs at a time: {:.0} conversions/s (v1beta1, no conversion: {:.0} GETs/s)",
         beta.latencies.len() as f64 / beta.elapsed.as_secs_f64(),
         alpha.latencies.len() as f64 / alpha.elapsed.as_secs_f64(),
     );
@@ -532,8 +539,8 @@ fn print_report(rows: &[Row], kubernetes: &str, alpha_bytes: usize, beta_bytes: 
         extra * 1e3 / beta.objects_each as f64,
     );
     println!(
-        "- requests one at a time unless said, the two versions interleaved (– in a v1alpha1 row: \
-         the phase's reviews are all in the v1beta1 row); p99 of {LISTS} LISTs is their slowest; \
+        "- requests one at a time unless said, the two versions interleaved (– in a v1beta1 row: \
+         the phase's reviews are all in the v1alpha1 row); p99 of {LISTS} LISTs is their slowest; \
          objects/s = objects / time spent in those requests (wall time when concurrent); reviews \
          sent and their mean duration from the API server's \
          apiserver_crd_conversion_webhook_duration_seconds, counted until it has sent none for a \
@@ -658,47 +665,24 @@ fn cpu_time(pid: u32) -> Duration {
     Duration::from_millis(ticks * 1000 / CLOCK_TICKS_PER_SECOND)
 }
 
-/// The design document's sample cluster (`deploy/samples/postgresqlcluster.yaml`), plus a few
-/// PostgreSQL settings and a label: every part of the spec that v1beta1 reshapes.
-fn cluster_v1alpha1(name: &str) -> pgkube_crds::PostgreSQLCluster {
-    serde_json::from_value(serde_json::json!({
-        "apiVersion": "db.example.com/v1alpha1",
-        "kind": "PostgreSQLCluster",
-        "metadata": {"name": name, "labels": {"team": "payments"}},
-        "spec": {
-            "replicas": 3,
-            "version": "16",
-            "storage": "100Gi",
-            "resources": {
-                "requests": {"cpu": "500m", "memory": "1Gi"},
-                "limits": {"memory": "2Gi"},
-            },
-            "backup": {
-                "schedule": "0 3 * * *",
-                "retentionDays": 7,
-                "s3": {
-                    "bucket": "pgkube-backups",
-                    "endpoint": "https://s3.example.com",
-                    "region": "us-east-1",
-                    "forcePathStyle": true,
-                    "credentials": {
-                        "accessKeyId": {"name": "backup-s3-credentials", "key": "access-key-id"},
-                        "secretAccessKey": {
-                            "name": "backup-s3-credentials",
-                            "key": "secret-access-key",
-                        },
-                    },
-                },
-            },
-            "postgresql": {"parameters": {"work_mem": "16MB", "max_connections": "200"}},
-        },
-    }))
-    .expect("v1alpha1 cluster")
+/// The sample cluster (`deploy/samples/postgresqlcluster.yaml`, the design document's), plus a
+/// few PostgreSQL settings and a label: every part of the spec that v1beta1 reshapes.
+fn sample_cluster(name: &str) -> pgkube_crds::PostgreSQLCluster {
+    let mut cluster: pgkube_crds::PostgreSQLCluster =
+        serde_yaml::from_str(include_str!("../deploy/samples/postgresqlcluster.yaml"))
+            .expect("the sample parses");
+    cluster.metadata.name = Some(name.to_owned());
+    cluster.metadata.labels = Some([("team".to_owned(), "payments".to_owned())].into());
+    let parameters = [("work_mem", "16MB"), ("max_connections", "200")];
+    cluster.spec.postgresql = Some(pgkube_crds::PostgreSQLSettings {
+        parameters: parameters.map(|(k, v)| (k.to_owned(), v.to_owned())).into(),
+    });
+    cluster
 }
 
 /// Applies `crds` as the test kit's field manager (so that [`install_crds`] takes out what they
-/// add) and waits until `beta_path` lists through the webhook.
-async fn install(client: &Client, crds: &[CustomResourceDefinition], beta_path: &str) {
+/// add) and waits until `converted_path` lists through the webhook.
+async fn install(client: &Client, crds: &[CustomResourceDefinition], converted_path: &str) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PatchParams::apply(CRD_FIELD_MANAGER).force();
     for crd in crds {
@@ -706,8 +690,8 @@ async fn install(client: &Client, crds: &[CustomResourceDefinition], beta_path: 
             .await
             .unwrap_or_else(|error| panic!("installing {}: {error}", crd.name_any()));
     }
-    wait_until("v1beta1 to be served", STEP_TIMEOUT, || async {
-        let request = Request::new(beta_path).list(&ListParams::default().limit(1))?;
+    wait_until("v1alpha1 to be served", STEP_TIMEOUT, || async {
+        let request = Request::new(converted_path).list(&ListParams::default().limit(1))?;
         client.request_text(request).await?;
         Ok(Some(()))
     })
@@ -747,7 +731,7 @@ async fn delete_namespaces<const N: usize>(client: &Client, namespaces: [TestNam
 }
 
 /// Takes the webhook conversion out of pgkube's CRDs (its fields may belong to another field
-/// manager too, which the test kit's apply alone would leave), then puts the v1alpha1-only CRDs
+/// manager too, which the test kit's apply alone would leave), then puts the v1beta1-only CRDs
 /// back.
 async fn restore_crds(client: &Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -764,7 +748,7 @@ async fn restore_crds(client: &Client) {
     install_crds(client).await;
 }
 
-/// Puts the v1alpha1-only CRDs back with kubectl when dropped: on a panic, when the runtime of
+/// Puts the v1beta1-only CRDs back with kubectl when dropped: on a panic, when the runtime of
 /// the async client may be gone. Disarmed once [`restore_crds`] has done it.
 struct RestoreCrdsOnDrop {
     env: TestEnv,
@@ -776,8 +760,8 @@ impl Drop for RestoreCrdsOnDrop {
         if !self.armed {
             return;
         }
-        eprintln!("conversion_webhook: putting the v1alpha1-only CRDs back with kubectl");
-        let crds = pgkube_crds::v1alpha1::crds();
+        eprintln!("conversion_webhook: putting the v1beta1-only CRDs back with kubectl");
+        let crds = pgkube_crds::v1beta1::crds();
         let run = |args: &[&str]| match self.env.kubectl().args(args).output() {
             Ok(output) if output.status.success() => {}
             Ok(output) => eprintln!(

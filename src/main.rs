@@ -29,8 +29,8 @@ struct Cli {
 enum Command {
     /// Run the manager: the PostgreSQLCluster, PostgreSQLBackup and PostgreSQLRestore controllers.
     Run(Box<manager::RunArgs>),
-    /// Print the CustomResourceDefinitions of all pgkube kinds as YAML: v1alpha1 (stored) and
-    /// v1beta1, converting through the manager's webhook.
+    /// Print the CustomResourceDefinitions of all pgkube kinds as YAML: v1beta1 (stored) and
+    /// v1alpha1, converting through the manager's webhook.
     Crd(CrdArgs),
     /// Print the MutatingWebhookConfiguration as YAML through which the manager's webhook puts
     /// the cleanup finalizer on PostgreSQLClusters as they are created (failures ignored: the
@@ -72,8 +72,9 @@ fn main() -> ExitCode {
 struct CrdArgs {
     #[command(flatten)]
     webhook: WebhookArgs,
-    /// The version objects are stored in. v1beta1 once migrated (see `pgkube migrate-storage`).
-    #[arg(long, value_enum, default_value = "v1alpha1")]
+    /// The version objects are stored in: v1beta1, the version the controllers read. v1alpha1
+    /// only to go back to a pgkube that read it (then run `pgkube migrate-storage`).
+    #[arg(long, value_enum, default_value = "v1beta1")]
     storage_version: StorageVersionArg,
 }
 

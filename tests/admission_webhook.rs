@@ -33,10 +33,10 @@ const OTHER_FINALIZER: &str = "example.com/keep";
 /// A small cluster `name` with `finalizers`, as a user would write it.
 fn cluster(name: &str, finalizers: &[&str]) -> PostgreSQLCluster {
     serde_json::from_value(serde_json::json!({
-        "apiVersion": "db.example.com/v1alpha1",
+        "apiVersion": "db.example.com/v1beta1",
         "kind": "PostgreSQLCluster",
         "metadata": { "name": name, "finalizers": finalizers },
-        "spec": { "replicas": 1, "version": "15", "storage": "1Gi" },
+        "spec": { "replicas": 1, "postgresVersion": "15", "storage": {"size": "1Gi"} },
     }))
     .expect("a valid cluster")
 }

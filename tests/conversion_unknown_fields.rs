@@ -10,9 +10,9 @@
 //! `status.storage.gcs`). The manager serving the webhook watches another namespace, so that
 //! nothing but the test writes these objects.
 //!
-//! With v1alpha1 stored, then v1beta1: an object written in one version, spec and status, is
+//! With v1beta1 stored, then v1alpha1: an object written in one version, spec and status, is
 //! read in the other, written back in it (a label added), and read again in the first: the
-//! same, every field there. Then `pgkube migrate-storage` moves every object back to v1alpha1,
+//! same, every field there. Then `pgkube migrate-storage` moves every object back to v1beta1,
 //! and each reads as before.
 
 mod conversion_common;
@@ -57,14 +57,15 @@ async fn fields_the_webhook_does_not_know_survive_round_trips_through_it() {
         let address = manager.endpoint("webhook").await;
         let crds = |storage| newer_crds(converting_crds_storing(address, &ca.pem(), storage));
 
-        let back = StorageVersion::V1alpha1;
+        let back = StorageVersion::V1beta1;
         let scenario = async {
-            for storage in [StorageVersion::V1alpha1, StorageVersion::V1beta1] {
+            for storage in [StorageVersion::V1beta1, StorageVersion::V1alpha1] {
                 install(&client, &crds(storage), true).await;
                 round_trips(&client, &ns, storage).await;
             }
-            // `pgkube migrate-storage` rewrites every object in v1alpha1 again, through the
-            // webhook: nothing lost, the fields only v1beta1 has included.
+            // `pgkube migrate-storage` rewrites every object in v1beta1 again, through the
+            // webhook: nothing lost, the fields only v1beta1 has included (those written while
+            // v1alpha1 was stored were carried in its annotation).
             let before = snapshot(&client, &ns).await;
             assert_eq!(before.len(), 6, "four clusters and two backups");
             move_storage_to(&env, &client, &crds(back), back).await;
@@ -72,7 +73,7 @@ async fn fields_the_webhook_does_not_know_survive_round_trips_through_it() {
         };
         let outcome = std::panic::AssertUnwindSafe(scenario).catch_unwind().await;
         if let Err(panic) = outcome {
-            // Every object stored in v1alpha1 again, so that the v1alpha1-only CRDs can be put
+            // Every object stored in v1beta1 again, so that the v1beta1-only CRDs can be put
             // back.
             move_storage_to(&env, &client, &crds(back), back).await;
             panic!("{}\n{}", message_of(&panic), manager.output().join("\n"));

@@ -3,13 +3,14 @@
 //! than the stored one.
 //!
 //! Each test installs `pgkube crd`'s CRDs (both versions) converting through its manager's
-//! address, and puts the test bed's v1alpha1-only CRDs back before it ends. They check:
+//! address, and puts the test bed's v1beta1-only CRDs back before it ends. They check:
 //! - an object created in v1alpha1 reads the same in v1beta1 and back; a field only v1beta1 has
-//!   survives an update through v1alpha1 and reaches the StatefulSet; the controllers work on an
-//!   object written in v1beta1; a restart with a rotated certificate keeps serving; with the
-//!   webhook down, a v1beta1 request fails with an API error that says so, and nothing stored
-//!   changes;
-//! - the design's migration: v1beta1 made the storage version, every object rewritten by
+//!   survives an update through v1alpha1 and reaches the StatefulSet; a restart with a rotated
+//!   certificate keeps serving; with no manager at all, a v1alpha1 request fails with an API
+//!   error that says so and nothing stored changes, while `kubectl get pgcluster` works and a
+//!   namespace holding clusters is deleted;
+//! - the design's migration, from CRDs storing v1alpha1 (as pgkube installed them before
+//!   v1beta1 was stored): v1beta1 made the storage version, every object rewritten by
 //!   `pgkube migrate-storage`, storedVersions left with v1beta1 alone, and back;
 //! - with the certificate managed by the manager: two replicas (one leading, one standing by)
 //!   share the CA and certificate of one Secret, the CRDs come to trust that CA, and both serve;
@@ -20,6 +21,7 @@ mod manager_common;
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::Duration;
 
 use conversion_common::{
     EXIT_TIMEOUT, STEP_TIMEOUT, holding_the_crds, install, move_storage_to, restore_crds,
@@ -27,18 +29,23 @@ use conversion_common::{
 use futures::FutureExt as _;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
 use manager_common::Manager;
 use pgkube_crds::StorageVersion;
-use pgkube_crds::v1beta1;
+use pgkube_crds::{v1alpha1, v1beta1};
 use pgkube_testkit::{
     TestAdmission, TestCa, TestEnv, TestNamespace, converting_crds, converting_crds_storing,
     install_crds, testbed, wait_until,
 };
 
-fn cluster_v1alpha1(name: &str) -> pgkube_crds::PostgreSQLCluster {
+/// How long the namespace controller may take to delete a namespace: it retries with a backoff
+/// after the first pass finds objects still being deleted.
+const NAMESPACE_DELETION_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn cluster_v1alpha1(name: &str) -> v1alpha1::PostgreSQLCluster {
     serde_json::from_value(serde_json::json!({
         "apiVersion": "db.example.com/v1alpha1",
         "kind": "PostgreSQLCluster",
@@ -87,7 +94,7 @@ async fn the_api_server_converts_through_the_managers_webhook_over_tls() {
         );
         let address = manager.endpoint("webhook").await;
         install(&client, &converting_crds(address, &ca.pem()), true).await;
-        let alpha = Api::<pgkube_crds::PostgreSQLCluster>::namespaced(client.clone(), &ns);
+        let alpha = Api::<v1alpha1::PostgreSQLCluster>::namespaced(client.clone(), &ns);
         let beta = Api::<v1beta1::PostgreSQLCluster>::namespaced(client.clone(), &ns);
 
         // Created in v1alpha1, read in v1beta1 and back: the same object.
@@ -108,7 +115,7 @@ async fn the_api_server_converts_through_the_managers_webhook_over_tls() {
             pgkube_crds::v1alpha1::API_VERSION,
         )
         .expect("converts down");
-        let back: pgkube_crds::PostgreSQLCluster =
+        let back: v1alpha1::PostgreSQLCluster =
             serde_json::from_value(down).expect("a v1alpha1 cluster");
         let stored = alpha.get("made-alpha").await.expect("read in v1alpha1");
         assert_eq!(back.spec, stored.spec);
@@ -133,7 +140,7 @@ async fn the_api_server_converts_through_the_managers_webhook_over_tls() {
             "the v1beta1-only field survives an update through v1alpha1"
         );
 
-        // The controllers (which read v1alpha1) work on the object written in v1beta1.
+        // The controllers work on the object written in v1beta1 ...
         let statefulsets = Api::<StatefulSet>::namespaced(client.clone(), &ns);
         wait_until(
             "the v1beta1 cluster's StatefulSet",
@@ -185,19 +192,20 @@ async fn the_api_server_converts_through_the_managers_webhook_over_tls() {
             .expect("read after the rotation");
         assert_eq!(after_rotation.spec, as_beta.spec);
 
-        // The webhook down: v1beta1 requests fail with an API error saying so; nothing stored
-        // changes, and v1alpha1 still reads it.
+        // No manager at all (scaled to zero, uninstalled): v1alpha1 requests fail with an API
+        // error saying so and nothing stored changes, while what kubectl and the namespace
+        // controller read, v1beta1, needs no webhook.
         manager.terminate();
         assert_eq!(manager.exit_code(EXIT_TIMEOUT).await, Some(0));
-        let before = alpha.get("made-alpha").await.expect("v1alpha1 reads");
-        let refused = beta
+        let before = beta.get("made-alpha").await.expect("v1beta1 reads");
+        let refused = alpha
             .get("made-alpha")
             .await
             .expect_err("no webhook to convert");
         let message = refused.to_string();
         assert!(message.contains("conversion webhook"), "{message}");
         let patch = Patch::Merge(serde_json::json!({"spec": {"replicas": 1}}));
-        let refused = beta
+        let refused = alpha
             .patch("made-alpha", &PatchParams::default(), &patch)
             .await
             .expect_err("no webhook to convert the update");
@@ -205,17 +213,63 @@ async fn the_api_server_converts_through_the_managers_webhook_over_tls() {
             refused.to_string().contains("conversion webhook"),
             "{refused}"
         );
-        let unchanged = alpha.get("made-alpha").await.expect("v1alpha1 still reads");
-        assert_eq!(unchanged.spec, stored.spec);
+        let unchanged = beta.get("made-alpha").await.expect("v1beta1 still reads");
+        assert_eq!(unchanged.spec, before.spec);
         assert_eq!(unchanged.resource_version(), before.resource_version());
-
-        // The v1alpha1-only CRDs back before the namespace goes: its deletion must not need the
-        // webhook.
+        let names = ["made-alpha", "made-beta"];
+        assert_eq!(kubectl_get_clusters(&env, &ns, &[]), names, "listed");
+        assert_eq!(kubectl_get_clusters(&env, &ns, &names), names, "read");
+        deleted_without_a_manager(&client, namespace).await;
         restore_crds(&client).await;
-        namespace.cleanup_without_controllers().await;
         let _ = std::fs::remove_dir_all(&dir);
     })
     .await;
+}
+
+/// The names of the clusters `kubectl get pgcluster [names]` shows in `ns`, as a user types it
+/// (the short name, so the version kubectl prefers). With names, kubectl reads each one: a list
+/// may be answered from the API server's watch cache, which holds objects converted while a
+/// webhook answered, where a read goes to storage.
+fn kubectl_get_clusters(env: &TestEnv, ns: &str, names: &[&str]) -> Vec<String> {
+    let output = env
+        .kubectl()
+        .args(["get", "pgcluster", "-n", ns, "-o", "name"])
+        .args(names)
+        .output()
+        .expect("kubectl runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "kubectl get pgcluster: {stderr}");
+    let mut names: Vec<String> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| line.rsplit('/').next().map(str::to_owned))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Deletes `namespace` with its clusters' finalizers removed, no manager running and the CRDs
+/// still converting through it, and waits until the namespace controller has removed it.
+async fn deleted_without_a_manager(client: &Client, namespace: TestNamespace) {
+    let ns = namespace.name().to_owned();
+    let clusters = Api::<v1beta1::PostgreSQLCluster>::namespaced(client.clone(), &ns);
+    let release = Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}}));
+    for cluster in clusters.list(&Default::default()).await.expect("list") {
+        clusters
+            .patch(&cluster.name_any(), &PatchParams::default(), &release)
+            .await
+            .expect("finalizers removed through v1beta1");
+    }
+    namespace.cleanup().await;
+    let namespaces = Api::<Namespace>::all(client.clone());
+    wait_until(
+        "the namespace to be deleted",
+        NAMESPACE_DELETION_TIMEOUT,
+        || async { Ok(namespaces.get_opt(&ns).await?.is_none().then_some(())) },
+    )
+    .await
+    .unwrap_or_else(|error| {
+        panic!("{error:#}: the namespace controller needs no webhook to delete pgkube objects")
+    });
 }
 
 /// A port free on 127.0.0.1 now (bound, then released).
@@ -395,12 +449,12 @@ impl WebhookServer {
     }
 }
 
-/// The design's migration: with the webhook deployed and v1beta1 served beside v1alpha1,
-/// objects written in both versions (and one patched through v1beta1) are moved to v1beta1:
-/// v1beta1 becomes the storage version, every object is rewritten, and storedVersions is left
-/// with v1beta1 alone, so v1alpha1 could then be retired. Nothing is lost on the way, the
-/// controllers keep working, and the way back (v1alpha1 stored again, as pgkube ships today)
-/// works the same.
+/// The design's migration, as an installation made while v1alpha1 was stored upgrades: with
+/// the webhook deployed and v1beta1 served beside v1alpha1, objects written in both versions
+/// (and one patched through v1beta1) are moved to v1beta1: v1beta1 becomes the storage
+/// version, every object is rewritten, and storedVersions is left with v1beta1 alone, so
+/// v1alpha1 could then be retired. Nothing is lost on the way, the controllers keep working,
+/// and the way back (v1alpha1 stored again, for a pgkube that read it) works the same.
 #[tokio::test]
 async fn the_design_migration_moves_every_object_to_v1beta1_storage() {
     let Some(env) = testbed() else { return };
@@ -414,29 +468,35 @@ async fn the_design_migration_moves_every_object_to_v1beta1_storage() {
         let ca = TestCa::new();
         ca.write_serving_certificate(&dir);
         let mut webhook = WebhookServer::start(&env, &ns, &dir).await;
+        // The CRDs as a pgkube that stored v1alpha1 left them.
         webhook
             .move_storage_to(&env, &client, &ca, StorageVersion::V1alpha1)
             .await;
 
-        let scenario = migrate_and_check(&env, &client, &mut webhook, &ca, &ns);
+        let scenario = async {
+            migrate_and_check(&env, &client, &mut webhook, &ca, &ns).await;
+            // The way back keeps every object readable in v1alpha1, with the last change made.
+            webhook
+                .move_storage_to(&env, &client, &ca, StorageVersion::V1alpha1)
+                .await;
+            let alpha = Api::<v1alpha1::PostgreSQLCluster>::namespaced(client.clone(), &ns);
+            let old = alpha.get("old-one").await.expect("read in v1alpha1");
+            assert_eq!(old.spec.replicas, 3);
+            assert_eq!(
+                old.labels().get("moved").map(String::as_str),
+                Some("v1beta1")
+            );
+        };
         let outcome = std::panic::AssertUnwindSafe(scenario).catch_unwind().await;
-        // Whatever happened, v1alpha1 stored again and every object moved back to it, so that
-        // the single-version CRDs can be put back.
+        // Whatever happened, v1beta1 stored again and every object moved to it, so that the
+        // single-version CRDs can be put back.
         webhook.ensure_serving(&env).await;
         webhook
-            .move_storage_to(&env, &client, &ca, StorageVersion::V1alpha1)
+            .move_storage_to(&env, &client, &ca, StorageVersion::V1beta1)
             .await;
         if let Err(panic) = outcome {
             std::panic::resume_unwind(panic);
         }
-        // The way back kept every object readable in v1alpha1, with the last change made.
-        let alpha = Api::<pgkube_crds::PostgreSQLCluster>::namespaced(client.clone(), &ns);
-        let old = alpha.get("old-one").await.expect("read in v1alpha1");
-        assert_eq!(old.spec.replicas, 3);
-        assert_eq!(
-            old.labels().get("moved").map(String::as_str),
-            Some("v1beta1")
-        );
 
         restore_crds(&client).await;
         webhook.stop().await;
@@ -454,7 +514,7 @@ async fn migrate_and_check(
     ca: &TestCa,
     ns: &str,
 ) {
-    let alpha = Api::<pgkube_crds::PostgreSQLCluster>::namespaced(client.clone(), ns);
+    let alpha = Api::<v1alpha1::PostgreSQLCluster>::namespaced(client.clone(), ns);
     let beta = Api::<v1beta1::PostgreSQLCluster>::namespaced(client.clone(), ns);
     let backups = Api::<v1beta1::PostgreSQLBackup>::namespaced(client.clone(), ns);
     let restores = Api::<v1beta1::PostgreSQLRestore>::namespaced(client.clone(), ns);
@@ -473,13 +533,13 @@ async fn migrate_and_check(
     }))
     .expect("backup");
     backups.create(&params, &backup).await.expect("backup");
-    let restore: pgkube_crds::PostgreSQLRestore = serde_json::from_value(serde_json::json!({
+    let restore: v1alpha1::PostgreSQLRestore = serde_json::from_value(serde_json::json!({
         "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLRestore",
         "metadata": {"name": "into-new-one"},
         "spec": {"cluster": {"name": "new-one"}, "backup": {"name": "old-one-manual"}},
     }))
     .expect("restore");
-    Api::<pgkube_crds::PostgreSQLRestore>::namespaced(client.clone(), ns)
+    Api::<v1alpha1::PostgreSQLRestore>::namespaced(client.clone(), ns)
         .create(&params, &restore)
         .await
         .expect("restore");
@@ -556,7 +616,7 @@ async fn migrate_and_check(
         .expect("restore stored in v1beta1");
     webhook.ensure_serving(env).await;
 
-    // The controllers, which read and write v1alpha1, keep working on objects stored in v1beta1.
+    // The controllers, which read and write v1beta1, keep working on the migrated objects.
     beta.patch(
         "old-one",
         &PatchParams::default(),
@@ -730,7 +790,7 @@ async fn hand_over(
     to: &Manager,
     to_address: SocketAddr,
 ) {
-    let alpha = Api::<pgkube_crds::PostgreSQLCluster>::namespaced(client.clone(), ns);
+    let alpha = Api::<v1alpha1::PostgreSQLCluster>::namespaced(client.clone(), ns);
     let beta = Api::<v1beta1::PostgreSQLCluster>::namespaced(client.clone(), ns);
     alpha
         .create(&PostParams::default(), &cluster_v1alpha1(name))

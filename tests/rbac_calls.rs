@@ -71,7 +71,7 @@ const NOT_REACHED: &[(&str, &str, &str, &str, &str)] = &[
         "patch",
         "postgresqlclusters.db.example.com",
         "setting the caBundle of a CRD that converts through the webhook; the test bed's CRDs \
-         serve v1alpha1 alone (no webhook outlives a test), so there is none to set \
+         serve v1beta1 alone (no webhook outlives a test), so there is none to set \
          (tests/conversion_webhook.rs sees it set, with the test bed's admin rights)",
     ),
     (
@@ -504,7 +504,7 @@ async fn disruption_budget_comes_and_goes(scenario: &Scenario) {
 /// The storage grows to 2Gi: the manager reads the StorageClass and patches the data claim.
 async fn storage_grows(scenario: &Scenario) {
     scenario
-        .patch_cluster(serde_json::json!({"storage": "2Gi"}))
+        .patch_cluster(serde_json::json!({"storage": {"size": "2Gi"}}))
         .await;
     let claim = format!("data-{CLUSTER}-postgresql-0");
     scenario
@@ -626,13 +626,13 @@ async fn restore_runs(scenario: &Scenario, backup: &str) {
 /// then the cluster goes.
 async fn bootstrap_restore_is_made(scenario: &Scenario) {
     let mut copy: PostgreSQLCluster = serde_json::from_value(serde_json::json!({
-        "apiVersion": "db.example.com/v1alpha1",
+        "apiVersion": "db.example.com/v1beta1",
         "kind": "PostgreSQLCluster",
         "metadata": {"name": "copy"},
         "spec": {
             "replicas": 1,
-            "version": "15",
-            "storage": "1Gi",
+            "postgresVersion": "15",
+            "storage": {"size": "1Gi"},
             "bootstrap": {"backup": {"name": "never-made"}},
         },
     }))
@@ -671,7 +671,7 @@ async fn bootstrap_restore_is_made(scenario: &Scenario) {
 /// A `* * * * *` schedule: the cron engine makes a backup within about a minute.
 async fn schedule_makes_a_backup(scenario: &Scenario) {
     scenario
-        .patch_cluster(serde_json::json!({"backup": {"schedule": "* * * * *"}}))
+        .patch_cluster(serde_json::json!({"backup": {"schedule": {"cron": "* * * * *"}}}))
         .await;
     let backups = scenario.api::<PostgreSQLBackup>();
     let scheduled = ListParams::default().labels(SCHEDULED_LABEL);
@@ -688,7 +688,7 @@ async fn schedule_makes_a_backup(scenario: &Scenario) {
     .unwrap_or_else(|error| panic!("{error:#}"));
     // No more: the cluster's deletion comes next.
     scenario
-        .patch_cluster(serde_json::json!({"backup": {"suspend": true}}))
+        .patch_cluster(serde_json::json!({"backup": {"schedule": {"suspend": true}}}))
         .await;
 }
 

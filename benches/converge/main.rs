@@ -322,10 +322,10 @@ async fn wait_ready(health: SocketAddr) {
 /// 1 replica of PostgreSQL 15 with 1Gi of storage.
 fn cluster(name: &str) -> PostgreSQLCluster {
     serde_json::from_value(serde_json::json!({
-        "apiVersion": "db.example.com/v1alpha1",
+        "apiVersion": "db.example.com/v1beta1",
         "kind": "PostgreSQLCluster",
         "metadata": {"name": name},
-        "spec": {"replicas": 1, "version": "15", "storage": "1Gi"},
+        "spec": {"replicas": 1, "postgresVersion": "15", "storage": {"size": "1Gi"}},
     }))
     .expect("a valid cluster")
 }

@@ -201,7 +201,7 @@ mod tests {
 
     fn reference(resource_version: &str) -> ObjectReference {
         ObjectReference {
-            api_version: Some("db.example.com/v1alpha1".to_owned()),
+            api_version: Some("db.example.com/v1beta1".to_owned()),
             kind: Some("PostgreSQLCluster".to_owned()),
             namespace: Some("team".to_owned()),
             name: Some("orders".to_owned()),

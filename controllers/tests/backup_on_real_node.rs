@@ -72,9 +72,9 @@ async fn an_on_demand_backup_completes_with_the_size_and_checksum_of_its_stored_
     );
     assert!(status.start_time.is_some() && status.completion_time.is_some());
     let recorded = status.storage.clone().expect("storage recorded");
-    assert_eq!(recorded.bucket, fixture.bucket.name());
+    assert_eq!(recorded.s3.bucket, fixture.bucket.name());
     assert_eq!(
-        recorded.prefix.as_deref(),
+        recorded.s3.prefix.as_deref(),
         Some(format!("{}/pg", fixture.namespace()).as_str())
     );
 

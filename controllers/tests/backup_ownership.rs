@@ -93,7 +93,7 @@ impl Bed {
         cluster.metadata.name = Some(name.to_owned());
         cluster.spec.replicas = 1;
         let mut config = backup_config(self.storage(), NEVER);
-        config.retention_days = retention_days;
+        config.retention.days = retention_days;
         cluster.spec.backup = Some(config);
         let created = self
             .running

@@ -85,19 +85,19 @@ impl Bed {
     async fn cluster(&self, name: &str, backup: serde_json::Value, s3: bool) -> PostgreSQLCluster {
         let mut backup = backup;
         if s3 {
-            backup["s3"] = json!({
+            backup["storage"] = json!({"s3": {
                 "bucket": "backups",
                 "credentials": {
                     "accessKeyId": {"name": "s3", "key": "id"},
                     "secretAccessKey": {"name": "s3", "key": "secret"},
                 },
-            });
+            }});
         }
         let cluster: PostgreSQLCluster = serde_json::from_value(json!({
-            "apiVersion": "db.example.com/v1alpha1",
+            "apiVersion": "db.example.com/v1beta1",
             "kind": "PostgreSQLCluster",
             "metadata": {"name": name},
-            "spec": {"replicas": 1, "storage": "1Gi", "backup": backup},
+            "spec": {"replicas": 1, "storage": {"size": "1Gi"}, "backup": backup},
         }))
         .expect("a cluster");
         self.api::<PostgreSQLCluster>()
@@ -309,7 +309,7 @@ async fn every_minute_makes_one_backup_per_minute_and_shows_last_and_next() {
     let cluster = bed
         .cluster(
             "minutely",
-            json!({"schedule": "* * * * *", "compression": {"method": "gzip", "level": 3}}),
+            json!({"schedule": {"cron": "* * * * *"}, "compression": {"method": "gzip", "level": 3}}),
             true,
         )
         .await;
@@ -379,7 +379,7 @@ async fn two_managers_make_one_backup_per_minute_between_them() {
         return;
     };
     let cluster = bed
-        .cluster("shared", json!({"schedule": "* * * * *"}), true)
+        .cluster("shared", json!({"schedule": {"cron": "* * * * *"}}), true)
         .await;
     let (one, two) = (bed.engine().await, bed.engine().await);
     let backups = bed.wait_scheduled_completing("shared", 2).await;
@@ -406,7 +406,7 @@ async fn hours_of_downtime_are_caught_up_by_one_backup() {
     let Some(bed) = Bed::new("schedule-catchup").await else {
         return;
     };
-    bed.cluster("hourly", json!({"schedule": "0 * * * *"}), true)
+    bed.cluster("hourly", json!({"schedule": {"cron": "0 * * * *"}}), true)
         .await;
     let hours_ago = Utc::now() - TimeDelta::hours(5);
     bed.api::<PostgreSQLCluster>()
@@ -458,13 +458,13 @@ async fn an_unfinished_backup_or_restore_or_no_storage_skips_the_minute() {
     let Some(bed) = Bed::new("schedule-skip").await else {
         return;
     };
-    let every_minute = json!({"schedule": "* * * * *"});
+    let every_minute = json!({"schedule": {"cron": "* * * * *"}});
     bed.cluster("busy", every_minute.clone(), true).await;
     bed.cluster("restoring", every_minute.clone(), true).await;
     bed.cluster("nowhere", every_minute, false).await;
     // An on-demand backup of `busy` that has not finished (no status yet).
     let manual: PostgreSQLBackup = serde_json::from_value(json!({
-        "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLBackup",
+        "apiVersion": "db.example.com/v1beta1", "kind": "PostgreSQLBackup",
         "metadata": {"name": "busy-manual"}, "spec": {"cluster": {"name": "busy"}},
     }))
     .expect("a backup");
@@ -473,7 +473,7 @@ async fn an_unfinished_backup_or_restore_or_no_storage_skips_the_minute() {
         .await
         .expect("backup created");
     let restore: PostgreSQLRestore = serde_json::from_value(json!({
-        "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLRestore",
+        "apiVersion": "db.example.com/v1beta1", "kind": "PostgreSQLRestore",
         "metadata": {"name": "into-restoring"},
         "spec": {"backup": {"name": "busy-manual"}, "cluster": {"name": "restoring"}},
     }))
@@ -527,7 +527,7 @@ async fn suspend_stops_new_backups() {
     let Some(bed) = Bed::new("schedule-suspend").await else {
         return;
     };
-    bed.cluster("paused", json!({"schedule": "* * * * *"}), true)
+    bed.cluster("paused", json!({"schedule": {"cron": "* * * * *"}}), true)
         .await;
     let engine = bed.engine().await;
     bed.wait_scheduled_completing("paused", 1).await;
@@ -535,7 +535,7 @@ async fn suspend_stops_new_backups() {
         .patch(
             "paused",
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"backup": {"suspend": true}}})),
+            &Patch::Merge(json!({"spec": {"backup": {"schedule": {"suspend": true}}}})),
         )
         .await
         .expect("suspended");
@@ -562,11 +562,11 @@ async fn an_invalid_schedule_shows_in_the_condition() {
     };
     bed.cluster(
         "mars",
-        json!({"schedule": "0 3 * * *", "timeZone": "Mars/Olympus_Mons"}),
+        json!({"schedule": {"cron": "0 3 * * *", "timeZone": "Mars/Olympus_Mons"}}),
         true,
     )
     .await;
-    bed.cluster("sixty", json!({"schedule": "61 * * * *"}), true)
+    bed.cluster("sixty", json!({"schedule": {"cron": "61 * * * *"}}), true)
         .await;
     let engine = bed.engine().await;
     let mars = bed.wait_condition("mars", "False", "InvalidSchedule").await;
@@ -589,7 +589,7 @@ async fn an_invalid_schedule_shows_in_the_condition() {
         .patch(
             "mars",
             &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"backup": {"timeZone": "Europe/Paris"}}})),
+            &Patch::Merge(json!({"spec": {"backup": {"schedule": {"timeZone": "Europe/Paris"}}}})),
         )
         .await
         .expect("time zone fixed");

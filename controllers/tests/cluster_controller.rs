@@ -432,7 +432,7 @@ async fn storage_shrink_and_major_upgrade_are_held_back_while_the_rest_is_reconc
         .await
         .expect("StatefulSet");
 
-    patch_spec(&running, "steady", json!({"storage": "50Gi"})).await;
+    patch_spec(&running, "steady", json!({"storage": {"size": "50Gi"}})).await;
     let refused = wait_for_progressing_reason(&running, "steady", "StorageShrinkRefused").await;
     assert!(
         condition(&refused, "Progressing")
@@ -455,11 +455,11 @@ async fn storage_shrink_and_major_upgrade_are_held_back_while_the_rest_is_reconc
     patch_spec(
         &running,
         "steady",
-        json!({"storage": "100Gi", "version": "17"}),
+        json!({"storage": {"size": "100Gi"}, "postgresVersion": "17"}),
     )
     .await;
     let refused = wait_for_progressing_reason(&running, "steady", "MajorUpgradeNotSupported").await;
-    assert_eq!(refused.spec.version, PostgresVersion::V17);
+    assert_eq!(refused.spec.postgres_version, PostgresVersion::V17);
     assert_eq!(
         refused
             .status
@@ -596,7 +596,7 @@ async fn many_clusters_created_at_once_all_reach_running() {
             async move {
                 cluster.metadata.name = Some(format!("c{i:03}"));
                 cluster.spec.replicas = 1;
-                cluster.spec.storage = "1Gi".to_owned();
+                cluster.spec.storage.size = "1Gi".to_owned();
                 cluster.spec.backup = None;
                 // The test bed's nodes have 48 CPUs in all: the sample's requests would fit
                 // 96 pods, not 200.
@@ -692,7 +692,7 @@ async fn growing_storage_expands_the_data_volumes() {
     })
     .await
     .expect("bound");
-    patch_spec(&running, "grow", json!({"storage": "150Gi"})).await;
+    patch_spec(&running, "grow", json!({"storage": {"size": "150Gi"}})).await;
     wait_until("the data volume to request 150Gi", TIMEOUT, || async {
         let claim = claims.get("data-grow-postgresql-0").await?;
         Ok((request(&claim).as_deref() == Some("150Gi")).then_some(()))
@@ -766,7 +766,7 @@ async fn the_old_client_service_goes_and_instance_troubles_show_in_the_status() 
             "name": "roles-postgresql",
             "labels": {"app.kubernetes.io/managed-by": "pgkube"},
             "ownerReferences": [{
-                "apiVersion": "db.example.com/v1alpha1",
+                "apiVersion": "db.example.com/v1beta1",
                 "kind": "PostgreSQLCluster",
                 "name": "roles",
                 "uid": created.uid().expect("uid"),
@@ -1256,7 +1256,7 @@ async fn backup_and_restore_of(
 ) -> (Api<PostgreSQLBackup>, Api<PostgreSQLRestore>) {
     let backups = Api::<PostgreSQLBackup>::namespaced(client.clone(), namespace);
     let backup: PostgreSQLBackup = serde_json::from_value(json!({
-        "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLBackup",
+        "apiVersion": "db.example.com/v1beta1", "kind": "PostgreSQLBackup",
         "metadata": {"name": "nightly"},
         "spec": {"cluster": {"name": cluster}, "deletionPolicy": "Retain"},
     }))
@@ -1267,7 +1267,7 @@ async fn backup_and_restore_of(
         .expect("backup created");
     let restores = Api::<PostgreSQLRestore>::namespaced(client.clone(), namespace);
     let restore: PostgreSQLRestore = serde_json::from_value(json!({
-        "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLRestore",
+        "apiVersion": "db.example.com/v1beta1", "kind": "PostgreSQLRestore",
         "metadata": {"name": "back"},
         "spec": {"backup": {"name": "missing"}, "cluster": {"name": cluster}},
     }))

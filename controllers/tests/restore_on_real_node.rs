@@ -613,7 +613,9 @@ async fn new_clusters_bootstrapped_from_a_backup_or_its_storage_start_with_its_d
     let from_source = Bootstrap {
         backup: None,
         source: Some(RestoreSource {
-            s3: fixture.storage(),
+            storage: pgkube_crds::BackupStorage {
+                s3: fixture.storage(),
+            },
             object_key: manifest_key.clone(),
         }),
     };

@@ -1,7 +1,7 @@
-//! pgkube API types, group `db.example.com`: version `v1alpha1` (served and stored; its types are
-//! at the crate root and in [`v1alpha1`]), version [`v1beta1`] (served beside it: the shape pgkube
-//! keeps), and the lossless [`conversion`] between them, which the manager's conversion webhook
-//! serves to the API server.
+//! pgkube API types, group `db.example.com`: version [`v1beta1`] (stored, and the one pgkube's
+//! controllers use; its types are also at the crate root), version [`v1alpha1`] (still served
+//! beside it), and the lossless [`conversion`] between them, which the manager's conversion
+//! webhook serves to the API server for v1alpha1 clients.
 //!
 //! Three kinds, each namespaced with a status subresource:
 //! - [`PostgreSQLCluster`]: a PostgreSQL instance set (StatefulSet, Services, config, credentials)
@@ -26,10 +26,7 @@ pub use admission::{
     ADMISSION_PATH, ADMISSION_WEBHOOK, admission_in_namespaces, admission_through,
     admission_trusting, admission_yaml,
 };
-pub use backup::*;
-pub use cluster::*;
-pub use common::*;
-pub use restore::*;
+pub use v1beta1::*;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceConversion, CustomResourceDefinition, ServiceReference, WebhookClientConfig,
@@ -66,12 +63,13 @@ impl Default for ConversionWebhook {
     }
 }
 
-/// The version the API server stores objects in: v1alpha1 until the migration to v1beta1 (the
-/// README's "API versions" says when).
+/// The version the API server stores objects in: v1beta1, the version the controllers read, so
+/// that what they and kubectl read needs no conversion. v1alpha1 is for CRDs installed by a pgkube
+/// that still stored it, until `pgkube migrate-storage` has run (`docs/api-versions.md`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum StorageVersion {
-    #[default]
     V1alpha1,
+    #[default]
     V1beta1,
 }
 
@@ -88,8 +86,8 @@ impl StorageVersion {
 /// The path the manager serves ConversionReviews on.
 pub const CONVERSION_PATH: &str = "/convert";
 
-/// The CRDs of all pgkube kinds, in a stable order, as `pgkube crd` prints them: `v1alpha1`
-/// (the storage version) and `v1beta1` both served, converting through the manager's webhook
+/// The CRDs of all pgkube kinds, in a stable order, as `pgkube crd` prints them: `v1beta1`
+/// (the storage version) and `v1alpha1` both served, converting through the manager's webhook
 /// behind `deploy/`'s `pgkube-webhook` Service.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     crds_converting_through(&ConversionWebhook::default(), StorageVersion::default())
@@ -219,7 +217,7 @@ mod tests {
 
     #[test]
     fn crds_without_a_webhook_are_left_alone() {
-        let alone = v1alpha1::crds();
+        let alone = v1beta1::crds();
         assert_eq!(crds_trusting(alone.clone(), b"ca"), alone);
     }
 }

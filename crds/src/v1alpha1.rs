@@ -1,8 +1,6 @@
-//! The `v1alpha1` version by name: the same types as the crate root, for code that names both
-//! versions side by side (`v1alpha1::PostgreSQLCluster` beside `v1beta1::PostgreSQLCluster`).
-//!
-//! `v1alpha1` is the version the CRDs store today, served beside [`crate::v1beta1`], the shape
-//! pgkube keeps; [`crate::conversion`] converts between the two without loss.
+//! The `v1alpha1` version: pgkube's first shape, still served beside [`crate::v1beta1`] (the
+//! stored version, whose types the crate root has) for clients that still write it;
+//! [`crate::conversion`] converts between the two without loss.
 
 pub use crate::backup::*;
 pub use crate::cluster::*;
@@ -15,9 +13,8 @@ pub const API_VERSION: &str = "db.example.com/v1alpha1";
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 
-/// The CRDs of all pgkube kinds with v1alpha1 alone: no second version, so no conversion
-/// webhook is needed. For API servers that cannot reach one (the test bed, whose managers come
-/// and go with the tests); [`crate::crds`] is what pgkube installs.
+/// The CRDs of all pgkube kinds with v1alpha1 alone, as the first pgkube installed them;
+/// [`crate::crds`] is what pgkube installs now.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     vec![
         PostgreSQLCluster::crd(),

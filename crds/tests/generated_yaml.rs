@@ -40,7 +40,7 @@ fn every_version_bounds_replicas_by_max_replicas() {
         .iter()
         .map(|v| v.name.as_str())
         .collect();
-    assert_eq!(served, ["v1alpha1", "v1beta1"]);
+    assert_eq!(served, ["v1beta1", "v1alpha1"]);
     for version in &clusters.spec.versions {
         let schema = serde_json::to_value(&version.schema).expect("the schema as JSON");
         let maximum = schema

@@ -1,6 +1,6 @@
 //! Shared by the conversion webhook's integration tests: they change the test bed's CRDs (both
 //! versions, converting through a manager they run), one test at a time, and put the
-//! v1alpha1-only CRDs back whatever happens.
+//! v1beta1-only CRDs back whatever happens.
 
 #![allow(dead_code)] // each test file uses a different part
 
@@ -10,7 +10,7 @@ use futures::FutureExt as _;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use pgkube_crds::{StorageVersion, v1beta1};
+use pgkube_crds::{StorageVersion, v1alpha1};
 use pgkube_testkit::{CRD_FIELD_MANAGER, TestEnv, install_crds, wait_until};
 
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -22,7 +22,7 @@ pub const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
 /// (Test files run one after another.)
 static CRDS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Runs `scenario` while holding the CRDs, and puts the v1alpha1-only CRDs back whatever
+/// Runs `scenario` while holding the CRDs, and puts the v1beta1-only CRDs back whatever
 /// happens: a CRD left converting through a stopped manager would fail later tests.
 pub async fn holding_the_crds(client: &Client, scenario: impl std::future::Future<Output = ()>) {
     let _held = CRDS.lock().await;
@@ -34,8 +34,8 @@ pub async fn holding_the_crds(client: &Client, scenario: impl std::future::Futur
 }
 
 /// Applies `crds` (as the test kit's field manager, so that [`install_crds`] puts the
-/// v1alpha1-only ones back) and, if `wait_served`, waits until v1beta1 is served (a list needs a
-/// conversion webhook that answers).
+/// v1beta1-only ones back) and, if `wait_served`, waits until v1alpha1 is served (a list in the
+/// version not stored needs a conversion webhook that answers).
 pub async fn install(client: &Client, crds: &[CustomResourceDefinition], wait_served: bool) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PatchParams::apply(CRD_FIELD_MANAGER).force();
@@ -47,8 +47,8 @@ pub async fn install(client: &Client, crds: &[CustomResourceDefinition], wait_se
     if !wait_served {
         return;
     }
-    let clusters = Api::<v1beta1::PostgreSQLCluster>::all(client.clone());
-    wait_until("v1beta1 to be served", STEP_TIMEOUT, || async {
+    let clusters = Api::<v1alpha1::PostgreSQLCluster>::all(client.clone());
+    wait_until("v1alpha1 to be served", STEP_TIMEOUT, || async {
         Ok(clusters.list(&Default::default()).await.ok().map(|_| ()))
     })
     .await
@@ -56,7 +56,7 @@ pub async fn install(client: &Client, crds: &[CustomResourceDefinition], wait_se
 }
 
 /// Takes the conversion stanza out (its `caBundle` belongs to the manager's field manager, so
-/// the test kit's apply alone would leave it), then puts the v1alpha1-only CRDs back.
+/// the test kit's apply alone would leave it), then puts the v1beta1-only CRDs back.
 pub async fn restore_crds(client: &Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let patch = serde_json::json!({"spec": {"conversion": {"strategy": "None", "webhook": null}}});

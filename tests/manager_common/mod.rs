@@ -27,10 +27,10 @@ pub async fn create_cluster(
     replicas: i32,
 ) -> PostgreSQLCluster {
     let cluster: PostgreSQLCluster = serde_json::from_value(serde_json::json!({
-        "apiVersion": "db.example.com/v1alpha1",
+        "apiVersion": "db.example.com/v1beta1",
         "kind": "PostgreSQLCluster",
         "metadata": { "name": name },
-        "spec": { "replicas": replicas, "version": "16", "storage": "1Gi" },
+        "spec": { "replicas": replicas, "postgresVersion": "16", "storage": {"size": "1Gi"} },
     }))
     .expect("a valid cluster");
     clusters

@@ -272,7 +272,7 @@ fn agent_container(input: &JobInput<'_>) -> Container {
         name: input.task.verb().to_owned(),
         image: Some(format!(
             "{}:{}",
-            input.postgres_image_repository, input.cluster.spec.version
+            input.postgres_image_repository, input.cluster.spec.postgres_version
         )),
         command: Some(
             [AGENT, "agent", input.task.verb()]

@@ -106,10 +106,15 @@ fn blocker(
             format!("PostgreSQLCluster {cluster_name} does not exist"),
         ));
     };
-    let Some(storage) = cluster.spec.backup.as_ref().and_then(|b| b.s3.as_ref()) else {
+    let Some(storage) = (cluster
+        .spec
+        .backup
+        .as_ref()
+        .and_then(|b| b.storage.as_ref()))
+    .map(|s| &s.s3) else {
         return Err(Reason::new(
             "NoStorage",
-            format!("PostgreSQLCluster {cluster_name} has no spec.backup.s3 to write to"),
+            format!("PostgreSQLCluster {cluster_name} has no spec.backup.storage to write to"),
         ));
     };
     let status = cluster.status.as_ref();
@@ -220,7 +225,7 @@ pub fn manifest_key(backup: &PostgreSQLBackup) -> Option<String> {
         return Some(key.clone());
     }
     let storage = status.storage.as_ref()?;
-    let prefix = resolved_prefix(storage, backup);
+    let prefix = resolved_prefix(&storage.s3, backup);
     BackupKeys::legacy(&prefix, &backup.name_any())
         .ok()
         .map(|keys| keys.manifest())
@@ -247,7 +252,7 @@ pub fn cluster_prefix(storage: &S3Storage, namespace: &str, cluster: &str) -> St
 mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use pgkube_crds::{
-        BackupConfig, CompressionMethod, LocalReference, PostgreSQLBackupSpec,
+        BackupSpec, CompressionMethod, LocalReference, PostgreSQLBackupSpec,
         PostgreSQLBackupStatus, PostgreSQLClusterSpec, PostgreSQLClusterStatus,
     };
 
@@ -284,13 +289,13 @@ mod tests {
 
     fn cluster(phase: ClusterPhase, with_storage: bool) -> PostgreSQLCluster {
         let mut spec: PostgreSQLClusterSpec =
-            serde_json::from_value(serde_json::json!({"storage": "1Gi"})).expect("spec");
+            serde_json::from_value(serde_json::json!({"storage": {"size": "1Gi"}})).expect("spec");
         if with_storage {
-            let backup: BackupConfig = serde_json::from_value(serde_json::json!({
-                "schedule": "0 3 * * *",
-                "s3": {"bucket": "backups", "credentials": {
+            let backup: BackupSpec = serde_json::from_value(serde_json::json!({
+                "schedule": {"cron": "0 3 * * *"},
+                "storage": {"s3": {"bucket": "backups", "credentials": {
                     "accessKeyId": {"name": "s3", "key": "id"},
-                    "secretAccessKey": {"name": "s3", "key": "secret"}}}
+                    "secretAccessKey": {"name": "s3", "key": "secret"}}}}
             }))
             .expect("backup config");
             spec.backup = Some(backup);
@@ -496,7 +501,7 @@ mod tests {
         let mut b = backup("nightly", 0, Some(BackupPhase::Completed));
         assert_eq!(manifest_key(&b), None, "no storage: never started");
         let status = b.status.as_mut().expect("status");
-        status.storage = Some(S3Storage::default());
+        status.storage = Some(pgkube_crds::BackupStorage::default());
         assert_eq!(
             manifest_key(&b).as_deref(),
             Some("db/main/nightly/manifest.json")

@@ -66,13 +66,13 @@ fn hold(restore: &PostgreSQLRestore, backups: &[&PostgreSQLBackup]) -> Hold {
             .status
             .as_ref()
             .and_then(|s| s.storage.as_ref())
-            .map(|s| s.bucket.clone());
+            .map(|s| s.s3.bucket.clone());
         if let Some(key) = manifest_key(backup) {
             manifests.push((bucket.clone(), key));
         }
     }
     if let Some(source) = &restore.spec.source {
-        bucket = Some(source.s3.bucket.clone());
+        bucket = Some(source.storage.s3.bucket.clone());
         manifests.push((bucket.clone(), source.object_key.clone()));
     }
     if let Some(key) = restore
@@ -114,7 +114,7 @@ pub fn holder<'a>(holds: &'a [Hold], backup: &PostgreSQLBackup) -> Option<&'a Ho
         .status
         .as_ref()
         .and_then(|s| s.storage.as_ref())
-        .map(|s| s.bucket.as_str());
+        .map(|s| s.s3.bucket.as_str());
     let key = manifest_key(backup);
     holds.iter().find(|hold| {
         let named = hold.namespace == namespace && hold.backup.as_deref() == Some(name.as_str());
@@ -157,7 +157,9 @@ mod tests {
         );
         backup.metadata.namespace = Some(namespace.to_owned());
         backup.status = Some(PostgreSQLBackupStatus {
-            storage: Some(storage("backups")),
+            storage: Some(pgkube_crds::BackupStorage {
+                s3: storage("backups"),
+            }),
             object_key: key.map(str::to_owned),
             ..PostgreSQLBackupStatus::default()
         });
@@ -253,7 +255,9 @@ mod tests {
         from_source.metadata.namespace = Some("staging".to_owned());
         from_source.spec.backup = None;
         from_source.spec.source = Some(RestoreSource {
-            s3: storage("backups"),
+            storage: pgkube_crds::BackupStorage {
+                s3: storage("backups"),
+            },
             object_key: KEY.to_owned(),
         });
         let holds = holds(&[&from_source], &[&nightly]);

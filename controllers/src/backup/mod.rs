@@ -438,7 +438,8 @@ async fn complete(
         .status
         .as_ref()
         .and_then(|s| s.storage.clone())
-        .unwrap_or_default();
+        .unwrap_or_default()
+        .s3;
     let bucket = access::connect(&context.base.client, namespace, &storage).await?;
     // A backup that started before the key was recorded at the start has a legacy key, and a
     // manifest without uids.

@@ -32,7 +32,7 @@ pub enum Target {
 /// Where the objects of `backup` (which started: its status records its storage) are.
 pub fn target(backup: &PostgreSQLBackup) -> Target {
     let status = backup.status.clone().unwrap_or_default();
-    let storage = status.storage.unwrap_or_default();
+    let storage = status.storage.unwrap_or_default().s3;
     let prefix = resolved_prefix(&storage, backup);
     let name = backup.name_any();
     let uid = backup.metadata.uid.clone().unwrap_or_default();
@@ -125,7 +125,7 @@ fn prove_legacy(
 
 #[cfg(test)]
 mod tests {
-    use pgkube_crds::{LocalReference, PostgreSQLBackupSpec, PostgreSQLBackupStatus, S3Storage};
+    use pgkube_crds::{LocalReference, PostgreSQLBackupSpec, PostgreSQLBackupStatus};
 
     use super::*;
     use crate::storage::manifest::{DATABASE_FORMAT, MANIFEST_VERSION, StoredObject};
@@ -145,7 +145,7 @@ mod tests {
         backup.metadata.namespace = Some("db".to_owned());
         backup.metadata.uid = Some("u1".to_owned());
         backup.status = Some(PostgreSQLBackupStatus {
-            storage: Some(S3Storage::default()),
+            storage: Some(pgkube_crds::BackupStorage::default()),
             object_key: object_key.map(str::to_owned),
             checksum: checksum.map(str::to_owned),
             ..PostgreSQLBackupStatus::default()

@@ -201,7 +201,11 @@ async fn delete_data(
     context: &BackupContext,
     namespace: &str,
 ) -> Result<Deleted, Error> {
-    let Some(storage) = backup.status.as_ref().and_then(|s| s.storage.clone()) else {
+    let Some(storage) = backup
+        .status
+        .as_ref()
+        .and_then(|s| s.storage.clone().map(|s| s.s3))
+    else {
         tracing::info!("the backup never started: no data to delete");
         return Ok(Deleted::Done);
     };

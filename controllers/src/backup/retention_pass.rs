@@ -1,6 +1,6 @@
 //! Retention for a cluster, as the controllers run it: after each completed backup and every
 //! hour ([`crate::Settings::retention_interval`]), a [`retention::prune`](crate::retention::prune)
-//! pass over the cluster's root `<prefix>/<cluster-uid>/` with its `retentionDays`, holding the
+//! pass over the cluster's root `<prefix>/<cluster-uid>/` with its `retention.days`, holding the
 //! backups that unfinished restores read (the restores are listed from the API server at the
 //! start of each pass, see [`super::holds`]); then the PostgreSQLBackup objects of the backups it
 //! deleted (the same name and uid) are removed, and an Event and the metrics tell what the pass
@@ -20,7 +20,7 @@ use crate::metrics::ClusterLabels;
 use crate::retention::{self, BackupId, PruneReport, RetentionPolicy};
 
 /// One pass for `cluster`, with an Event saying what it did or why it failed. A cluster
-/// without `spec.backup.s3` has nothing to prune.
+/// without `spec.backup.storage` has nothing to prune.
 pub async fn run(context: &BackupContext, cluster: &PostgreSQLCluster) -> Option<PruneReport> {
     let span = info_span!("retention", cluster = %cluster.name_any());
     let outcome = pass(context, cluster).instrument(span).await;
@@ -56,7 +56,7 @@ async fn pass(
     let Some(config) = cluster.spec.backup.as_ref() else {
         return Ok(None);
     };
-    let Some(storage) = config.s3.as_ref() else {
+    let Some(storage) = config.storage.as_ref().map(|s| &s.s3) else {
         return Ok(None);
     };
     let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
@@ -66,7 +66,7 @@ async fn pass(
     let policy = RetentionPolicy {
         prefix: super::decide::cluster_prefix(storage, &namespace, &name),
         cluster_uid: cluster.metadata.uid.clone().unwrap_or_default(),
-        retention_days: u32::try_from(config.retention_days).unwrap_or(1),
+        retention_days: u32::try_from(config.retention.days).unwrap_or(1),
         failed_backups: backups
             .iter()
             .filter(|b| b.status.as_ref().and_then(|s| s.phase) == Some(BackupPhase::Failed))
@@ -188,7 +188,7 @@ async fn clusters_with_storage(context: &BackupContext) -> Vec<PostgreSQLCluster
         let api = crate::api::<PostgreSQLCluster>(&context.base.client, namespace.as_deref());
         match api.list(&ListParams::default()).await {
             Ok(list) => clusters.extend(list.items.into_iter().filter(|c| {
-                c.spec.backup.as_ref().is_some_and(|b| b.s3.is_some())
+                c.spec.backup.as_ref().is_some_and(|b| b.storage.is_some())
                     && c.metadata.deletion_timestamp.is_none()
             })),
             Err(error) => {

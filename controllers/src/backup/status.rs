@@ -5,7 +5,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 use pgkube_crds::{
-    BackupCompression, BackupPhase, PostgreSQLBackup, PostgreSQLBackupStatus, S3Storage,
+    BackupCompression, BackupPhase, BackupStorage, PostgreSQLBackup, PostgreSQLBackupStatus,
+    S3Storage,
 };
 
 use super::decide::Reason;
@@ -69,7 +70,7 @@ pub fn next_status(
             compression,
             job,
         } => {
-            status.storage = Some(*storage);
+            status.storage = Some(BackupStorage { s3: *storage });
             status.object_key = Some(manifest_key);
             status.compression = Some(compression);
             status.job_name = Some(job.clone());

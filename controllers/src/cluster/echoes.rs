@@ -73,7 +73,8 @@ mod tests {
     use super::*;
 
     fn cluster(name: &str, resource_version: &str) -> PostgreSQLCluster {
-        let spec = serde_json::from_value(serde_json::json!({ "storage": "1Gi" })).expect("spec");
+        let spec = serde_json::from_value(serde_json::json!({ "storage": {"size": "1Gi"} }))
+            .expect("spec");
         let mut cluster = PostgreSQLCluster::new(name, spec);
         cluster.metadata.namespace = Some("ns".to_owned());
         cluster.metadata.resource_version = Some(resource_version.to_owned());

@@ -426,9 +426,9 @@ mod tests {
         use instances::{InstanceReport, ObservedInstance, ReportedRole};
         let cluster = |synchronous: serde_json::Value| -> PostgreSQLCluster {
             serde_json::from_value(json!({
-                "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLCluster",
+                "apiVersion": "db.example.com/v1beta1", "kind": "PostgreSQLCluster",
                 "metadata": {"name": "db"},
-                "spec": {"replicas": 4, "storage": "1Gi",
+                "spec": {"replicas": 4, "storage": {"size": "1Gi"},
                          "highAvailability": {"synchronous": synchronous}}
             }))
             .expect("a cluster")
@@ -466,8 +466,8 @@ mod tests {
         // At most the maximum.
         assert_eq!(synchronous_standbys(&one_to_two, &all_stream, primary), 2);
         let without: PostgreSQLCluster = serde_json::from_value(json!({
-            "apiVersion": "db.example.com/v1alpha1", "kind": "PostgreSQLCluster",
-            "metadata": {"name": "db"}, "spec": {"replicas": 4, "storage": "1Gi"}
+            "apiVersion": "db.example.com/v1beta1", "kind": "PostgreSQLCluster",
+            "metadata": {"name": "db"}, "spec": {"replicas": 4, "storage": {"size": "1Gi"}}
         }))
         .expect("a cluster");
         assert_eq!(synchronous_standbys(&without, &all_stream, primary), 0);

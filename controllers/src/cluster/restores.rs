@@ -179,7 +179,7 @@ fn source_of(restore: &PostgreSQLRestore) -> String {
             Some(key) => format!("backup {} ({key})", backup.name),
             None => format!("backup {}", backup.name),
         },
-        (None, Some(source)) => format!("{}/{}", source.s3.bucket, source.object_key),
+        (None, Some(source)) => format!("{}/{}", source.storage.s3.bucket, source.object_key),
         (None, None) => "an unnamed backup".to_owned(),
     }
 }
@@ -249,7 +249,7 @@ mod tests {
 
     fn cluster(bootstrap: bool) -> PostgreSQLCluster {
         let spec: PostgreSQLClusterSpec = serde_json::from_value(serde_json::json!({
-            "storage": "1Gi",
+            "storage": {"size": "1Gi"},
             "bootstrap": if bootstrap { serde_json::json!({"backup": {"name": "nightly"}}) } else { serde_json::Value::Null },
         }))
         .expect("spec");

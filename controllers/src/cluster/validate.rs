@@ -168,13 +168,14 @@ pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validat
     })?;
     let requested_gib = spec
         .storage
+        .size
         .strip_suffix("Gi")
         .and_then(|n| n.parse::<u64>().ok())
         .filter(|gib| *gib > 0)
         .ok_or_else(|| {
             InvalidSpec(format!(
-                "storage {:?} is not a positive whole number of Gi, for example 100Gi",
-                spec.storage
+                "storage size {:?} is not a positive whole number of Gi, for example 100Gi",
+                spec.storage.size
             ))
         })?;
     if let Some(resources) = &spec.resources {
@@ -188,14 +189,14 @@ pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validat
     check_parameters(&parameters)?;
     let mut refusals = Vec::new();
     let version = match live.running_version {
-        Some(running) if running != spec.version => {
+        Some(running) if running != spec.postgres_version => {
             refusals.push(Refusal::MajorVersionChange {
                 running,
-                requested: spec.version,
+                requested: spec.postgres_version,
             });
             running
         }
-        _ => spec.version,
+        _ => spec.postgres_version,
     };
     let template_gib = live
         .claim_template_storage
@@ -211,7 +212,7 @@ pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validat
         }
         _ => requested_gib,
     };
-    let requested_class = pgkube_crds::conversion::storage_class_name(cluster);
+    let requested_class = spec.storage.storage_class_name.clone();
     let storage_class_name = match &live.claim_template_storage {
         // No StatefulSet yet: the spec's class.
         None => requested_class,
@@ -249,7 +250,7 @@ pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validat
         claim_template_storage: live
             .claim_template_storage
             .clone()
-            .unwrap_or_else(|| spec.storage.clone()),
+            .unwrap_or_else(|| spec.storage.size.clone()),
         storage_class_name,
         resources: spec.resources.clone(),
         scheduling: Scheduling::of(spec),

@@ -139,7 +139,7 @@ pub fn newer_major(backup_version: &str, cluster: &PostgreSQLCluster) -> Option<
         .take_while(char::is_ascii_digit)
         .collect();
     let backup_major: u32 = digits.parse().ok()?;
-    let cluster_major = cluster.spec.version.major();
+    let cluster_major = cluster.spec.postgres_version.major();
     (backup_major > cluster_major).then(|| {
         Reason::new(
             "NewerMajor",
@@ -165,7 +165,7 @@ fn location(
     backup: Option<&PostgreSQLBackup>,
 ) -> Result<Location, Blocked> {
     if let Some(source) = &restore.spec.source {
-        return source_location(&source.s3, &source.object_key).map_err(Blocked::Refused);
+        return source_location(&source.storage.s3, &source.object_key).map_err(Blocked::Refused);
     }
     let name = restore
         .spec
@@ -198,7 +198,7 @@ fn location(
             )));
         }
     }
-    let Some(storage) = status.storage else {
+    let Some(storage) = status.storage.map(|s| s.s3) else {
         return Err(Blocked::Refused(Reason::new(
             "BackupNotFound",
             format!("PostgreSQLBackup {name} records no storage"),

@@ -117,7 +117,7 @@ mod tests {
 
     fn cluster(recorded: Option<&str>) -> PostgreSQLCluster {
         let spec: PostgreSQLClusterSpec =
-            serde_json::from_value(serde_json::json!({"storage": "1Gi"})).expect("spec");
+            serde_json::from_value(serde_json::json!({"storage": {"size": "1Gi"}})).expect("spec");
         let mut cluster = PostgreSQLCluster::new("main", spec);
         cluster.status = Some(PostgreSQLClusterStatus {
             system_identifier: recorded.map(str::to_owned),

@@ -17,7 +17,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::{Resource, ResourceExt};
 use pgkube_crds::{
-    BackupCompression, BackupConfig, BackupMethod, BackupPhase, CLUSTER_LABEL, DeletionPolicy,
+    BackupCompression, BackupMethod, BackupPhase, BackupSpec, CLUSTER_LABEL, DeletionPolicy,
     LocalReference, PostgreSQLBackup, PostgreSQLBackupSpec, PostgreSQLCluster, PostgreSQLRestore,
     RestorePhase, SCHEDULED_LABEL, SCHEDULED_TIME_ANNOTATION,
 };
@@ -33,7 +33,7 @@ pub const CONDITION: &str = "BackupScheduled";
 pub enum Plan {
     /// No `spec.backup`.
     None,
-    /// `spec.backup.suspend: true`.
+    /// `spec.backup.schedule.suspend: true`.
     Suspended,
     /// The schedule or time zone is refused.
     Invalid(ScheduleError),
@@ -45,11 +45,13 @@ impl Plan {
     pub fn of(cluster: &PostgreSQLCluster) -> Self {
         match &cluster.spec.backup {
             None => Self::None,
-            Some(backup) if backup.suspend => Self::Suspended,
-            Some(backup) => match Schedule::parse(&backup.schedule, backup.time_zone.as_deref()) {
-                Ok(schedule) => Self::Active(Box::new(schedule)),
-                Err(error) => Self::Invalid(error),
-            },
+            Some(backup) if backup.schedule.suspend => Self::Suspended,
+            Some(backup) => {
+                match Schedule::parse(&backup.schedule.cron, backup.schedule.time_zone.as_deref()) {
+                    Ok(schedule) => Self::Active(Box::new(schedule)),
+                    Err(error) => Self::Invalid(error),
+                }
+            }
         }
     }
 }
@@ -57,11 +59,11 @@ impl Plan {
 /// What identifies a schedule: when it changes, the floor moves to `now` (no catch-up of the
 /// new schedule's past).
 pub fn schedule_key(cluster: &PostgreSQLCluster) -> Option<(String, Option<String>, bool)> {
-    let backup = cluster.spec.backup.as_ref()?;
+    let schedule = &cluster.spec.backup.as_ref()?.schedule;
     Some((
-        backup.schedule.clone(),
-        backup.time_zone.clone(),
-        backup.suspend,
+        schedule.cron.clone(),
+        schedule.time_zone.clone(),
+        schedule.suspend,
     ))
 }
 
@@ -139,10 +141,13 @@ pub fn decide(
         return Decision::AlreadyMade;
     }
     let config = cluster.spec.backup.as_ref();
-    if config.and_then(|c: &BackupConfig| c.s3.as_ref()).is_none() {
+    if config
+        .and_then(|c: &BackupSpec| c.storage.as_ref())
+        .is_none()
+    {
         return Decision::Skip {
             reason: SkipReason::NoStorage,
-            detail: "spec.backup.s3 is not set: there is nowhere to store a backup".to_owned(),
+            detail: "spec.backup.storage is not set: there is nowhere to store a backup".to_owned(),
         };
     }
     if let Some(running) = ours.iter().find(|b| backup_unfinished(b)) {
@@ -353,7 +358,7 @@ mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
     use k8s_openapi::jiff::Timestamp;
-    use pgkube_crds::{CompressionMethod, PostgreSQLRestoreStatus, S3Storage};
+    use pgkube_crds::{BackupStorage, CompressionMethod, PostgreSQLRestoreStatus};
     use pgkube_crds::{PostgreSQLBackupStatus, PostgreSQLClusterStatus, PostgreSQLRestoreSpec};
 
     fn at(text: &str) -> DateTime<Utc> {
@@ -368,17 +373,17 @@ mod tests {
 
     fn cluster(schedule: &str, s3: bool) -> PostgreSQLCluster {
         let mut cluster: PostgreSQLCluster = serde_json::from_value(serde_json::json!({
-            "apiVersion": "db.example.com/v1alpha1",
+            "apiVersion": "db.example.com/v1beta1",
             "kind": "PostgreSQLCluster",
             "metadata": {
                 "name": "main", "namespace": "db", "uid": "u-1", "generation": 3,
                 "creationTimestamp": "2025-01-01T00:30:00Z",
             },
-            "spec": {"storage": "1Gi", "backup": {"schedule": schedule}},
+            "spec": {"storage": {"size": "1Gi"}, "backup": {"schedule": {"cron": schedule}}},
         }))
         .expect("a cluster");
         if s3 && let Some(backup) = cluster.spec.backup.as_mut() {
-            backup.s3 = Some(S3Storage::default());
+            backup.storage = Some(BackupStorage::default());
         }
         cluster
     }
@@ -609,7 +614,7 @@ mod tests {
         );
         let mut suspended = cluster("0 3 * * *", true);
         if let Some(backup) = suspended.spec.backup.as_mut() {
-            backup.suspend = true;
+            backup.schedule.suspend = true;
         }
         let status = SchedulerStatus::of(
             &Plan::of(&suspended),

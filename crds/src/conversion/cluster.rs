@@ -8,9 +8,7 @@
 //! place in both. Only in v1beta1: `storage.storageClassName`, carried on v1alpha1 in the
 //! [`V1BETA1_FIELDS_ANNOTATION`](super::V1BETA1_FIELDS_ANNOTATION) with anything else in the objects v1alpha1 lacks.
 
-use super::dynamic::convert;
 use super::plan::Move;
-use crate::{v1alpha1, v1beta1};
 
 /// The cluster's fields at a different place in each version.
 pub(crate) const MOVES: &[Move] = &[
@@ -47,18 +45,6 @@ pub(crate) const MOVES: &[Move] = &[
         v1beta1: &["spec", "bootstrap", "source", "storage", "s3"],
     },
 ];
-
-/// The `spec.storage.storageClassName` of a cluster read in v1alpha1: the value written through
-/// v1beta1 and carried in the [`V1BETA1_FIELDS_ANNOTATION`](super::V1BETA1_FIELDS_ANNOTATION), if any, exactly as converting the
-/// cluster to v1beta1 finds it. The controllers read v1alpha1, and honour it through this.
-pub fn storage_class_name(cluster: &v1alpha1::PostgreSQLCluster) -> Option<String> {
-    let object = serde_json::to_value(cluster).ok()?;
-    let converted = convert(object, v1beta1::API_VERSION).ok()?;
-    let name = converted
-        .pointer("/spec/storage/storageClassName")?
-        .as_str()?;
-    Some(name.to_owned())
-}
 
 #[cfg(test)]
 mod tests;

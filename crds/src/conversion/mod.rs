@@ -49,5 +49,4 @@ mod reshape;
 mod restore;
 
 pub use annotation::{V1ALPHA1_FIELDS_ANNOTATION, V1BETA1_FIELDS_ANNOTATION};
-pub use cluster::storage_class_name;
 pub use dynamic::{ConversionError, convert};

@@ -19,9 +19,10 @@
 //! Validation is v1alpha1's wherever a field exists in both versions (ranges, patterns, CEL
 //! rules, immutability); the only new field, `storage.storageClassName`, is immutable.
 //!
-//! Served beside v1alpha1, which stays the storage version for now: [`crate::crds`] merges each
-//! kind's two versions into one CRD converting through the manager's webhook. [`crds`] here gives
-//! the v1beta1 CRDs alone.
+//! The storage version, and the version pgkube's controllers read and write (its types are also
+//! at the crate root). v1alpha1 stays served beside it: [`crate::crds`] merges each kind's two
+//! versions into one CRD converting through the manager's webhook. [`crds`] here gives the
+//! v1beta1 CRDs alone.
 
 mod backup;
 mod cluster;
@@ -34,14 +35,18 @@ pub use restore::*;
 pub use storage::*;
 
 pub use crate::backup::{
-    BackupCompression, BackupMethod, BackupPhase, CompressionMethod, DeletionPolicy,
+    BACKUP_DATA_FINALIZER, BackupCompression, BackupMethod, BackupPhase, CLUSTER_LABEL,
+    CompressionMethod, DeletionPolicy, SCHEDULED_LABEL, SCHEDULED_TIME_ANNOTATION,
 };
 pub use crate::cluster::{
-    ClusterPhase, HighAvailability, InstanceRole, InstanceStatus, MANAGED_PARAMETERS,
+    ClusterPhase, DEFAULT_FAILOVER_DELAY_SECONDS, DEFAULT_ISOLATION_TIMEOUT_SECONDS,
+    FENCE_MARGIN_SECONDS, HighAvailability, InstanceRole, InstanceStatus, MANAGED_PARAMETERS,
     PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion, PrimaryChange, PrimaryChangeKind,
-    SynchronousReplication,
+    SYNCHRONOUS_FITS_MESSAGE, SYNCHRONOUS_FITS_RULE, SynchronousReplication,
 };
-pub use crate::common::{LocalReference, S3Credentials, S3Storage, ServerSideEncryption};
+pub use crate::common::{
+    LocalReference, S3Credentials, S3Storage, ServerSideEncryption, conditions_schema,
+};
 pub use crate::restore::{ANY_SYSTEM_IDENTIFIER, PostgreSQLRestoreStatus, RestorePhase};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -159,7 +159,7 @@ fn restore_fields_validate_as_in_v1alpha1() {
     );
 }
 
-/// `pgkube crd` gives one CRD per kind serving both versions, v1alpha1 stored, converting
+/// `pgkube crd` gives one CRD per kind serving both versions, v1beta1 stored, converting
 /// through the `pgkube-webhook` Service on /convert with ConversionReview v1.
 #[test]
 fn the_installed_crds_serve_both_versions_through_the_webhook_service() {
@@ -173,7 +173,7 @@ fn the_installed_crds_serve_both_versions_through_the_webhook_service() {
             .collect();
         assert_eq!(
             versions,
-            [("v1alpha1", true, true), ("v1beta1", true, false)],
+            [("v1beta1", true, true), ("v1alpha1", true, false)],
             "{name:?}"
         );
         let conversion = crd.spec.conversion.expect("a conversion stanza");
@@ -230,11 +230,12 @@ fn both_versions_have_the_same_print_column_names() {
     }
 }
 
-/// After the migration, v1beta1 is stored; both stay served.
+/// For the way back to a pgkube that stored v1alpha1, v1alpha1 can be stored again; both stay
+/// served.
 #[test]
-fn the_storage_version_can_be_v1beta1() {
+fn the_storage_version_can_be_v1alpha1() {
     let webhook = crate::ConversionWebhook::default();
-    for crd in crate::crds_converting_through(&webhook, crate::StorageVersion::V1beta1) {
+    for crd in crate::crds_converting_through(&webhook, crate::StorageVersion::V1alpha1) {
         let mut versions: Vec<(&str, bool, bool)> = crd
             .spec
             .versions
@@ -244,17 +245,17 @@ fn the_storage_version_can_be_v1beta1() {
         versions.sort();
         assert_eq!(
             versions,
-            [("v1alpha1", true, false), ("v1beta1", true, true)]
+            [("v1alpha1", true, true), ("v1beta1", true, false)]
         );
     }
 }
 
-/// The test bed's CRDs, with no webhook to reach, serve v1alpha1 alone.
+/// The test bed's CRDs, with no webhook to reach, serve v1beta1 alone.
 #[test]
-fn the_single_version_crds_serve_v1alpha1_only() {
-    for crd in v1alpha1::crds() {
+fn the_single_version_crds_serve_v1beta1_only() {
+    for crd in crate::v1beta1::crds() {
         let versions: Vec<&str> = crd.spec.versions.iter().map(|v| v.name.as_str()).collect();
-        assert_eq!(versions, ["v1alpha1"]);
+        assert_eq!(versions, ["v1beta1"]);
         assert!(crd.spec.conversion.is_none());
     }
 }

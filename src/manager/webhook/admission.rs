@@ -99,10 +99,10 @@ mod tests {
                 "operation": operation,
                 "userInfo": {"username": "admin"},
                 "object": {
-                    "apiVersion": "db.example.com/v1alpha1",
+                    "apiVersion": "db.example.com/v1beta1",
                     "kind": "PostgreSQLCluster",
                     "metadata": metadata,
-                    "spec": {"replicas": 1, "version": "15", "storage": "1Gi"},
+                    "spec": {"replicas": 1, "postgresVersion": "15", "storage": {"size": "1Gi"}},
                 },
                 "dryRun": false,
             },

@@ -9,8 +9,8 @@ use k8s_openapi::api::core::v1::{Secret, SecretKeySelector};
 use kube::Client;
 use kube::api::{Api, PostParams};
 use pgkube_crds::{
-    BackupConfig, BackupPhase, DeletionPolicy, LocalReference, PostgreSQLBackup,
-    PostgreSQLBackupSpec, S3Credentials, S3Storage,
+    BackupPhase, BackupSchedule, BackupSpec, BackupStorage, DeletionPolicy, LocalReference,
+    PostgreSQLBackup, PostgreSQLBackupSpec, RetentionPolicy, S3Credentials, S3Storage,
 };
 
 use crate::TestEnv;
@@ -73,14 +73,16 @@ pub fn test_storage(env: &TestEnv, bucket: &str, secret: &str) -> S3Storage {
     }
 }
 
-/// Backup settings on `storage` with `schedule`, retention 7 days.
-pub fn backup_config(storage: S3Storage, schedule: &str) -> BackupConfig {
-    BackupConfig {
-        schedule: schedule.to_owned(),
-        time_zone: None,
-        retention_days: 7,
-        s3: Some(storage),
-        suspend: false,
+/// Backup settings on `storage` with the cron expression `schedule`, retention 7 days.
+pub fn backup_config(storage: S3Storage, schedule: &str) -> BackupSpec {
+    BackupSpec {
+        schedule: BackupSchedule {
+            cron: schedule.to_owned(),
+            time_zone: None,
+            suspend: false,
+        },
+        retention: RetentionPolicy { days: 7 },
+        storage: Some(BackupStorage { s3: storage }),
         compression: None,
     }
 }

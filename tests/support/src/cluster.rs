@@ -25,7 +25,9 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodSpec, Secret, Tolerati
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::{Api, Client};
-use pgkube_crds::{ClusterPhase, PostgreSQLCluster, PostgreSQLClusterSpec, PostgresVersion};
+use pgkube_crds::{
+    ClusterPhase, PostgreSQLCluster, PostgreSQLClusterSpec, PostgresVersion, StorageSpec,
+};
 use tokio_postgres::NoTls;
 
 use crate::service::service_addresses;
@@ -157,12 +159,13 @@ impl TestClusterBuilder {
     }
 
     pub fn version(mut self, version: PostgresVersion) -> Self {
-        self.cluster.spec.version = version;
+        self.cluster.spec.postgres_version = version;
         self
     }
 
+    /// The data volume's size, for example `2Gi`.
     pub fn storage(mut self, storage: &str) -> Self {
-        self.cluster.spec.storage = storage.to_owned();
+        self.cluster.spec.storage.size = storage.to_owned();
         self
     }
 
@@ -247,8 +250,11 @@ impl TestCluster {
         );
         let mut spec = PostgreSQLClusterSpec {
             replicas: 1,
-            version: PostgresVersion::V15,
-            storage: "1Gi".to_owned(),
+            postgres_version: PostgresVersion::V15,
+            storage: StorageSpec {
+                size: "1Gi".to_owned(),
+                storage_class_name: None,
+            },
             resources: None,
             backup: None,
             node_selector: BTreeMap::new(),
@@ -779,15 +785,15 @@ mod tests {
     fn the_default_test_cluster_is_small_and_on_the_local_node() {
         let builder = TestCluster::builder("db");
         let json = serde_json::to_value(builder.cluster()).expect("json");
-        assert_eq!(json["apiVersion"], "db.example.com/v1alpha1");
+        assert_eq!(json["apiVersion"], "db.example.com/v1beta1");
         assert_eq!(json["kind"], "PostgreSQLCluster");
         assert_eq!(json["metadata"]["name"], "db");
         assert_eq!(
             json["spec"],
             serde_json::json!({
                 "replicas": 1,
-                "version": "15",
-                "storage": "1Gi",
+                "postgresVersion": "15",
+                "storage": {"size": "1Gi"},
                 "nodeSelector": {"pgkube.io/testbed-node": "local"},
                 "tolerations": [{
                     "key": "pgkube.io/testbed-node",
@@ -804,7 +810,11 @@ mod tests {
             .spec(|spec| spec.resources = None);
         let spec = &bigger.cluster().spec;
         assert_eq!(
-            (spec.replicas, spec.version, spec.storage.as_str()),
+            (
+                spec.replicas,
+                spec.postgres_version,
+                spec.storage.size.as_str()
+            ),
             (3, PostgresVersion::V16, "2Gi")
         );
     }

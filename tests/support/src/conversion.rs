@@ -66,10 +66,10 @@ impl Default for TestCa {
     }
 }
 
-/// `pgkube crd`'s CRDs (both versions, v1alpha1 stored), converting through
+/// `pgkube crd`'s CRDs (both versions, v1beta1 stored), converting through
 /// `https://<address>/convert` and trusting `ca_pem` (none when empty).
 pub fn converting_crds(address: SocketAddr, ca_pem: &str) -> Vec<CustomResourceDefinition> {
-    converting_crds_storing(address, ca_pem, StorageVersion::V1alpha1)
+    converting_crds_storing(address, ca_pem, StorageVersion::V1beta1)
 }
 
 /// [`converting_crds`], storing in `storage`.

@@ -14,19 +14,18 @@ pub const CRD_FIELD_MANAGER: &str = "pgkube-testkit";
 /// How long the API server may take to serve freshly applied CRDs.
 const ESTABLISHED_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Installs (or updates) every pgkube CRD with v1alpha1 alone (`pgkube_crds::v1alpha1::crds()`)
+/// Installs (or updates) every pgkube CRD with v1beta1 alone (`pgkube_crds::v1beta1::crds()`)
 /// with server-side apply, then waits until each is Established and its kind can be listed.
 /// Idempotent, and safe for tests running at the same time. Panics when the CRDs cannot be
 /// installed.
 ///
-/// Not `pgkube crd`'s CRDs: those serve v1beta1 too, through a conversion webhook that the
+/// Not `pgkube crd`'s CRDs: those serve v1alpha1 too, through a conversion webhook that the
 /// test bed's API server can reach only while a test runs a manager serving it (the tests of
-/// conversion install them themselves). With v1beta1 served and no webhook, every read in
-/// v1beta1 fails, and kubectl and the namespace controller read in v1beta1.
+/// conversion install them themselves). The controllers and the tests use v1beta1 alone.
 pub async fn install_crds(client: &Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let params = PatchParams::apply(CRD_FIELD_MANAGER).force();
-    let crds = pgkube_crds::v1alpha1::crds();
+    let crds = pgkube_crds::v1beta1::crds();
     for crd in &crds {
         let name = crd.name_any();
         api.patch(&name, &params, &Patch::Apply(crd))
@@ -85,12 +84,13 @@ async fn replace_if_still_converting(
             Ok(_) => return,
             Err(kube::Error::Api(response)) if response.code == 409 => continue,
             Err(e) => panic!(
-                "putting CRD {name} back to v1alpha1 alone: {e} (a version in its \
-                 status.storedVersions must stay served: move its objects back first)"
+                "putting CRD {name} back to v1beta1 alone: {e} (a version in its \
+                 status.storedVersions must stay served: move its objects to v1beta1 first, \
+                 or bring up a new test bed)"
             ),
         }
     }
-    panic!("putting CRD {name} back to v1alpha1 alone: conflicts on every try");
+    panic!("putting CRD {name} back to v1beta1 alone: conflicts on every try");
 }
 
 /// Whether the CRD's `Established` condition is `True`.
@@ -131,7 +131,7 @@ mod tests {
 
     #[test]
     fn the_kind_of_a_crd_is_its_storage_version() {
-        let crd = pgkube_crds::v1alpha1::crds().remove(0);
+        let crd = pgkube_crds::v1beta1::crds().remove(0);
         assert_eq!(
             api_resource(&crd),
             ApiResource::erase::<PostgreSQLCluster>(&())
@@ -153,11 +153,11 @@ mod tests {
                 }]),
                 ..CustomResourceDefinitionStatus::default()
             }),
-            ..pgkube_crds::v1alpha1::crds().remove(0)
+            ..pgkube_crds::v1beta1::crds().remove(0)
         };
         assert!(is_established(&with("Established", "True")));
         assert!(!is_established(&with("Established", "False")));
         assert!(!is_established(&with("NamesAccepted", "True")));
-        assert!(!is_established(&pgkube_crds::v1alpha1::crds().remove(0)));
+        assert!(!is_established(&pgkube_crds::v1beta1::crds().remove(0)));
     }
 }

@@ -93,12 +93,12 @@ impl Drop for TestNamespace {
 fn release_pgkube_finalizers(env: &TestEnv, namespace: &str) {
     let listed = env
         .kubectl()
-        // Version-qualified: kubectl's discovery cache may still prefer a version that a test
-        // served for a while (the conversion tests serve v1beta1), which is gone.
+        // Version-qualified: kubectl's discovery cache may still know a version that a test
+        // served for a while (the conversion tests serve v1alpha1), which is gone.
         .args([
             "get",
-            "postgresqlclusters.v1alpha1.db.example.com,postgresqlbackups.v1alpha1.db.example.com,\
-             postgresqlrestores.v1alpha1.db.example.com",
+            "postgresqlclusters.v1beta1.db.example.com,postgresqlbackups.v1beta1.db.example.com,\
+             postgresqlrestores.v1beta1.db.example.com",
         ])
         .args(["-n", namespace, "-o", "name", "--request-timeout=10s"])
         .output();

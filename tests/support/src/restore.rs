@@ -14,8 +14,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::Client;
 use kube::api::{Api, ListParams, PostParams};
 use pgkube_crds::{
-    LocalReference, PostgreSQLRestore, PostgreSQLRestoreSpec, RestorePhase, RestoreSource,
-    S3Storage,
+    BackupStorage, LocalReference, PostgreSQLRestore, PostgreSQLRestoreSpec, RestorePhase,
+    RestoreSource, S3Storage,
 };
 
 use crate::TestCluster;
@@ -52,7 +52,7 @@ pub fn restore_of_source(
     PostgreSQLRestoreSpec {
         backup: None,
         source: Some(RestoreSource {
-            s3: storage,
+            storage: BackupStorage { s3: storage },
             object_key: object_key.to_owned(),
         }),
         cluster: LocalReference {
@@ -284,7 +284,7 @@ mod tests {
         let of_source = restore_of_source(storage, "ns/db/b1/manifest.json", "db");
         let json = serde_json::to_value(&of_source).expect("json");
         assert_eq!(json["source"]["objectKey"], "ns/db/b1/manifest.json");
-        assert_eq!(json["source"]["s3"]["bucket"], "backups");
+        assert_eq!(json["source"]["storage"]["s3"]["bucket"], "backups");
         assert!(json.get("backup").is_none());
     }
 }

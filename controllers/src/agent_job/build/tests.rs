@@ -31,9 +31,10 @@ fn storage() -> S3Storage {
 }
 
 fn cluster() -> PostgreSQLCluster {
-    let mut spec: PostgreSQLClusterSpec =
-        serde_json::from_value(serde_json::json!({"storage": "1Gi", "version": "15"}))
-            .expect("spec");
+    let mut spec: PostgreSQLClusterSpec = serde_json::from_value(
+        serde_json::json!({"storage": {"size": "1Gi"}, "postgresVersion": "15"}),
+    )
+    .expect("spec");
     spec.node_selector = BTreeMap::from([("disk".to_owned(), "ssd".to_owned())]);
     let mut cluster = PostgreSQLCluster::new("main", spec);
     cluster.metadata.namespace = Some("db".to_owned());
@@ -347,7 +348,7 @@ fn a_restore_job_runs_agent_restore_with_what_to_restore_owned_by_the_restore() 
 fn restore_arguments(target: Option<&str>) -> Vec<String> {
     let (cluster, storage) = (cluster(), storage());
     let mut restore: PostgreSQLRestore = serde_json::from_value(serde_json::json!({
-        "apiVersion": "db.example.com/v1alpha1",
+        "apiVersion": "db.example.com/v1beta1",
         "kind": "PostgreSQLRestore",
         "metadata": {"name": "undo", "namespace": "db", "uid": "1111-uid"},
         "spec": {"backup": {"name": "nightly"}, "cluster": {"name": "main"}, "dropExisting": true},

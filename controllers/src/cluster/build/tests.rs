@@ -51,7 +51,7 @@ fn a_held_back_major_upgrade_builds_the_running_version_with_the_new_replicas() 
     let mut cluster: PostgreSQLCluster = serde_yaml::from_str(SAMPLE).expect("sample parses");
     cluster.metadata.namespace = Some("team-a".to_owned());
     cluster.metadata.uid = Some("0b5a5c2e-0000-4000-8000-000000000001".to_owned());
-    cluster.spec.version = pgkube_crds::PostgresVersion::V17;
+    cluster.spec.postgres_version = pgkube_crds::PostgresVersion::V17;
     cluster.spec.replicas = 4;
     let live = LiveFacts {
         running_version: Some(pgkube_crds::PostgresVersion::V16),

@@ -63,7 +63,7 @@ fn parameters_pass_through_but_managed_ones_and_multi_line_values_are_invalid() 
 #[test]
 fn growing_storage_keeps_the_immutable_claim_template() {
     let mut grown = cluster(SAMPLE);
-    grown.spec.storage = "200Gi".to_owned();
+    grown.spec.storage.size = "200Gi".to_owned();
     let live = LiveFacts {
         running_version: Some(PostgresVersion::V16),
         claim_template_storage: Some("100Gi".to_owned()),
@@ -76,19 +76,15 @@ fn growing_storage_keeps_the_immutable_claim_template() {
     assert_eq!(validation.effective.claim_template_storage, "100Gi");
 }
 
-/// A cluster whose storage class was written through v1beta1 (read here in v1alpha1, with
-/// the class in conversion's annotation).
+/// A cluster whose volumes are of storage class `class`.
 fn with_class(class: &str) -> PostgreSQLCluster {
     let mut cluster = cluster(SAMPLE);
-    cluster.metadata.annotations = Some(BTreeMap::from([(
-        pgkube_crds::conversion::V1BETA1_FIELDS_ANNOTATION.to_owned(),
-        format!(r#"{{"spec":{{"storage":{{"storageClassName":"{class}"}}}}}}"#),
-    )]));
+    cluster.spec.storage.storage_class_name = Some(class.to_owned());
     cluster
 }
 
 #[test]
-fn a_new_cluster_gets_the_storage_class_written_through_v1beta1() {
+fn a_new_cluster_gets_its_storage_class() {
     let validation = validate(&with_class("fast-ssd"), &LiveFacts::default()).expect("valid");
     assert!(validation.refusals.is_empty());
     assert_eq!(
@@ -138,7 +134,7 @@ fn a_changed_storage_class_is_held_back_at_the_templates() {
 #[test]
 fn shrinking_storage_is_held_back_at_the_current_size() {
     let mut shrunk = cluster(SAMPLE);
-    shrunk.spec.storage = "50Gi".to_owned();
+    shrunk.spec.storage.size = "50Gi".to_owned();
     shrunk.spec.replicas = 5;
     let live = LiveFacts {
         claim_template_storage: Some("100Gi".to_owned()),
@@ -162,7 +158,7 @@ fn shrinking_storage_is_held_back_at_the_current_size() {
 
     // Volumes already expanded beyond the template count too, and are kept at their size.
     let mut below_volumes = cluster(SAMPLE);
-    below_volumes.spec.storage = "150Gi".to_owned();
+    below_volumes.spec.storage.size = "150Gi".to_owned();
     let expanded = LiveFacts {
         claim_template_storage: Some("100Gi".to_owned()),
         largest_volume_gib: Some(200),
@@ -176,7 +172,7 @@ fn shrinking_storage_is_held_back_at_the_current_size() {
 #[test]
 fn a_major_version_change_is_held_back_at_the_running_version() {
     let mut upgraded = cluster(SAMPLE);
-    upgraded.spec.version = PostgresVersion::V17;
+    upgraded.spec.postgres_version = PostgresVersion::V17;
     upgraded.spec.replicas = 2;
     let live = LiveFacts {
         running_version: Some(PostgresVersion::V16),
@@ -195,7 +191,7 @@ fn a_major_version_change_is_held_back_at_the_running_version() {
     assert_eq!(validation.effective.replicas, 2);
 
     let mut downgraded = cluster(SAMPLE);
-    downgraded.spec.version = PostgresVersion::V15;
+    downgraded.spec.postgres_version = PostgresVersion::V15;
     let validation = validate(&downgraded, &live).expect("valid");
     assert_eq!(
         validation.refusals[0].reason(),
@@ -207,8 +203,8 @@ fn a_major_version_change_is_held_back_at_the_running_version() {
 #[test]
 fn both_refusals_are_reported_together() {
     let mut both = cluster(SAMPLE);
-    both.spec.version = PostgresVersion::V17;
-    both.spec.storage = "10Gi".to_owned();
+    both.spec.postgres_version = PostgresVersion::V17;
+    both.spec.storage.size = "10Gi".to_owned();
     let live = LiveFacts {
         running_version: Some(PostgresVersion::V16),
         claim_template_storage: Some("100Gi".to_owned()),

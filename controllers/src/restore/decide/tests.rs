@@ -69,7 +69,7 @@ fn backup(phase: BackupPhase, version: &str) -> PostgreSQLBackup {
     backup.metadata.namespace = Some("db".to_owned());
     backup.status = Some(PostgreSQLBackupStatus {
         phase: Some(phase),
-        storage: Some(storage()),
+        storage: Some(pgkube_crds::BackupStorage { s3: storage() }),
         object_key: Some("db/main/c-uid/nightly/b-uid/manifest.json".to_owned()),
         postgres_version: Some(version.to_owned()),
         message: Some("the store refused".to_owned()),
@@ -80,8 +80,8 @@ fn backup(phase: BackupPhase, version: &str) -> PostgreSQLBackup {
 
 fn cluster(version: PostgresVersion, primary_ready: bool) -> PostgreSQLCluster {
     let mut spec: PostgreSQLClusterSpec =
-        serde_json::from_value(serde_json::json!({"storage": "1Gi"})).expect("spec");
-    spec.version = version;
+        serde_json::from_value(serde_json::json!({"storage": {"size": "1Gi"}})).expect("spec");
+    spec.postgres_version = version;
     let mut cluster = PostgreSQLCluster::new("main", spec);
     cluster.status = Some(PostgreSQLClusterStatus {
         current_primary: Some("main-0".to_owned()),
@@ -270,7 +270,7 @@ fn a_source_must_name_a_manifest_key() {
     let mut from_source = restore("r1", 0, None);
     from_source.spec.backup = None;
     from_source.spec.source = Some(RestoreSource {
-        s3: storage(),
+        storage: pgkube_crds::BackupStorage { s3: storage() },
         object_key: "elsewhere/manifest".to_owned(),
     });
     assert_eq!(

@@ -116,27 +116,6 @@ fn the_storage_class_travels_in_an_annotation() {
     assert_eq!(back, beta);
 }
 
-/// The controllers, reading v1alpha1, find the storage class written through v1beta1; an
-/// annotation conversion did not write gives none.
-#[test]
-fn the_storage_class_is_read_back_from_a_v1alpha1_object() {
-    let mut beta = v1beta1_example();
-    beta["spec"]["storage"]["storageClassName"] = json!("fast-ssd");
-    let down = convert(beta, v1alpha1::API_VERSION).expect("converts down");
-    let mut cluster: v1alpha1::PostgreSQLCluster =
-        serde_json::from_value(down).expect("a v1alpha1 cluster");
-    assert_eq!(
-        crate::conversion::storage_class_name(&cluster).as_deref(),
-        Some("fast-ssd")
-    );
-    let annotations = cluster.metadata.annotations.as_mut().expect("annotations");
-    annotations.insert(
-        V1BETA1_FIELDS_ANNOTATION.to_owned(),
-        r#"{"spec": {"storage": {"storageClassName": "fast-ssd"}}}"#.to_owned(),
-    );
-    assert_eq!(crate::conversion::storage_class_name(&cluster), None);
-}
-
 /// Without a storage class, no annotation is added: a v1alpha1 object stays as the user wrote it.
 #[test]
 fn nothing_to_carry_adds_no_annotation() {
