@@ -200,7 +200,7 @@ impl Bed {
     async fn complete(&self, name: &str, key: &str, checksum: &str) {
         let status = json!({"status": {
             "phase": "Completed",
-            "storage": self.storage(),
+            "storage": {"s3": self.storage()},
             "objectKey": key,
             "checksum": checksum,
         }});

@@ -10,7 +10,7 @@ use futures::FutureExt as _;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
-use pgkube_crds::{StorageVersion, v1alpha1};
+use pgkube_crds::{StorageVersion, v1alpha1, v1beta1};
 use pgkube_testkit::{CRD_FIELD_MANAGER, TestEnv, install_crds, wait_until};
 
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -118,4 +118,28 @@ pub async fn move_storage_to(
         let stored = installed.status.and_then(|s| s.stored_versions);
         assert_eq!(stored, Some(vec![storage.name().to_owned()]), "{name}");
     }
+}
+
+/// A v1alpha1 cluster of 2 instances with a label and a PostgreSQL setting.
+pub fn cluster_v1alpha1(name: &str) -> v1alpha1::PostgreSQLCluster {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "db.example.com/v1alpha1",
+        "kind": "PostgreSQLCluster",
+        "metadata": {"name": name, "labels": {"team": "payments"}},
+        "spec": {"replicas": 2, "version": "15", "storage": "3Gi",
+                 "postgresql": {"parameters": {"work_mem": "16MB"}}},
+    }))
+    .expect("v1alpha1 cluster")
+}
+
+/// A v1beta1 cluster of 1 instance with a storage class, the field v1alpha1 lacks.
+pub fn cluster_v1beta1(name: &str) -> v1beta1::PostgreSQLCluster {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "db.example.com/v1beta1",
+        "kind": "PostgreSQLCluster",
+        "metadata": {"name": name},
+        "spec": {"replicas": 1, "postgresVersion": "15",
+                 "storage": {"size": "2Gi", "storageClassName": "fast-ssd"}},
+    }))
+    .expect("v1beta1 cluster")
 }
