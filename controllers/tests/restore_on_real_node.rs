@@ -786,7 +786,9 @@ async fn set_schedule(fixture: &Fixture, schedule: &str) {
         .patch(
             fixture.cluster.name(),
             &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"backup": {"schedule": schedule}}})),
+            &Patch::Merge(
+                serde_json::json!({"spec": {"backup": {"schedule": {"cron": schedule}}}}),
+            ),
         )
         .await
         .expect("schedule set");
