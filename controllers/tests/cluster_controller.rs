@@ -182,23 +182,21 @@ async fn the_sample_runs_scales_up_and_down_and_keeps_its_password() {
         status.current_primary.as_deref(),
         Some("my-cluster-postgresql-0")
     );
-    assert_eq!(
-        roles(&running).await,
-        [
-            (
-                "my-cluster-postgresql-0".to_owned(),
-                Some("primary".to_owned())
-            ),
-            (
-                "my-cluster-postgresql-1".to_owned(),
-                Some("replica".to_owned())
-            ),
-            (
-                "my-cluster-postgresql-2".to_owned(),
-                Some("replica".to_owned())
-            ),
-        ]
-    );
+    // Running counts the StatefulSet's ready pods; a pod's role label follows its instance's
+    // first report, which can come a reconcile later.
+    let expected = [
+        ("my-cluster-postgresql-0", "primary"),
+        ("my-cluster-postgresql-1", "replica"),
+        ("my-cluster-postgresql-2", "replica"),
+    ]
+    .map(|(pod, role)| (pod.to_owned(), Some(role.to_owned())));
+    let labelled = wait_until("each pod labelled with its role", TIMEOUT, || async {
+        Ok((roles(&running).await == expected).then_some(()))
+    })
+    .await;
+    if let Err(error) = labelled {
+        panic!("{error:#}; roles {:?}", roles(&running).await);
+    }
     let instances: Vec<_> = status
         .instances
         .iter()
