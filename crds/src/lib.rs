@@ -64,8 +64,8 @@ impl Default for ConversionWebhook {
 }
 
 /// The version the API server stores objects in: v1beta1, the version the controllers read, so
-/// that what they and kubectl read needs no conversion. v1alpha1 is for CRDs installed by a pgkube
-/// that still stored it, until `pgkube migrate-storage` has run (`docs/api-versions.md`).
+/// that what they and kubectl read needs no conversion. v1alpha1 only to go back to a pgkube that
+/// read it, followed by `pgkube migrate-storage` (`docs/api-versions.md`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum StorageVersion {
     V1alpha1,
