@@ -8,6 +8,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
+use crate::archiving::{WalArchiving, WalArchivingStatus};
 use crate::backup::BackupCompression;
 use crate::common::{LocalReference, S3Storage, conditions_schema};
 use crate::restore::RestoreSource;
@@ -30,6 +31,8 @@ use crate::restore::RestoreSource;
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
     printcolumn = r#"{"name":"Primary","type":"string","jsonPath":".status.currentPrimary"}"#,
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.currentVersion","priority":1}"#,
+    printcolumn = r#"{"name":"Archiving","type":"string","jsonPath":".status.conditions[?(@.type==\"ContinuousArchiving\")].status","priority":1}"#,
+    printcolumn = r#"{"name":"Last WAL","type":"string","jsonPath":".status.walArchiving.lastArchived","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -190,6 +193,9 @@ pub const MANAGED_PARAMETERS: &[&str] = &[
     "max_replication_slots",
     "wal_log_hints",
     "wal_receiver_status_interval",
+    "archive_mode",
+    "archive_command",
+    "archive_library",
 ];
 
 /// PostgreSQL server settings of a cluster.
@@ -203,11 +209,12 @@ pub struct PostgreSQLSettings {
     /// listen_addresses, port, data_directory, config_file, hba_file, ident_file,
     /// external_pid_file, unix_socket_directories, logging_collector, log_destination,
     /// wal_level, hot_standby, max_wal_senders, max_replication_slots, wal_log_hints,
-    /// wal_receiver_status_interval.
+    /// wal_receiver_status_interval, and WAL archiving's archive_mode, archive_command and
+    /// archive_library (`archive_timeout` may be set).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "parameters_schema")]
     #[x_kube(
-        validation = Rule::new("self.all(name, !(name in ['listen_addresses', 'port', 'data_directory', 'config_file', 'hba_file', 'ident_file', 'external_pid_file', 'unix_socket_directories', 'logging_collector', 'log_destination', 'wal_level', 'hot_standby', 'max_wal_senders', 'max_replication_slots', 'wal_log_hints', 'wal_receiver_status_interval']))").message("sets a parameter that pgkube manages itself (listen_addresses, port, data_directory, config_file, hba_file, ident_file, external_pid_file, unix_socket_directories, logging_collector, log_destination, wal_level, hot_standby, max_wal_senders, max_replication_slots, wal_log_hints, wal_receiver_status_interval)"),
+        validation = Rule::new("self.all(name, !(name in ['listen_addresses', 'port', 'data_directory', 'config_file', 'hba_file', 'ident_file', 'external_pid_file', 'unix_socket_directories', 'logging_collector', 'log_destination', 'wal_level', 'hot_standby', 'max_wal_senders', 'max_replication_slots', 'wal_log_hints', 'wal_receiver_status_interval', 'archive_mode', 'archive_command', 'archive_library']))").message("sets a parameter that pgkube manages itself (listen_addresses, port, data_directory, config_file, hba_file, ident_file, external_pid_file, unix_socket_directories, logging_collector, log_destination, wal_level, hot_standby, max_wal_senders, max_replication_slots, wal_log_hints, wal_receiver_status_interval, archive_mode, archive_command, archive_library)"),
         validation = Rule::new("self.all(name, !self[name].contains('\\n'))").message("parameter values must be a single line")
     )]
     pub parameters: BTreeMap<String, String>,
@@ -298,6 +305,9 @@ pub struct BackupConfig {
     /// on-demand backups that do not set their own. Unset: zstd at level 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compression: Option<BackupCompression>,
+    /// Continuous archiving of the primary's WAL to `s3`. Unset: on, when there is storage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_archiving: Option<WalArchiving>,
 }
 
 fn default_retention_days() -> i32 {
@@ -341,7 +351,8 @@ pub struct PostgreSQLClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Standard conditions: Ready, Progressing, ReplicasStreaming, BackupComplete, Restoring,
-    /// and Bootstrapped for a cluster started from a backup.
+    /// ContinuousArchiving and WALDiskPressure, and Bootstrapped for a cluster started from a
+    /// backup.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
@@ -354,6 +365,9 @@ pub struct PostgreSQLClusterStatus {
     /// Name of the newest Completed backup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_successful_backup: Option<String>,
+    /// Continuous WAL archiving, as the primary last reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_archiving: Option<WalArchivingStatus>,
 }
 
 /// One PostgreSQL instance (pod) of a cluster, as its instance manager reported it.

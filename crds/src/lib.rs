@@ -14,6 +14,7 @@
 //! as conditions.
 
 mod admission;
+mod archiving;
 mod backup;
 mod cluster;
 mod common;

@@ -2,6 +2,7 @@
 //! stored version, whose types the crate root has) for clients that still write it;
 //! [`crate::conversion`] converts between the two without loss.
 
+pub use crate::archiving::*;
 pub use crate::backup::*;
 pub use crate::cluster::*;
 pub use crate::common::*;

@@ -12,6 +12,7 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 use super::storage::{BackupStorage, RestoreSource};
+use crate::archiving::WalArchiving;
 use crate::backup::BackupCompression;
 use crate::cluster::{
     HighAvailability, PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion,
@@ -37,6 +38,8 @@ use crate::common::LocalReference;
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
     printcolumn = r#"{"name":"Primary","type":"string","jsonPath":".status.currentPrimary"}"#,
     printcolumn = r#"{"name":"Version","type":"string","jsonPath":".status.currentVersion","priority":1}"#,
+    printcolumn = r#"{"name":"Archiving","type":"string","jsonPath":".status.conditions[?(@.type==\"ContinuousArchiving\")].status","priority":1}"#,
+    printcolumn = r#"{"name":"Last WAL","type":"string","jsonPath":".status.walArchiving.lastArchived","priority":1}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -127,6 +130,10 @@ pub struct BackupSpec {
     /// on-demand backups that do not set their own. Unset: zstd at level 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compression: Option<BackupCompression>,
+    /// Continuous archiving of the primary's WAL to the storage. Unset: on, when there is
+    /// storage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wal_archiving: Option<WalArchiving>,
 }
 
 /// When scheduled backups run.

@@ -34,6 +34,10 @@ pub use cluster::*;
 pub use restore::*;
 pub use storage::*;
 
+pub use crate::archiving::{
+    CONTINUOUS_ARCHIVING, DEFAULT_ARCHIVE_TIMEOUT, WAL_DISK_PRESSURE, WalArchiving,
+    WalArchivingStatus,
+};
 pub use crate::backup::{
     BACKUP_DATA_FINALIZER, BackupCompression, BackupMethod, BackupPhase, CLUSTER_LABEL,
     CompressionMethod, DeletionPolicy, SCHEDULED_LABEL, SCHEDULED_TIME_ANNOTATION,

@@ -152,6 +152,7 @@ fn backup_to_v1beta1(backup: v1alpha1::BackupConfig) -> v1beta1::BackupSpec {
         s3,
         suspend,
         compression,
+        wal_archiving,
     } = backup;
     v1beta1::BackupSpec {
         schedule: v1beta1::BackupSchedule {
@@ -164,6 +165,7 @@ fn backup_to_v1beta1(backup: v1alpha1::BackupConfig) -> v1beta1::BackupSpec {
         },
         storage: s3.map(wrap_s3),
         compression,
+        wal_archiving,
     }
 }
 
@@ -178,6 +180,7 @@ fn backup_to_v1alpha1(backup: v1beta1::BackupSpec) -> v1alpha1::BackupConfig {
         retention: v1beta1::RetentionPolicy { days },
         storage,
         compression,
+        wal_archiving,
     } = backup;
     v1alpha1::BackupConfig {
         schedule: cron,
@@ -186,6 +189,7 @@ fn backup_to_v1alpha1(backup: v1beta1::BackupSpec) -> v1alpha1::BackupConfig {
         s3: storage.map(unwrap_s3),
         suspend,
         compression,
+        wal_archiving,
     }
 }
 

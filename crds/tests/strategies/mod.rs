@@ -29,6 +29,7 @@ use pgkube_crds::{
     HighAvailability, InstanceRole, InstanceStatus, LocalReference, PostgreSQLClusterStatus,
     PostgreSQLRestoreStatus, PostgreSQLSettings, PostgresVersion, PrimaryChange, PrimaryChangeKind,
     RestorePhase, S3Credentials, S3Storage, ServerSideEncryption, SynchronousReplication,
+    WalArchivingStatus,
 };
 use proptest::collection::{btree_map, vec};
 use proptest::option::of;
@@ -429,7 +430,7 @@ fn cluster_phase() -> impl Strategy<Value = ClusterPhase> {
 }
 
 /// A cluster status (the same type in both versions).
-pub fn cluster_status() -> impl Strategy<Value = PostgreSQLClusterStatus> {
+pub fn cluster_status() -> BoxedStrategy<PostgreSQLClusterStatus> {
     let state = (
         of(cluster_phase()),
         0i32..10,
@@ -445,34 +446,67 @@ pub fn cluster_status() -> impl Strategy<Value = PostgreSQLClusterStatus> {
         of(time()),
         of(name()),
         of("[1-9][0-9]{18}"),
+        of(wal_archiving_status()),
     );
-    (state, history).prop_map(|(state, history)| {
-        let (phase, ready_replicas, current_version, current_primary, instances, observed, change) =
-            state;
-        let (target_primary, primary_change) = change;
-        let (
-            conditions,
-            last_scheduled_backup,
-            next_scheduled_backup,
-            last_successful_backup,
-            system_identifier,
-        ) = history;
-        PostgreSQLClusterStatus {
-            phase,
-            ready_replicas,
-            current_version,
-            current_primary,
-            target_primary,
-            primary_change,
-            instances,
-            system_identifier,
-            observed_generation: observed,
-            conditions,
-            last_scheduled_backup,
-            next_scheduled_backup,
-            last_successful_backup,
-        }
-    })
+    (state, history)
+        .prop_map(|(state, history)| {
+            let (
+                phase,
+                ready_replicas,
+                current_version,
+                current_primary,
+                instances,
+                observed,
+                change,
+            ) = state;
+            let (target_primary, primary_change) = change;
+            let (
+                conditions,
+                last_scheduled_backup,
+                next_scheduled_backup,
+                last_successful_backup,
+                system_identifier,
+                wal_archiving,
+            ) = history;
+            PostgreSQLClusterStatus {
+                phase,
+                ready_replicas,
+                current_version,
+                current_primary,
+                target_primary,
+                primary_change,
+                instances,
+                system_identifier,
+                observed_generation: observed,
+                conditions,
+                last_scheduled_backup,
+                next_scheduled_backup,
+                last_successful_backup,
+                wal_archiving,
+            }
+        })
+        .boxed()
+}
+
+/// What the primary reports of its WAL archiving.
+fn wal_archiving_status() -> BoxedStrategy<WalArchivingStatus> {
+    let file = "[0-9A-F]{24}";
+    (
+        (of(name()), of(file), of(time())),
+        (of(file), of(time()), of("[ -~]{0,40}")),
+        (of(0i64..1000), of(0i64..1 << 40)),
+    )
+        .prop_map(|(archived, failed, usage)| WalArchivingStatus {
+            instance: archived.0,
+            last_archived: archived.1,
+            last_archived_time: archived.2,
+            last_failed: failed.0,
+            last_failed_time: failed.1,
+            last_error: failed.2,
+            waiting: usage.0,
+            wal_bytes: usage.1,
+        })
+        .boxed()
 }
 
 pub fn backup_method() -> impl Strategy<Value = BackupMethod> {

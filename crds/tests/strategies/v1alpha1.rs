@@ -8,7 +8,7 @@ use pgkube_crds::conversion::V1BETA1_FIELDS_ANNOTATION;
 use pgkube_crds::v1alpha1::{
     BackupConfig, Bootstrap, PostgreSQLBackup, PostgreSQLBackupSpec, PostgreSQLBackupStatus,
     PostgreSQLCluster, PostgreSQLClusterSpec, PostgreSQLRestore, PostgreSQLRestoreSpec,
-    RestoreSource,
+    RestoreSource, WalArchiving,
 };
 use proptest::collection::vec;
 use proptest::option::of;
@@ -41,7 +41,7 @@ fn restore_source() -> impl Strategy<Value = RestoreSource> {
     (s3_storage(), "[a-z0-9/-]{1,40}").prop_map(|(s3, object_key)| RestoreSource { s3, object_key })
 }
 
-fn cluster_backup_settings() -> impl Strategy<Value = BackupConfig> {
+fn cluster_backup_settings() -> BoxedStrategy<BackupConfig> {
     (
         cron(),
         of(time_zone()),
@@ -49,17 +49,22 @@ fn cluster_backup_settings() -> impl Strategy<Value = BackupConfig> {
         of(s3_storage()),
         any::<bool>(),
         of(compression()),
+        of(any::<bool>()),
     )
         .prop_map(
-            |(schedule, time_zone, retention_days, s3, suspend, compression)| BackupConfig {
-                schedule,
-                time_zone,
-                retention_days,
-                s3,
-                suspend,
-                compression,
+            |(schedule, time_zone, retention_days, s3, suspend, compression, archiving)| {
+                BackupConfig {
+                    schedule,
+                    time_zone,
+                    retention_days,
+                    s3,
+                    suspend,
+                    compression,
+                    wal_archiving: archiving.map(|enabled| WalArchiving { enabled }),
+                }
             },
         )
+        .boxed()
 }
 
 fn bootstrap() -> impl Strategy<Value = Bootstrap> {

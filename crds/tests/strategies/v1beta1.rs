@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use pgkube_crds::v1beta1::{
     BackupSchedule, BackupSpec, BackupStorage, Bootstrap, PostgreSQLBackup, PostgreSQLBackupSpec,
     PostgreSQLBackupStatus, PostgreSQLCluster, PostgreSQLClusterSpec, PostgreSQLRestore,
-    PostgreSQLRestoreSpec, RestoreSource, RetentionPolicy, StorageSpec,
+    PostgreSQLRestoreSpec, RestoreSource, RetentionPolicy, StorageSpec, WalArchiving,
 };
 use proptest::collection::vec;
 use proptest::option::of;
@@ -45,7 +45,7 @@ fn storage_spec() -> impl Strategy<Value = StorageSpec> {
     })
 }
 
-fn cluster_backup_settings() -> impl Strategy<Value = BackupSpec> {
+fn cluster_backup_settings() -> BoxedStrategy<BackupSpec> {
     let schedule =
         (cron(), of(time_zone()), any::<bool>()).prop_map(|(cron, time_zone, suspend)| {
             BackupSchedule {
@@ -54,13 +54,24 @@ fn cluster_backup_settings() -> impl Strategy<Value = BackupSpec> {
                 suspend,
             }
         });
-    let settings = (schedule, 1i32..=90, of(backup_storage()), of(compression()));
-    settings.prop_map(|(schedule, days, storage, compression)| BackupSpec {
+    let settings = (
         schedule,
-        retention: RetentionPolicy { days },
-        storage,
-        compression,
-    })
+        1i32..=90,
+        of(backup_storage()),
+        of(compression()),
+        of(any::<bool>()),
+    );
+    settings
+        .prop_map(
+            |(schedule, days, storage, compression, archiving)| BackupSpec {
+                schedule,
+                retention: RetentionPolicy { days },
+                storage,
+                compression,
+                wal_archiving: archiving.map(|enabled| WalArchiving { enabled }),
+            },
+        )
+        .boxed()
 }
 
 fn bootstrap() -> impl Strategy<Value = Bootstrap> {

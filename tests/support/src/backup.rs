@@ -84,6 +84,7 @@ pub fn backup_config(storage: S3Storage, schedule: &str) -> BackupSpec {
         retention: RetentionPolicy { days: 7 },
         storage: Some(BackupStorage { s3: storage }),
         compression: None,
+        wal_archiving: None,
     }
 }
 
