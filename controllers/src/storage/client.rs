@@ -284,7 +284,7 @@ pub enum NewObject {
 
 /// Whether a conditional PutObject was refused because the key exists: 412 Precondition
 /// Failed, or 409 ConditionalRequestConflict (another conditional write of the key in flight).
-fn refused_as_existing(status: u16, code: Option<&str>) -> bool {
+pub(super) fn refused_as_existing(status: u16, code: Option<&str>) -> bool {
     status == 412 || (status == 409 && code == Some("ConditionalRequestConflict"))
 }
 

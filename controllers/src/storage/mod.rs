@@ -29,6 +29,7 @@ pub mod guarded;
 pub mod keys;
 pub mod manifest;
 mod tls;
+pub mod wal;
 
 pub use client::{Encryption, NewObject, S3Bucket, S3Options, is_https};
 pub use credentials::{
