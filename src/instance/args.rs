@@ -50,6 +50,11 @@ pub struct RunArgs {
     #[arg(long, env = "PGKUBE_RUN_DIR", default_value = "/controller")]
     pub(super) run_dir: PathBuf,
 
+    /// The S3 keys (`access-key-id`, `secret-access-key`) and CA bundle (`ca.crt`) of the
+    /// cluster's backup storage, for WAL archiving.
+    #[arg(long, env = "PGKUBE_S3_DIR", default_value = "/etc/pgkube/s3")]
+    pub(super) s3_dir: PathBuf,
+
     /// The server's port (as its postgresql.conf says), for the manager's own connection.
     #[arg(long, env = "PGKUBE_PORT", default_value_t = 5432)]
     pub(super) port: u16,

@@ -233,6 +233,7 @@ pub fn server_config(
     upstream: Option<&str>,
     pgpass_file: &Path,
     floors: &[Floor],
+    archive_command: &str,
 ) -> String {
     let mut config = format!(
         "# Written by pgkube's instance manager from the cluster's ConfigMap; edits are overwritten.\n\
@@ -242,6 +243,10 @@ pub fn server_config(
         desired.postgresql_conf.trim_end(),
         quote(pod),
     );
+    if desired.topology.wal_archive.is_some() {
+        // Always the manager's own: spec.postgresql.parameters may not set it.
+        config.push_str(&format!("archive_command = '{}'\n", quote(archive_command)));
+    }
     if let Some(host) = upstream {
         config.push_str(&format!(
             "primary_conninfo = '{}'\nprimary_slot_name = '{}'\n",

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use pgkube_controllers::storage::wal::WalArchiveTarget;
 use serde::Deserialize;
 
 /// Files of the ConfigMap.
@@ -110,6 +111,9 @@ pub struct Topology {
     /// ([`super::planned`]). Absent (an older operator, or one instance): it restarts in place.
     #[serde(default)]
     pub restart_by_switchover: bool,
+    /// Where the primary archives its WAL ([`super::archive`]); absent: it does not.
+    #[serde(default)]
+    pub wal_archive: Option<WalArchiveTarget>,
 }
 
 impl Topology {

@@ -7,8 +7,10 @@
 //! - `/readyz`: 200 when the status says ready and is not stale
 //!   ([`super::health::STALE_AFTER`]), 503 otherwise.
 //! - `/status`: the instance as JSON (role, readiness, timeline, WAL positions, streaming, and
-//!   on a replica the primary it follows), with `observedAt` (RFC 3339) and `ageSeconds`,
+//!   on a replica the primary it follows, and `walArchive` on an instance that archives), with `observedAt` (RFC 3339) and `ageSeconds`,
 //!   computed when served.
+//! - `/metrics`: the WAL archiver's counters and gauges, in Prometheus' text format
+//!   ([`super::archive`]).
 //! - `POST /control/promote`, `POST /control/follow`: the operator's orders ([`super::control`]).
 //!
 //! No Service exposes the port: it is reached at the pod's address, from inside the cluster.
@@ -25,6 +27,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde::Serialize;
 
+use pgkube_controllers::cluster::status::archiving::WalArchiveReport;
+
+use super::archive::Archiver;
 use super::control::{self, Control};
 use super::health::Board;
 use super::sql::ServerState;
@@ -156,6 +161,9 @@ struct Served<'a> {
     status: &'a InstanceStatus,
     observed_at: String,
     age_seconds: f64,
+    /// What the WAL archiver did, looked at now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    wal_archive: Option<WalArchiveReport>,
 }
 
 impl<'a> Served<'a> {
@@ -166,6 +174,7 @@ impl<'a> Served<'a> {
             status,
             observed_at: humantime::format_rfc3339_millis(observed_at).to_string(),
             age_seconds: (age.as_secs_f64() * 1000.0).round() / 1000.0,
+            wal_archive: None,
         }
     }
 }
@@ -175,6 +184,7 @@ impl<'a> Served<'a> {
 struct Shared {
     board: Arc<Board>,
     control: Arc<Control>,
+    archiver: Arc<Archiver>,
 }
 
 /// Serves the endpoint on `address` until the task is dropped.
@@ -182,12 +192,14 @@ pub async fn serve(
     address: SocketAddr,
     board: Arc<Board>,
     control: Control,
+    archiver: Arc<Archiver>,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(address).await?;
     tracing::info!(%address, "status endpoint listening");
     let shared = Shared {
         board,
         control: Arc::new(control),
+        archiver,
     };
     axum::serve(listener, router(shared)).await
 }
@@ -197,6 +209,7 @@ fn router(shared: Shared) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/status", get(status_json))
+        .route("/metrics", get(metrics))
         .route("/control/promote", post(promote))
         .route("/control/follow", post(follow))
         .with_state(shared)
@@ -230,11 +243,33 @@ async fn readyz(State(shared): State<Shared>) -> impl IntoResponse {
 
 async fn status_json(State(shared): State<Shared>) -> impl IntoResponse {
     let (status, age) = shared.board.snapshot();
-    match serde_json::to_string(&Served::new(&status, age, SystemTime::now())) {
+    let served = Served {
+        wal_archive: shared.archiver.report(),
+        ..Served::new(&status, age, SystemTime::now())
+    };
+    match serde_json::to_string(&served) {
         Ok(body) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],
             body,
+        ),
+        Err(error) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain")],
+            error.to_string(),
+        ),
+    }
+}
+
+async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
+    match shared.archiver.metrics() {
+        Ok(text) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
         ),
         Err(error) => (
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -52,6 +52,7 @@
 //!    passed on (reload). If postgres exits by itself, so does the manager, with an error: the
 //!    kubelet restarts the container.
 
+mod archive;
 mod args;
 mod control;
 mod datadir;
@@ -99,6 +100,15 @@ pub enum InstanceCommand {
     },
     /// Run PostgreSQL as the instance of a cluster (the container's command, as PID 1).
     Run(Box<RunArgs>),
+    /// Archive one WAL file: PostgreSQL's `archive_command`, which asks the running instance
+    /// manager over its socket and exits 0 once the file is stored.
+    ArchiveWal {
+        /// The instance manager's archive socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// The WAL file's name in `pg_wal` (`%f`).
+        name: String,
+    },
 }
 
 /// Runs an instance command on its own Tokio runtime.
@@ -106,6 +116,9 @@ pub fn run(command: InstanceCommand) -> anyhow::Result<()> {
     crate::agent::init_logging();
     match command {
         InstanceCommand::Install { destination } => install(&destination),
+        InstanceCommand::ArchiveWal { socket, name } => {
+            archive::socket::request(&socket, &name).map_err(anyhow::Error::msg)
+        }
         InstanceCommand::Run(args) => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -160,13 +173,24 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         pod: args.pod_name.clone(),
         requests,
     };
-    let endpoint = tokio::spawn(endpoint::serve(address, board.clone(), control));
+    let archiver = archive::Archiver::new(&args.pgdata, &args.s3_dir);
+    let endpoint = tokio::spawn(endpoint::serve(
+        address,
+        board.clone(),
+        control,
+        archiver.clone(),
+    ));
     let sources = Sources {
         config_dir: args.config_dir.clone(),
         superuser_dir: args.superuser_dir.clone(),
         replication_dir: args.replication_dir.clone(),
     };
     let desired = Desired::load(&sources)?;
+    archiver.configure(archive_settings(&desired));
+    let archive_socket = tokio::spawn(archive::socket::serve(
+        args.run_dir.join(archive::socket::SOCKET_NAME),
+        archiver.clone(),
+    ));
     let isolation = isolation::Isolation::new(&args.run_dir, &args.pgdata);
     isolation::spawn(
         &isolation,
@@ -197,10 +221,20 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         terms: Terms::default(),
         orders_open: true,
         initialized_by: None,
+        archiver,
     };
     let result = instance.start_and_run(&mut signals).await;
     endpoint.abort();
+    archive_socket.abort();
     result
+}
+
+/// What the archiver is told by the files: where to archive, for which cluster.
+fn archive_settings(desired: &Desired) -> archive::ArchiveSettings {
+    archive::ArchiveSettings {
+        target: desired.topology.wal_archive.clone(),
+        cluster_uid: desired.topology.cluster_uid.clone(),
+    }
 }
 
 /// A replica's settings that must stay at what its primary ran with ([`datadir::standby_floors`]).
@@ -257,6 +291,8 @@ struct Instance {
     initialized_by: Option<String>,
     /// The primary's watch on its contacts, and the fence ([`isolation`]).
     isolation: Arc<isolation::Isolation>,
+    /// Stores the WAL files PostgreSQL's `archive_command` hands over ([`archive`]).
+    archiver: Arc<archive::Archiver>,
 }
 
 /// How the steady state ended.
@@ -432,6 +468,7 @@ impl Instance {
         {
             self.credentials_applied = false;
         }
+        self.archiver.configure(archive_settings(&desired));
         self.applied = desired;
         follow
     }
@@ -448,6 +485,7 @@ impl Instance {
             upstream,
             &pgpass_file,
             &self.floors,
+            &archive::command(&self.args.run_dir),
         );
         if datadir::write_config(&self.args.pgdata, &config, &desired.pg_hba_conf)? {
             tracing::info!("configuration files changed; reloading");

@@ -21,6 +21,7 @@ fn desired() -> Desired {
             system_identifier: None,
             isolation_timeout_seconds: Some(3),
             restart_by_switchover: false,
+            wal_archive: None,
         },
         superuser: credentials("postgres", "super"),
         replication: credentials("streaming_replica", "pa:ss\\word"),
@@ -102,6 +103,7 @@ fn a_replica_config_names_the_primary_and_its_slot_but_no_password() {
         Some(&desired.topology.primary_host),
         Path::new("/controller/pgpass"),
         &[],
+        "",
     );
     assert!(config.contains("work_mem = '8MB'\n"));
     assert!(config.contains(
@@ -115,9 +117,59 @@ fn a_replica_config_names_the_primary_and_its_slot_but_no_password() {
 
 #[test]
 fn a_primary_config_has_no_primary_conninfo() {
-    let config = server_config(&desired(), "db-postgresql-0", None, Path::new("/p"), &[]);
+    let config = server_config(
+        &desired(),
+        "db-postgresql-0",
+        None,
+        Path::new("/p"),
+        &[],
+        "",
+    );
     assert!(config.contains("cluster_name = 'db-postgresql-0'\n"));
     assert!(!config.contains("primary_conninfo"));
+}
+
+#[test]
+fn an_archiving_instance_runs_the_managers_archive_command_whatever_the_parameters_say() {
+    let mut desired = desired();
+    let command = "/controller/pgkube instance archive-wal --socket /controller/s %f";
+    let config = server_config(
+        &desired,
+        "db-postgresql-0",
+        None,
+        Path::new("/p"),
+        &[],
+        command,
+    );
+    assert!(!config.contains("archive_command"), "{config}");
+    desired
+        .postgresql_conf
+        .push_str("archive_command = 'cp %p /elsewhere'\n");
+    desired.topology.wal_archive = Some(pgkube_controllers::storage::wal::WalArchiveTarget {
+        bucket: "b".into(),
+        region: "r".into(),
+        endpoint: None,
+        force_path_style: false,
+        root: "wal/db/".into(),
+        cluster: "ns/db".into(),
+        ca_bundle: false,
+        server_side_encryption: None,
+    });
+    let config = server_config(
+        &desired,
+        "db-postgresql-0",
+        None,
+        Path::new("/p"),
+        &[],
+        command,
+    );
+    let last = config
+        .lines()
+        .rfind(|line| line.starts_with("archive_command"));
+    assert_eq!(
+        last,
+        Some(format!("archive_command = '{command}'").as_str())
+    );
 }
 
 #[test]
@@ -139,6 +191,7 @@ fn a_standby_keeps_the_primarys_higher_settings_until_it_replays_the_change() {
         Some("h"),
         Path::new("/p"),
         &floors,
+        "",
     );
     assert!(config.ends_with("max_connections = 100\n"), "{config}");
     // Once the standby replayed the primary's lower value, nothing is kept.
