@@ -139,7 +139,7 @@ fn key_to_path(key: &str, path: &str) -> KeyToPath {
 }
 
 /// The S3 keys (and CA bundle) as files, each from the Secret key the storage names.
-fn s3_sources(storage: &S3Storage) -> Vec<VolumeProjection> {
+pub fn s3_sources(storage: &S3Storage) -> Vec<VolumeProjection> {
     let from = |selector: &SecretKeySelector, path: &str| VolumeProjection {
         secret: Some(SecretProjection {
             name: selector.name.clone(),

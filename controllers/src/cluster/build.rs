@@ -17,10 +17,8 @@ use k8s_openapi::api::apps::v1::{
     StatefulSetUpdateStrategy,
 };
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar,
-    EnvVarSource, HTTPGetAction, ObjectFieldSelector, PersistentVolumeClaim,
-    PersistentVolumeClaimSpec, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, Secret,
-    SecretVolumeSource, Service, ServicePort, ServiceSpec, Volume, VolumeResourceRequirements,
+    ConfigMap, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Secret, Service, ServicePort, ServiceSpec, VolumeResourceRequirements,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -30,9 +28,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::memory::MemorySettings;
 use super::validate::ValidatedCluster;
 use crate::names::{self, DNS_LABEL_MAX, DNS_SUBDOMAIN_MAX, NameKind, STATEFULSET_NAME_MAX};
-use crate::pod::{
-    install_pgkube_container, mount, restricted_security_context, runtime_default_seccomp,
-};
+use crate::pod::runtime_default_seccomp;
 
 pub use super::instances::STATUS_PORT;
 
@@ -325,7 +321,7 @@ fn pod_template(
         termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
         init_containers: Some(vec![install_container(input.instance_manager_image)]),
         containers: vec![postgres_container(cluster, input.image_repository)],
-        volumes: Some(volumes(names)),
+        volumes: Some(volumes(cluster, names)),
         ..PodSpec::default()
     };
     // Part of the template: a change rolls the pods like any other template change.
@@ -336,155 +332,6 @@ fn pod_template(
             ..ObjectMeta::default()
         }),
         spec: Some(pod),
-    }
-}
-
-fn volumes(names: &ChildNames) -> Vec<Volume> {
-    let secret = |volume: &str, secret: &str| Volume {
-        name: volume.to_owned(),
-        secret: Some(SecretVolumeSource {
-            secret_name: Some(secret.to_owned()),
-            ..SecretVolumeSource::default()
-        }),
-        ..Volume::default()
-    };
-    let empty_dir = |volume: &str, medium: Option<&str>| Volume {
-        name: volume.to_owned(),
-        empty_dir: Some(EmptyDirVolumeSource {
-            medium: medium.map(str::to_owned),
-            ..EmptyDirVolumeSource::default()
-        }),
-        ..Volume::default()
-    };
-    vec![
-        empty_dir(CONTROLLER_VOLUME, None),
-        Volume {
-            name: CONFIG_VOLUME.to_owned(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: names.config_map.clone(),
-                ..ConfigMapVolumeSource::default()
-            }),
-            ..Volume::default()
-        },
-        secret(SUPERUSER_VOLUME, &names.secret),
-        secret(REPLICATION_VOLUME, &names.replication_secret),
-        Volume {
-            name: CONTROL_VOLUME.to_owned(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(names.control_secret.clone()),
-                optional: Some(true),
-                ..SecretVolumeSource::default()
-            }),
-            ..Volume::default()
-        },
-        // PostgreSQL's parallel queries use POSIX shared memory; a container runtime's own
-        // /dev/shm is 64MB, too small for them.
-        empty_dir(SHM_VOLUME, Some("Memory")),
-    ]
-}
-
-/// Copies the instance manager from pgkube's image into the `controller` volume.
-fn install_container(image: &str) -> Container {
-    install_pgkube_container(
-        "install-instance-manager",
-        image,
-        CONTROLLER_VOLUME,
-        CONTROLLER_MOUNT,
-        INSTANCE_MANAGER,
-    )
-}
-
-fn postgres_container(cluster: &ValidatedCluster, image_repository: &str) -> Container {
-    let port = |name: &str, port: i32| ContainerPort {
-        name: Some(name.to_owned()),
-        container_port: port,
-        protocol: Some("TCP".to_owned()),
-        ..ContainerPort::default()
-    };
-    Container {
-        name: "postgresql".to_owned(),
-        image: Some(format!("{image_repository}:{}", cluster.version)),
-        command: Some(
-            [INSTANCE_MANAGER, "instance", "run"]
-                .map(str::to_owned)
-                .to_vec(),
-        ),
-        ports: Some(vec![
-            port("postgresql", POSTGRES_PORT),
-            port("status", i32::from(STATUS_PORT)),
-        ]),
-        env: Some(instance_manager_env()),
-        resources: cluster.resources.clone(),
-        // Until the startup probe passes, neither readiness nor liveness runs: a crash recovery
-        // or a clone gets up to an hour. `/healthz` fails only when the manager's loop stops
-        // turning outside a long step (clone, rewind), 32 s on; 6 misses 10 s apart restart it.
-        startup_probe: Some(status_probe(
-            "/readyz",
-            READINESS_PERIOD_SECONDS,
-            STARTUP_PROBE_FAILURES,
-        )),
-        readiness_probe: Some(status_probe("/readyz", READINESS_PERIOD_SECONDS, 3)),
-        liveness_probe: Some(status_probe("/healthz", LIVENESS_PERIOD_SECONDS, 6)),
-        security_context: Some(restricted_security_context()),
-        volume_mounts: Some(vec![
-            mount(DATA_VOLUME, DATA_MOUNT, false),
-            mount(CONTROLLER_VOLUME, CONTROLLER_MOUNT, false),
-            mount(CONFIG_VOLUME, CONFIG_MOUNT, true),
-            mount(SUPERUSER_VOLUME, SUPERUSER_MOUNT, true),
-            mount(REPLICATION_VOLUME, REPLICATION_MOUNT, true),
-            mount(CONTROL_VOLUME, CONTROL_MOUNT, true),
-            mount(SHM_VOLUME, "/dev/shm", false),
-        ]),
-        ..Container::default()
-    }
-}
-
-/// What the instance manager reads from its environment.
-fn instance_manager_env() -> Vec<EnvVar> {
-    let field = |name: &str, path: &str| EnvVar {
-        name: name.to_owned(),
-        value_from: Some(EnvVarSource {
-            field_ref: Some(ObjectFieldSelector {
-                field_path: path.to_owned(),
-                ..ObjectFieldSelector::default()
-            }),
-            ..EnvVarSource::default()
-        }),
-        ..EnvVar::default()
-    };
-    let value = |name: &str, value: &str| EnvVar {
-        name: name.to_owned(),
-        value: Some(value.to_owned()),
-        ..EnvVar::default()
-    };
-    vec![
-        field("POD_NAME", "metadata.name"),
-        field("POD_NAMESPACE", "metadata.namespace"),
-        // A subdirectory: the volume's root may hold lost+found, which initdb refuses.
-        value("PGDATA", &format!("{DATA_MOUNT}/pgdata")),
-        value("PGKUBE_CONFIG_DIR", CONFIG_MOUNT),
-        value("PGKUBE_SUPERUSER_DIR", SUPERUSER_MOUNT),
-        value("PGKUBE_REPLICATION_DIR", REPLICATION_MOUNT),
-        value("PGKUBE_CONTROL_DIR", CONTROL_MOUNT),
-        value("PGKUBE_STATUS_PORT", &STATUS_PORT.to_string()),
-        value("PGKUBE_SHUTDOWN_TIMEOUT", SHUTDOWN_TIMEOUT),
-    ]
-}
-
-/// `GET <path>` on the instance manager's status port every `period_seconds`, failing after
-/// `failure_threshold` misses in a row.
-fn status_probe(path: &str, period_seconds: i32, failure_threshold: i32) -> Probe {
-    Probe {
-        http_get: Some(HTTPGetAction {
-            path: Some(path.to_owned()),
-            port: IntOrString::String("status".to_owned()),
-            scheme: Some("HTTP".to_owned()),
-            ..HTTPGetAction::default()
-        }),
-        period_seconds: Some(period_seconds),
-        timeout_seconds: Some(5),
-        failure_threshold: Some(failure_threshold),
-        ..Probe::default()
     }
 }
 
@@ -605,9 +452,11 @@ fn pod_disruption_budget(cluster: &ValidatedCluster, names: &ChildNames) -> PodD
 }
 
 mod config;
+mod pod;
 mod topology;
 
 use config::{PG_HBA, postgresql_conf};
+use pod::{install_container, postgres_container, volumes};
 pub use topology::instance_host;
 use topology::instance_json;
 

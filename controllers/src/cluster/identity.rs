@@ -84,6 +84,7 @@ mod tests {
             message: None,
             restart_by_switchover: false,
             settings_digest: None,
+            wal_archive: None,
         }
     }
 

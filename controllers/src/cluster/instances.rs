@@ -142,6 +142,9 @@ pub struct InstanceReport {
     /// asked: instances with the same one and nothing pending run the same settings.
     #[serde(default)]
     pub settings_digest: Option<String>,
+    /// What the WAL archiver did, on an instance told to archive (the primary).
+    #[serde(default)]
+    pub wal_archive: Option<super::status::archiving::WalArchiveReport>,
 }
 
 /// Why an instance has no report. Each reason has one fixed description, stable from one

@@ -453,6 +453,7 @@ mod tests {
                 message: None,
                 restart_by_switchover: false,
                 settings_digest: None,
+                wal_archive: None,
             }),
         };
         let primary = "db-postgresql-0";

@@ -123,6 +123,7 @@ mod tests {
                     message: None,
                     restart_by_switchover: false,
                     settings_digest: None,
+                    wal_archive: None,
                 })
                 .ok_or(Unavailable::Unreachable),
         }

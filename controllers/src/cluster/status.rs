@@ -102,6 +102,7 @@ pub fn compute(observation: Observation<'_>, now: Timestamp) -> PostgreSQLCluste
         primary_problem: primary_problem.as_deref(),
     };
     let backups = summarize(observation.backups, Time(now));
+    let (wal_archiving, archiving_conditions) = archiving::archiving(observation);
     let conditions = [
         Some(ready_condition(observation, &replicas, phase)),
         Some(progressing_condition(observation, &replicas, phase)),
@@ -116,6 +117,7 @@ pub fn compute(observation: Observation<'_>, now: Timestamp) -> PostgreSQLCluste
     ]
     .into_iter()
     .flatten()
+    .chain(archiving_conditions)
     .map(|condition| keep_transition_time(condition, observation.previous, now))
     .collect();
     let (target_primary, primary_change) = primary_move(observation, now);
@@ -135,6 +137,7 @@ pub fn compute(observation: Observation<'_>, now: Timestamp) -> PostgreSQLCluste
         observed_generation: observation.generation,
         conditions,
         last_successful_backup: backups.last_successful,
+        wal_archiving,
         ..PostgreSQLClusterStatus::default()
     }
 }
@@ -552,6 +555,7 @@ fn keep_transition_time(
     condition
 }
 
+pub mod archiving;
 mod changes;
 
 pub use changes::{

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
-use pgkube_crds::{MANAGED_PARAMETERS, PostgreSQLCluster, PostgresVersion};
+use pgkube_crds::{MANAGED_PARAMETERS, PostgreSQLCluster, PostgresVersion, S3Storage};
 
 use crate::quantity;
 use crate::scheduling::Scheduling;
@@ -62,6 +62,9 @@ pub struct ValidatedCluster {
     /// How long the primary may be cut off before it fences itself
     /// (`spec.highAvailability.isolationTimeoutSeconds`, with its default).
     pub isolation_timeout_seconds: u32,
+    /// Where the primary archives its WAL: the backup storage, unless archiving is turned off
+    /// (`spec.backup.walArchiving.enabled`); none without storage.
+    pub wal_archive: Option<S3Storage>,
 }
 
 /// A valid spec: what to build now, and the changes held back from it.
@@ -258,11 +261,23 @@ pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validat
         isolation_timeout_seconds: pgkube_crds::HighAvailability::isolation_timeout_seconds(
             spec.high_availability.as_ref(),
         ),
+        wal_archive: wal_archive_storage(spec),
     };
     Ok(Validation {
         effective,
         refusals,
     })
+}
+
+/// The storage WAL goes to: the backup's, with archiving on (the default).
+fn wal_archive_storage(spec: &pgkube_crds::PostgreSQLClusterSpec) -> Option<S3Storage> {
+    let backup = spec.backup.as_ref()?;
+    let enabled = backup
+        .wal_archiving
+        .as_ref()
+        .is_none_or(|archiving| archiving.enabled);
+    let storage = backup.storage.as_ref()?;
+    enabled.then(|| storage.s3.clone())
 }
 
 fn is_parameter_name(name: &str) -> bool {

@@ -152,6 +152,7 @@ impl SimulatedInstances {
             message: None,
             restart_by_switchover: false,
             settings_digest: None,
+            wal_archive: None,
         }
     }
 

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeMap;
 
+use pgkube_crds::DEFAULT_ARCHIVE_TIMEOUT;
+
 use super::super::validate::ValidatedCluster;
 use super::{ChildNames, MemorySettings, POSTGRES_PORT};
 
@@ -32,9 +34,26 @@ pub(super) fn postgresql_conf(
          # A standby answers at least every second: its primary counts it as contact (fencing)\n\
          wal_receiver_status_interval = 1s\n\
          {synchronous}\
+         {archiving}\
          {parameters}",
+        archiving = archiving(cluster),
         parameters = user_parameters(&cluster.parameters),
     )
+}
+
+/// WAL archiving: on when the cluster archives, with `archive_timeout` bounding how much an
+/// idle cluster's archive lags (the user's parameters may change it). The instance manager
+/// adds its own `archive_command`. Off otherwise: `archive_mode = on` without a command would
+/// keep every WAL file until the disk is full.
+fn archiving(cluster: &ValidatedCluster) -> String {
+    match cluster.wal_archive {
+        Some(_) => format!(
+            "# WAL archiving to the backup storage (spec.backup.walArchiving)\n\
+             archive_mode = on\n\
+             archive_timeout = {DEFAULT_ARCHIVE_TIMEOUT}\n"
+        ),
+        None => "archive_mode = off\n".to_owned(),
+    }
 }
 
 /// `synchronous_standby_names` asking `count` standbys to confirm each commit, or nothing when

@@ -1,6 +1,7 @@
 use super::*;
 use crate::cluster::validate::{LiveFacts, validate};
 use crate::names::is_valid;
+use k8s_openapi::api::core::v1::Container;
 use pgkube_crds::PostgreSQLCluster;
 
 /// The seed's sample cluster.
@@ -221,6 +222,7 @@ fn the_config_has_what_streaming_replication_needs_and_pgkube_manages_it() {
             "shared_buffers",
             "effective_cache_size",
             "password_encryption",
+            "archive_timeout",
         ];
         assert!(
             user_tunable.contains(&name) || pgkube_crds::MANAGED_PARAMETERS.contains(&name),
@@ -273,6 +275,11 @@ fn instance_json_names_the_primary_its_host_and_the_instances() {
             "clusterUid": "0b5a5c2e-0000-4000-8000-000000000001",
             "restartBySwitchover": true,
             "isolationTimeoutSeconds": 3,
+            "walArchive": {
+                "bucket": "pgkube-backups", "region": "us-east-1",
+                "endpoint": "https://s3.example.com", "forcePathStyle": true,
+                "root": "wal/my-cluster/", "cluster": "team-a/my-cluster", "caBundle": false,
+            },
         })
     );
     // One instance restarts in place, and has nothing to fence for: nothing could take over.
@@ -443,6 +450,7 @@ fn the_instance_manager_gets_its_environment_from_values_and_the_downward_api() 
         ("PGKUBE_CONTROL_DIR", "/etc/pgkube/control"),
         ("PGKUBE_STATUS_PORT", "8000"),
         ("PGKUBE_SHUTDOWN_TIMEOUT", "50s"),
+        ("PGKUBE_S3_DIR", "/etc/pgkube/s3"),
     ]
     .into_iter()
     .map(|(k, v)| (k, v.to_owned()))
@@ -484,6 +492,7 @@ fn an_init_container_installs_the_instance_manager_into_the_shared_volume() {
             expect("replication", "/etc/pgkube/replication", Some(true)),
             expect("control", "/etc/pgkube/control", Some(true)),
             expect("shm", "/dev/shm", None),
+            expect("s3", "/etc/pgkube/s3", Some(true)),
         ]
     );
     let sources: Vec<(String, Option<String>)> = pod
@@ -523,7 +532,47 @@ fn an_init_container_installs_the_instance_manager_into_the_shared_volume() {
                 Some("secret my-cluster-postgresql-control".to_owned())
             ),
             ("shm".to_owned(), None),
+            ("s3".to_owned(), None),
         ]
+    );
+}
+
+#[test]
+fn a_cluster_archives_wal_to_its_backup_storage_unless_told_not_to() {
+    let archiving = validated("my-cluster", 3);
+    let children = built(&archiving);
+    let config = &children.config_map.data.as_ref().expect("data")[CONFIG_FILE];
+    assert!(
+        config.contains("archive_mode = on\narchive_timeout = 60s\n"),
+        "{config}"
+    );
+    // The keys are files of an optional projection: a missing Secret does not stop the server.
+    let pod = pod_spec(&children);
+    let s3 = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|volume| volume.name == "s3")
+        .and_then(|volume| volume.projected.as_ref())
+        .expect("the S3 volume");
+    for source in s3.sources.iter().flatten() {
+        let secret = source.secret.as_ref().expect("a Secret");
+        assert_eq!(secret.optional, Some(true), "{secret:?}");
+    }
+    let not_archiving = ValidatedCluster {
+        wal_archive: None,
+        ..archiving
+    };
+    let children = built(&not_archiving);
+    let data = children.config_map.data.as_ref().expect("data");
+    assert!(data[CONFIG_FILE].contains("archive_mode = off\n"));
+    assert!(!data[INSTANCE_FILE].contains("walArchive"));
+    let pod = pod_spec(&children);
+    assert!(
+        pod.volumes
+            .iter()
+            .flatten()
+            .all(|volume| volume.name != "s3")
     );
 }
 

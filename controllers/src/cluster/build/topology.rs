@@ -2,7 +2,10 @@
 //! cluster's layout: which pod is the primary and how the others reach it, which pods are the
 //! instances, and the cluster's identity.
 
+use pgkube_crds::{S3Storage, ServerSideEncryption};
 use serde::Serialize;
+
+use crate::storage::wal::{self, WalArchiveTarget};
 
 use super::super::validate::ValidatedCluster;
 use super::{BuildInput, ChildNames, POSTGRES_PORT};
@@ -32,6 +35,27 @@ struct InstanceTopology<'a> {
     /// fences itself. Absent for a single instance: nothing could be promoted in its place.
     #[serde(skip_serializing_if = "Option::is_none")]
     isolation_timeout_seconds: Option<u32>,
+    /// Where the primary archives its WAL; absent when the cluster does not archive.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    wal_archive: Option<WalArchiveTarget>,
+}
+
+/// The archive settings of `storage` for the instance managers: everything but the keys,
+/// which are files of the pod.
+fn wal_archive_target(cluster: &ValidatedCluster, storage: &S3Storage) -> WalArchiveTarget {
+    WalArchiveTarget {
+        bucket: storage.bucket.clone(),
+        region: storage.region.clone(),
+        endpoint: storage.endpoint.clone(),
+        force_path_style: storage.force_path_style,
+        root: wal::archive_root(storage.prefix.as_deref().unwrap_or_default(), &cluster.name),
+        cluster: format!("{}/{}", cluster.namespace, cluster.name),
+        ca_bundle: storage.ca_bundle.is_some(),
+        server_side_encryption: storage.server_side_encryption.map(|sse| match sse {
+            ServerSideEncryption::Aes256 => "AES256".to_owned(),
+            ServerSideEncryption::AwsKms => "aws:kms".to_owned(),
+        }),
+    }
 }
 
 /// The stable DNS name of instance `pod`, through the headless Service.
@@ -55,6 +79,10 @@ pub(super) fn instance_json(
         restart_by_switchover: cluster.replicas > 1,
         isolation_timeout_seconds: (cluster.replicas > 1)
             .then_some(cluster.isolation_timeout_seconds),
+        wal_archive: cluster
+            .wal_archive
+            .as_ref()
+            .map(|storage| wal_archive_target(cluster, storage)),
     };
     // Strings and integers only: serializing cannot fail.
     serde_json::to_string(&topology).unwrap_or_default()

@@ -47,6 +47,7 @@ fn reporting(
             message: None,
             restart_by_switchover: false,
             settings_digest: None,
+            wal_archive: None,
         }),
     }
 }

@@ -4,7 +4,10 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
-use pgkube_crds::{ClusterPhase, PostgreSQLClusterStatus, PrimaryChangeKind};
+use pgkube_crds::{
+    CONTINUOUS_ARCHIVING, ClusterPhase, PostgreSQLClusterStatus, PrimaryChangeKind,
+    WAL_DISK_PRESSURE,
+};
 
 use super::{PROGRESSING, READY, REPLICAS_STREAMING};
 
@@ -67,11 +70,29 @@ pub fn difference(
         |condition: &Condition| before(condition).is_some_and(|c| c.message == condition.message);
     if summary_changed {
         Difference::Summary
-    } else if new.instances != previous.instances || !new.conditions.iter().all(same_message) {
+    } else if new.instances != previous.instances
+        || !new.conditions.iter().all(same_message)
+        || archived_changed(new, previous)
+    {
         Difference::Details
     } else {
         Difference::None
     }
+}
+
+/// Whether archiving moved on: another file archived or failed. The waiting count and the
+/// size of `pg_wal` alone change too often to be worth a write; they go with the next one.
+fn archived_changed(new: &PostgreSQLClusterStatus, previous: &PostgreSQLClusterStatus) -> bool {
+    let moved = |status: &PostgreSQLClusterStatus| {
+        status.wal_archiving.as_ref().map(|archiving| {
+            (
+                archiving.instance.clone(),
+                archiving.last_archived_time.clone(),
+                archiving.last_failed_time.clone(),
+            )
+        })
+    };
+    moved(new) != moved(previous)
 }
 
 /// How much longer a change of details alone waits, if it waits: until [`DETAILS_HOLD`] after
@@ -172,6 +193,7 @@ pub fn events(
             ),
         });
     }
+    events.extend(archiving_events(new, previous));
     let streaming = |status| find(status, REPLICAS_STREAMING).map(|c| c.status);
     if let Some(now) = find(Some(new), REPLICAS_STREAMING) {
         match (streaming(previous).as_deref(), now.status.as_str()) {
@@ -187,6 +209,48 @@ pub fn events(
             }),
             _ => {}
         }
+    }
+    events
+}
+
+/// Archiving that starts failing (or is refused), that recovers, and `pg_wal` filling the
+/// volume meanwhile.
+fn archiving_events(
+    new: &PostgreSQLClusterStatus,
+    previous: Option<&PostgreSQLClusterStatus>,
+) -> Vec<EventSpec> {
+    let find = |status: Option<&PostgreSQLClusterStatus>, type_: &str| {
+        status.and_then(|s| s.conditions.iter().find(|c| c.type_ == type_).cloned())
+    };
+    let mut events = Vec::new();
+    if let Some(now) = find(Some(new), CONTINUOUS_ARCHIVING) {
+        let before = find(previous, CONTINUOUS_ARCHIVING);
+        match (
+            before.as_ref().map(|c| c.status.as_str()),
+            now.status.as_str(),
+        ) {
+            (before, "False") if before != Some("False") => events.push(EventSpec {
+                warning: true,
+                reason: now.reason.clone(),
+                note: now.message.clone(),
+            }),
+            (Some("False"), "True") => events.push(EventSpec {
+                warning: false,
+                reason: "ArchivingRecovered".to_owned(),
+                note: now.message.clone(),
+            }),
+            _ => {}
+        }
+    }
+    if let Some(now) = find(Some(new), WAL_DISK_PRESSURE)
+        && now.status == "True"
+        && find(previous, WAL_DISK_PRESSURE).map(|c| c.status) != Some("True".to_owned())
+    {
+        events.push(EventSpec {
+            warning: true,
+            reason: WAL_DISK_PRESSURE.to_owned(),
+            note: now.message,
+        });
     }
     events
 }

@@ -49,6 +49,7 @@ fn report(pod: &str, role: ReportedRole) -> InstanceReport {
         message: None,
         restart_by_switchover: false,
         settings_digest: None,
+        wal_archive: None,
     }
 }
 

@@ -296,3 +296,33 @@ fn requests_above_limits_are_an_invalid_spec() {
         invalid.0
     );
 }
+
+#[test]
+fn wal_goes_to_the_backup_storage_by_default_and_nowhere_when_turned_off_or_without_storage() {
+    let sample = cluster(SAMPLE);
+    let storage = sample
+        .spec
+        .backup
+        .as_ref()
+        .and_then(|backup| backup.storage.as_ref())
+        .map(|storage| storage.s3.clone());
+    assert!(storage.is_some(), "the sample has backup storage");
+    let archive = |cluster: &PostgreSQLCluster| {
+        validate(cluster, &LiveFacts::default())
+            .expect("valid")
+            .effective
+            .wal_archive
+    };
+    assert_eq!(archive(&sample), storage);
+    let mut off = sample.clone();
+    if let Some(backup) = off.spec.backup.as_mut() {
+        backup.wal_archiving = Some(pgkube_crds::WalArchiving { enabled: false });
+    }
+    assert_eq!(archive(&off), None);
+    let mut no_storage = sample.clone();
+    if let Some(backup) = no_storage.spec.backup.as_mut() {
+        backup.storage = None;
+        backup.wal_archiving = Some(pgkube_crds::WalArchiving { enabled: true });
+    }
+    assert_eq!(archive(&no_storage), None);
+}
