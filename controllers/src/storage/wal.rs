@@ -6,6 +6,9 @@
 //! <prefix>/wal/<cluster>/<timeline>/<wal file>.zst      each file, zstd-compressed
 //! ```
 //!
+//! `<prefix>` is the cluster's backup prefix (the storage's, or `<namespace>/<cluster>`), so
+//! clusters of different names can share one; two of the same name on one prefix cannot.
+//!
 //! `<timeline>` is the eight hex digits every WAL file name starts with, so each timeline has
 //! a directory of its own: segments (`000000010000000A000000FF`), partial segments (`.partial`),
 //! backup history files (`.backup`) and timeline history files (`00000002.history`).
@@ -30,7 +33,8 @@ pub const MARKER: &str = "archive.json";
 const SHA256_METADATA: &str = "pgkube-sha256";
 const SIZE_METADATA: &str = "pgkube-size";
 
-/// `<prefix>/wal/<cluster>/`: the root of a cluster's WAL archive.
+/// `<prefix>/wal/<cluster>/`: the root of a cluster's WAL archive, `prefix` being the cluster's
+/// backup prefix.
 pub fn archive_root(prefix: &str, cluster: &str) -> String {
     let prefix = prefix.trim_matches('/');
     if prefix.is_empty() {

@@ -7,7 +7,7 @@ use k8s_openapi::api::batch::v1::Job;
 use pgkube_controllers::storage::manifest::Manifest;
 use pgkube_crds::{
     BackupCompression, BackupPhase, DeletionPolicy, LocalReference, PostgreSQLBackup,
-    PostgreSQLBackupSpec,
+    PostgreSQLBackupSpec, S3Storage,
 };
 use pgkube_testkit::{
     TestBucket, TestCluster, backup_config, create_backup, create_s3_secret, list_objects,
@@ -37,6 +37,11 @@ pub struct Fixture {
 
 impl Fixture {
     pub async fn start(prefix: &str) -> Option<Fixture> {
+        Self::start_with(prefix, |_| {}).await
+    }
+
+    /// [`Fixture::start`], with `change` applied to the cluster's backup storage.
+    pub async fn start_with(prefix: &str, change: impl FnOnce(&mut S3Storage)) -> Option<Fixture> {
         let running = Running::start(prefix, RESYNC).await?;
         let env = pgkube_testkit::testbed()?;
         let bucket = TestBucket::create(&env, "backups").await;
@@ -49,7 +54,8 @@ impl Fixture {
         )
         .await
         .expect("S3 Secret");
-        let storage = test_storage(&env, bucket.name(), S3_SECRET);
+        let mut storage = test_storage(&env, bucket.name(), S3_SECRET);
+        change(&mut storage);
         let cluster = TestCluster::builder("pg")
             .spec(|spec| spec.backup = Some(backup_config(storage, NEVER)))
             .timeout(CLUSTER_TIMEOUT)

@@ -116,6 +116,7 @@ mod restore;
 mod service;
 mod volume;
 mod wait;
+pub mod wal;
 
 pub use admission::TestAdmission;
 pub use backup::{

@@ -63,6 +63,8 @@ struct Shared {
     cuts: AtomicUsize,
     /// Set once by [`Proxy::partition`].
     partitioned: watch::Sender<bool>,
+    /// Set by [`Proxy::stop_server`], cleared by [`Proxy::start_server`].
+    down: watch::Sender<bool>,
 }
 
 /// What the proxy forwards, and how.
@@ -121,6 +123,7 @@ impl Proxy {
             heads: Mutex::new(Vec::new()),
             cuts: AtomicUsize::new(0),
             partitioned: watch::Sender::new(false),
+            down: watch::Sender::new(false),
         });
         let task = tokio::spawn(serve(listener, shared.clone()));
         Proxy {
@@ -137,6 +140,18 @@ impl Proxy {
     /// accepted but never answered. Clients notice by their own timeouts only.
     pub fn partition(&self) {
         self.shared.partitioned.send_replace(true);
+    }
+
+    /// Acts as if the server stopped: every connection is closed now, and each new one at once,
+    /// until [`Proxy::start_server`]. Clients see their requests fail straight away, as with a
+    /// server that is down.
+    pub fn stop_server(&self) {
+        self.shared.down.send_replace(true);
+    }
+
+    /// Forwards again after [`Proxy::stop_server`].
+    pub fn start_server(&self) {
+        self.shared.down.send_replace(false);
     }
 
     /// The heads of all requests so far whose request line contains `needle`, in the order they
@@ -223,6 +238,9 @@ async fn connection(mut client: TcpStream, shared: Arc<Shared>) {
     if *shared.partitioned.borrow() {
         return hold_silently().await;
     }
+    if *shared.down.borrow() {
+        return;
+    }
     let Ok(server) = TcpStream::connect(shared.upstream).await else {
         return;
     };
@@ -250,9 +268,17 @@ where
             std::future::pending::<()>().await;
         }
     };
+    let mut down = shared.down.subscribe();
+    let stopped = async {
+        if down.wait_for(|down| *down).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
     let cut_off = tokio::select! {
         () = forward(&mut *client, server, shared) => false,
         () = partition => true,
+        // Both connections are dropped: closed, as by a server that stopped.
+        () = stopped => false,
     };
     if cut_off {
         hold_silently().await;

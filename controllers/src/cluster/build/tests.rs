@@ -278,7 +278,7 @@ fn instance_json_names_the_primary_its_host_and_the_instances() {
             "walArchive": {
                 "bucket": "pgkube-backups", "region": "us-east-1",
                 "endpoint": "https://s3.example.com", "forcePathStyle": true,
-                "root": "wal/my-cluster/", "cluster": "team-a/my-cluster", "caBundle": false,
+                "root": "team-a/my-cluster/wal/my-cluster/", "cluster": "team-a/my-cluster", "caBundle": false,
             },
         })
     );

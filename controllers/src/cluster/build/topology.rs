@@ -5,6 +5,7 @@
 use pgkube_crds::{S3Storage, ServerSideEncryption};
 use serde::Serialize;
 
+use crate::backup::decide::cluster_prefix;
 use crate::storage::wal::{self, WalArchiveTarget};
 
 use super::super::validate::ValidatedCluster;
@@ -48,7 +49,10 @@ fn wal_archive_target(cluster: &ValidatedCluster, storage: &S3Storage) -> WalArc
         region: storage.region.clone(),
         endpoint: storage.endpoint.clone(),
         force_path_style: storage.force_path_style,
-        root: wal::archive_root(storage.prefix.as_deref().unwrap_or_default(), &cluster.name),
+        root: wal::archive_root(
+            &cluster_prefix(storage, &cluster.namespace, &cluster.name),
+            &cluster.name,
+        ),
         cluster: format!("{}/{}", cluster.namespace, cluster.name),
         ca_bundle: storage.ca_bundle.is_some(),
         server_side_encryption: storage.server_side_encryption.map(|sse| match sse {

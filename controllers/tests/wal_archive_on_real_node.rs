@@ -1,0 +1,332 @@
+//! End to end on the test bed's real node: continuous WAL archiving of a PostgreSQL 15 cluster
+//! to the real Garage. The primary's instance manager stores every WAL file PostgreSQL
+//! finishes; the cluster's status says how it goes.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use common::Running;
+use common::real_node::{CLUSTER_TIMEOUT, Fixture, NEVER, RESYNC, S3_SECRET};
+use pgkube_controllers::storage::wal::ArchiveOwner;
+use pgkube_crds::{CONTINUOUS_ARCHIVING, PostgreSQLCluster, S3Storage};
+use pgkube_testkit::proxy::Proxy;
+use pgkube_testkit::wal::{archived_files, finish_segments, segment_name, segment_number};
+use pgkube_testkit::{
+    TestBucket, TestCluster, backup_config, condition, create_s3_secret, instance_manager_of,
+    send_signal, test_storage, wait_until,
+};
+use sha2::{Digest, Sha256};
+
+/// How long a finished WAL file may take to reach the archive, the manager's restart included.
+const ARCHIVED_WITHIN: Duration = Duration::from_secs(240);
+
+/// The archive's root of cluster `pg` with the default prefix in `namespace`.
+fn default_root(namespace: &str) -> String {
+    format!("{namespace}/pg/wal/pg/")
+}
+
+#[tokio::test]
+async fn a_burst_of_wal_reaches_the_archive_without_a_gap_though_the_manager_is_killed_mid_way() {
+    let Some(fixture) = Fixture::start("wal-burst").await else {
+        return;
+    };
+    let root = default_root(fixture.namespace());
+    let sql = fixture.cluster.sql().await.expect("SQL");
+    finish_segments(&sql, 120).await.expect("first half");
+    // Killed while it uploads what the first half finished: its children go with it.
+    let primary = primary_of(&fixture.cluster).await;
+    let manager = instance_manager_of(fixture.namespace(), &primary).expect("the manager runs");
+    send_signal(manager, "KILL").expect("killed");
+    drop(sql);
+    let sql = wait_until("the primary is back", CLUSTER_TIMEOUT, || async {
+        Ok(fixture.cluster.sql().await.ok())
+    })
+    .await
+    .expect("the primary is back");
+    let last = finish_segments(&sql, 100).await.expect("second half");
+    let last_number = segment_number(&last).expect("a segment");
+    assert!(last_number >= 220, "{last}");
+
+    let s3 = fixture.bucket.client();
+    let files = wait_until("every segment archived", ARCHIVED_WITHIN, || async {
+        let files = archived_files(&s3, fixture.bucket.name(), &root).await?;
+        Ok(files.contains(&last).then_some(files))
+    })
+    .await
+    .expect("the last segment is archived");
+    let missing: Vec<String> = (1..=last_number)
+        .map(|number| segment_name(1, number))
+        .filter(|name| !files.contains(name))
+        .collect();
+    assert!(missing.is_empty(), "no gap in the archive: {missing:?}");
+
+    let system_identifier = fixture_status(&fixture)
+        .await
+        .and_then(|status| status.system_identifier)
+        .expect("the system identifier is recorded");
+    let owner: ArchiveOwner = serde_json::from_slice(
+        &fixture
+            .bucket
+            .object(&format!("{root}archive.json"))
+            .await
+            .expect("the owner record"),
+    )
+    .expect("an owner record");
+    assert_eq!(owner.system_identifier, system_identifier);
+    assert_eq!(owner.cluster_uid, fixture.cluster_uid);
+
+    // What is stored is the segment, whole: 16 MiB once decompressed, with the digest recorded.
+    let key = format!("{root}00000001/{last}.zst");
+    let stored = fixture.bucket.object(&key).await.expect("the segment");
+    let segment = zstd::decode_all(stored.as_slice()).expect("zstd");
+    assert_eq!(segment.len(), 16 << 20);
+    let head = s3
+        .head_object()
+        .bucket(fixture.bucket.name())
+        .key(&key)
+        .send()
+        .await
+        .expect("HEAD");
+    let recorded = head
+        .metadata()
+        .and_then(|m| m.get("pgkube-sha256"))
+        .cloned();
+    assert_eq!(recorded, Some(hex::encode(Sha256::digest(&segment))));
+
+    let cluster = wait_until(
+        "the status names the last segment",
+        ARCHIVED_WITHIN,
+        || async {
+            let cluster = fixture.cluster.get().await?;
+            let archived = cluster
+                .status
+                .as_ref()
+                .and_then(|s| s.wal_archiving.as_ref())
+                .and_then(|w| w.last_archived.clone());
+            Ok((archived >= Some(last.clone())).then_some(cluster))
+        },
+    )
+    .await
+    .expect("status.walArchiving");
+    let archiving = condition(&cluster, CONTINUOUS_ARCHIVING).expect("the condition");
+    assert_eq!(archiving.status, "True", "{archiving:?}");
+    fixture.stop().await;
+}
+
+#[tokio::test]
+async fn the_archive_stops_while_the_store_is_down_and_catches_up_after_with_nothing_missing() {
+    let env = match pgkube_testkit::testbed() {
+        Some(env) => env,
+        None => return,
+    };
+    let proxy = Proxy::tcp(
+        env.s3_endpoint
+            .trim_start_matches("http://")
+            .parse()
+            .expect("the store's address"),
+    )
+    .await;
+    let endpoint = format!("http://{}", proxy.address);
+    let Some(fixture) =
+        Fixture::start_with("wal-outage", |storage| storage.endpoint = Some(endpoint)).await
+    else {
+        return;
+    };
+    let root = default_root(fixture.namespace());
+    let sql = fixture.cluster.sql().await.expect("SQL");
+    let before = finish_segments(&sql, 3).await.expect("segments");
+    wait_for_archiving(&fixture.cluster, "True").await;
+
+    proxy.stop_server();
+    let during = finish_segments(&sql, 5).await.expect("writes go on");
+    let failing = wait_for_archiving(&fixture.cluster, "False").await;
+    assert_eq!(failing.reason, "ArchiveFailing", "{failing:?}");
+    // Two minutes of writes with the store down.
+    let mut last = during;
+    let outage = tokio::time::Instant::now();
+    while outage.elapsed() < Duration::from_secs(120) {
+        last = finish_segments(&sql, 2).await.expect("writes go on");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    proxy.start_server();
+
+    let recovered = wait_for_archiving(&fixture.cluster, "True").await;
+    assert_eq!(recovered.reason, "Archiving");
+    let s3 = fixture.bucket.client();
+    let files = wait_until("the backlog is archived", ARCHIVED_WITHIN, || async {
+        let files = archived_files(&s3, fixture.bucket.name(), &root).await?;
+        Ok(files.contains(&last).then_some(files))
+    })
+    .await
+    .expect("the backlog is archived");
+    let first = segment_number(&before).expect("a segment");
+    let missing: Vec<u64> = (first..=segment_number(&last).expect("a segment"))
+        .filter(|number| !files.contains(&segment_name(1, *number)))
+        .collect();
+    assert!(missing.is_empty(), "nothing missing: {missing:?}");
+    fixture.stop().await;
+}
+
+#[tokio::test]
+async fn a_second_cluster_of_the_same_name_on_the_same_prefix_is_refused() {
+    let shared = "shared-prefix";
+    let Some(first) =
+        Fixture::start_with("wal-first", |storage| storage.prefix = Some(shared.into())).await
+    else {
+        return;
+    };
+    let sql = first.cluster.sql().await.expect("SQL");
+    finish_segments(&sql, 1).await.expect("a segment");
+    wait_for_archiving(&first.cluster, "True").await;
+
+    let Some(second) = Running::start("wal-second", RESYNC).await else {
+        return;
+    };
+    let env = pgkube_testkit::testbed().expect("the test bed");
+    create_s3_secret(
+        &second.client,
+        &env,
+        second.namespace.name(),
+        S3_SECRET,
+        None,
+    )
+    .await
+    .expect("S3 Secret");
+    let storage = S3Storage {
+        prefix: Some(shared.into()),
+        ..test_storage(&env, first.bucket.name(), S3_SECRET)
+    };
+    let intruder = TestCluster::builder("pg")
+        .spec(|spec| spec.backup = Some(backup_config(storage, NEVER)))
+        .timeout(CLUSTER_TIMEOUT)
+        .start(&second.namespace)
+        .await
+        .expect("the second cluster runs");
+    let sql = intruder.sql().await.expect("SQL");
+    finish_segments(&sql, 1).await.expect("a segment");
+    let refused = wait_for_archiving(&intruder, "False").await;
+    assert_eq!(refused.reason, "ArchiveOwnedByAnother", "{refused:?}");
+    assert!(refused.message.contains("another prefix"), "{refused:?}");
+
+    // The archive is still the first cluster's, and only its WAL is in it.
+    let root = format!("{shared}/wal/pg/");
+    let owner: ArchiveOwner = serde_json::from_slice(
+        &first
+            .bucket
+            .object(&format!("{root}archive.json"))
+            .await
+            .expect("the owner record"),
+    )
+    .expect("an owner record");
+    assert_eq!(owner.cluster_uid, first.cluster_uid);
+    let sql = first.cluster.sql().await.expect("SQL");
+    let last = finish_segments(&sql, 1).await.expect("a segment");
+    let s3 = first.bucket.client();
+    wait_until("the first cluster archives on", ARCHIVED_WITHIN, || async {
+        let files: BTreeSet<String> = archived_files(&s3, first.bucket.name(), &root).await?;
+        Ok(files.contains(&last).then_some(()))
+    })
+    .await
+    .expect("the first cluster archives on");
+    intruder
+        .delete(Duration::from_secs(120))
+        .await
+        .expect("second cluster deleted");
+    second.stop().await;
+    first.stop().await;
+}
+
+/// The bucket-level rules every archiver relies on, against the real Garage: a file stored
+/// again with the same content is success, another content under its name is refused and the
+/// stored one kept, and an archive is claimed by one owner.
+#[tokio::test]
+async fn a_stored_wal_file_is_never_overwritten_and_an_archive_has_one_owner() {
+    use pgkube_controllers::storage::S3Bucket;
+    use pgkube_controllers::storage::wal::{
+        PreparedFile, Stored, WalArchiveError, WalFileName, claim, store_file,
+    };
+    let Some(env) = pgkube_testkit::testbed() else {
+        return;
+    };
+    let bucket = TestBucket::create(&env, "wal-rules").await;
+    let store = S3Bucket::with_client(bucket.client(), bucket.name());
+    let prepared = |content: &[u8]| PreparedFile {
+        compressed: zstd::encode_all(content, 1).expect("zstd"),
+        sha256: hex::encode(Sha256::digest(content)),
+        size: content.len() as u64,
+    };
+    let key = WalFileName::parse("000000010000000000000007")
+        .expect("a WAL file")
+        .key("rules/");
+    let original = prepared(&[7u8; 4096]);
+    assert_eq!(
+        store_file(&store, &key, &original).await.expect("stored"),
+        Stored::Written
+    );
+    assert_eq!(
+        store_file(&store, &key, &original).await.expect("again"),
+        Stored::AlreadyThere
+    );
+    let other = prepared(&[8u8; 4096]);
+    let conflict = store_file(&store, &key, &other).await;
+    assert!(
+        matches!(conflict, Err(WalArchiveError::Conflict { .. })),
+        "{conflict:?}"
+    );
+    let kept = bucket.object(&key).await.expect("the object");
+    assert_eq!(
+        zstd::decode_all(kept.as_slice()).expect("zstd"),
+        [7u8; 4096]
+    );
+
+    let owner = ArchiveOwner {
+        system_identifier: "7312345678901234567".into(),
+        cluster_uid: "uid-1".into(),
+        cluster: "ns/pg".into(),
+    };
+    claim(&store, "rules/", &owner).await.expect("claimed");
+    claim(&store, "rules/", &owner)
+        .await
+        .expect("claimed again");
+    let other_system = ArchiveOwner {
+        system_identifier: "7399999999999999999".into(),
+        ..owner.clone()
+    };
+    let refused = claim(&store, "rules/", &other_system).await;
+    assert!(
+        matches!(refused, Err(WalArchiveError::NotOurs { .. })),
+        "{refused:?}"
+    );
+    bucket.cleanup().await;
+}
+
+async fn primary_of(cluster: &TestCluster) -> String {
+    cluster
+        .current_primary()
+        .await
+        .expect("the cluster")
+        .expect("a primary")
+}
+
+async fn fixture_status(fixture: &Fixture) -> Option<pgkube_crds::PostgreSQLClusterStatus> {
+    fixture.cluster.get().await.ok()?.status
+}
+
+/// The `ContinuousArchiving` condition once its status is `status`.
+async fn wait_for_archiving(
+    cluster: &TestCluster,
+    status: &str,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    wait_until(
+        &format!("ContinuousArchiving {status}"),
+        ARCHIVED_WITHIN,
+        || async {
+            let found: PostgreSQLCluster = cluster.get().await?;
+            Ok(condition(&found, CONTINUOUS_ARCHIVING).filter(|c| c.status == status))
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error:#}"))
+}
