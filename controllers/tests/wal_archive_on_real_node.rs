@@ -238,6 +238,133 @@ async fn a_second_cluster_of_the_same_name_on_the_same_prefix_is_refused() {
     first.stop().await;
 }
 
+/// A switchover loses nothing from the archive: the old primary's finished segments are there,
+/// the new primary archives the old timeline's last segment as `.partial`, the new timeline's
+/// history file and its segments, and the status names it.
+#[tokio::test]
+async fn after_a_switchover_the_new_primary_archives_and_nothing_is_lost() {
+    let Some(running) = Running::start("wal-switchover", RESYNC).await else {
+        return;
+    };
+    let env = pgkube_testkit::testbed().expect("the test bed");
+    let bucket = TestBucket::create(&env, "wal-switchover").await;
+    create_s3_secret(
+        &running.client,
+        &env,
+        running.namespace.name(),
+        S3_SECRET,
+        None,
+    )
+    .await
+    .expect("S3 Secret");
+    let storage = test_storage(&env, bucket.name(), S3_SECRET);
+    let (cluster, old) = TestCluster::builder("pg")
+        .replicas(2)
+        .spec(|spec| spec.backup = Some(backup_config(storage, NEVER)))
+        .timeout(CLUSTER_TIMEOUT)
+        .start_healthy(&running.namespace, "SELECT 1", CLUSTER_TIMEOUT)
+        .await
+        .expect("a healthy cluster");
+    let sql = cluster.sql().await.expect("SQL");
+    finish_segments(&sql, 3).await.expect("segments");
+    let in_progress: String = sql
+        .query_one("SELECT pg_walfile_name(pg_current_wal_lsn())", &[])
+        .await
+        .expect("the current segment")
+        .get(0);
+    drop(sql);
+    wait_for_archiving(&cluster, "True").await;
+
+    let target = if old.ends_with("-0") {
+        old.replace("-0", "-1")
+    } else {
+        old.replace("-1", "-0")
+    };
+    cluster
+        .api()
+        .patch(
+            "pg",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({
+                "metadata": {"annotations": {"db.example.com/switchover-to": target}}
+            })),
+        )
+        .await
+        .expect("annotated");
+    cluster
+        .wait_healthy(Some(&target), CLUSTER_TIMEOUT)
+        .await
+        .expect("the switchover completes");
+    let sql = cluster.sql().await.expect("SQL on the new primary");
+    let last = finish_segments(&sql, 2).await.expect("segments");
+    assert!(last.starts_with("00000002"), "a new timeline: {last}");
+
+    let root = default_root(running.namespace.name());
+    let s3 = bucket.client();
+    let files = wait_until("the new timeline archived", ARCHIVED_WITHIN, || async {
+        let files = archived_files(&s3, bucket.name(), &root).await?;
+        Ok(files.contains(&last).then_some(files))
+    })
+    .await
+    .expect("the new primary archives");
+    // Where timeline 1 ended, as the archived history file says: `1<TAB>0/7000060<TAB>...`.
+    let history = bucket
+        .object(&format!("{root}00000002/00000002.history.zst"))
+        .await
+        .expect("the history file");
+    let history =
+        String::from_utf8(zstd::decode_all(history.as_slice()).expect("zstd")).expect("text");
+    let switch = switch_segment(&history).expect("a switch point");
+    assert!(switch >= segment_number(&in_progress).expect("a segment"));
+    let missing: Vec<String> = (1..switch)
+        .map(|number| segment_name(1, number))
+        .chain(["00000002.history".to_owned()])
+        .chain((switch..=segment_number(&last).expect("a segment")).map(|n| segment_name(2, n)))
+        .filter(|name| !files.contains(name))
+        .collect();
+    assert!(missing.is_empty(), "{missing:?} missing from {files:?}");
+    let old_timeline_end = segment_name(1, switch);
+    assert!(
+        files.contains(&old_timeline_end) || files.contains(&format!("{old_timeline_end}.partial")),
+        "the old timeline's last segment: {files:?}"
+    );
+    let found = wait_until(
+        "the status names the new primary",
+        ARCHIVED_WITHIN,
+        || async {
+            let found = cluster.get().await?;
+            let instance = found
+                .status
+                .as_ref()
+                .and_then(|s| s.wal_archiving.as_ref())
+                .and_then(|w| w.instance.clone());
+            Ok((instance.as_deref() == Some(target.as_str())).then_some(found))
+        },
+    )
+    .await
+    .expect("status.walArchiving.instance");
+    let archiving = condition(&found, CONTINUOUS_ARCHIVING).expect("the condition");
+    assert_eq!(archiving.status, "True", "{archiving:?}");
+    cluster
+        .delete(Duration::from_secs(120))
+        .await
+        .expect("cluster deleted");
+    running.stop().await;
+    bucket.cleanup().await;
+}
+
+/// The segment where the history file says timeline 1 ended.
+fn switch_segment(history: &str) -> Option<u64> {
+    let lsn = history
+        .lines()
+        .find(|l| l.starts_with('1'))?
+        .split('\t')
+        .nth(1)?;
+    let (high, low) = lsn.split_once('/')?;
+    let lsn = (u64::from_str_radix(high, 16).ok()? << 32) + u64::from_str_radix(low, 16).ok()?;
+    Some(lsn / (16 << 20))
+}
+
 /// The bucket-level rules every archiver relies on, against the real Garage: a file stored
 /// again with the same content is success, another content under its name is refused and the
 /// stored one kept, and an archive is claimed by one owner.
