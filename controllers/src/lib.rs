@@ -65,6 +65,9 @@ pub struct Settings {
     pub backup_pending_deadline: Duration,
     /// The backup Job's `activeDeadlineSeconds`: a backup still running after this fails.
     pub backup_active_deadline: Duration,
+    /// How long a backup Job may take to start its agent (its pod scheduled, its images pulled,
+    /// its Secrets mounted) before the backup fails and the Job is deleted.
+    pub backup_start_timeout: Duration,
     /// How long a restore may wait (Pending) for its backup, its cluster, or the cluster's
     /// other restores and running backup, before it fails.
     pub restore_pending_deadline: Duration,
@@ -92,6 +95,7 @@ impl Default for Settings {
             resync_interval: Duration::from_secs(300),
             backup_pending_deadline: Duration::from_secs(3600),
             backup_active_deadline: Duration::from_secs(6 * 3600),
+            backup_start_timeout: Duration::from_secs(300),
             restore_pending_deadline: Duration::from_secs(3600),
             restore_active_deadline: Duration::from_secs(6 * 3600),
             retention_interval: Duration::from_secs(3600),

@@ -150,6 +150,13 @@ pub struct RunArgs {
         value_parser = parse_duration)]
     pub backup_active_deadline: Duration,
 
+    /// How long a backup Job's pod may take to start (be scheduled, pull its images, mount its
+    /// Secrets) before the backup fails and its Job is deleted, so that the cluster's next
+    /// backups are not blocked. Why it waits shows in the backup's status meanwhile.
+    #[arg(long, env = "PGKUBE_BACKUP_START_TIMEOUT", default_value = "5m",
+        value_parser = parse_duration)]
+    pub backup_start_timeout: Duration,
+
     /// How long a restore may wait for its backup, its cluster (to exist, with a ready
     /// primary), or the cluster's other restores and running backup, before it fails.
     #[arg(long, env = "PGKUBE_RESTORE_PENDING_DEADLINE", default_value = "1h",
@@ -253,6 +260,7 @@ impl RunArgs {
             agent_image: self.agent_image.clone(),
             backup_pending_deadline: self.backup_pending_deadline,
             backup_active_deadline: self.backup_active_deadline,
+            backup_start_timeout: self.backup_start_timeout,
             restore_pending_deadline: self.restore_pending_deadline,
             restore_active_deadline: self.restore_active_deadline,
             otel_env: otel_env(std::env::vars()),
@@ -392,7 +400,9 @@ mod tests {
         );
         assert_eq!(args.shutdown_grace_period, Duration::from_secs(30));
         assert_eq!(args.log_format, LogFormat::Text);
-        assert!(args.settings().watch_namespaces.is_empty());
+        let settings = args.settings();
+        assert!(settings.watch_namespaces.is_empty());
+        assert_eq!(settings.backup_start_timeout, Duration::from_secs(300));
         assert_eq!(
             args.lease_timings(),
             Ok(LeaseTimings {
@@ -414,9 +424,12 @@ mod tests {
             "mirror.local/postgres",
             "--agent-image",
             "mirror.local/pgkube:1.2.3",
+            "--backup-start-timeout",
+            "90s",
         ])
         .expect("flags parse");
         let settings = args.settings();
+        assert_eq!(settings.backup_start_timeout, Duration::from_secs(90));
         assert_eq!(settings.watch_namespaces, ["team-a", "team-b"]);
         assert_eq!(settings.max_concurrent_reconciles, 9);
         assert_eq!(settings.postgres_image_repository, "mirror.local/postgres");

@@ -1,9 +1,13 @@
 //! Following a backup or restore Job to its end (pure): the Job's conditions say whether it ended, and
-//! the agent's result line in its pod's termination message says how.
+//! the agent's result line in its pod's termination message says how. Before that, its pod says
+//! whether the agent started ([`super::start`]).
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
 use serde::Deserialize;
+
+use super::start::{self, NotStarted};
 
 /// The agent's result line (`pgkube agent backup` and `restore` print it and write it to the
 /// termination message), the fields the controllers read.
@@ -39,7 +43,13 @@ impl AgentResult {
 /// Where a backup or restore Job stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum JobState {
-    /// Not finished yet.
+    /// Its pod has not started the agent yet, and why; `created` is when the Job was created,
+    /// which the start timeout counts from.
+    Starting {
+        why: NotStarted,
+        created: Option<Timestamp>,
+    },
+    /// The agent started and has not finished yet.
     Running,
     /// Succeeded; the agent's result, when it could be read.
     Succeeded(Option<Box<AgentResult>>),
@@ -79,7 +89,8 @@ pub fn has_ended(job: &Job) -> bool {
         })
 }
 
-/// The state of `job`, with its pods' termination messages for the details.
+/// The state of `job`, from its conditions and its pods: whether the agent started, and the
+/// termination messages for the details of its end.
 pub fn job_state(job: &Job, pods: &[Pod]) -> JobState {
     let conditions = job
         .status
@@ -104,7 +115,13 @@ pub fn job_state(job: &Job, pods: &[Pod]) -> JobState {
             termination_message(pods).as_deref(),
         ));
     }
-    JobState::Running
+    match start::not_started(pods) {
+        Some(why) => JobState::Starting {
+            why,
+            created: job.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        },
+        None => JobState::Running,
+    }
 }
 
 /// Why a Job failed: the agent's own message (and reason) when it wrote one, else the end of
@@ -209,8 +226,16 @@ mod tests {
     const COMPLETED: &str = r#"{"status":"Completed","backupName":"b1","manifestKey":"db/main/b1/manifest.json","manifestSha256":"ab12","postgresqlVersion":"15.14","startedAt":"2026-11-30T10:00:00Z","finishedAt":"2026-11-30T10:01:00Z","size":4242,"databaseCount":2}"#;
 
     #[test]
-    fn a_job_without_an_end_condition_is_running() {
-        assert_eq!(job_state(&job(None), &[]), JobState::Running);
+    fn a_job_without_an_end_condition_is_starting_then_running() {
+        let JobState::Starting { why, .. } = job_state(&job(None), &[]) else {
+            panic!("no pod yet: starting");
+        };
+        assert_eq!(why.reason, start::NO_POD);
+        let mut running = pod("");
+        if let Some(status) = running.status.as_mut() {
+            status.phase = Some("Running".to_owned());
+        }
+        assert_eq!(job_state(&job(None), &[running]), JobState::Running);
         assert!(!has_ended(&job(None)));
         assert!(has_ended(&job(Some(("Complete", "", "")))));
         assert!(has_ended(&job(Some(("Failed", "DeadlineExceeded", "")))));

@@ -5,7 +5,7 @@ use std::fmt::Debug;
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{ListParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Controller;
@@ -93,8 +93,10 @@ pub async fn create(
 }
 
 /// Where Job `name` stands; `None` when it does not exist. A GET, not a cache: a Job missing
-/// from a cache that lags would fail the backup or restore. Its pods are listed (for their
-/// termination messages) only once it has ended.
+/// from a cache that lags would fail the backup or restore. Its pods are listed for their
+/// termination messages once it has ended, and for whether the agent started while it has no
+/// ready pod; a pod that waits with nothing to say has its Events read too, where a kubelet
+/// puts a volume it cannot mount (a missing Secret).
 pub async fn state(
     client: &Client,
     namespace: &str,
@@ -107,7 +109,8 @@ pub async fn state(
     let Some(job) = found else {
         return Ok(None);
     };
-    if !follow::has_ended(&job) {
+    let ready = job.status.as_ref().and_then(|s| s.ready).unwrap_or(0);
+    if !follow::has_ended(&job) && ready > 0 {
         return Ok(Some(JobState::Running));
     }
     let selector = format!("batch.kubernetes.io/job-name={name}");
@@ -115,5 +118,30 @@ pub async fn state(
         .list(&ListParams::default().labels(&selector))
         .await
         .map_err(kube_error("list the pods of", name))?;
-    Ok(Some(follow::job_state(&job, &pods.items)))
+    match follow::job_state(&job, &pods.items) {
+        JobState::Starting { why, created } if why.may_hide_a_mount_failure() => {
+            let events = pod_events(client, namespace, why.pod.as_deref(), name).await?;
+            let why = why.or_mount_failure(&events);
+            Ok(Some(JobState::Starting { why, created }))
+        }
+        state => Ok(Some(state)),
+    }
+}
+
+/// The core Events about pod `pod` (where the kubelet reports on its volumes).
+async fn pod_events(
+    client: &Client,
+    namespace: &str,
+    pod: Option<&str>,
+    job: &str,
+) -> Result<Vec<Event>, JobError> {
+    let Some(pod) = pod else {
+        return Ok(Vec::new());
+    };
+    let fields = format!("involvedObject.kind=Pod,involvedObject.name={pod}");
+    Api::<Event>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().fields(&fields))
+        .await
+        .map(|list| list.items)
+        .map_err(kube_error("list the pod Events of", job))
 }

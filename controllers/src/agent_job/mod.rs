@@ -1,13 +1,16 @@
 //! The Jobs that run `pgkube agent backup` and `pgkube agent restore`: how they are built
-//! ([`build`], pure) how their end is read ([`follow`], pure), and the calls that create and read them. The backup and restore
-//! controllers share both, so the two kinds of Job stay alike.
+//! ([`build`], pure), whether their agent started ([`start`], pure), how their end is read
+//! ([`follow`], pure), and the calls that create and read them. The backup and restore
+//! controllers share them, so the two kinds of Job stay alike.
 
 pub mod build;
 pub mod follow;
 mod inputs;
 mod live;
+pub mod start;
 
 pub use build::{BACKUP_LABEL, JobInput, RESTORE_LABEL, Task, build, job_name, restore_job_name};
 pub use follow::{AgentResult, JobFailure, JobState, has_ended, job_state};
 pub use inputs::s3_sources;
 pub use live::{JobError, create, own_jobs, state};
+pub use start::{NotStarted, StartDeadline};

@@ -14,11 +14,14 @@
 //!    `backup.compression`, else zstd at the agent's default level), passed to the agent and
 //!    recorded in `status.compression`; a later change of the cluster's default does not touch
 //!    a backup that started.
-//! 3. **follow** ([`follow`]): when the Job completed, read the agent's result from its pod's
+//! 3. **follow** ([`follow`]): while the Job's pod has not started the agent, say why in the
+//!    status (the pod's waiting reason or scheduling condition) and give the Job up after the
+//!    start timeout ([`job_start`]). When the Job completed, read the agent's result from its pod's
 //!    termination message and [`verify`] the manifest and objects in storage; only then
 //!    Completed. When it failed (or passed its deadline): Failed with the pod's reason.
 //!
-//! Every phase ends: Pending has a deadline, the Job has `activeDeadlineSeconds`, and a Job
+//! Every phase ends: Pending has a deadline, a Job has the start timeout to start its agent
+//! and `activeDeadlineSeconds` to end, and a Job
 //! that disappears before it ended fails the backup (unless its manifest is in storage and
 //! checks out).
 //!
@@ -37,6 +40,7 @@
 pub(crate) mod access;
 pub mod decide;
 pub mod holds;
+pub mod job_start;
 mod ownership;
 mod remove;
 pub mod retention_pass;
@@ -358,7 +362,8 @@ async fn start(
         job: name,
     };
     status::write(context, backup, running).await?;
-    Ok(Action::requeue(FOLLOW_REQUEUE))
+    // Soon: whether its pod starts is seen by looking (see `job_start`).
+    Ok(Action::requeue(WAIT_REQUEUE))
 }
 
 /// Follows the Job of a running backup to its end.
@@ -381,12 +386,19 @@ async fn follow_job(
         )))
     });
     match state {
+        JobState::Starting { why, created } => {
+            job_start::follow(context, backup, namespace, &name, &why, created).await
+        }
         JobState::Running => {
             if let Some(reason) = interruption(context, backup, namespace).await? {
                 remove::stop_job(context, namespace, &name).await?;
                 status::write(context, backup, Change::Failed(reason)).await?;
                 return Ok(Action::await_change());
             }
+            // A pod that waited before says now that it runs.
+            let running =
+                decide::Reason::new(status::RUNNING_REASON, status::running_message(&name));
+            status::write(context, backup, Change::Progress(running)).await?;
             Ok(Action::requeue(FOLLOW_REQUEUE))
         }
         JobState::Succeeded(result) => {

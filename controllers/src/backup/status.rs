@@ -15,6 +15,13 @@ use super::{BackupContext, Error, cluster_labels, ended, patch_status};
 
 /// Type of the backup's one condition: True once Completed.
 pub const COMPLETED_CONDITION: &str = "Completed";
+/// Condition reason of a backup whose Job runs.
+pub const RUNNING_REASON: &str = "Running";
+
+/// The message of a backup whose Job runs.
+pub fn running_message(job: &str) -> String {
+    format!("backup Job {job} is running")
+}
 
 /// What happened to the backup.
 pub enum Change {
@@ -27,6 +34,9 @@ pub enum Change {
         compression: BackupCompression,
         job: String,
     },
+    /// The Job exists and has not ended: whether its agent started, or why not (see
+    /// `job_start`). Only the message and the condition change.
+    Progress(Reason),
     Completed(Verified),
     Failed(Reason),
 }
@@ -75,9 +85,10 @@ pub fn next_status(
             status.compression = Some(compression);
             status.job_name = Some(job.clone());
             status.start_time = Some(Time(now));
-            let message = format!("backup Job {job} is running");
-            (BackupPhase::Running, "False", "Running", message)
+            let message = running_message(&job);
+            (BackupPhase::Running, "False", RUNNING_REASON, message)
         }
+        Change::Progress(reason) => (BackupPhase::Running, "False", reason.reason, reason.message),
         Change::Completed(verified) => {
             status.object_key = Some(verified.manifest_key.clone());
             status.size_bytes = Some(i64::try_from(verified.size).unwrap_or(i64::MAX));
@@ -147,7 +158,8 @@ async fn publish_event(
         .first()
         .map(|c| c.reason.clone())
         .unwrap_or_default();
-    let warning = status.phase == Some(BackupPhase::Failed);
+    let warning =
+        status.phase == Some(BackupPhase::Failed) || reason == super::job_start::NOT_STARTED_REASON;
     let note = status.message.clone().unwrap_or_default();
     let reference = backup.object_ref(&());
     crate::publish_event(

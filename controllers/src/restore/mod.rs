@@ -426,7 +426,10 @@ async fn follow_job(
         .and_then(|s| s.job_name.clone())
         .unwrap_or_else(|| job::restore_job_name(&restore.name_any()));
     let change = match job::state(&context.base.client, namespace, &name).await? {
-        Some(JobState::Running) => return Ok(Action::requeue(FOLLOW_REQUEUE)),
+        // A restore Job that cannot start runs into its activeDeadlineSeconds (see docs/backup.md).
+        Some(JobState::Running | JobState::Starting { .. }) => {
+            return Ok(Action::requeue(FOLLOW_REQUEUE));
+        }
         Some(JobState::Succeeded(Some(result))) if result.status == "Completed" => {
             Change::Completed(result)
         }
