@@ -16,7 +16,7 @@ mod lean;
 pub mod metrics;
 pub mod names;
 pub mod pod;
-mod quantity;
+pub mod quantity;
 pub mod restore;
 pub mod retention;
 mod retries;
@@ -68,6 +68,8 @@ pub struct Settings {
     /// How long a backup Job may take to start its agent (its pod scheduled, its images pulled,
     /// its Secrets mounted) before the backup fails and the Job is deleted.
     pub backup_start_timeout: Duration,
+    /// Resource requests and limits of the backup and restore Jobs' agent container.
+    pub agent_resources: k8s_openapi::api::core::v1::ResourceRequirements,
     /// How long a restore may wait (Pending) for its backup, its cluster, or the cluster's
     /// other restores and running backup, before it fails.
     pub restore_pending_deadline: Duration,
@@ -96,6 +98,7 @@ impl Default for Settings {
             backup_pending_deadline: Duration::from_secs(3600),
             backup_active_deadline: Duration::from_secs(6 * 3600),
             backup_start_timeout: Duration::from_secs(300),
+            agent_resources: k8s_openapi::api::core::v1::ResourceRequirements::default(),
             restore_pending_deadline: Duration::from_secs(3600),
             restore_active_deadline: Duration::from_secs(6 * 3600),
             retention_interval: Duration::from_secs(3600),

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, ValueEnum};
 
+mod agent_resources;
+
 /// Where a pod finds its own namespace (mounted by Kubernetes with the service account token).
 pub const SERVICE_ACCOUNT_NAMESPACE_FILE: &str =
     "/var/run/secrets/kubernetes.io/serviceaccount/namespace";
@@ -157,6 +159,9 @@ pub struct RunArgs {
         value_parser = parse_duration)]
     pub backup_start_timeout: Duration,
 
+    #[command(flatten)]
+    pub agent: agent_resources::AgentResourceArgs,
+
     /// How long a restore may wait for its backup, its cluster (to exist, with a ready
     /// primary), or the cluster's other restores and running backup, before it fails.
     #[arg(long, env = "PGKUBE_RESTORE_PENDING_DEADLINE", default_value = "1h",
@@ -225,6 +230,14 @@ pub enum ArgsError {
         "--leader-elect-retry-period must be at least 100ms and shorter than the lease duration"
     )]
     RetryPeriodOutOfRange,
+    #[error(
+        "--agent-{resource}-request ({request}) must not be above --agent-{resource}-limit ({limit})"
+    )]
+    AgentRequestAboveLimit {
+        resource: &'static str,
+        request: String,
+        limit: String,
+    },
 }
 
 impl RunArgs {
@@ -246,9 +259,9 @@ impl RunArgs {
         })
     }
 
-    /// The controllers' settings.
-    pub fn settings(&self) -> pgkube_controllers::Settings {
-        pgkube_controllers::Settings {
+    /// The controllers' settings, checked for consistency.
+    pub fn settings(&self) -> Result<pgkube_controllers::Settings, ArgsError> {
+        Ok(pgkube_controllers::Settings {
             watch_namespaces: self
                 .watch_namespaces
                 .iter()
@@ -261,11 +274,12 @@ impl RunArgs {
             backup_pending_deadline: self.backup_pending_deadline,
             backup_active_deadline: self.backup_active_deadline,
             backup_start_timeout: self.backup_start_timeout,
+            agent_resources: self.agent.requirements()?,
             restore_pending_deadline: self.restore_pending_deadline,
             restore_active_deadline: self.restore_active_deadline,
             otel_env: otel_env(std::env::vars()),
             ..pgkube_controllers::Settings::default()
-        }
+        })
     }
 }
 
@@ -379,7 +393,7 @@ mod tests {
         run: RunArgs,
     }
 
-    fn parse(args: &[&str]) -> Result<RunArgs, clap::Error> {
+    pub(super) fn parse(args: &[&str]) -> Result<RunArgs, clap::Error> {
         let argv = std::iter::once("pgkube-run").chain(args.iter().copied());
         TestCli::try_parse_from(argv).map(|cli| cli.run)
     }
@@ -400,7 +414,7 @@ mod tests {
         );
         assert_eq!(args.shutdown_grace_period, Duration::from_secs(30));
         assert_eq!(args.log_format, LogFormat::Text);
-        let settings = args.settings();
+        let settings = args.settings().expect("consistent defaults");
         assert!(settings.watch_namespaces.is_empty());
         assert_eq!(settings.backup_start_timeout, Duration::from_secs(300));
         assert_eq!(
@@ -426,10 +440,14 @@ mod tests {
             "mirror.local/pgkube:1.2.3",
             "--backup-start-timeout",
             "90s",
+            "--agent-memory-limit",
+            "4Gi",
         ])
         .expect("flags parse");
-        let settings = args.settings();
+        let settings = args.settings().expect("consistent flags");
         assert_eq!(settings.backup_start_timeout, Duration::from_secs(90));
+        let limits = settings.agent_resources.limits.clone().unwrap_or_default();
+        assert_eq!(limits.get("memory").map(|q| q.0.as_str()), Some("4Gi"));
         assert_eq!(settings.watch_namespaces, ["team-a", "team-b"]);
         assert_eq!(settings.max_concurrent_reconciles, 9);
         assert_eq!(settings.postgres_image_repository, "mirror.local/postgres");

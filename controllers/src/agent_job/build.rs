@@ -16,7 +16,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
-use k8s_openapi::api::core::v1::{Container, PodSecurityContext, PodSpec, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{
+    Container, PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 use pgkube_crds::{
@@ -178,6 +180,10 @@ pub struct JobInput<'a> {
     /// The manager's own `OTEL_*` variables, passed on so that the agent exports where the
     /// manager does.
     pub otel_env: &'a [(String, String)],
+    /// Requests and limits of the agent's container (and of the init container that installs
+    /// it, so that a quota that wants them on every container admits the pod; an init
+    /// container's needs do not add to the pod's). Empty: none, the namespace's defaults apply.
+    pub resources: &'a ResourceRequirements,
 }
 
 /// A backup Job's name: `<backup>-backup`, a DNS label (its pods carry it in the `job-name`
@@ -206,13 +212,16 @@ pub fn build(input: &JobInput<'_>) -> Job {
         }),
         // The Job's pods need no API access.
         automount_service_account_token: Some(false),
-        init_containers: Some(vec![install_pgkube_container(
-            "install-agent",
-            input.agent_image,
-            AGENT_VOLUME,
-            AGENT_MOUNT,
-            AGENT,
-        )]),
+        init_containers: Some(vec![Container {
+            resources: resources(input),
+            ..install_pgkube_container(
+                "install-agent",
+                input.agent_image,
+                AGENT_VOLUME,
+                AGENT_MOUNT,
+                AGENT,
+            )
+        }]),
         containers: vec![agent_container(input)],
         volumes: Some(inputs::volumes(input)),
         ..PodSpec::default()
@@ -283,6 +292,7 @@ fn agent_container(input: &JobInput<'_>) -> Container {
         env: Some(inputs::agent_env(input)),
         termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
         security_context: Some(restricted_security_context()),
+        resources: resources(input),
         volume_mounts: Some(vec![
             mount(AGENT_VOLUME, AGENT_MOUNT, true),
             mount(SUPERUSER_VOLUME, SUPERUSER_MOUNT, true),
@@ -290,6 +300,13 @@ fn agent_container(input: &JobInput<'_>) -> Container {
         ]),
         ..Container::default()
     }
+}
+
+/// The containers' resources, or none when no request or limit is set.
+fn resources(input: &JobInput<'_>) -> Option<ResourceRequirements> {
+    let set = |map: &Option<BTreeMap<String, _>>| map.as_ref().is_some_and(|m| !m.is_empty());
+    let resources = input.resources;
+    (set(&resources.requests) || set(&resources.limits)).then(|| resources.clone())
 }
 
 #[cfg(test)]

@@ -344,6 +344,7 @@ async fn start(
             active_deadline: settings.restore_active_deadline,
             trace_parent: crate::trace_parent(&Span::current()),
             otel_env: &settings.otel_env,
+            resources: &settings.agent_resources,
         })
     });
     let name = desired.name_any();

@@ -64,6 +64,10 @@ fn job() -> Job {
 }
 
 fn job_compressed(compression: BackupCompression) -> Job {
+    job_with(compression, &ResourceRequirements::default())
+}
+
+fn job_with(compression: BackupCompression, resources: &ResourceRequirements) -> Job {
     let (backup, cluster, storage) = (backup(), cluster(), storage());
     let otel = [(
         "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
@@ -82,6 +86,7 @@ fn job_compressed(compression: BackupCompression) -> Job {
         active_deadline: Duration::from_secs(3600),
         trace_parent: Some("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned()),
         otel_env: &otel,
+        resources,
     })
 }
 
@@ -308,6 +313,7 @@ fn a_restore_job_runs_agent_restore_with_what_to_restore_owned_by_the_restore() 
         active_deadline: Duration::from_secs(7200),
         trace_parent: None,
         otel_env: &[],
+        resources: &ResourceRequirements::default(),
     });
     assert_eq!(job.metadata.name.as_deref(), Some("undo-restore"));
     let owner = &job.metadata.owner_references.as_ref().expect("owner")[0];
@@ -372,6 +378,7 @@ fn restore_arguments(target: Option<&str>) -> Vec<String> {
         active_deadline: Duration::from_secs(7200),
         trace_parent: None,
         otel_env: &[],
+        resources: &ResourceRequirements::default(),
     });
     let pod = job.spec.expect("spec").template.spec.expect("pod");
     pod.containers[0].args.clone().unwrap_or_default()
@@ -389,4 +396,37 @@ fn a_restore_job_expects_the_system_identifier_its_restore_recorded() {
     );
     // Any: the user accepted any database, the agent checks none.
     assert_eq!(restore_arguments(Some("Any")), ["--drop-existing"]);
+}
+
+#[test]
+fn the_agents_containers_get_the_resources_asked_for_and_none_when_none_are() {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let quantities = |pairs: &[(&str, &str)]| {
+        Some(
+            pairs
+                .iter()
+                .map(|(name, value)| ((*name).to_owned(), Quantity((*value).to_owned())))
+                .collect::<BTreeMap<_, _>>(),
+        )
+    };
+    let resources = ResourceRequirements {
+        requests: quantities(&[("cpu", "100m"), ("memory", "256Mi")]),
+        limits: quantities(&[("memory", "1Gi")]),
+        ..ResourceRequirements::default()
+    };
+    let pod_of = |job: Job| job.spec.and_then(|spec| spec.template.spec).expect("pod");
+    let pod = pod_of(job_with(BackupCompression::default(), &resources));
+    assert_eq!(pod.containers[0].resources.as_ref(), Some(&resources));
+    let init = &pod.init_containers.expect("init containers")[0];
+    assert_eq!(init.name, "install-agent");
+    assert_eq!(init.resources.as_ref(), Some(&resources));
+
+    let pod = pod_of(job());
+    assert_eq!(pod.containers[0].resources, None);
+    let empty = ResourceRequirements {
+        requests: Some(BTreeMap::new()),
+        ..ResourceRequirements::default()
+    };
+    let pod = pod_of(job_with(BackupCompression::default(), &empty));
+    assert_eq!(pod.containers[0].resources, None, "an empty map is none");
 }
