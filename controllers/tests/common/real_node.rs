@@ -42,7 +42,23 @@ impl Fixture {
 
     /// [`Fixture::start`], with `change` applied to the cluster's backup storage.
     pub async fn start_with(prefix: &str, change: impl FnOnce(&mut S3Storage)) -> Option<Fixture> {
-        let running = Running::start(prefix, RESYNC).await?;
+        Self::start_configured(prefix, |_| {}, change).await
+    }
+
+    /// [`Fixture::start`], with `change` applied to the controllers' settings.
+    pub async fn start_with_settings(
+        prefix: &str,
+        change: impl FnOnce(&mut pgkube_controllers::Settings),
+    ) -> Option<Fixture> {
+        Self::start_configured(prefix, change, |_| {}).await
+    }
+
+    async fn start_configured(
+        prefix: &str,
+        settings: impl FnOnce(&mut pgkube_controllers::Settings),
+        change: impl FnOnce(&mut S3Storage),
+    ) -> Option<Fixture> {
+        let running = Running::start_with(prefix, RESYNC, settings).await?;
         let env = pgkube_testkit::testbed()?;
         let bucket = TestBucket::create(&env, "backups").await;
         create_s3_secret(
