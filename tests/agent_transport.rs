@@ -8,7 +8,8 @@
 //!   can be checked here is that every write that creates an object carries them and no part
 //!   upload does (AWS refuses SSE headers on UploadPart).
 //! - A part upload that breaks half way: the backup must send the part again and complete, or,
-//!   with retries turned off, fail without a manifest and without an open multipart upload.
+//!   with retries turned off, fail without a manifest and without an open multipart upload; a
+//!   part that still fails after the client's own attempts is sent again seconds later.
 //! - Downloads that break half way: a restore must resume them from where they broke, in the
 //!   verification pass and while `pg_restore` is reading, and still restore the exact data.
 
@@ -196,6 +197,8 @@ async fn a_part_upload_that_breaks_half_way_is_sent_again() {
                 "5",
                 "--s3-max-attempts",
                 "1",
+                "--s3-part-retries",
+                "0",
             ],
         )
         .await;
@@ -244,6 +247,54 @@ async fn a_part_upload_that_breaks_half_way_is_sent_again() {
             .is_empty()
     );
 
+    scratch.cleanup().await;
+}
+
+/// The client's own attempts used up (one here), a part that broke is sent again after the first
+/// of the agent's waits (5 s), and the backup completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_part_that_fails_after_the_clients_attempts_is_sent_again_later() {
+    let Some(env) = testbed() else { return };
+    let scratch = Scratch::create(&env, "part-later").await;
+    let (bucket, database, work) = (&scratch.bucket, &scratch.database, &scratch.work);
+    fill_notes(&database.connect().await, 400_000).await;
+    let second_part = "x-id=UploadPart&partNumber=2&";
+    let proxy = Proxy::cutting(
+        &env.s3_endpoint,
+        Cut {
+            method: "PUT",
+            path_contains: second_part.to_string(),
+            after_bytes: 1_000_000,
+            ranged_too: false,
+            times: 1,
+        },
+    )
+    .await;
+    let mut agent = Agent::new(&env, bucket.name(), "later", work);
+    agent.s3_endpoint = proxy.endpoint.clone();
+    let started = std::time::Instant::now();
+    let backup = agent
+        .backup(
+            "later-1",
+            &[
+                "--database",
+                database.name(),
+                "--part-size-mib",
+                "5",
+                "--s3-max-attempts",
+                "1",
+            ],
+        )
+        .await;
+    backup.assert_completed();
+    assert_eq!(proxy.cuts(), 1);
+    assert_eq!(proxy.request_heads(second_part).len(), 2, "sent again once");
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(5),
+        "after the agent's first wait"
+    );
+    let s3 = bucket.client();
+    assert!(object_exists(&s3, bucket.name(), &agent.key("later-1", "manifest.json")).await);
     scratch.cleanup().await;
 }
 

@@ -74,6 +74,7 @@ mod report;
 mod restore;
 pub mod storage;
 mod target;
+mod transient;
 pub mod zstd_stream;
 
 use std::path::PathBuf;

@@ -8,12 +8,18 @@
 //! memory is allocated once per backup and part size, not once per part. The SHA-256 and the
 //! byte count are computed on the fly, in stream order.
 //!
+//! A part whose upload still fails with a transient error after the SDK's retries is sent again a
+//! few times, further apart ([`super::transient`]).
+//!
 //! The caller decides whether the upload is kept: [`MultipartUpload::send`] only uploads parts,
 //! [`MultipartUpload::complete`] makes the object visible and checks its stored size, and
 //! [`MultipartUpload::abort`] discards every uploaded part. That split lets the backup wait for
 //! `pg_dump`'s exit status before completing: a dump that died mid-stream looks like a clean end
 //! of file to the reader.
 
+use aws_sdk_s3::config::http::HttpResponse;
+use aws_sdk_s3::error::SdkError;
+use aws_sdk_s3::operation::upload_part::{UploadPartError, UploadPartOutput};
 use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart};
 use bytes::{BufMut, Bytes, BytesMut};
@@ -25,6 +31,7 @@ use tracing::{debug, warn};
 use super::error::AgentError;
 use super::part_size::{MAX_PARTS, PartSizes};
 use super::storage::{Store, s3_error};
+use super::transient;
 
 pub use super::part_size::MIN_PART_SIZE;
 
@@ -348,23 +355,16 @@ async fn upload_part(
     data: Bytes,
 ) -> Result<(CompletedPart, Bytes), AgentError> {
     let length = data.len();
-    // A `Bytes` body can be replayed, so the SDK's retries resend the part as is.
-    let request = store
-        .s3
-        .client
-        .upload_part()
-        .bucket(&store.s3.name)
-        .key(&key)
-        .upload_id(&upload_id)
-        .part_number(part_number)
-        .content_length(i64::try_from(length).unwrap_or(i64::MAX))
-        .body(ByteStream::from(data.clone()));
-    let sent = if store.s3.sign_payloads {
-        request.send().await
-    } else {
-        request.customize().disable_payload_signing().send().await
-    };
-    let uploaded = sent.map_err(|error| s3_error("UploadPart", &key, error))?;
+    // Beyond the SDK's retries: a part lost to a store outage of a minute would fail the whole
+    // backup (see `transient`).
+    let uploaded = transient::retried(
+        "UploadPart",
+        transient::part_waits(store.part_retries),
+        transient::is_transient,
+        || send_part(&store, &key, &upload_id, part_number, &data),
+    )
+    .await
+    .map_err(|error| s3_error("UploadPart", &key, error))?;
     debug!(%key, part_number, length, "part uploaded");
     let part = CompletedPart::builder()
         .part_number(part_number)
@@ -372,6 +372,32 @@ async fn upload_part(
         .build();
     // The request, and with it the SDK's copy of the body, is gone: hand the buffer back.
     Ok((part, data))
+}
+
+/// One UploadPart request (with the SDK's own retries).
+async fn send_part(
+    store: &Store,
+    key: &str,
+    upload_id: &str,
+    part_number: i32,
+    data: &Bytes,
+) -> Result<UploadPartOutput, SdkError<UploadPartError, HttpResponse>> {
+    // A `Bytes` body can be replayed, so the SDK's retries resend the part as is.
+    let request = store
+        .s3
+        .client
+        .upload_part()
+        .bucket(&store.s3.name)
+        .key(key)
+        .upload_id(upload_id)
+        .part_number(part_number)
+        .content_length(i64::try_from(data.len()).unwrap_or(i64::MAX))
+        .body(ByteStream::from(data.clone()));
+    if store.s3.sign_payloads {
+        request.send().await
+    } else {
+        request.customize().disable_payload_signing().send().await
+    }
 }
 
 #[cfg(test)]

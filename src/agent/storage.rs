@@ -86,6 +86,12 @@ pub struct S3Args {
         default_value_t = 6
     )]
     pub max_attempts: u32,
+
+    /// Extra attempts of a multipart part that still fails with a transient error after the
+    /// client's own attempts: after 5, then 15, then 40 s (0 to 3).
+    #[arg(long = "s3-part-retries", env = "PGKUBE_S3_PART_RETRIES", default_value_t = 3,
+        value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub part_retries: u8,
 }
 
 impl S3Args {
@@ -136,21 +142,29 @@ pub struct Store {
     /// The shared client and the bucket.
     pub s3: S3Bucket,
     pub keys: BackupKeys,
+    /// Extra attempts of a part after a transient error (see `transient`).
+    pub part_retries: usize,
 }
 
 impl Store {
     /// Builds the client and validates the settings. Makes no request.
     pub async fn connect(args: &S3Args, keys: BackupKeys) -> Result<Self, AgentError> {
         let s3 = S3Bucket::connect(&args.options()?).await?;
-        Ok(Self { s3, keys })
+        Ok(Self {
+            s3,
+            keys,
+            part_retries: usize::from(args.part_retries),
+        })
     }
 
     /// A store over a ready client (for tests that bring their own, such as the test bed's):
-    /// no server-side encryption, signed payloads, 3 attempts per request.
+    /// no server-side encryption, signed payloads, 3 attempts per request, 3 extra ones per
+    /// part.
     pub fn with_client(client: Client, bucket: &str, keys: BackupKeys) -> Self {
         Self {
             s3: S3Bucket::with_client(client, bucket),
             keys,
+            part_retries: super::transient::PART_RETRY_WAITS.len(),
         }
     }
 
@@ -175,6 +189,7 @@ mod tests {
             server_side_encryption: None,
             sse_kms_key_id: None,
             max_attempts: 3,
+            part_retries: 3,
         }
     }
 
