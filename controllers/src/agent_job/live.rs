@@ -6,6 +6,7 @@ use std::fmt::Debug;
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Pod};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Controller;
@@ -95,8 +96,8 @@ pub async fn create(
 /// Where Job `name` stands; `None` when it does not exist. A GET, not a cache: a Job missing
 /// from a cache that lags would fail the backup or restore. Its pods are listed for their
 /// termination messages once it has ended, and for whether the agent started while it has no
-/// ready pod; a pod that waits with nothing to say has its Events read too, where a kubelet
-/// puts a volume it cannot mount (a missing Secret).
+/// ready pod; a pod that has waited 30 s with nothing to say has its Events read too, where a
+/// kubelet puts a volume it cannot mount (a missing Secret).
 pub async fn state(
     client: &Client,
     namespace: &str,
@@ -119,7 +120,7 @@ pub async fn state(
         .await
         .map_err(kube_error("list the pods of", name))?;
     match follow::job_state(&job, &pods.items) {
-        JobState::Starting { why, created } if why.may_hide_a_mount_failure() => {
+        JobState::Starting { why, created } if why.may_hide_a_mount_failure(Timestamp::now()) => {
             let events = pod_events(client, namespace, why.pod.as_deref(), name).await?;
             let why = why.or_mount_failure(&events);
             Ok(Some(JobState::Starting { why, created }))

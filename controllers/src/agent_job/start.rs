@@ -4,7 +4,7 @@
 //! fits) leaves the Job active with no end in sight: the Job controller counts it as active until
 //! `activeDeadlineSeconds`, hours later. The pod says why: its `PodScheduled` condition, its
 //! containers' waiting reasons, or (a volume the kubelet cannot mount) a `FailedMount` Event while
-//! the containers show `ContainerCreating` with no message. The controllers show that reason at
+//! the containers have shown `ContainerCreating` with no message for half a minute. The controllers show that reason at
 //! once, and give the Job up once it has not started within the start timeout ([`deadline`]).
 
 use std::time::Duration;
@@ -20,6 +20,10 @@ const PROGRESS_REASONS: [&str; 3] = ["ContainerCreating", "PodInitializing", NO_
 pub const NO_POD: &str = "PodNotCreated";
 /// Reasons of the kubelet's Warning Events about a volume it cannot set up for the pod.
 const MOUNT_FAILURE_REASONS: [&str; 2] = ["FailedMount", "FailedAttachVolume"];
+/// How long a pod may show `ContainerCreating` with nothing to say before its Events are read:
+/// volumes are normally set up within seconds, and a look at every start would cost a request
+/// per backup for nothing.
+const MOUNT_GRACE: Duration = Duration::from_secs(30);
 
 /// Why a Job's agent has not started yet.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,14 +35,17 @@ pub struct NotStarted {
     pub reason: String,
     /// What Kubernetes said with it; may be empty.
     pub message: String,
+    /// When the pod was created.
+    pub pod_created: Option<Timestamp>,
 }
 
 impl NotStarted {
-    fn new(pod: Option<&str>, reason: &str, message: Option<&str>) -> Self {
+    fn new(pod: Option<&Pod>, reason: &str, message: Option<&str>) -> Self {
         Self {
-            pod: pod.map(str::to_owned),
+            pod: pod.and_then(|pod| pod.metadata.name.clone()),
             reason: reason.to_owned(),
             message: message.map(str::trim).unwrap_or_default().to_owned(),
+            pod_created: pod.and_then(|pod| Some(pod.metadata.creation_timestamp.as_ref()?.0)),
         }
     }
 
@@ -49,8 +56,13 @@ impl NotStarted {
 
     /// Whether the pod's Events may tell more: a kubelet retrying a mount shows only
     /// `ContainerCreating` (or `PodInitializing`) in the pod and puts the failure in an Event.
-    pub fn may_hide_a_mount_failure(&self) -> bool {
-        self.pod.is_some() && !self.is_trouble()
+    /// Asked only once the pod has waited so for [`MOUNT_GRACE`].
+    pub fn may_hide_a_mount_failure(&self, now: Timestamp) -> bool {
+        let waited = self.pod_created.is_some_and(|created| {
+            now.as_second().saturating_sub(created.as_second())
+                >= i64::try_from(MOUNT_GRACE.as_secs()).unwrap_or(i64::MAX)
+        });
+        self.pod.is_some() && !self.is_trouble() && waited
     }
 
     /// This, or the mount failure of `events` when there is one (see [`mount_failure`]).
@@ -99,7 +111,7 @@ pub fn not_started(pods: &[Pod]) -> Option<NotStarted> {
 /// containers first) that waits for a reason other than progress, else the first that waits at
 /// all; `None` when the pod runs or ended.
 fn pod_not_started(pod: &Pod) -> Option<NotStarted> {
-    let name = pod.metadata.name.as_deref();
+    let this = Some(pod);
     let status = pod.status.as_ref();
     let phase = status.and_then(|s| s.phase.as_deref()).unwrap_or("Pending");
     if phase != "Pending" {
@@ -114,7 +126,7 @@ fn pod_not_started(pod: &Pod) -> Option<NotStarted> {
         });
     if let Some(condition) = unscheduled {
         let reason = condition.reason.as_deref().unwrap_or("Unschedulable");
-        return Some(NotStarted::new(name, reason, condition.message.as_deref()));
+        return Some(NotStarted::new(this, reason, condition.message.as_deref()));
     }
     let statuses: Vec<&ContainerStatus> = status
         .into_iter()
@@ -128,13 +140,13 @@ fn pod_not_started(pod: &Pod) -> Option<NotStarted> {
         .filter_map(|s| s.state.as_ref()?.waiting.as_ref())
         .map(|w| {
             let reason = w.reason.as_deref().unwrap_or("ContainerCreating");
-            NotStarted::new(name, reason, w.message.as_deref())
+            NotStarted::new(this, reason, w.message.as_deref())
         })
         .collect();
     let first_trouble = waiting.iter().find(|w| w.is_trouble()).cloned();
     first_trouble
         .or_else(|| waiting.into_iter().next())
-        .or_else(|| Some(NotStarted::new(name, "ContainerCreating", None)))
+        .or_else(|| Some(NotStarted::new(this, "ContainerCreating", None)))
 }
 
 /// The newest Warning Event about a volume the kubelet cannot set up, as its reason and message.

@@ -116,6 +116,7 @@ mod tests {
             pod: Some("b1-backup-x7k2p".to_owned()),
             reason: reason.to_owned(),
             message: message.to_owned(),
+            pod_created: Some(at(0)),
         }
     }
 

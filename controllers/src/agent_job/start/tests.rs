@@ -31,7 +31,10 @@ fn a_job_without_a_pod_has_not_started_but_is_not_trouble_yet() {
     let why = not_started(&[]).expect("not started");
     assert_eq!((why.pod.as_deref(), why.reason.as_str()), (None, NO_POD));
     assert!(!why.is_trouble());
-    assert!(!why.may_hide_a_mount_failure(), "no pod, no Events to read");
+    assert!(
+        !why.may_hide_a_mount_failure(at(600)),
+        "no pod, no Events to read"
+    );
     assert_eq!(why.describe(), "PodNotCreated: the Job has no pod yet");
 }
 
@@ -86,7 +89,11 @@ fn a_pod_on_its_way_is_not_trouble_but_may_hide_a_mount_failure() {
     let why = not_started(std::slice::from_ref(&creating)).expect("not started");
     assert_eq!(why.reason, "PodInitializing");
     assert!(!why.is_trouble());
-    assert!(why.may_hide_a_mount_failure());
+    assert!(
+        !why.may_hide_a_mount_failure(at(20)),
+        "volumes take a few seconds"
+    );
+    assert!(why.may_hide_a_mount_failure(at(30)));
 
     let event = |reason: &str, type_: &str, second: i64, message: &str| Event {
         type_: Some(type_.to_owned()),
@@ -122,7 +129,7 @@ fn a_pod_on_its_way_is_not_trouble_but_may_hide_a_mount_failure() {
     }));
     let why = not_started(&[with_message]).expect("not started");
     assert!(why.is_trouble());
-    assert!(!why.may_hide_a_mount_failure());
+    assert!(!why.may_hide_a_mount_failure(at(600)));
 }
 
 #[test]
