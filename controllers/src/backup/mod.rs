@@ -16,14 +16,13 @@
 //!    a backup that started.
 //! 3. **follow** ([`follow`]): while the Job's pod has not started the agent, say why in the
 //!    status (the pod's waiting reason or scheduling condition) and give the Job up after the
-//!    start timeout ([`job_start`]). When the Job completed, read the agent's result from its pod's
-//!    termination message and [`verify`] the manifest and objects in storage; only then
+//!    start timeout ([`job_start`]). When the Job completed, read the agent's result from its
+//!    pod's termination message and [`verify`] the manifest and objects in storage; only then
 //!    Completed. When it failed (or passed its deadline): Failed with the pod's reason.
 //!
-//! Every phase ends: Pending has a deadline, a Job has the start timeout to start its agent
-//! and `activeDeadlineSeconds` to end, and a Job
-//! that disappears before it ended fails the backup (unless its manifest is in storage and
-//! checks out).
+//! Every phase ends: Pending has a deadline, a Job has the start timeout to start its agent and
+//! `activeDeadlineSeconds` to end, and a Job that disappears before it ended fails the backup
+//! (unless its manifest is in storage and checks out).
 //!
 //! After each completed backup, and every hour, a retention pass ([`retention_pass`]) prunes the
 //! cluster's expired backups, except those that unfinished restores read ([`holds`]).

@@ -266,6 +266,40 @@ mod tests {
     }
 
     #[test]
+    fn progress_changes_only_the_message_and_the_condition() {
+        let running = next_status(
+            &PostgreSQLBackupStatus::default(),
+            Change::Running {
+                storage: Box::default(),
+                manifest_key: "db/main/c/b1/u/manifest.json".to_owned(),
+                compression: gzip_3(),
+                job: "b1-backup".to_owned(),
+            },
+            at(0),
+        );
+        let not_started = Reason::new("JobNotStarted", "pod b1-backup-x waits: ErrImagePull");
+        let waiting = next_status(&running, Change::Progress(not_started), at(20));
+        assert_eq!(waiting.phase, Some(BackupPhase::Running));
+        assert_eq!(waiting.start_time, running.start_time);
+        assert_eq!(waiting.job_name, running.job_name);
+        assert_eq!(waiting.object_key, running.object_key);
+        assert_eq!(
+            waiting.message.as_deref(),
+            Some("pod b1-backup-x waits: ErrImagePull")
+        );
+        assert_eq!(waiting.conditions[0].reason, "JobNotStarted");
+        assert!(!same(&waiting, &running), "written");
+        let started = Reason::new(RUNNING_REASON, running_message("b1-backup"));
+        let back = next_status(&waiting, Change::Progress(started), at(40));
+        assert!(same(&back, &running), "as it was before the wait");
+        let again = Reason::new(RUNNING_REASON, running_message("b1-backup"));
+        assert!(same(
+            &next_status(&running, Change::Progress(again), at(60)),
+            &running
+        ));
+    }
+
+    #[test]
     fn waiting_again_for_the_same_reason_writes_nothing() {
         let reason = || Reason {
             reason: "ClusterNotReady",
