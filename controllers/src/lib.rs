@@ -75,6 +75,9 @@ pub struct Settings {
     pub restore_pending_deadline: Duration,
     /// The restore Job's `activeDeadlineSeconds`: a restore still running after this fails.
     pub restore_active_deadline: Duration,
+    /// How long a restore Job may take to start its agent before the restore fails and the Job
+    /// is deleted.
+    pub restore_start_timeout: Duration,
     /// How often every cluster with backup storage gets a retention pass, besides the pass
     /// after each completed backup (an hour).
     pub retention_interval: Duration,
@@ -101,6 +104,7 @@ impl Default for Settings {
             agent_resources: k8s_openapi::api::core::v1::ResourceRequirements::default(),
             restore_pending_deadline: Duration::from_secs(3600),
             restore_active_deadline: Duration::from_secs(6 * 3600),
+            restore_start_timeout: Duration::from_secs(300),
             retention_interval: Duration::from_secs(3600),
             otel_env: Vec::new(),
             instance_status: Arc::new(cluster::instances::HttpInstanceStatus::default()),

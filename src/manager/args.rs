@@ -173,6 +173,13 @@ pub struct RunArgs {
         value_parser = parse_duration)]
     pub restore_active_deadline: Duration,
 
+    /// How long a restore Job's pod may take to start (as `--backup-start-timeout`) before the
+    /// restore fails and its Job is deleted, so that the cluster's scheduled backups, which
+    /// wait for a running restore, go on.
+    #[arg(long, env = "PGKUBE_RESTORE_START_TIMEOUT", default_value = "5m",
+        value_parser = parse_duration)]
+    pub restore_start_timeout: Duration,
+
     /// How long in-flight reconciles may take to finish after SIGTERM or SIGINT.
     #[arg(long, env = "PGKUBE_SHUTDOWN_GRACE_PERIOD", default_value = "30s",
         value_parser = parse_duration)]
@@ -277,6 +284,7 @@ impl RunArgs {
             agent_resources: self.agent.requirements()?,
             restore_pending_deadline: self.restore_pending_deadline,
             restore_active_deadline: self.restore_active_deadline,
+            restore_start_timeout: self.restore_start_timeout,
             otel_env: otel_env(std::env::vars()),
             ..pgkube_controllers::Settings::default()
         })
@@ -417,6 +425,7 @@ mod tests {
         let settings = args.settings().expect("consistent defaults");
         assert!(settings.watch_namespaces.is_empty());
         assert_eq!(settings.backup_start_timeout, Duration::from_secs(300));
+        assert_eq!(settings.restore_start_timeout, Duration::from_secs(300));
         assert_eq!(
             args.lease_timings(),
             Ok(LeaseTimings {
@@ -440,12 +449,15 @@ mod tests {
             "mirror.local/pgkube:1.2.3",
             "--backup-start-timeout",
             "90s",
+            "--restore-start-timeout",
+            "2m",
             "--agent-memory-limit",
             "4Gi",
         ])
         .expect("flags parse");
         let settings = args.settings().expect("consistent flags");
         assert_eq!(settings.backup_start_timeout, Duration::from_secs(90));
+        assert_eq!(settings.restore_start_timeout, Duration::from_secs(120));
         let limits = settings.agent_resources.limits.clone().unwrap_or_default();
         assert_eq!(limits.get("memory").map(|q| q.0.as_str()), Some("4Gi"));
         assert_eq!(settings.watch_namespaces, ["team-a", "team-b"]);

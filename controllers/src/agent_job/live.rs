@@ -1,5 +1,5 @@
 //! The API calls both controllers make about their Jobs: create one (or take over the one a
-//! previous reconcile created), read where one stands, and watch them.
+//! previous reconcile created), read where one stands, watch them, and delete one.
 
 use std::fmt::Debug;
 
@@ -7,7 +7,7 @@ use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Controller;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -90,6 +90,19 @@ pub async fn create(
             }
         }
         Err(source) => Err(kube_error("create", &name)(source)),
+    }
+}
+
+/// Deletes Job `name` and, in the background, its pods; one already gone is fine.
+pub async fn delete(client: &Client, namespace: &str, name: &str) -> Result<(), JobError> {
+    tracing::info!(job = %name, "deleting the Job");
+    let deleted = Api::<Job>::namespaced(client.clone(), namespace)
+        .delete(name, &DeleteParams::background())
+        .await;
+    match deleted {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(response)) if response.code == 404 => Ok(()),
+        Err(source) => Err(kube_error("delete", name)(source)),
     }
 }
 

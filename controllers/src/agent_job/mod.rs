@@ -12,5 +12,5 @@ pub mod start;
 pub use build::{BACKUP_LABEL, JobInput, RESTORE_LABEL, Task, build, job_name, restore_job_name};
 pub use follow::{AgentResult, JobFailure, JobState, has_ended, job_state};
 pub use inputs::s3_sources;
-pub use live::{JobError, create, own_jobs, state};
+pub use live::{JobError, create, delete, own_jobs, state};
 pub use start::{NotStarted, StartDeadline};

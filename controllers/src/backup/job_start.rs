@@ -1,5 +1,7 @@
 //! A backup whose Job has not started its agent: say why at once, and give the Job up once it has
-//! not started within the start timeout (`--backup-start-timeout`).
+//! not started within the start timeout (`--backup-start-timeout`). Restores take the same
+//! steps ([`step`]) with `--restore-start-timeout`: a running restore holds its cluster's
+//! scheduled backups back just as a running backup does.
 //!
 //! Why give up rather than wait for the Job's `activeDeadlineSeconds` (hours): a running backup
 //! blocks its cluster's next ones, so a Job stuck on a missing Secret, an image that cannot be
@@ -20,27 +22,30 @@ use super::status::{self, Change};
 use super::{BackupContext, Error, remove};
 use crate::agent_job::{self as job, NotStarted, StartDeadline};
 
-/// Condition reason of a running backup whose Job's pod cannot start (yet).
+/// Condition reason of a running backup or restore whose Job's pod cannot start (yet).
 pub const NOT_STARTED_REASON: &str = "JobNotStarted";
-/// Condition reason of a backup failed because its Job did not start in time.
+/// Condition reason of a backup or restore failed because its Job did not start in time.
 pub const START_TIMEOUT_REASON: &str = "JobStartTimeout";
-/// How soon a backup whose Job has not started looks again: its pod's changes do not touch the
-/// Job, whose changes are the only ones this controller watches.
+/// How soon a Job that has not started is looked at again: its pod's changes do not touch the
+/// Job, whose changes are the only ones the controllers watch.
 const STARTING_REQUEUE: Duration = Duration::from_secs(15);
 
 /// What to do about a Job that has not started.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
-    /// Keep the backup Running with this reason, and look again after this long.
-    Wait(Reason, Duration),
-    /// Delete the Job and fail the backup for this reason.
+    /// Its pod is on its way: show the object as running, and look again after this long.
+    OnItsWay(Duration),
+    /// Show this reason (the object stays Running), and look again after this long.
+    Trouble(Reason, Duration),
+    /// Delete the Job and fail the object for this reason.
     GiveUp(Reason),
 }
 
-/// The step for Job `job`, created at `created`, whose agent has not started because of `why`
-/// (pure). A pod on its way shows as running, trouble shows at once, and either fails once the
-/// Job is older than `timeout`.
+/// The step for the `verb` (`backup` or `restore`) Job `job`, created at `created`, whose agent
+/// has not started because of `why` (pure). A pod on its way shows as running, trouble shows at
+/// once, and either fails once the Job is older than `timeout`.
 pub fn step(
+    verb: &str,
     job: &str,
     why: &NotStarted,
     created: Option<Timestamp>,
@@ -53,29 +58,28 @@ pub fn step(
             return Step::GiveUp(Reason::new(
                 START_TIMEOUT_REASON,
                 format!(
-                    "backup Job {job} did not start within {}s, so it was deleted: {}",
+                    "{verb} Job {job} did not start within {}s, so it was deleted: {}",
                     timeout.as_secs(),
                     why.describe()
                 ),
             ));
         }
     };
-    let reason = if why.is_trouble() {
-        // The timeout, not the time left: the message stays the same from look to look.
-        Reason::new(
-            NOT_STARTED_REASON,
-            format!(
-                "backup Job {job} has not started: {}; the backup fails if it has not started {}s after the Job was created",
-                why.describe(),
-                timeout.as_secs()
-            ),
-        )
-    } else {
-        Reason::new(status::RUNNING_REASON, status::running_message(job))
-    };
     // Just after the deadline, so that the look that follows gives up.
     let again = STARTING_REQUEUE.min(left + Duration::from_secs(1));
-    Step::Wait(reason, again)
+    if !why.is_trouble() {
+        return Step::OnItsWay(again);
+    }
+    // The timeout, not the time left: the message stays the same from look to look.
+    let reason = Reason::new(
+        NOT_STARTED_REASON,
+        format!(
+            "{verb} Job {job} has not started: {}; the {verb} fails if it has not started {}s after the Job was created",
+            why.describe(),
+            timeout.as_secs()
+        ),
+    );
+    Step::Trouble(reason, again)
 }
 
 /// Shows why the Job has not started, or fails the backup once it is too late.
@@ -88,17 +92,20 @@ pub async fn follow(
     created: Option<Timestamp>,
 ) -> Result<Action, Error> {
     let timeout = context.base.settings.backup_start_timeout;
-    match step(job, why, created, Timestamp::now(), timeout) {
-        Step::Wait(reason, again) => {
-            status::write(context, backup, Change::Progress(reason)).await?;
-            Ok(Action::requeue(again))
-        }
+    let (reason, again) = match step("backup", job, why, created, Timestamp::now(), timeout) {
+        Step::OnItsWay(again) => (
+            Reason::new(status::RUNNING_REASON, status::running_message(job)),
+            again,
+        ),
+        Step::Trouble(reason, again) => (reason, again),
         Step::GiveUp(reason) => {
             remove::stop_job(context, namespace, job).await?;
             status::write(context, backup, Change::Failed(reason)).await?;
-            Ok(Action::await_change())
+            return Ok(Action::await_change());
         }
-    }
+    };
+    status::write(context, backup, Change::Progress(reason)).await?;
+    Ok(Action::requeue(again))
 }
 
 #[cfg(test)]
@@ -123,23 +130,35 @@ mod tests {
     #[test]
     fn a_pod_on_its_way_shows_as_running_and_is_looked_at_again_soon() {
         let creating = waiting("ContainerCreating", "");
-        let Step::Wait(reason, again) = step("b1-backup", &creating, Some(at(0)), at(20), TIMEOUT)
-        else {
-            panic!("waits");
-        };
-        assert_eq!(reason.reason, status::RUNNING_REASON);
-        assert_eq!(reason.message, status::running_message("b1-backup"));
-        assert_eq!(again, STARTING_REQUEUE);
+        assert_eq!(
+            step(
+                "backup",
+                "b1-backup",
+                &creating,
+                Some(at(0)),
+                at(20),
+                TIMEOUT
+            ),
+            Step::OnItsWay(STARTING_REQUEUE)
+        );
     }
 
     #[test]
     fn trouble_shows_at_once_with_the_pods_reason_and_a_stable_message() {
         let missing = waiting("CreateContainerConfigError", "secret \"s3-keys\" not found");
-        let first = step("b1-backup", &missing, Some(at(0)), at(5), TIMEOUT);
-        let later = step("b1-backup", &missing, Some(at(0)), at(95), TIMEOUT);
-        let Step::Wait(reason, _) = &first else {
-            panic!("waits");
+        let first = step("backup", "b1-backup", &missing, Some(at(0)), at(5), TIMEOUT);
+        let later = step(
+            "backup",
+            "b1-backup",
+            &missing,
+            Some(at(0)),
+            at(95),
+            TIMEOUT,
+        );
+        let Step::Trouble(reason, again) = &first else {
+            panic!("trouble: {first:?}");
         };
+        assert_eq!(*again, STARTING_REQUEUE);
         assert_eq!(reason.reason, NOT_STARTED_REASON);
         assert_eq!(
             reason.message,
@@ -147,28 +166,55 @@ mod tests {
              CreateContainerConfigError: secret \"s3-keys\" not found; the backup fails if it \
              has not started 300s after the Job was created"
         );
-        let Step::Wait(again, _) = &later else {
-            panic!("waits");
+        assert_eq!(later, first, "no new status write from look to look");
+        let Step::Trouble(restore, _) = step(
+            "restore",
+            "r1-restore",
+            &missing,
+            Some(at(0)),
+            at(5),
+            TIMEOUT,
+        ) else {
+            panic!("trouble");
         };
-        assert_eq!(again, reason, "no new status write from look to look");
+        assert!(
+            restore
+                .message
+                .starts_with("restore Job r1-restore has not started: ")
+                && restore.message.contains("the restore fails if"),
+            "{}",
+            restore.message
+        );
     }
 
     #[test]
     fn a_job_that_did_not_start_in_time_is_given_up_with_the_last_reason() {
         let unschedulable = waiting("Unschedulable", "0/3 nodes are available");
+        let Step::Trouble(_, again) = step(
+            "backup",
+            "b1-backup",
+            &unschedulable,
+            Some(at(0)),
+            at(290),
+            TIMEOUT,
+        ) else {
+            panic!("still waits");
+        };
         assert_eq!(
-            step("b1-backup", &unschedulable, Some(at(0)), at(290), TIMEOUT),
-            Step::Wait(
-                step("b1-backup", &unschedulable, Some(at(0)), at(0), TIMEOUT)
-                    .reason()
-                    .clone(),
-                Duration::from_secs(11)
-            ),
+            again,
+            Duration::from_secs(11),
             "the last look lands just after the deadline"
         );
-        let Step::GiveUp(reason) = step("b1-backup", &unschedulable, Some(at(0)), at(300), TIMEOUT)
-        else {
-            panic!("gives up");
+        let gave_up = step(
+            "backup",
+            "b1-backup",
+            &unschedulable,
+            Some(at(0)),
+            at(300),
+            TIMEOUT,
+        );
+        let Step::GiveUp(reason) = gave_up else {
+            panic!("gives up: {gave_up:?}");
         };
         assert_eq!(reason.reason, START_TIMEOUT_REASON);
         assert_eq!(
@@ -179,16 +225,15 @@ mod tests {
         // Even a pod on its way is given up: the timeout bounds every start.
         let creating = waiting("ContainerCreating", "");
         assert!(matches!(
-            step("b1-backup", &creating, Some(at(0)), at(301), TIMEOUT),
+            step(
+                "backup",
+                "b1-backup",
+                &creating,
+                Some(at(0)),
+                at(301),
+                TIMEOUT
+            ),
             Step::GiveUp(_)
         ));
-    }
-
-    impl Step {
-        fn reason(&self) -> &Reason {
-            match self {
-                Step::Wait(reason, _) | Step::GiveUp(reason) => reason,
-            }
-        }
     }
 }

@@ -17,8 +17,9 @@
 //!    (`SystemIdentifierMismatch`) or of a corrupted backup fails with the existing data
 //!    untouched.
 //!
-//! Every phase ends: Pending has a deadline, the Job has `activeDeadlineSeconds`, and a Job
-//! that disappears before it ended fails the restore. The status is written with server-side
+//! Every phase ends: Pending has a deadline, a Job has `--restore-start-timeout` to start its
+//! agent (why it has not shows in the status meanwhile, as for backups) and
+//! `activeDeadlineSeconds` to end, and a Job that disappears before it ended fails the restore. The status is written with server-side
 //! apply under [`STATUS_FIELD_MANAGER`], only when it changed, with an Event per change. The
 //! target cluster learns of its restores by watching them (its `Restoring` condition); the
 //! scheduler skips the cluster's ticks while one is unfinished.
@@ -42,6 +43,7 @@ use tracing::{Instrument, Span, field, info_span, instrument};
 use crate::agent_job::{self as job, JobFailure, JobState};
 use crate::backup::access;
 use crate::backup::decide::Reason;
+use crate::backup::job_start::{self, Step};
 use crate::events::Recorder;
 use crate::storage::manifest::Manifest;
 use crate::{Context, ShutdownSignal};
@@ -361,7 +363,8 @@ async fn start(
         manifest_key: location.manifest_key.clone(),
     };
     status::write(context, &recorded, change).await?;
-    Ok(Action::requeue(FOLLOW_REQUEUE))
+    // Soon: whether its pod starts is seen by looking (see `not_started`).
+    Ok(Action::requeue(WAIT_REQUEUE))
 }
 
 /// What reading the manifest said.
@@ -427,8 +430,13 @@ async fn follow_job(
         .and_then(|s| s.job_name.clone())
         .unwrap_or_else(|| job::restore_job_name(&restore.name_any()));
     let change = match job::state(&context.base.client, namespace, &name).await? {
-        // A restore Job that cannot start runs into its activeDeadlineSeconds (see docs/backup.md).
-        Some(JobState::Running | JobState::Starting { .. }) => {
+        Some(JobState::Starting { why, created }) => {
+            return not_started(context, restore, namespace, &name, &why, created).await;
+        }
+        Some(JobState::Running) => {
+            // A pod that waited before says now that it runs.
+            let running = Reason::new(status::RUNNING_REASON, running_message(restore, &name));
+            status::write(context, restore, Change::Progress(running)).await?;
             return Ok(Action::requeue(FOLLOW_REQUEUE));
         }
         Some(JobState::Succeeded(Some(result))) if result.status == "Completed" => {
@@ -446,6 +454,45 @@ async fn follow_job(
     };
     status::write(context, restore, change).await?;
     Ok(Action::await_change())
+}
+
+/// Shows why the restore's Job has not started, or fails the restore once it is too late (as
+/// for backups, see [`crate::backup::job_start`]): deleting a Job whose agent never ran changes
+/// nothing in the database.
+async fn not_started(
+    context: &RestoreContext,
+    restore: &PostgreSQLRestore,
+    namespace: &str,
+    job: &str,
+    why: &job::NotStarted,
+    created: Option<k8s_openapi::jiff::Timestamp>,
+) -> Result<Action, Error> {
+    let timeout = context.base.settings.restore_start_timeout;
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let (reason, again) = match job_start::step("restore", job, why, created, now, timeout) {
+        Step::OnItsWay(again) => (
+            Reason::new(status::RUNNING_REASON, running_message(restore, job)),
+            again,
+        ),
+        Step::Trouble(reason, again) => (reason, again),
+        Step::GiveUp(reason) => {
+            job::delete(&context.base.client, namespace, job).await?;
+            status::write(context, restore, Change::Failed(reason)).await?;
+            return Ok(Action::await_change());
+        }
+    };
+    status::write(context, restore, Change::Progress(reason)).await?;
+    Ok(Action::requeue(again))
+}
+
+/// The message of the restore while its Job `job` runs, with the manifest key it recorded.
+fn running_message(restore: &PostgreSQLRestore, job: &str) -> String {
+    let key = restore
+        .status
+        .as_ref()
+        .and_then(|s| s.restored_object_key.as_deref())
+        .unwrap_or_default();
+    status::running_message(job, key)
 }
 
 /// The restore's reason for its failed Job: the agent's own when it is one the restore knows

@@ -15,6 +15,13 @@ use crate::backup::decide::Reason;
 
 /// Type of the restore's one condition: True once Completed, else False with the reason.
 pub const COMPLETED_CONDITION: &str = "Completed";
+/// Condition reason of a restore whose Job runs.
+pub const RUNNING_REASON: &str = "Running";
+
+/// The message of a restore whose Job runs.
+pub fn running_message(job: &str, manifest_key: &str) -> String {
+    format!("restore Job {job} is restoring {manifest_key}")
+}
 
 /// What happened to the restore.
 pub enum Change {
@@ -28,6 +35,9 @@ pub enum Change {
         job: String,
         manifest_key: String,
     },
+    /// The Job exists and has not ended: whether its agent started, or why not (see
+    /// `backup::job_start`). Only the message and the condition change.
+    Progress(Reason),
     Completed(Box<AgentResult>),
     Failed(Reason),
 }
@@ -52,7 +62,8 @@ pub async fn write(
         crate::publish_event(
             &context.recorder,
             &restore.object_ref(&()),
-            new.phase == Some(RestorePhase::Failed),
+            new.phase == Some(RestorePhase::Failed)
+                || reason(&new).as_deref() == Some(crate::backup::job_start::NOT_STARTED_REASON),
             &reason(&new).unwrap_or_default(),
             new.message.clone().unwrap_or_default(),
             "Restore",
@@ -85,9 +96,15 @@ pub fn next_status(
             status.job_name = Some(job.clone());
             status.restored_object_key = Some(manifest_key.clone());
             status.start_time = Some(Time(now));
-            let message = format!("restore Job {job} is restoring {manifest_key}");
-            (RestorePhase::Running, "False", "Running", message)
+            let message = running_message(&job, &manifest_key);
+            (RestorePhase::Running, "False", RUNNING_REASON, message)
         }
+        Change::Progress(reason) => (
+            RestorePhase::Running,
+            "False",
+            reason.reason,
+            reason.message,
+        ),
         Change::Completed(result) => {
             if let Some(key) = result.manifest_key {
                 status.restored_object_key = Some(key);
@@ -256,6 +273,30 @@ mod tests {
         );
         assert_eq!(failed.phase, Some(RestorePhase::Failed));
         assert_eq!(failed.conditions[0].reason, "SystemIdentifierMismatch");
+    }
+
+    #[test]
+    fn a_job_that_has_not_started_shows_why_and_then_runs_as_before() {
+        let running = next_status(
+            &PostgreSQLRestoreStatus::default(),
+            Change::Running {
+                job: "r1-restore".to_owned(),
+                manifest_key: "db/main/b1/manifest.json".to_owned(),
+            },
+            at(0),
+        );
+        let waits = Reason::new("JobNotStarted", "pod r1-restore-x waits: ImagePullBackOff");
+        let waiting = next_status(&running, Change::Progress(waits), at(20));
+        assert_eq!(waiting.phase, Some(RestorePhase::Running));
+        assert_eq!(waiting.start_time, running.start_time);
+        assert_eq!(waiting.conditions[0].reason, "JobNotStarted");
+        assert!(!same(&waiting, &running));
+        let started = Reason::new(
+            RUNNING_REASON,
+            running_message("r1-restore", "db/main/b1/manifest.json"),
+        );
+        let back = next_status(&waiting, Change::Progress(started), at(40));
+        assert!(same(&back, &running), "{back:?}");
     }
 
     #[test]
