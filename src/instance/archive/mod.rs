@@ -75,6 +75,8 @@ pub struct Archiver {
 /// A client for one target, whose archive was claimed for one owner.
 struct Store {
     settings: ArchiveSettings,
+    /// The key and CA files it was made with: a rotated Secret makes a new client.
+    files: Vec<Option<Vec<u8>>>,
     bucket: S3Bucket,
     root: String,
 }
@@ -218,8 +220,12 @@ impl Archiver {
     /// The client for the current settings, with the archive claimed for this database.
     async fn store(&self) -> Result<(S3Bucket, String), WalArchiveError> {
         let settings = lock(&self.settings).clone();
+        let files = self.key_files();
         let mut store = self.store.lock().await;
-        if let Some(current) = store.as_ref().filter(|s| s.settings == settings) {
+        if let Some(current) = store
+            .as_ref()
+            .filter(|s| s.settings == settings && s.files == files)
+        {
             return Ok((current.bucket.clone(), current.root.clone()));
         }
         let target = settings.target.clone().ok_or_else(|| {
@@ -243,10 +249,19 @@ impl Archiver {
         lock(&self.uploads).stored_ahead.clear();
         *store = Some(Store {
             settings,
+            files,
             bucket: bucket.clone(),
             root: root.clone(),
         });
         Ok((bucket, root))
+    }
+
+    /// The content of the S3 volume's files now (none for a file that is missing).
+    fn key_files(&self) -> Vec<Option<Vec<u8>>> {
+        WalArchiveTarget::FILES
+            .iter()
+            .map(|file| std::fs::read(self.s3_dir.join(file)).ok())
+            .collect()
     }
 
     fn options(&self, target: &WalArchiveTarget) -> Result<S3Options, WalArchiveError> {
