@@ -5,6 +5,7 @@
 mod common;
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::Running;
@@ -14,8 +15,8 @@ use pgkube_crds::{CONTINUOUS_ARCHIVING, PostgreSQLCluster, S3Storage};
 use pgkube_testkit::proxy::Proxy;
 use pgkube_testkit::wal::{archived_files, finish_segments, segment_name, segment_number};
 use pgkube_testkit::{
-    TestBucket, TestCluster, backup_config, condition, create_s3_secret, instance_manager_of,
-    send_signal, test_storage, wait_until,
+    TestBucket, TestCluster, backup_config, condition, create_s3_secret, http_get,
+    instance_manager_of, send_signal, test_storage, wait_until,
 };
 use sha2::{Digest, Sha256};
 
@@ -112,6 +113,26 @@ async fn a_burst_of_wal_reaches_the_archive_without_a_gap_though_the_manager_is_
     .expect("status.walArchiving");
     let archiving = condition(&cluster, CONTINUOUS_ARCHIVING).expect("the condition");
     assert_eq!(archiving.status, "True", "{archiving:?}");
+
+    // The primary's manager counts what it archived since its restart, for Prometheus.
+    let primary = primary_of(&fixture.cluster).await;
+    let pods = fixture.cluster.pods().await.expect("pods");
+    let address = pods
+        .iter()
+        .find(|pod| pod.name == primary)
+        .and_then(|pod| pod.address)
+        .expect("the primary's address");
+    let (code, metrics) = http_get(SocketAddr::new(address, 8000), "/metrics")
+        .await
+        .expect("GET /metrics");
+    assert_eq!(code, 200, "{metrics}");
+    let archived: u64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("pgkube_wal_archived_files_total "))
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or_else(|| panic!("the archived count in {metrics}"));
+    assert!(archived >= 100, "the second half at least: {archived}");
+    assert!(metrics.contains("pgkube_wal_waiting_files "), "{metrics}");
     fixture.stop().await;
 }
 

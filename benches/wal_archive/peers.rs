@@ -1,0 +1,163 @@
+//! The archivers compared, each set up on a fresh server: pgkube's instance manager, pgBackRest
+//! and Barman. Each returns the server and the key prefix its archive is under.
+
+use std::path::Path;
+use std::process::Command;
+
+use pgkube_controllers::storage::wal::WalArchiveTarget;
+use pgkube_testkit::proxy::Proxy;
+use pgkube_testkit::{TestBucket, TestEnv};
+
+use super::server::{self, Server, as_postgres, common_settings, free_port};
+
+type Started = Result<(Server, String), String>;
+
+/// `pgkube instance run`, told to archive to `pgkube/wal/bench/` by its `instance.json`, as the
+/// operator's ConfigMap would.
+pub async fn pgkube(env: &TestEnv, bucket: &TestBucket, dir: &Path) -> Started {
+    server::prepare(dir);
+    for sub in [
+        "config",
+        "superuser",
+        "replication",
+        "control",
+        "run",
+        "data",
+        "s3",
+    ] {
+        std::fs::create_dir_all(dir.join(sub)).map_err(|e| e.to_string())?;
+    }
+    let port = free_port();
+    let root = "pgkube/wal/bench/".to_owned();
+    let target = WalArchiveTarget {
+        bucket: bucket.name().to_owned(),
+        region: env.s3_region.clone(),
+        endpoint: Some(env.s3_endpoint.clone()),
+        force_path_style: true,
+        root: root.clone(),
+        cluster: "bench/bench".to_owned(),
+        ca_bundle: false,
+        server_side_encryption: None,
+    };
+    let topology = serde_json::json!({
+        "primary": "bench-0", "primaryHost": "127.0.0.1", "port": port, "replicas": 1,
+        "statefulset": "bench", "clusterUid": "bench-uid", "walArchive": target,
+    });
+    let files = [
+        ("config/postgresql.conf", common_settings(dir, port)),
+        ("config/pg_hba.conf", server::HBA.to_owned()),
+        ("config/instance.json", topology.to_string()),
+        ("superuser/username", "postgres".to_owned()),
+        ("superuser/password", "bench".to_owned()),
+        ("replication/username", "streaming_replica".to_owned()),
+        ("replication/password", "bench".to_owned()),
+        ("s3/access-key-id", env.s3_access_key.clone()),
+        ("s3/secret-access-key", env.s3_secret_key.clone()),
+    ];
+    for (file, content) in files {
+        std::fs::write(dir.join(file), content).map_err(|e| e.to_string())?;
+    }
+    server::give_to_postgres(dir);
+    Ok((Server::instance_manager(dir, port, free_port()), root))
+}
+
+/// pgBackRest's asynchronous archive-push, 2 processes, zstd, to the store through an HTTPS
+/// proxy (pgBackRest speaks only HTTPS to S3).
+pub async fn pgbackrest(env: &TestEnv, bucket: &TestBucket, dir: &Path) -> Started {
+    install("pgbackrest", "pgbackrest")?;
+    server::prepare(dir);
+    let proxy = Proxy::https(&env.s3_endpoint, dir).await;
+    let config = dir.join("pgbackrest.conf");
+    let port = free_port();
+    let text = format!(
+        "[global]\n\
+         repo1-type=s3\n\
+         repo1-path=/pgbackrest\n\
+         repo1-s3-bucket={bucket}\n\
+         repo1-s3-endpoint=127.0.0.1\n\
+         repo1-storage-port={proxy_port}\n\
+         repo1-storage-verify-tls=n\n\
+         repo1-s3-key={key}\n\
+         repo1-s3-key-secret={secret}\n\
+         repo1-s3-region={region}\n\
+         repo1-s3-uri-style=path\n\
+         archive-async=y\n\
+         process-max=2\n\
+         compress-type=zst\n\
+         spool-path={dir}/spool\n\
+         log-path={dir}/log\n\
+         lock-path={dir}/lock\n\
+         log-level-console=warn\n\
+         [bench]\n\
+         pg1-path={dir}/pgdata\n\
+         pg1-port={port}\n\
+         pg1-socket-path={dir}/socket\n",
+        bucket = bucket.name(),
+        proxy_port = proxy.address.port(),
+        key = env.s3_access_key,
+        secret = env.s3_secret_key,
+        region = env.s3_region,
+        dir = dir.display(),
+    );
+    std::fs::write(&config, text).map_err(|e| e.to_string())?;
+    server::give_to_postgres(dir);
+    let command = format!(
+        "archive_command = 'pgbackrest --config={} --stanza=bench archive-push %p'\n",
+        config.display()
+    );
+    let mut server = Server::postgres(dir, port, &command, &[]);
+    server.connect().await;
+    let status = as_postgres("pgbackrest")
+        .args([
+            &format!("--config={}", config.display()),
+            "--stanza=bench",
+            "stanza-create",
+        ])
+        .status()
+        .map_err(|e| e.to_string())?;
+    if !status.success() {
+        server.stop();
+        return Err(format!("pgbackrest stanza-create: {status}"));
+    }
+    Ok((server.keep(Box::new(proxy)), "pgbackrest/".to_owned()))
+}
+
+/// `barman-cloud-wal-archive` with gzip, one process per segment, as CloudNativePG runs it.
+pub async fn barman(env: &TestEnv, bucket: &TestBucket, dir: &Path) -> Started {
+    install("barman-cloud-wal-archive", "barman-cli-cloud")?;
+    server::prepare(dir);
+    let command = format!(
+        "archive_command = 'barman-cloud-wal-archive --endpoint-url {} --gzip s3://{}/barman bench %p'\n",
+        env.s3_endpoint,
+        bucket.name()
+    );
+    let credentials = [
+        ("AWS_ACCESS_KEY_ID", env.s3_access_key.clone()),
+        ("AWS_SECRET_ACCESS_KEY", env.s3_secret_key.clone()),
+        ("AWS_DEFAULT_REGION", env.s3_region.clone()),
+    ];
+    let server = Server::postgres(dir, free_port(), &command, &credentials);
+    Ok((server, "barman/".to_owned()))
+}
+
+/// Installs Debian package `package` unless `program` is already on the PATH.
+fn install(program: &str, package: &str) -> Result<(), String> {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .map(|output| output.status.success())
+        .unwrap_or(false);
+    if found {
+        return Ok(());
+    }
+    let status = Command::new("apt-get")
+        .args(["install", "-y", "-q", package])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()
+        .map_err(|e| format!("apt-get: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("apt-get install {package}: {status}"))
+    }
+}
