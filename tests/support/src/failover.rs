@@ -164,7 +164,7 @@ impl TestCluster {
         timeout: Duration,
     ) -> anyhow::Result<()> {
         let timeline = self.primary_timeline(new).await?;
-        wait_until(
+        let rejoined = wait_until(
             &format!("{old} streaming from {new} on timeline {timeline}, with {replayed:?}"),
             timeout,
             || async {
@@ -194,7 +194,33 @@ impl TestCluster {
                 Ok(done.then_some(()))
             },
         )
-        .await
+        .await;
+        match rejoined {
+            Ok(()) => Ok(()),
+            // What the instance manager said is what tells why; its pod may be gone later.
+            Err(error) => Err(error.context(self.log_tail(old).await)),
+        }
+    }
+
+    /// The last lines of `pod`'s PostgreSQL container log (and of its previous run).
+    pub async fn log_tail(&self, pod: &str) -> String {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.namespace);
+        let mut tail = String::new();
+        for previous in [true, false] {
+            let params = kube::api::LogParams {
+                container: Some("postgresql".to_owned()),
+                previous,
+                tail_lines: Some(60),
+                ..kube::api::LogParams::default()
+            };
+            let log = pods
+                .logs(pod, &params)
+                .await
+                .unwrap_or_else(|error| format!("(no log: {error})"));
+            let run = if previous { "previous run" } else { "current run" };
+            tail.push_str(&format!("--- {pod}, {run}:\n{log}\n"));
+        }
+        tail
     }
 }
 
