@@ -100,6 +100,9 @@ pub async fn pgbackrest(env: &TestEnv, bucket: &TestBucket, dir: &Path) -> Start
         dir = dir.display(),
     );
     std::fs::write(&config, text).map_err(|e| e.to_string())?;
+    for sub in ["spool", "log", "lock"] {
+        std::fs::create_dir_all(dir.join(sub)).map_err(|e| e.to_string())?;
+    }
     server::give_to_postgres(dir);
     let command = format!(
         "archive_command = 'pgbackrest --config={} --stanza=bench archive-push %p'\n",

@@ -38,8 +38,8 @@ pub struct Server {
 impl Server {
     /// `initdb` in `dir/pgdata`, `extra` appended to its `postgresql.conf`, then `postgres`
     /// with `env` (which its `archive_command` inherits).
+    /// `dir` must have been [`prepare`]d.
     pub fn postgres(dir: &Path, port: u16, extra: &str, env: &[(&str, String)]) -> Server {
-        prepare(dir);
         let pgdata = dir.join("pgdata");
         let status = as_postgres(&format!("{BIN}/initdb"))
             .args([
@@ -79,7 +79,12 @@ impl Server {
     /// `pgkube instance run` with the files of `dir` (see `peers::pgkube`).
     pub fn instance_manager(dir: &Path, port: u16, status_port: u16) -> Server {
         let path = format!("{BIN}:{}", std::env::var("PATH").unwrap_or_default());
-        let child = as_postgres(env!("CARGO_BIN_EXE_pgkube"))
+        // A copy the `postgres` user may run (the build's directory may be root's alone), as
+        // the pod's init container installs it: `archive_command` runs this binary too.
+        let binary = dir.join("run/pgkube");
+        std::fs::copy(env!("CARGO_BIN_EXE_pgkube"), &binary).expect("the pgkube binary copied");
+        give_to_postgres(dir);
+        let child = as_postgres(&binary.to_string_lossy())
             .args(["instance", "run"])
             .env("PATH", path)
             .env("POD_NAME", "bench-0")

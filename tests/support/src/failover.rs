@@ -217,7 +217,11 @@ impl TestCluster {
                 .logs(pod, &params)
                 .await
                 .unwrap_or_else(|error| format!("(no log: {error})"));
-            let run = if previous { "previous run" } else { "current run" };
+            let run = if previous {
+                "previous run"
+            } else {
+                "current run"
+            };
             tail.push_str(&format!("--- {pod}, {run}:\n{log}\n"));
         }
         tail
