@@ -1,11 +1,9 @@
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
 use pgkube_crds::{PostgreSQLClusterStatus, WalArchivingStatus};
 
 use super::super::Observation;
 use super::*;
-use crate::cluster::instances::{InstanceReport, ObservedInstance, ReportedRole, Unavailable};
+use crate::cluster::instances::{InstanceReport, ObservedInstance, Unavailable};
 
 const PRIMARY: &str = "db-postgresql-0";
 
@@ -175,5 +173,4 @@ fn a_primary_that_does_not_archive_has_no_archiving_status() {
             (None, vec![])
         );
     }
-    let _ = (ReportedRole::Primary, Time(Timestamp::UNIX_EPOCH));
 }
