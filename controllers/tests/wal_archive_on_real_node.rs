@@ -13,7 +13,9 @@ use common::real_node::{CLUSTER_TIMEOUT, Fixture, NEVER, RESYNC, S3_SECRET};
 use pgkube_controllers::storage::wal::ArchiveOwner;
 use pgkube_crds::{CONTINUOUS_ARCHIVING, PostgreSQLCluster, S3Storage};
 use pgkube_testkit::proxy::Proxy;
-use pgkube_testkit::wal::{archived_files, finish_segments, segment_name, segment_number};
+use pgkube_testkit::wal::{
+    archived_files, finish_segments, segment_name, segment_number, wait_archived_through,
+};
 use pgkube_testkit::{
     TestBucket, TestCluster, backup_config, condition, create_s3_secret, http_get,
     instance_manager_of, send_signal, test_storage, wait_until,
@@ -50,13 +52,13 @@ async fn a_burst_of_wal_reaches_the_archive_without_a_gap_though_the_manager_is_
     let last_number = segment_number(&last).expect("a segment");
     assert!(last_number >= 220, "{last}");
 
+    wait_archived_through(&sql, &last, ARCHIVED_WITHIN)
+        .await
+        .expect("every segment archived");
     let s3 = fixture.bucket.client();
-    let files = wait_until("every segment archived", ARCHIVED_WITHIN, || async {
-        let files = archived_files(&s3, fixture.bucket.name(), &root).await?;
-        Ok(files.contains(&last).then_some(files))
-    })
-    .await
-    .expect("the last segment is archived");
+    let files = archived_files(&s3, fixture.bucket.name(), &root)
+        .await
+        .expect("the archive lists");
     let missing: Vec<String> = (1..=last_number)
         .map(|number| segment_name(1, number))
         .filter(|name| !files.contains(name))
@@ -176,12 +178,12 @@ async fn the_archive_stops_while_the_store_is_down_and_catches_up_after_with_not
     let recovered = wait_for_archiving(&fixture.cluster, "True").await;
     assert_eq!(recovered.reason, "Archiving");
     let s3 = fixture.bucket.client();
-    let files = wait_until("the backlog is archived", ARCHIVED_WITHIN, || async {
-        let files = archived_files(&s3, fixture.bucket.name(), &root).await?;
-        Ok(files.contains(&last).then_some(files))
-    })
-    .await
-    .expect("the backlog is archived");
+    wait_archived_through(&sql, &last, ARCHIVED_WITHIN)
+        .await
+        .expect("the backlog is archived");
+    let files = archived_files(&s3, fixture.bucket.name(), &root)
+        .await
+        .expect("the archive lists");
     let first = segment_number(&before).expect("a segment");
     let missing: Vec<u64> = (first..=segment_number(&last).expect("a segment"))
         .filter(|number| !files.contains(&segment_name(1, *number)))
@@ -322,12 +324,12 @@ async fn after_a_switchover_the_new_primary_archives_and_nothing_is_lost() {
 
     let root = default_root(running.namespace.name());
     let s3 = bucket.client();
-    let files = wait_until("the new timeline archived", ARCHIVED_WITHIN, || async {
-        let files = archived_files(&s3, bucket.name(), &root).await?;
-        Ok(files.contains(&last).then_some(files))
-    })
-    .await
-    .expect("the new primary archives");
+    wait_archived_through(&sql, &last, ARCHIVED_WITHIN)
+        .await
+        .expect("the new primary archives");
+    let files = archived_files(&s3, bucket.name(), &root)
+        .await
+        .expect("the archive lists");
     // Where timeline 1 ended, as the archived history file says: `1<TAB>0/7000060<TAB>...`.
     let history = bucket
         .object(&format!("{root}00000002/00000002.history.zst"))

@@ -2,6 +2,7 @@
 //! segments.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 /// Segments of 16 MiB (PostgreSQL's default): 256 to a log file.
 const SEGMENTS_PER_LOG: u64 = 0x100;
@@ -63,6 +64,36 @@ pub async fn finish_segments(sql: &tokio_postgres::Client, count: u32) -> anyhow
     Ok(last)
 }
 
+/// Waits until the server says it archived `segment` or a later one.
+///
+/// Uploads run in parallel, so a later segment can be in the store before an earlier one; only
+/// the server's own record says that everything up to a segment is stored.
+pub async fn wait_archived_through(
+    sql: &tokio_postgres::Client,
+    segment: &str,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let description = format!("the server archived {segment}");
+    crate::wait_until(&description, timeout, || async {
+        let row = sql
+            .query_one("SELECT last_archived_wal FROM pg_stat_archiver", &[])
+            .await?;
+        let last: Option<String> = row.get(0);
+        Ok(last
+            .as_deref()
+            .and_then(archived_segment)
+            .filter(|archived| *archived >= segment)
+            .map(|_| ()))
+    })
+    .await
+}
+
+/// The segment an archived file name stands for: `None` for history files.
+fn archived_segment(file: &str) -> Option<&str> {
+    let segment = file.get(..24)?;
+    segment_number(segment).map(|_| segment)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,5 +104,14 @@ mod tests {
         assert_eq!(segment_name(2, 0x1FF), "0000000200000001000000FF");
         assert_eq!(segment_number("0000000200000001000000FF"), Some(0x1FF));
         assert_eq!(segment_number("00000002.history"), None);
+    }
+
+    #[test]
+    fn partial_segments_count_and_history_files_do_not() {
+        assert_eq!(
+            archived_segment("000000010000000000000005.partial"),
+            Some("000000010000000000000005")
+        );
+        assert_eq!(archived_segment("00000002.history"), None);
     }
 }
