@@ -1,4 +1,5 @@
-//! `PostgreSQLBackup`: one logical backup of a cluster, and where it is stored.
+//! `PostgreSQLBackup`: one backup of a cluster (logical, or a physical base backup), and where it
+//! is stored.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
@@ -29,7 +30,7 @@ pub const BACKUP_DATA_FINALIZER: &str = "db.example.com/backup-data";
     shortname = "pgbackup",
     namespaced,
     derive = "PartialEq",
-    doc = "One logical backup of a PostgreSQLCluster to S3-compatible storage.",
+    doc = "One backup of a PostgreSQLCluster to S3-compatible storage.",
     status = "PostgreSQLBackupStatus",
     printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.cluster.name"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
@@ -45,6 +46,9 @@ pub struct PostgreSQLBackupSpec {
     /// How to back up.
     #[serde(default)]
     pub method: BackupMethod,
+    /// Physical backups: the instance the base backup is taken from. Unset: `PreferStandby`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<BackupTarget>,
     /// What deleting this object does to the stored data: Retain keeps it, Delete removes it
     /// from storage first.
     #[serde(default)]
@@ -106,6 +110,31 @@ pub enum BackupMethod {
     /// `pg_dumpall --globals-only` plus `pg_dump -Fc` of every database.
     #[default]
     Logical,
+    /// A base backup (`pg_basebackup`, tar, zstd) that, with the WAL archive, restores the
+    /// whole instance. Needs WAL archiving on.
+    Physical,
+}
+
+impl BackupMethod {
+    /// The method as the API and `pgkube agent backup --method` spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Logical => "Logical",
+            Self::Physical => "Physical",
+        }
+    }
+}
+
+/// The instance a physical backup is taken from.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum BackupTarget {
+    /// A streaming replica, so that the primary carries none of the backup's load: the ready one
+    /// with the least lag. A cluster of one instance is backed up from its primary; a cluster
+    /// with replicas waits (Pending) until one streams within the lag limit.
+    #[default]
+    PreferStandby,
+    /// The primary.
+    Primary,
 }
 
 /// What happens to stored backup data when the PostgreSQLBackup object is deleted.

@@ -9,7 +9,7 @@ use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Serialize};
 
 use crate::archiving::{WalArchiving, WalArchivingStatus};
-use crate::backup::BackupCompression;
+use crate::backup::{BackupCompression, BackupMethod};
 use crate::common::{LocalReference, S3Storage, conditions_schema};
 use crate::restore::RestoreSource;
 
@@ -305,6 +305,10 @@ pub struct BackupConfig {
     /// on-demand backups that do not set their own. Unset: zstd at level 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compression: Option<BackupCompression>,
+    /// What the scheduled backups take: `Logical` (pg_dump) or `Physical` (a base backup, which
+    /// needs WAL archiving). Unset: `Logical`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<BackupMethod>,
     /// Continuous archiving of the primary's WAL to `s3`. Unset: on, when there is storage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wal_archiving: Option<WalArchiving>,

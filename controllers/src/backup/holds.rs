@@ -151,6 +151,7 @@ mod tests {
                     name: "main".to_owned(),
                 },
                 method: Default::default(),
+                target: None,
                 deletion_policy: Default::default(),
                 compression: None,
             },

@@ -138,6 +138,7 @@ mod tests {
                     name: "main".to_owned(),
                 },
                 method: Default::default(),
+                target: None,
                 deletion_policy: pgkube_crds::DeletionPolicy::Delete,
                 compression: None,
             },

@@ -223,12 +223,24 @@ pub fn desired_backup(
         },
         spec: PostgreSQLBackupSpec {
             cluster: LocalReference { name: cluster_name },
-            method: BackupMethod::Logical,
+            method: scheduled_method(cluster),
+            target: None,
             deletion_policy: DeletionPolicy::Retain,
             compression: Some(scheduled_compression(cluster)),
         },
         status: None,
     }
+}
+
+/// The method of `cluster`'s scheduled backups: its `backup.method`, else `Logical`. Written
+/// into the backup (immutable) as the compression is.
+fn scheduled_method(cluster: &PostgreSQLCluster) -> BackupMethod {
+    cluster
+        .spec
+        .backup
+        .as_ref()
+        .and_then(|backup| backup.method)
+        .unwrap_or_default()
 }
 
 /// The compression a scheduled backup of `cluster` carries in its own spec: the cluster's

@@ -1,6 +1,6 @@
-//! `PostgreSQLBackup` in v1beta1: one logical backup of a cluster.
+//! `PostgreSQLBackup` in v1beta1: one backup of a cluster (logical, or a physical base backup).
 //!
-//! The spec is v1alpha1's (`compression` included). In the status, where the backup was written is a [`BackupStorage`]
+//! The spec is v1alpha1's (`compression` and `target` included). In the status, where the backup was written is a [`BackupStorage`]
 //! (`status.storage.s3`), the same shape as the cluster's `spec.backup.storage`.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -9,7 +9,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::storage::BackupStorage;
-use crate::backup::{BackupCompression, BackupMethod, BackupPhase, DeletionPolicy};
+use crate::backup::{BackupCompression, BackupMethod, BackupPhase, BackupTarget, DeletionPolicy};
 use crate::common::{LocalReference, conditions_schema};
 
 /// What to back up and what happens to the data when this object is deleted. Immutable.
@@ -23,7 +23,7 @@ use crate::common::{LocalReference, conditions_schema};
     shortname = "pgbackup",
     namespaced,
     derive = "PartialEq",
-    doc = "One logical backup of a PostgreSQLCluster to S3-compatible storage.",
+    doc = "One backup of a PostgreSQLCluster to S3-compatible storage.",
     status = "PostgreSQLBackupStatus",
     printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.cluster.name"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
@@ -39,6 +39,9 @@ pub struct PostgreSQLBackupSpec {
     /// How to back up.
     #[serde(default)]
     pub method: BackupMethod,
+    /// Physical backups: the instance the base backup is taken from. Unset: `PreferStandby`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<BackupTarget>,
     /// What deleting this object does to the stored data: Retain keeps it, Delete removes it
     /// from storage first.
     #[serde(default)]

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::storage::{BackupStorage, RestoreSource};
 use crate::archiving::WalArchiving;
-use crate::backup::BackupCompression;
+use crate::backup::{BackupCompression, BackupMethod};
 use crate::cluster::{
     HighAvailability, PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion,
     SYNCHRONOUS_FITS_MESSAGE, SYNCHRONOUS_FITS_RULE,
@@ -130,6 +130,10 @@ pub struct BackupSpec {
     /// on-demand backups that do not set their own. Unset: zstd at level 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compression: Option<BackupCompression>,
+    /// What the scheduled backups take: `Logical` (pg_dump) or `Physical` (a base backup, which
+    /// needs WAL archiving). Unset: `Logical`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<BackupMethod>,
     /// Continuous archiving of the primary's WAL to the storage. Unset: on, when there is
     /// storage.
     #[serde(default, skip_serializing_if = "Option::is_none")]

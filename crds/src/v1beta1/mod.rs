@@ -39,8 +39,8 @@ pub use crate::archiving::{
     WalArchivingStatus,
 };
 pub use crate::backup::{
-    BACKUP_DATA_FINALIZER, BackupCompression, BackupMethod, BackupPhase, CLUSTER_LABEL,
-    CompressionMethod, DeletionPolicy, SCHEDULED_LABEL, SCHEDULED_TIME_ANNOTATION,
+    BACKUP_DATA_FINALIZER, BackupCompression, BackupMethod, BackupPhase, BackupTarget,
+    CLUSTER_LABEL, CompressionMethod, DeletionPolicy, SCHEDULED_LABEL, SCHEDULED_TIME_ANNOTATION,
 };
 pub use crate::cluster::{
     ClusterPhase, DEFAULT_FAILOVER_DELAY_SECONDS, DEFAULT_ISOLATION_TIMEOUT_SECONDS,

@@ -152,6 +152,7 @@ fn backup_to_v1beta1(backup: v1alpha1::BackupConfig) -> v1beta1::BackupSpec {
         s3,
         suspend,
         compression,
+        method,
         wal_archiving,
     } = backup;
     v1beta1::BackupSpec {
@@ -165,6 +166,7 @@ fn backup_to_v1beta1(backup: v1alpha1::BackupConfig) -> v1beta1::BackupSpec {
         },
         storage: s3.map(wrap_s3),
         compression,
+        method,
         wal_archiving,
     }
 }
@@ -180,6 +182,7 @@ fn backup_to_v1alpha1(backup: v1beta1::BackupSpec) -> v1alpha1::BackupConfig {
         retention: v1beta1::RetentionPolicy { days },
         storage,
         compression,
+        method,
         wal_archiving,
     } = backup;
     v1alpha1::BackupConfig {
@@ -189,6 +192,7 @@ fn backup_to_v1alpha1(backup: v1beta1::BackupSpec) -> v1alpha1::BackupConfig {
         s3: storage.map(unwrap_s3),
         suspend,
         compression,
+        method,
         wal_archiving,
     }
 }
@@ -219,6 +223,7 @@ impl Typed<v1beta1::PostgreSQLBackup> for v1alpha1::PostgreSQLBackup {
         let v1alpha1::PostgreSQLBackupSpec {
             cluster,
             method,
+            target,
             deletion_policy,
             compression,
         } = spec;
@@ -227,6 +232,7 @@ impl Typed<v1beta1::PostgreSQLBackup> for v1alpha1::PostgreSQLBackup {
             spec: v1beta1::PostgreSQLBackupSpec {
                 cluster,
                 method,
+                target,
                 deletion_policy,
                 compression,
             },
@@ -245,6 +251,7 @@ impl Typed<v1alpha1::PostgreSQLBackup> for v1beta1::PostgreSQLBackup {
         let v1beta1::PostgreSQLBackupSpec {
             cluster,
             method,
+            target,
             deletion_policy,
             compression,
         } = spec;
@@ -253,6 +260,7 @@ impl Typed<v1alpha1::PostgreSQLBackup> for v1beta1::PostgreSQLBackup {
             spec: v1alpha1::PostgreSQLBackupSpec {
                 cluster,
                 method,
+                target,
                 deletion_policy,
                 compression,
             },

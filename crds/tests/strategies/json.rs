@@ -50,6 +50,7 @@ pub const CLUSTER: Shape = Object(&[
                     ("s3", S3),
                     ("storage", STORAGE),
                     ("compression", Field),
+                    ("method", Field),
                 ]),
             ),
             (
@@ -66,7 +67,10 @@ pub const CLUSTER: Shape = Object(&[
 
 /// Both versions' fields of a backup around those that move.
 pub const BACKUP: Shape = Object(&[
-    ("spec", Object(&[("cluster", Field), ("method", Field)])),
+    (
+        "spec",
+        Object(&[("cluster", Field), ("method", Field), ("target", Field)]),
+    ),
     (
         "status",
         Object(&[("storage", Object(&[("s3", S3), ("bucket", Field)]))]),

@@ -25,11 +25,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 };
 use k8s_openapi::jiff::Timestamp;
 use pgkube_crds::{
-    BackupCompression, BackupMethod, BackupPhase, ClusterPhase, CompressionMethod, DeletionPolicy,
-    HighAvailability, InstanceRole, InstanceStatus, LocalReference, PostgreSQLClusterStatus,
-    PostgreSQLRestoreStatus, PostgreSQLSettings, PostgresVersion, PrimaryChange, PrimaryChangeKind,
-    RestorePhase, S3Credentials, S3Storage, ServerSideEncryption, SynchronousReplication,
-    WalArchivingStatus,
+    BackupCompression, BackupMethod, BackupPhase, BackupTarget, ClusterPhase, CompressionMethod,
+    DeletionPolicy, HighAvailability, InstanceRole, InstanceStatus, LocalReference,
+    PostgreSQLClusterStatus, PostgreSQLRestoreStatus, PostgreSQLSettings, PostgresVersion,
+    PrimaryChange, PrimaryChangeKind, RestorePhase, S3Credentials, S3Storage, ServerSideEncryption,
+    SynchronousReplication, WalArchivingStatus,
 };
 use proptest::collection::{btree_map, vec};
 use proptest::option::of;
@@ -510,7 +510,14 @@ fn wal_archiving_status() -> BoxedStrategy<WalArchivingStatus> {
 }
 
 pub fn backup_method() -> impl Strategy<Value = BackupMethod> {
-    Just(BackupMethod::Logical)
+    prop_oneof![Just(BackupMethod::Logical), Just(BackupMethod::Physical)]
+}
+
+pub fn backup_target() -> impl Strategy<Value = BackupTarget> {
+    prop_oneof![
+        Just(BackupTarget::PreferStandby),
+        Just(BackupTarget::Primary)
+    ]
 }
 
 /// A compression the schema accepts: zstd at any level or none, gzip up to 9, none without one.

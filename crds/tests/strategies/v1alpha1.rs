@@ -49,10 +49,11 @@ fn cluster_backup_settings() -> BoxedStrategy<BackupConfig> {
         of(s3_storage()),
         any::<bool>(),
         of(compression()),
+        of(backup_method()),
         of(any::<bool>()),
     )
         .prop_map(
-            |(schedule, time_zone, retention_days, s3, suspend, compression, archiving)| {
+            |(schedule, time_zone, retention_days, s3, suspend, compression, method, archiving)| {
                 BackupConfig {
                     schedule,
                     time_zone,
@@ -60,6 +61,7 @@ fn cluster_backup_settings() -> BoxedStrategy<BackupConfig> {
                     s3,
                     suspend,
                     compression,
+                    method,
                     wal_archiving: archiving.map(|enabled| WalArchiving { enabled }),
                 }
             },
@@ -117,17 +119,19 @@ fn backup_spec() -> impl Strategy<Value = PostgreSQLBackupSpec> {
     (
         local_reference(),
         backup_method(),
+        of(backup_target()),
         deletion_policy(),
         of(compression()),
     )
-        .prop_map(
-            |(cluster, method, deletion_policy, compression)| PostgreSQLBackupSpec {
+        .prop_map(|(cluster, method, target, deletion_policy, compression)| {
+            PostgreSQLBackupSpec {
                 cluster,
                 method,
+                target,
                 deletion_policy,
                 compression,
-            },
-        )
+            }
+        })
 }
 
 fn backup_status() -> impl Strategy<Value = PostgreSQLBackupStatus> {

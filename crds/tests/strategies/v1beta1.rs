@@ -59,15 +59,17 @@ fn cluster_backup_settings() -> BoxedStrategy<BackupSpec> {
         1i32..=90,
         of(backup_storage()),
         of(compression()),
+        of(backup_method()),
         of(any::<bool>()),
     );
     settings
         .prop_map(
-            |(schedule, days, storage, compression, archiving)| BackupSpec {
+            |(schedule, days, storage, compression, method, archiving)| BackupSpec {
                 schedule,
                 retention: RetentionPolicy { days },
                 storage,
                 compression,
+                method,
                 wal_archiving: archiving.map(|enabled| WalArchiving { enabled }),
             },
         )
@@ -124,17 +126,19 @@ fn backup_spec() -> impl Strategy<Value = PostgreSQLBackupSpec> {
     (
         local_reference(),
         backup_method(),
+        of(backup_target()),
         deletion_policy(),
         of(compression()),
     )
-        .prop_map(
-            |(cluster, method, deletion_policy, compression)| PostgreSQLBackupSpec {
+        .prop_map(|(cluster, method, target, deletion_policy, compression)| {
+            PostgreSQLBackupSpec {
                 cluster,
                 method,
+                target,
                 deletion_policy,
                 compression,
-            },
-        )
+            }
+        })
 }
 
 fn backup_status() -> impl Strategy<Value = PostgreSQLBackupStatus> {

@@ -84,6 +84,7 @@ pub fn backup_config(storage: S3Storage, schedule: &str) -> BackupSpec {
         retention: RetentionPolicy { days: 7 },
         storage: Some(BackupStorage { s3: storage }),
         compression: None,
+        method: None,
         wal_archiving: None,
     }
 }
@@ -103,6 +104,7 @@ pub async fn create_backup(
                 name: cluster.to_owned(),
             },
             method: Default::default(),
+            target: None,
             deletion_policy,
             compression: None,
         },

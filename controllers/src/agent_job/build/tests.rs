@@ -50,6 +50,7 @@ fn backup() -> PostgreSQLBackup {
                 name: "main".to_owned(),
             },
             method: Default::default(),
+            target: None,
             deletion_policy: Default::default(),
             compression: None,
         },

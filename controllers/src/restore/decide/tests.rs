@@ -62,6 +62,7 @@ fn backup(phase: BackupPhase, version: &str) -> PostgreSQLBackup {
                 name: "main".to_owned(),
             },
             method: Default::default(),
+            target: None,
             deletion_policy: Default::default(),
             compression: None,
         },

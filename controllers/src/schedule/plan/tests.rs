@@ -41,6 +41,7 @@ fn backup(name: &str, cluster: &str, phase: Option<BackupPhase>) -> PostgreSQLBa
                 name: cluster.to_owned(),
             },
             method: BackupMethod::Logical,
+            target: None,
             deletion_policy: DeletionPolicy::Retain,
             compression: None,
         },
@@ -234,6 +235,20 @@ fn the_backup_carries_the_clusters_compression_of_the_moment() {
         gzip_3,
         "the backup made before the change keeps what the cluster said then"
     );
+}
+
+#[test]
+fn the_backup_takes_the_clusters_method_logical_by_default() {
+    let t = at("2025-01-01T03:00:00Z");
+    let mut main = cluster("0 3 * * *", true);
+    let default = desired_backup(&main, "main-202501010300", t);
+    assert_eq!(default.spec.method, BackupMethod::Logical);
+    assert_eq!(default.spec.target, None, "the backup's default target");
+    if let Some(settings) = main.spec.backup.as_mut() {
+        settings.method = Some(BackupMethod::Physical);
+    }
+    let physical = desired_backup(&main, "main-202501020300", at("2025-01-02T03:00:00Z"));
+    assert_eq!(physical.spec.method, BackupMethod::Physical);
 }
 
 #[test]
