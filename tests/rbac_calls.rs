@@ -551,13 +551,14 @@ async fn expired_backup(scenario: &Scenario) {
         started_at: finished.clone(),
         finished_at: finished,
         format: "pg_dump-custom".to_owned(),
-        globals: StoredObject {
+        physical: None,
+        globals: Some(StoredObject {
             key: format!("{prefix}globals.sql"),
             size: 10,
             sha256: "00".repeat(32),
             format: "pg_dumpall-globals-sql".to_owned(),
             compression: None,
-        },
+        }),
         databases: Vec::new(),
     };
     let manifest = serde_json::to_vec(&manifest).expect("manifest JSON");

@@ -109,7 +109,11 @@ fn manifest_json(name: &str, finished_at: DateTime<Utc>) -> Vec<u8> {
         started_at: finished_at.clone(),
         finished_at,
         format: DATABASE_FORMAT.into(),
-        globals: object(format!("{}globals.sql", directory(name)), GLOBALS_FORMAT),
+        physical: None,
+        globals: Some(object(
+            format!("{}globals.sql", directory(name)),
+            GLOBALS_FORMAT,
+        )),
         databases: vec![DatabaseObject {
             name: "db00000".into(),
             object: object(

@@ -391,13 +391,14 @@ fn manifest(
         started_at: finished.to_rfc3339(),
         finished_at: finished.to_rfc3339(),
         format: "pg_dump-custom".to_owned(),
-        globals: StoredObject {
+        physical: None,
+        globals: Some(StoredObject {
             key: format!("{dir}globals.sql"),
             size: globals_size,
             sha256: "00".repeat(32),
             format: "pg_dumpall-globals-sql".to_owned(),
             compression: None,
-        },
+        }),
         databases: Vec::new(),
     };
     serde_json::to_vec(&manifest).expect("manifest JSON")

@@ -140,7 +140,8 @@ impl Bed {
             started_at: finished.clone(),
             finished_at: finished,
             format: DATABASE_FORMAT.to_owned(),
-            globals: stored("globals.sql", GLOBALS_FORMAT),
+            physical: None,
+            globals: Some(stored("globals.sql", GLOBALS_FORMAT)),
             databases: Vec::new(),
         };
         for file in ["globals.sql", "databases/app.dump"] {

@@ -111,6 +111,14 @@ pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
     let store = Store::connect(&args.common.s3, args.keys()?).await?;
     let postgres = Postgres::from_env(&args.common.maintenance_database)?;
     let manifest = &read_manifest(&store).await?;
+    if manifest.physical.is_some() {
+        return Err(AgentError::Manifest {
+            key: store.keys.manifest(),
+            reason: "it lists a physical base backup, which this agent does not restore \
+                     (see docs/physical-backups.md for a restore by hand)"
+                .into(),
+        });
+    }
     let selected = select_databases(manifest, &args.databases)?;
     postgres
         .wait_until_accepting(args.common.server_wait())
@@ -143,7 +151,7 @@ pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
         + if args.skip_globals {
             0
         } else {
-            manifest.globals.size
+            manifest.globals.as_ref().map_or(0, |globals| globals.size)
         };
     info!(backup = %manifest.backup_name, size, "restore completed");
     Ok(Report {
@@ -183,10 +191,9 @@ async fn verify(
     selected: &[&DatabaseObject],
     skip_globals: bool,
 ) -> Result<Option<Vec<u8>>, AgentError> {
-    let globals = if skip_globals {
-        None
-    } else {
-        Some(download_globals(store, &manifest.globals).await?)
+    let globals = match manifest.globals.as_ref().filter(|_| !skip_globals) {
+        None => None,
+        Some(globals) => Some(download_globals(store, globals).await?),
     };
     for database in selected {
         stream_object(store, &database.object, &mut tokio::io::sink()).await?;
@@ -487,10 +494,11 @@ mod tests {
             started_at: String::new(),
             finished_at: String::new(),
             format: DATABASE_FORMAT.into(),
-            globals: StoredObject {
+            physical: None,
+            globals: Some(StoredObject {
                 format: GLOBALS_FORMAT.into(),
                 ..object("b/globals.sql")
-            },
+            }),
             databases: databases
                 .iter()
                 .map(|name| DatabaseObject {

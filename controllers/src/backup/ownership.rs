@@ -167,13 +167,14 @@ mod tests {
             started_at: "2025-01-01T00:00:00Z".into(),
             finished_at: "2025-01-01T00:01:00Z".into(),
             format: DATABASE_FORMAT.into(),
-            globals: StoredObject {
+            physical: None,
+            globals: Some(StoredObject {
                 key: "g".into(),
                 size: 1,
                 sha256: "00".repeat(32),
                 format: DATABASE_FORMAT.into(),
                 compression: None,
-            },
+            }),
             databases: Vec::new(),
         };
         serde_json::to_vec(&manifest).expect("serialises")

@@ -117,9 +117,7 @@ pub async fn verify(
 
 /// Every object the manifest lists is stored with the size it lists.
 async fn check_objects(bucket: &S3Bucket, manifest: &Manifest) -> Result<(), VerifyError> {
-    let objects = std::iter::once(&manifest.globals)
-        .chain(manifest.databases.iter().map(|database| &database.object));
-    for object in objects {
+    for object in manifest.objects() {
         match bucket.object_size(&object.key).await? {
             None => {
                 return Err(VerifyError::MissingObject {

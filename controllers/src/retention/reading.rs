@@ -93,13 +93,14 @@ mod tests {
             started_at: "2025-06-01T00:00:00Z".into(),
             finished_at: "2025-06-01T00:05:00+02:00".into(),
             format: DATABASE_FORMAT.into(),
-            globals: StoredObject {
+            physical: None,
+            globals: Some(StoredObject {
                 key: "ns/a/c1/b1/u1/globals.sql".into(),
                 size: 1,
                 sha256: "00".repeat(32),
                 format: DATABASE_FORMAT.into(),
                 compression: None,
-            },
+            }),
             databases: Vec::<DatabaseObject>::new(),
         }
     }

@@ -21,7 +21,13 @@
 //!   checks (they ignore the field) and fail in pg_restore after `--drop-existing` dropped the
 //!   database.
 //!
-//! Readers take both; an object without `compression` is stored as written (`none`), and a
+//! - 3 ([`MANIFEST_VERSION_PHYSICAL`]): a physical base backup ([`PhysicalBackup`]): no globals
+//!   and no databases, but the base backup's tar (zstd), its `backup_label`, `tablespace_map`
+//!   and PostgreSQL's `backup_manifest`, the WAL range it needs and where that WAL is archived.
+//!   Agents and controllers from before it refuse the version, so none of them takes it for a
+//!   logical backup.
+//!
+//! Readers take all three; an object without `compression` is stored as written (`none`), and a
 //! compression this build cannot decode is refused, naming the object.
 
 use serde::{Deserialize, Serialize};
@@ -32,10 +38,20 @@ use super::error::StorageError;
 pub const MANIFEST_VERSION: u32 = 1;
 /// Manifests with at least one object compressed with zstd by the agent.
 pub const MANIFEST_VERSION_ZSTD: u32 = 2;
+/// Manifests of physical base backups.
+pub const MANIFEST_VERSION_PHYSICAL: u32 = 3;
 /// Format of the database objects.
 pub const DATABASE_FORMAT: &str = "pg_dump-custom";
 /// Format of the globals object.
 pub const GLOBALS_FORMAT: &str = "pg_dumpall-globals-sql";
+/// Format of a physical backup's manifest (its `format`) and of its base object: the tar
+/// `pg_basebackup -Ft -D -` writes (no tablespaces beside the data directory).
+pub const BASE_BACKUP_FORMAT: &str = "pg_basebackup-tar";
+/// Format of the `backup_label` and `tablespace_map` files of a physical backup, as stored.
+pub const BACKUP_LABEL_FORMAT: &str = "backup_label";
+pub const TABLESPACE_MAP_FORMAT: &str = "tablespace_map";
+/// Format of PostgreSQL's own `backup_manifest` (JSON, with each file's checksum).
+pub const BACKUP_MANIFEST_FORMAT: &str = "pg_backup_manifest";
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -60,8 +76,57 @@ pub struct Manifest {
     pub started_at: String,
     pub finished_at: String,
     pub format: String,
-    pub globals: StoredObject,
+    /// Logical backups: `pg_dumpall --globals-only`. Physical backups have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub globals: Option<StoredObject>,
+    /// Logical backups: one dump per database. Physical backups have none.
+    #[serde(default)]
     pub databases: Vec<DatabaseObject>,
+    /// Physical backups: the base backup and the WAL it needs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub physical: Option<PhysicalBackup>,
+}
+
+/// A physical base backup: its objects, and the WAL from `startLsn` to `stopLsn` that a
+/// restore replays from the archive to make it consistent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PhysicalBackup {
+    /// Where the backup's redo starts, as PostgreSQL writes LSNs (`0/2000028`).
+    pub start_lsn: String,
+    /// The timeline of the start.
+    pub start_timeline: u32,
+    /// The point a restore must replay to before the backup is consistent.
+    pub stop_lsn: String,
+    pub stop_timeline: u32,
+    /// The instance the backup was read from (a pod name), and whether it was a standby.
+    pub source: String,
+    pub from_standby: bool,
+    /// The WAL archive's root (`<prefix>/wal/<cluster>/`) and the first and last WAL segments
+    /// the backup needs, all found there before the manifest was written.
+    pub wal_root: String,
+    pub first_wal: String,
+    pub last_wal: String,
+    /// `base.tar.zst`: the data directory as a tar, compressed with zstd.
+    pub base: StoredObject,
+    /// The `backup_label` file of the base backup (also inside the tar).
+    pub backup_label: StoredObject,
+    /// The `tablespace_map` file, when the base backup has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tablespace_map: Option<StoredObject>,
+    /// PostgreSQL's `backup_manifest` (also inside the tar): every file with its SHA-256, for
+    /// `pg_verifybackup`.
+    pub backup_manifest: StoredObject,
+}
+
+impl PhysicalBackup {
+    /// Every object of the base backup: the tar, then the files beside it.
+    pub fn objects(&self) -> impl Iterator<Item = &StoredObject> {
+        [Some(&self.base), Some(&self.backup_label)]
+            .into_iter()
+            .chain([self.tablespace_map.as_ref(), Some(&self.backup_manifest)])
+            .flatten()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -143,19 +208,24 @@ impl StoredObject {
 
 impl Manifest {
     pub fn total_size(&self) -> u64 {
-        self.globals.size + self.databases.iter().map(|db| db.object.size).sum::<u64>()
+        self.objects().map(|object| object.size).sum()
     }
 
-    /// Every object: the globals, then the databases in order.
+    /// Every object: the globals, then the databases in order, then a physical backup's.
     pub fn objects(&self) -> impl Iterator<Item = &StoredObject> {
-        std::iter::once(&self.globals).chain(self.databases.iter().map(|db| &db.object))
+        self.globals
+            .iter()
+            .chain(self.databases.iter().map(|db| &db.object))
+            .chain(self.physical.iter().flat_map(PhysicalBackup::objects))
     }
 
-    /// The version these objects need: [`MANIFEST_VERSION_ZSTD`] if any is zstd, so that agents
-    /// that cannot decode it refuse the backup before changing anything; else
-    /// [`MANIFEST_VERSION`], which every agent restores.
+    /// The version these objects need: [`MANIFEST_VERSION_PHYSICAL`] for a physical backup;
+    /// [`MANIFEST_VERSION_ZSTD`] if any is zstd, so that agents that cannot decode it refuse the
+    /// backup before changing anything; else [`MANIFEST_VERSION`], which every agent restores.
     pub fn required_version(&self) -> u32 {
-        if self
+        if self.physical.is_some() {
+            MANIFEST_VERSION_PHYSICAL
+        } else if self
             .objects()
             .any(|object| object.compression() == StoredCompression::Zstd)
         {
@@ -171,16 +241,32 @@ impl Manifest {
                 key: key.to_string(),
                 reason: error.to_string(),
             })?;
-        if !matches!(
-            manifest.manifest_version,
-            MANIFEST_VERSION | MANIFEST_VERSION_ZSTD
-        ) {
+        let supported = match manifest.manifest_version {
+            MANIFEST_VERSION | MANIFEST_VERSION_ZSTD => {
+                manifest.globals.is_some() && manifest.physical.is_none()
+            }
+            MANIFEST_VERSION_PHYSICAL => manifest.physical.is_some(),
+            version => {
+                return Err(StorageError::Manifest {
+                    key: key.to_string(),
+                    reason: format!(
+                        "manifest version {version} is not supported (this pgkube reads \
+                         {MANIFEST_VERSION} to {MANIFEST_VERSION_PHYSICAL})"
+                    ),
+                });
+            }
+        };
+        if !supported {
             return Err(StorageError::Manifest {
                 key: key.to_string(),
                 reason: format!(
-                    "manifest version {} is not supported (this pgkube reads {MANIFEST_VERSION} \
-                     and {MANIFEST_VERSION_ZSTD})",
-                    manifest.manifest_version
+                    "a version {} manifest must list {}",
+                    manifest.manifest_version,
+                    if manifest.manifest_version == MANIFEST_VERSION_PHYSICAL {
+                        "a physical backup"
+                    } else {
+                        "the globals and no physical backup"
+                    }
                 ),
             });
         }
@@ -215,11 +301,12 @@ mod tests {
             started_at: "2025-01-01T00:00:00Z".into(),
             finished_at: "2025-01-01T00:01:00Z".into(),
             format: DATABASE_FORMAT.into(),
-            globals: object("p/b1/globals.sql", 10, None),
+            globals: Some(object("p/b1/globals.sql", 10, None)),
             databases: vec![DatabaseObject {
                 name: "app".into(),
                 object: object("p/b1/databases/app.dump", 32, compression),
             }],
+            physical: None,
         }
     }
 
@@ -292,7 +379,7 @@ mod tests {
             let json = serde_json::to_vec(&manifest).expect("serialises");
             assert!(Manifest::parse("k", &json).is_ok(), "version {version}");
         }
-        for version in [0, 3, 99] {
+        for version in [0, 4, 99] {
             let mut manifest = sample(None);
             manifest.manifest_version = version;
             let json = serde_json::to_vec(&manifest).expect("serialises");
@@ -318,6 +405,77 @@ mod tests {
         let bytes = serde_json::to_vec(&json).expect("serialises");
         let error = Manifest::parse("m", &bytes).expect_err("brotli");
         assert!(error.to_string().contains("p/b1/globals.sql"), "{error}");
+    }
+
+    fn physical_sample() -> Manifest {
+        let stored = |key: &str, size, format: &str, compression| StoredObject {
+            key: key.into(),
+            size,
+            sha256: "cd".repeat(32),
+            format: format.into(),
+            compression,
+        };
+        let mut manifest = sample(None);
+        manifest.format = BASE_BACKUP_FORMAT.into();
+        manifest.globals = None;
+        manifest.databases = Vec::new();
+        manifest.physical = Some(PhysicalBackup {
+            start_lsn: "0/2000028".into(),
+            start_timeline: 1,
+            stop_lsn: "0/2000100".into(),
+            stop_timeline: 1,
+            source: "main-postgresql-1".into(),
+            from_standby: true,
+            wal_root: "db/main/wal/main/".into(),
+            first_wal: "000000010000000000000002".into(),
+            last_wal: "000000010000000000000002".into(),
+            base: stored(
+                "p/b1/base.tar.zst",
+                1000,
+                BASE_BACKUP_FORMAT,
+                Some(StoredCompression::Zstd),
+            ),
+            backup_label: stored("p/b1/backup_label", 200, BACKUP_LABEL_FORMAT, None),
+            tablespace_map: None,
+            backup_manifest: stored("p/b1/backup_manifest", 30, BACKUP_MANIFEST_FORMAT, None),
+        });
+        manifest.manifest_version = manifest.required_version();
+        manifest
+    }
+
+    #[test]
+    fn a_physical_backup_is_version_3_with_its_objects_and_no_globals() {
+        let manifest = physical_sample();
+        assert_eq!(manifest.manifest_version, MANIFEST_VERSION_PHYSICAL);
+        assert_eq!(manifest.total_size(), 1230);
+        let keys: Vec<&str> = manifest.objects().map(|o| o.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "p/b1/base.tar.zst",
+                "p/b1/backup_label",
+                "p/b1/backup_manifest"
+            ]
+        );
+        let json = serde_json::to_value(&manifest).expect("serialises");
+        assert!(json.get("globals").is_none(), "{json}");
+        assert_eq!(json["physical"]["stopLsn"], "0/2000100");
+        assert_eq!(json["physical"]["base"]["compression"], "zstd");
+        let bytes = serde_json::to_vec(&manifest).expect("serialises");
+        assert_eq!(Manifest::parse("k", &bytes).expect("parses"), manifest);
+    }
+
+    #[test]
+    fn a_version_that_does_not_match_what_the_manifest_lists_is_refused() {
+        let mut logical_as_physical = sample(None);
+        logical_as_physical.manifest_version = MANIFEST_VERSION_PHYSICAL;
+        let mut physical_as_logical = physical_sample();
+        physical_as_logical.manifest_version = MANIFEST_VERSION_ZSTD;
+        for manifest in [logical_as_physical, physical_as_logical] {
+            let bytes = serde_json::to_vec(&manifest).expect("serialises");
+            let error = Manifest::parse("p/b1/manifest.json", &bytes).expect_err("refused");
+            assert!(error.to_string().contains("p/b1/manifest.json"), "{error}");
+        }
     }
 
     #[test]

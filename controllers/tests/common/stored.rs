@@ -64,7 +64,8 @@ pub fn manifest_json(
         started_at: finished_at.clone(),
         finished_at,
         format: DATABASE_FORMAT.into(),
-        globals: stored(format!("{dir}globals.sql"), GLOBALS_FORMAT),
+        physical: None,
+        globals: Some(stored(format!("{dir}globals.sql"), GLOBALS_FORMAT)),
         databases: vec![DatabaseObject {
             name: "app".into(),
             object: stored(format!("{dir}databases/app.dump"), DATABASE_FORMAT),
