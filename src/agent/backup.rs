@@ -10,6 +10,9 @@
 //! compression and the agent compresses its output with multi-threaded zstd on the way to S3
 //! ([`super::zstd_stream`]); the globals script is small and stays plain SQL. The manifest
 //! records each object's compression ([`pgkube_controllers::storage::manifest`]).
+//!
+//! `--method physical` takes a base backup instead ([`super::physical`]); the directory, the
+//! refusal of an existing manifest and the manifest written last are the same.
 
 use chrono::{SecondsFormat, Utc};
 use clap::Args;
@@ -21,6 +24,7 @@ use super::CommonArgs;
 use super::compression::{CompressionArgs, Plan, ZstdSettings};
 use super::error::AgentError;
 use super::multipart::{MultipartUpload, PartBuffers, SentStream};
+use super::physical::{self, PhysicalArgs};
 use super::postgres::{Postgres, conninfo_for};
 use super::report::Report;
 use super::storage::Store;
@@ -28,7 +32,8 @@ use super::zstd_stream;
 use pgkube_controllers::storage::NewObject;
 use pgkube_controllers::storage::keys::BackupKeys;
 use pgkube_controllers::storage::manifest::{
-    DATABASE_FORMAT, DatabaseObject, GLOBALS_FORMAT, Manifest, StoredCompression, StoredObject,
+    BASE_BACKUP_FORMAT, DATABASE_FORMAT, DatabaseObject, GLOBALS_FORMAT, Manifest,
+    StoredCompression, StoredObject,
 };
 
 const MIB: u64 = 1024 * 1024;
@@ -75,6 +80,20 @@ pub struct BackupArgs {
     #[arg(long, env = "PGKUBE_PARTS_IN_FLIGHT", default_value_t = 2,
           value_parser = clap::value_parser!(u64).range(1..=16))]
     parts_in_flight: u64,
+
+    /// `logical` (pg_dumpall and pg_dump) or `physical` (a base backup, see `--wal-root`).
+    #[arg(long, env = "PGKUBE_BACKUP_METHOD", value_enum, default_value_t = Method::Logical)]
+    method: Method,
+
+    #[command(flatten)]
+    physical: PhysicalArgs,
+}
+
+/// How the agent backs up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Method {
+    Logical,
+    Physical,
 }
 
 impl BackupArgs {
@@ -89,6 +108,7 @@ impl BackupArgs {
             backup_uid = %self.backup_uid,
             bucket = %self.common.s3.bucket,
             prefix = %self.common.s3.prefix,
+            method = ?self.method,
             otel.status_description = tracing::field::Empty,
         )
     }
@@ -122,55 +142,42 @@ pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
     postgres
         .wait_until_accepting(args.common.server_wait())
         .await?;
-    let postgresql_version = postgres.server_version().await?;
-    let system_identifier = postgres.system_identifier().await?;
-    let databases = select_databases(postgres.list_databases().await?, &args.databases)?;
-    info!(
-        backup = %args.common.backup_name,
-        databases = databases.len(),
-        %postgresql_version,
-        ?compression,
-        "starting backup"
-    );
-
     let part_size = usize::try_from(args.part_size_mib * MIB)
         .map_err(|_| AgentError::Settings("--part-size-mib is too large".into()))?;
     let parts_in_flight = usize::try_from(args.parts_in_flight).unwrap_or(1);
-    let mut dumper = Dumper {
-        store: store.clone(),
-        postgres,
-        parts_in_flight,
-        compression,
-        buffers: PartBuffers::new(part_size, parts_in_flight),
+    let mut manifest = match args.method {
+        Method::Logical => {
+            let buffers = PartBuffers::new(part_size, parts_in_flight);
+            let mut dumper = Dumper {
+                store: store.clone(),
+                postgres,
+                parts_in_flight,
+                compression,
+                buffers,
+            };
+            logical(&args, &mut dumper, started_at).await?
+        }
+        Method::Physical => {
+            let context = physical::Context {
+                store: &store,
+                postgres: &postgres,
+                cluster_uid: &args.cluster_uid,
+                backup_name: &args.common.backup_name,
+                compression,
+                parts_in_flight,
+                part_size,
+            };
+            let taken = physical::take(&args.physical, context).await?;
+            physical_manifest(&args, taken, started_at)
+        }
     };
-    let globals = dumper.dump_globals().await?;
-    let mut dumped = Vec::with_capacity(databases.len());
-    for database in &databases {
-        dumped.push(dumper.dump_database(database).await?);
-    }
-
-    let mut manifest = Manifest {
-        manifest_version: 0,
-        cluster: args.cluster,
-        namespace: args.namespace,
-        cluster_uid: Some(args.cluster_uid),
-        system_identifier: Some(system_identifier),
-        backup_name: args.common.backup_name.clone(),
-        backup_uid: Some(args.backup_uid),
-        postgresql_version,
-        started_at,
-        finished_at: now(),
-        format: DATABASE_FORMAT.into(),
-        globals,
-        databases: dumped,
-    };
-    // Version 2 when any object is zstd: agents that cannot decode it refuse it up front.
+    // Version 2 when any object is zstd, 3 for a base backup: agents that cannot read it refuse
+    // it up front.
     manifest.manifest_version = manifest.required_version();
     let manifest_sha256 = write_manifest(&store, &manifest_key, &manifest).await?;
     info!(
         backup = %manifest.backup_name,
         size = manifest.total_size(),
-        part_buffers = dumper.buffers.allocated(),
         "backup completed"
     );
     Ok(Report {
@@ -190,6 +197,67 @@ pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
         started_at: Some(manifest.started_at),
         finished_at: Some(manifest.finished_at),
         ..Report::completed()
+    })
+}
+
+/// The manifest of a base backup, still to be written.
+fn physical_manifest(args: &BackupArgs, taken: physical::Taken, started_at: String) -> Manifest {
+    Manifest {
+        manifest_version: 0,
+        cluster: args.cluster.clone(),
+        namespace: args.namespace.clone(),
+        cluster_uid: Some(args.cluster_uid.clone()),
+        system_identifier: Some(taken.system_identifier),
+        backup_name: args.common.backup_name.clone(),
+        backup_uid: Some(args.backup_uid.clone()),
+        postgresql_version: taken.postgresql_version,
+        started_at,
+        finished_at: now(),
+        format: BASE_BACKUP_FORMAT.into(),
+        globals: None,
+        databases: Vec::new(),
+        physical: Some(taken.physical),
+    }
+}
+
+/// The globals and every database, dumped; the manifest that lists them, still to be written.
+async fn logical(
+    args: &BackupArgs,
+    dumper: &mut Dumper,
+    started_at: String,
+) -> Result<Manifest, AgentError> {
+    let postgres = &dumper.postgres;
+    let postgresql_version = postgres.server_version().await?;
+    let system_identifier = postgres.system_identifier().await?;
+    let databases = select_databases(postgres.list_databases().await?, &args.databases)?;
+    info!(
+        backup = %args.common.backup_name,
+        databases = databases.len(),
+        %postgresql_version,
+        compression = ?dumper.compression,
+        "starting backup"
+    );
+    let globals = dumper.dump_globals().await?;
+    let mut dumped = Vec::with_capacity(databases.len());
+    for database in &databases {
+        dumped.push(dumper.dump_database(database).await?);
+    }
+    debug!(part_buffers = dumper.buffers.allocated(), "dumps stored");
+    Ok(Manifest {
+        manifest_version: 0,
+        cluster: args.cluster.clone(),
+        namespace: args.namespace.clone(),
+        cluster_uid: Some(args.cluster_uid.clone()),
+        system_identifier: Some(system_identifier),
+        backup_name: args.common.backup_name.clone(),
+        backup_uid: Some(args.backup_uid.clone()),
+        postgresql_version,
+        started_at,
+        finished_at: now(),
+        format: DATABASE_FORMAT.into(),
+        globals: Some(globals),
+        databases: dumped,
+        physical: None,
     })
 }
 

@@ -1,6 +1,8 @@
 //! `pgkube agent`: the backup and restore data path that runs inside backup and restore Jobs.
 //!
-//! `pgkube agent backup` dumps a whole PostgreSQL instance logically: the globals (roles,
+//! `pgkube agent backup --method physical` takes a base backup of the instance with
+//! `pg_basebackup`, streamed as one zstd tar, and records it once the WAL it needs is archived
+//! ([`physical`]). By default, `pgkube agent backup` dumps a whole PostgreSQL instance logically: the globals (roles,
 //! tablespaces) with `pg_dumpall --globals-only`, then every non-template database that accepts
 //! connections with `pg_dump -Fc`. Each dump is streamed from the child's stdout straight into an
 //! S3 multipart upload (no temporary file; a bounded number of parts in memory) while its SHA-256
@@ -69,12 +71,15 @@ mod download;
 mod error;
 pub mod multipart;
 pub mod part_size;
+mod physical;
 mod postgres;
 mod report;
 mod restore;
 pub mod storage;
+mod tar_scan;
 mod target;
 mod transient;
+mod wal_range;
 pub mod zstd_stream;
 
 use std::path::PathBuf;

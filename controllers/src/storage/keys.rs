@@ -9,6 +9,9 @@
 //! <prefix>/<cluster-uid>/<backup-name>/<backup-uid>/manifest.json     written last
 //! ```
 //!
+//! A physical backup's directory holds `base.tar.zst`, `backup_label`, `tablespace_map` (when
+//! there is one) and `backup_manifest` beside its `manifest.json`.
+//!
 //! `<prefix>/<cluster-uid>/` is the cluster's root ([`cluster_root`]): two clusters that share a
 //! prefix have disjoint roots, and a backup name used again (after its PostgreSQLBackup was
 //! deleted) gets a new directory, since the new object has a new uid.
@@ -25,6 +28,8 @@ pub const MANIFEST_FILE: &str = "manifest.json";
 pub const GLOBALS_FILE: &str = "globals.sql";
 /// Directory of the database dumps inside a backup's directory.
 pub const DATABASES_DIR: &str = "databases";
+/// A physical backup's base tar, zstd, inside its directory.
+pub const BASE_FILE: &str = "base.tar.zst";
 
 /// The keys of one backup: everything is under [`BackupKeys::directory`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,6 +87,17 @@ impl BackupKeys {
 
     pub fn globals(&self) -> String {
         format!("{}{GLOBALS_FILE}", self.directory)
+    }
+
+    /// A physical backup's base tar.
+    pub fn base(&self) -> String {
+        format!("{}{BASE_FILE}", self.directory)
+    }
+
+    /// A file of a physical backup stored beside its tar, under its own name: `backup_label`,
+    /// `tablespace_map` or `backup_manifest` (fixed names, never user input).
+    pub fn backup_file(&self, name: &'static str) -> String {
+        format!("{}{name}", self.directory)
     }
 
     /// The dump of database `database` (any name: see [`escape_key_segment`]).
@@ -166,6 +182,11 @@ mod tests {
         assert_eq!(keys.directory(), "team/db/c-uid/nightly/b-uid/");
         assert_eq!(keys.manifest(), "team/db/c-uid/nightly/b-uid/manifest.json");
         assert_eq!(keys.globals(), "team/db/c-uid/nightly/b-uid/globals.sql");
+        assert_eq!(keys.base(), "team/db/c-uid/nightly/b-uid/base.tar.zst");
+        assert_eq!(
+            keys.backup_file("backup_label"),
+            "team/db/c-uid/nightly/b-uid/backup_label"
+        );
         assert_eq!(
             keys.database("app/x"),
             "team/db/c-uid/nightly/b-uid/databases/app%2Fx.dump"

@@ -196,6 +196,11 @@ pub async fn claim(
     }
 }
 
+/// The owner record of the archive at `root`, if it has one.
+pub async fn owner(bucket: &S3Bucket, root: &str) -> Result<Option<ArchiveOwner>, WalArchiveError> {
+    read_owner(bucket, &format!("{root}{MARKER}")).await
+}
+
 async fn read_owner(bucket: &S3Bucket, key: &str) -> Result<Option<ArchiveOwner>, WalArchiveError> {
     let Some(bytes) = bucket.read_object(key).await? else {
         return Ok(None);
