@@ -26,6 +26,7 @@ use pgkube_crds::{
     S3Storage,
 };
 
+use crate::backup::physical::Source;
 use crate::cluster::build::POSTGRES_UID;
 use crate::names::{self, DNS_LABEL_MAX, NameKind};
 use crate::pod::{
@@ -50,6 +51,9 @@ pub(super) const S3_MOUNT: &str = "/etc/pgkube/s3";
 pub(super) const ACCESS_KEY_ID_FILE: &str = "access-key-id";
 pub(super) const SECRET_ACCESS_KEY_FILE: &str = "secret-access-key";
 pub(super) const CA_BUNDLE_FILE: &str = "ca.crt";
+/// The replication role's Secret, for the base backup of a physical backup.
+pub(super) const REPLICATION_VOLUME: &str = "replication";
+pub(super) const REPLICATION_MOUNT: &str = "/etc/pgkube/replication";
 /// A failed backup or restore is not retried by the Job: the agent starts from scratch anyway,
 /// and a new run (scheduled, or a new object) is the retry, with the failure on record.
 const BACKOFF_LIMIT: i32 = 0;
@@ -60,10 +64,12 @@ const TTL_AFTER_FINISHED_SECONDS: i32 = 86_400;
 /// What the Job does.
 pub enum Task<'a> {
     /// Back up the cluster as this backup, compressed as `compression` says (resolved by the
-    /// backup controller: the backup's own, else its cluster's, else the default).
+    /// backup controller: the backup's own, else its cluster's, else the default); a physical
+    /// backup reads `source`.
     Backup {
         backup: &'a PostgreSQLBackup,
         compression: BackupCompression,
+        source: Option<Source>,
     },
     /// Restore the backup called `backup_name`, whose manifest is `manifest_key`, as this
     /// restore asks.
@@ -120,7 +126,17 @@ impl Task<'_> {
     /// restore recorded in its status; none recorded, or `Any`: no check).
     fn arguments(&self) -> Vec<String> {
         let restore = match self {
-            Self::Backup { compression, .. } => return compression_arguments(compression),
+            Self::Backup {
+                compression,
+                source,
+                ..
+            } => {
+                let mut arguments = compression_arguments(compression);
+                if source.is_some() {
+                    arguments.extend(["--method".to_owned(), "physical".to_owned()]);
+                }
+                return arguments;
+            }
             Self::Restore { restore, .. } => restore,
         };
         let mut arguments: Vec<String> = restore
@@ -139,6 +155,14 @@ impl Task<'_> {
             ]);
         }
         arguments
+    }
+
+    /// The instance a physical backup reads; `None` for anything else.
+    pub(super) fn physical_source(&self) -> Option<&Source> {
+        match self {
+            Self::Backup { source, .. } => source.as_ref(),
+            Self::Restore { .. } => None,
+        }
     }
 
     fn job_name(&self) -> String {
@@ -293,13 +317,22 @@ fn agent_container(input: &JobInput<'_>) -> Container {
         termination_message_policy: Some("FallbackToLogsOnError".to_owned()),
         security_context: Some(restricted_security_context()),
         resources: resources(input),
-        volume_mounts: Some(vec![
-            mount(AGENT_VOLUME, AGENT_MOUNT, true),
-            mount(SUPERUSER_VOLUME, SUPERUSER_MOUNT, true),
-            mount(S3_VOLUME, S3_MOUNT, true),
-        ]),
+        volume_mounts: Some(volume_mounts(&input.task)),
         ..Container::default()
     }
+}
+
+/// The agent's files; a physical backup also gets the replication role's password.
+fn volume_mounts(task: &Task<'_>) -> Vec<k8s_openapi::api::core::v1::VolumeMount> {
+    let mut mounts = vec![
+        mount(AGENT_VOLUME, AGENT_MOUNT, true),
+        mount(SUPERUSER_VOLUME, SUPERUSER_MOUNT, true),
+        mount(S3_VOLUME, S3_MOUNT, true),
+    ];
+    if task.physical_source().is_some() {
+        mounts.push(mount(REPLICATION_VOLUME, REPLICATION_MOUNT, true));
+    }
+    mounts
 }
 
 /// The containers' resources, or none when no request or limit is set.

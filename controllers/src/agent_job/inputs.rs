@@ -10,10 +10,15 @@ use kube::ResourceExt;
 use pgkube_crds::{PostgreSQLCluster, S3Storage};
 
 use super::build::{
-    ACCESS_KEY_ID_FILE, AGENT_VOLUME, CA_BUNDLE_FILE, JobInput, S3_MOUNT, S3_VOLUME,
-    SECRET_ACCESS_KEY_FILE, SUPERUSER_MOUNT, SUPERUSER_VOLUME, Task,
+    ACCESS_KEY_ID_FILE, AGENT_VOLUME, CA_BUNDLE_FILE, JobInput, REPLICATION_MOUNT,
+    REPLICATION_VOLUME, S3_MOUNT, S3_VOLUME, SECRET_ACCESS_KEY_FILE, SUPERUSER_MOUNT,
+    SUPERUSER_VOLUME, Task,
 };
-use crate::cluster::build::{ChildNames, POSTGRES_PORT};
+use crate::backup::physical::Source;
+use crate::cluster::build::{
+    ChildNames, PASSWORD_KEY, POSTGRES_PORT, REPLICATION_USER, instance_host,
+};
+use crate::storage::wal;
 
 fn value(name: &str, value: impl Into<String>) -> EnvVar {
     EnvVar {
@@ -71,6 +76,9 @@ pub(super) fn agent_env(input: &JobInput<'_>) -> Vec<EnvVar> {
         ),
     ];
     env.extend(location_env(&input.task, input.cluster));
+    if let Some(source) = input.task.physical_source() {
+        env.extend(physical_env(input, source));
+    }
     if let Some(endpoint) = &storage.endpoint {
         env.push(value("PGKUBE_S3_ENDPOINT", endpoint));
     }
@@ -102,9 +110,33 @@ pub(super) fn agent_env(input: &JobInput<'_>) -> Vec<EnvVar> {
     env
 }
 
+/// What a physical backup reads: the source's stable host name (a standby) or the primary's
+/// Service, as the replication role, and where the cluster's WAL is archived.
+fn physical_env(input: &JobInput<'_>, source: &Source) -> Vec<EnvVar> {
+    let cluster = input.cluster.name_any();
+    let names = ChildNames::for_cluster(&cluster);
+    let namespace = input.cluster.namespace().unwrap_or_default();
+    let host = if source.standby {
+        instance_host(&names, &namespace, &source.pod)
+    } else {
+        names.rw_service.clone()
+    };
+    vec![
+        value("PGKUBE_SOURCE_HOST", host),
+        value("PGKUBE_SOURCE_POD", &source.pod),
+        value("PGKUBE_FROM_STANDBY", source.standby.to_string()),
+        value("PGKUBE_REPLICATION_USER", REPLICATION_USER),
+        value(
+            "PGKUBE_REPLICATION_PASSWORD_FILE",
+            format!("{REPLICATION_MOUNT}/{PASSWORD_KEY}"),
+        ),
+        value("PGKUBE_WAL_ROOT", wal::archive_root(input.prefix, &cluster)),
+    ]
+}
+
 pub(super) fn volumes(input: &JobInput<'_>) -> Vec<Volume> {
     let names = ChildNames::for_cluster(&input.cluster.name_any());
-    vec![
+    let mut volumes = vec![
         Volume {
             name: AGENT_VOLUME.to_owned(),
             empty_dir: Some(EmptyDirVolumeSource::default()),
@@ -127,7 +159,19 @@ pub(super) fn volumes(input: &JobInput<'_>) -> Vec<Volume> {
             }),
             ..Volume::default()
         },
-    ]
+    ];
+    if input.task.physical_source().is_some() {
+        volumes.push(Volume {
+            name: REPLICATION_VOLUME.to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(names.replication_secret),
+                items: Some(vec![key_to_path(PASSWORD_KEY, PASSWORD_KEY)]),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+    }
+    volumes
 }
 
 fn key_to_path(key: &str, path: &str) -> KeyToPath {

@@ -1,7 +1,8 @@
 //! What a backup needs next, decided from what was read (pure).
 //!
 //! A new backup waits (phase Pending, with a reason) while its cluster is missing, has no
-//! storage, is not ready, while a restore into the cluster runs, or while another backup of
+//! storage, is not ready, for a physical backup while the cluster does not archive its WAL or
+//! has no standby to read (see [`super::physical`]), while a restore into the cluster runs, or while another backup of
 //! the same cluster is unfinished: a cluster runs one backup at a time, the oldest first. A backup that waited longer than the pending
 //! deadline fails, so that nothing stays Pending forever. Then the storage is recorded in the
 //! status and the Job is created; from there the Job decides (see `follow`). How the Job
@@ -125,6 +126,8 @@ fn blocker(
             format!("PostgreSQLCluster {cluster_name} is not Running with a primary yet"),
         ));
     }
+    // A physical backup needs the WAL archive, and a standby to read unless told otherwise.
+    super::physical::source(backup, cluster)?;
     // A backup taken while a restore rewrites the databases would hold half of each.
     let restoring = restores.iter().find(|r| {
         &r.spec.cluster.name == cluster_name

@@ -41,6 +41,7 @@ pub mod decide;
 pub mod holds;
 pub mod job_start;
 mod ownership;
+pub mod physical;
 mod remove;
 pub mod retention_pass;
 mod status;
@@ -329,11 +330,16 @@ async fn start(
     let prefix = storage.prefix.clone().unwrap_or_default();
     let keys = decide::new_backup_keys(&prefix, cluster, backup).map_err(Error::Keys)?;
     let compression = decide::compression(backup, cluster);
+    // `decide` saw the same cluster and let the backup start, so this is not a wait.
+    let Ok(source) = physical::source(backup, cluster) else {
+        return Ok(Action::requeue(WAIT_REQUEUE));
+    };
     let desired = info_span!("build").in_scope(|| {
         job::build(&job::JobInput {
             task: job::Task::Backup {
                 backup,
                 compression,
+                source,
             },
             cluster,
             storage: &storage,

@@ -69,6 +69,14 @@ fn job_compressed(compression: BackupCompression) -> Job {
 }
 
 fn job_with(compression: BackupCompression, resources: &ResourceRequirements) -> Job {
+    job_reading(compression, resources, None)
+}
+
+fn job_reading(
+    compression: BackupCompression,
+    resources: &ResourceRequirements,
+    source: Option<crate::backup::physical::Source>,
+) -> Job {
     let (backup, cluster, storage) = (backup(), cluster(), storage());
     let otel = [(
         "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
@@ -78,6 +86,7 @@ fn job_with(compression: BackupCompression, resources: &ResourceRequirements) ->
         task: Task::Backup {
             backup: &backup,
             compression,
+            source,
         },
         cluster: &cluster,
         storage: &storage,
@@ -199,6 +208,73 @@ fn every_container_is_restricted() {
         );
         assert_eq!(context.run_as_non_root, Some(true));
     }
+}
+
+#[test]
+fn a_physical_backup_reads_its_source_as_the_replication_role_and_knows_the_wal_root() {
+    let standby = crate::backup::physical::Source {
+        pod: "main-postgresql-1".to_owned(),
+        standby: true,
+    };
+    let physical = job_reading(
+        BackupCompression::default(),
+        &ResourceRequirements::default(),
+        Some(standby),
+    );
+    let pod = physical.spec.expect("spec").template.spec.expect("pod");
+    let container = &pod.containers[0];
+    let arguments = container.args.clone().unwrap_or_default();
+    assert!(
+        arguments
+            .windows(2)
+            .any(|pair| pair == ["--method", "physical"]),
+        "{arguments:?}"
+    );
+    let env = env_of(container);
+    let plain = |name: &str| env.get(name).and_then(|v| v.value.clone());
+    assert_eq!(
+        plain("PGHOST").as_deref(),
+        Some("main-rw"),
+        "checks and pg_switch_wal"
+    );
+    assert_eq!(
+        plain("PGKUBE_SOURCE_HOST").as_deref(),
+        Some("main-postgresql-1.main-postgresql-headless.db.svc")
+    );
+    assert_eq!(plain("PGKUBE_FROM_STANDBY").as_deref(), Some("true"));
+    assert_eq!(
+        plain("PGKUBE_REPLICATION_USER").as_deref(),
+        Some("streaming_replica")
+    );
+    assert_eq!(
+        plain("PGKUBE_REPLICATION_PASSWORD_FILE").as_deref(),
+        Some("/etc/pgkube/replication/password")
+    );
+    assert_eq!(
+        plain("PGKUBE_WAL_ROOT").as_deref(),
+        Some("db/main/wal/main/")
+    );
+    let volume = pod
+        .volumes
+        .unwrap_or_default()
+        .into_iter()
+        .find(|volume| volume.name == "replication")
+        .expect("the replication Secret's volume");
+    assert_eq!(
+        volume.secret.and_then(|s| s.secret_name).as_deref(),
+        Some("main-postgresql-replication")
+    );
+    let logical = job().spec.expect("spec").template.spec.expect("pod");
+    let logical_env = env_of(&logical.containers[0]);
+    assert!(!logical_env.contains_key("PGKUBE_SOURCE_HOST"));
+    assert!(
+        !logical
+            .volumes
+            .unwrap_or_default()
+            .iter()
+            .any(|v| v.name == "replication"),
+        "a logical backup gets no replication password"
+    );
 }
 
 #[test]
