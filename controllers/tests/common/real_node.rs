@@ -140,6 +140,7 @@ impl Fixture {
                 name: self.cluster.name().to_owned(),
             },
             method: Default::default(),
+            target: None,
             deletion_policy: DeletionPolicy::Retain,
             compression,
         };

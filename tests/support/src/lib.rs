@@ -113,6 +113,7 @@ mod partition;
 mod process;
 pub mod proxy;
 mod restore;
+pub mod scratch;
 mod service;
 mod volume;
 mod wait;

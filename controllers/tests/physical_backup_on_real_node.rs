@@ -1,0 +1,294 @@
+//! End to end on the test bed's real node: a physical backup of a two-instance PostgreSQL 15
+//! cluster, read from its standby while a writer commits on the primary, stored in the real
+//! Garage; then proved restorable here: the base backup and the archived WAL are restored into a
+//! scratch data directory, `pg_verifybackup` checks them, and a scratch server recovers them to
+//! the backup's end and holds exactly what was committed before its stop LSN.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common::Running;
+use common::real_node::{CLUSTER_TIMEOUT, NEVER, RESYNC, S3_SECRET};
+use pgkube_controllers::storage::manifest::{Manifest, PhysicalBackup};
+use pgkube_crds::{
+    BackupMethod, BackupPhase, CONTINUOUS_ARCHIVING, DeletionPolicy, InstanceRole, LocalReference,
+    PostgreSQLBackup, PostgreSQLBackupSpec,
+};
+use pgkube_testkit::scratch::{ScratchServer, run_pg15};
+use pgkube_testkit::tokio_postgres::Client;
+use pgkube_testkit::wal::archived_files;
+use pgkube_testkit::{
+    TestBucket, TestCluster, backup_config, create_s3_secret, test_storage, wait_backup_ended,
+    wait_until,
+};
+use sha2::{Digest, Sha256};
+
+/// The backup waits for its WAL to be archived (a minute at most with `archive_timeout`, less
+/// with the agent's `pg_switch_wal()`), on top of the base backup itself.
+const BACKUP_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// One committed row of the writer: its id, and the primary's WAL insert position just before
+/// its INSERT and just after its commit returned.
+#[derive(Clone, Copy, Debug)]
+struct Written {
+    id: i64,
+    before: i64,
+    after: i64,
+}
+
+#[tokio::test]
+async fn a_physical_backup_from_a_standby_under_writes_restores_to_its_stop_lsn_and_verifies() {
+    let Some(running) = Running::start("phys-backup", RESYNC).await else {
+        return;
+    };
+    let env = pgkube_testkit::testbed().expect("the test bed");
+    let namespace = running.namespace.name().to_owned();
+    let bucket = TestBucket::create(&env, "physical").await;
+    create_s3_secret(&running.client, &env, &namespace, S3_SECRET, None)
+        .await
+        .expect("S3 Secret");
+    let storage = test_storage(&env, bucket.name(), S3_SECRET);
+    let cluster = TestCluster::builder("pg")
+        .replicas(2)
+        .spec(|spec| spec.backup = Some(backup_config(storage, NEVER)))
+        .timeout(CLUSTER_TIMEOUT)
+        .start(&running.namespace)
+        .await
+        .unwrap_or_else(|error| panic!("the cluster becomes Running: {error:#}"));
+    let sql = cluster.sql().await.expect("SQL");
+    sql.batch_execute(
+        "CREATE TABLE items (id int PRIMARY KEY, name text);
+         INSERT INTO items SELECT i, 'item ' || i FROM generate_series(1, 5000) i;
+         CREATE TABLE writes (id bigint PRIMARY KEY, payload text);",
+    )
+    .await
+    .expect("data written");
+    // The archive has its owner record once a file is stored; the standby must stream.
+    cluster
+        .wait_condition(CONTINUOUS_ARCHIVING, "True", CLUSTER_TIMEOUT)
+        .await
+        .expect("archiving works");
+    let standby = wait_until("a replica streams", CLUSTER_TIMEOUT, || async {
+        let status = cluster.get().await?.status.unwrap_or_default();
+        Ok(status
+            .instances
+            .into_iter()
+            .find(|i| i.role == InstanceRole::Replica && i.ready && i.streaming == Some(true))
+            .map(|i| i.name))
+    })
+    .await
+    .expect("a streaming replica");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = tokio::spawn(write_until(cluster.sql().await.expect("SQL"), stop.clone()));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let spec = PostgreSQLBackupSpec {
+        cluster: LocalReference {
+            name: cluster.name().to_owned(),
+        },
+        method: BackupMethod::Physical,
+        target: None,
+        deletion_policy: DeletionPolicy::Retain,
+        compression: None,
+    };
+    running
+        .api::<PostgreSQLBackup>()
+        .create(
+            &Default::default(),
+            &PostgreSQLBackup::new("physical", spec),
+        )
+        .await
+        .expect("backup created");
+    let backup = wait_backup_ended(&running.client, &namespace, "physical", BACKUP_TIMEOUT)
+        .await
+        .unwrap_or_else(|error| panic!("{error:#}"));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, Ordering::Relaxed);
+    let written = writer
+        .await
+        .expect("the writer ran")
+        .expect("the writer wrote");
+
+    let status = backup.status.clone().unwrap_or_default();
+    assert_eq!(status.phase, Some(BackupPhase::Completed), "{status:?}");
+    let key = status.object_key.clone().expect("the manifest's key");
+    let manifest =
+        Manifest::parse(&key, &bucket.object(&key).await.expect("manifest")).expect("readable");
+    let physical = manifest.physical.clone().expect("a physical backup");
+    assert!(physical.from_standby, "{physical:?}");
+    assert_eq!(physical.source, standby, "read from the streaming replica");
+    assert_eq!(status.size_bytes, Some(manifest.total_size() as i64));
+    let recorded = cluster.get().await.expect("cluster").status;
+    assert_eq!(
+        manifest.system_identifier,
+        recorded.and_then(|s| s.system_identifier),
+        "the cluster's database"
+    );
+
+    let mut scratch = ScratchServer::create("phys-restore").expect("a scratch directory");
+    restore_files(&bucket, &physical, &scratch).await;
+    let verified = run_pg15(
+        "pg_verifybackup",
+        &[
+            "--wal-directory".as_ref(),
+            scratch.wal().as_os_str(),
+            scratch.data().as_os_str(),
+        ],
+    )
+    .unwrap_or_else(|error| panic!("pg_verifybackup: {error:#}"));
+    assert!(verified.contains("successfully verified"), "{verified}");
+
+    let restored = scratch
+        .recover_to_consistency("postgres")
+        .await
+        .unwrap_or_else(|error| panic!("{error:#}\n{}", scratch.log()));
+    compare_with_the_primary(&sql, &restored, &written, &physical).await;
+    scratch.stop();
+    cluster
+        .delete(Duration::from_secs(120))
+        .await
+        .expect("cluster deleted");
+    running.stop().await;
+    bucket.cleanup().await;
+}
+
+/// Commits one row at a time on the primary until told to stop, recording the WAL position
+/// around each.
+async fn write_until(sql: Client, stop: Arc<AtomicBool>) -> anyhow::Result<Vec<Written>> {
+    let position = "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint";
+    let mut written = Vec::new();
+    let mut id = 0i64;
+    while !stop.load(Ordering::Relaxed) {
+        id += 1;
+        let before: i64 = sql.query_one(position, &[]).await?.get(0);
+        sql.execute(
+            "INSERT INTO writes VALUES ($1, repeat(md5($1::text), 20))",
+            &[&id],
+        )
+        .await?;
+        let after: i64 = sql.query_one(position, &[]).await?.get(0);
+        written.push(Written { id, before, after });
+    }
+    Ok(written)
+}
+
+/// Downloads the base backup into `data/` (checking its SHA-256 and that the files stored
+/// beside it are those in the tar) and the WAL from the first segment to the last into `wal/`.
+async fn restore_files(bucket: &TestBucket, physical: &PhysicalBackup, scratch: &ScratchServer) {
+    let stored = bucket
+        .object(&physical.base.key)
+        .await
+        .expect("base.tar.zst");
+    assert_eq!(hex::encode(Sha256::digest(&stored)), physical.base.sha256);
+    let tar = zstd::decode_all(stored.as_slice()).expect("zstd");
+    let tar_path = scratch.root().join("base.tar");
+    std::fs::write(&tar_path, tar).expect("base.tar written");
+    let extracted = std::process::Command::new("tar")
+        .arg("-xf")
+        .arg(&tar_path)
+        .arg("-C")
+        .arg(scratch.data())
+        .status()
+        .expect("tar runs");
+    assert!(extracted.success(), "tar -x");
+    for object in [&physical.backup_label, &physical.backup_manifest] {
+        let name = object.key.rsplit('/').next().expect("a name");
+        let inside = std::fs::read(scratch.data().join(name)).expect("in the tar");
+        let beside = bucket.object(&object.key).await.expect("stored");
+        assert_eq!(inside, beside, "{name} as stored is the one in the tar");
+        assert_eq!(hex::encode(Sha256::digest(&beside)), object.sha256);
+    }
+    let root = &physical.wal_root;
+    let files = archived_files(&bucket.client(), bucket.name(), root)
+        .await
+        .expect("the archive");
+    let timeline = &physical.first_wal[..8];
+    let needed: Vec<&String> = files
+        .iter()
+        .filter(|name| name.len() == 24 && name.starts_with(timeline))
+        .filter(|name| **name >= physical.first_wal && **name <= physical.last_wal)
+        .collect();
+    assert!(
+        needed.first().is_some_and(|n| **n == physical.first_wal)
+            && needed.last().is_some_and(|n| **n == physical.last_wal),
+        "the archive holds {} to {}: {needed:?}",
+        physical.first_wal,
+        physical.last_wal
+    );
+    for name in needed {
+        let key = format!("{root}{timeline}/{name}.zst");
+        let segment =
+            zstd::decode_all(bucket.object(&key).await.expect("segment").as_slice()).expect("zstd");
+        std::fs::write(scratch.wal().join(name), segment).expect("segment written");
+    }
+}
+
+/// Every table of the restore holds what the primary held at the backup's stop LSN: the static
+/// table whole, and of the writer's rows exactly a prefix that contains every row committed
+/// before the stop LSN and none begun after it, with the primary's content.
+async fn compare_with_the_primary(
+    primary: &Client,
+    restored: &Client,
+    written: &[Written],
+    physical: &PhysicalBackup,
+) {
+    let items = digest_of(restored, "items", i64::MAX).await;
+    assert_eq!(items, digest_of(primary, "items", i64::MAX).await);
+    assert_eq!(items.0, 5000);
+
+    let (count, last, restored_digest) = digest_of(restored, "writes", i64::MAX).await;
+    assert_eq!(
+        count, last,
+        "the restored rows are 1 to {last}, with no gap"
+    );
+    let (_, _, primary_digest) = digest_of(primary, "writes", last).await;
+    assert_eq!(
+        restored_digest, primary_digest,
+        "rows 1 to {last} as the primary has them"
+    );
+    let stop = lsn(&physical.stop_lsn);
+    let committed_before = written
+        .iter()
+        .filter(|w| w.after <= stop)
+        .map(|w| w.id)
+        .max();
+    let begun_after = written
+        .iter()
+        .filter(|w| w.before >= stop)
+        .map(|w| w.id)
+        .min();
+    assert!(
+        committed_before.is_some_and(|id| id <= last),
+        "every row committed before the stop LSN is restored: {committed_before:?} > {last}"
+    );
+    assert!(
+        begun_after.is_some_and(|id| id > last),
+        "no row begun after the stop LSN is restored: {begun_after:?} <= {last}"
+    );
+}
+
+/// The rows of `table` with an id up to `limit`: how many, the largest id, and an MD5 of them
+/// all in id order.
+async fn digest_of(sql: &Client, table: &str, limit: i64) -> (i64, i64, String) {
+    let query = format!(
+        "SELECT count(*), coalesce(max(id)::bigint, 0), \
+         coalesce(md5(string_agg(t::text, ',' ORDER BY id)), '') FROM {table} t \
+         WHERE id::bigint <= $1"
+    );
+    let row = sql
+        .query_one(&query, &[&limit])
+        .await
+        .unwrap_or_else(|error| panic!("digest of {table}: {error}"));
+    (row.get(0), row.get(1), row.get(2))
+}
+
+/// An LSN as PostgreSQL prints it (`0/2000028`), as a number.
+fn lsn(text: &str) -> i64 {
+    let (high, low) = text.split_once('/').expect("an LSN");
+    let high = i64::from_str_radix(high, 16).expect("hex");
+    let low = i64::from_str_radix(low, 16).expect("hex");
+    (high << 32) | low
+}
