@@ -165,8 +165,8 @@ async fn write_until(sql: Client, stop: Arc<AtomicBool>) -> anyhow::Result<Vec<W
         id += 1;
         let before: i64 = sql.query_one(position, &[]).await?.get(0);
         sql.execute(
-            "INSERT INTO writes VALUES ($1, repeat(md5($1::text), 20))",
-            &[&id],
+            "INSERT INTO writes VALUES ($1, repeat(md5($2), 20))",
+            &[&id, &id.to_string()],
         )
         .await?;
         let after: i64 = sql.query_one(position, &[]).await?.get(0);
@@ -267,6 +267,13 @@ async fn compare_with_the_primary(
     assert!(
         begun_after.is_some_and(|id| id > last),
         "no row begun after the stop LSN is restored: {begun_after:?} <= {last}"
+    );
+    eprintln!(
+        "restored rows 1 to {last} of {} written; stop LSN {}, WAL {} to {}",
+        written.len(),
+        physical.stop_lsn,
+        physical.first_wal,
+        physical.last_wal
     );
 }
 
