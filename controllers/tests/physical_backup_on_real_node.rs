@@ -15,7 +15,7 @@ use common::real_node::{CLUSTER_TIMEOUT, NEVER, RESYNC, S3_SECRET};
 use pgkube_controllers::storage::manifest::{Manifest, PhysicalBackup};
 use pgkube_crds::{
     BackupMethod, BackupPhase, CONTINUOUS_ARCHIVING, DeletionPolicy, InstanceRole, LocalReference,
-    PostgreSQLBackup, PostgreSQLBackupSpec,
+    PostgreSQLBackup, PostgreSQLBackupSpec, WalArchiving,
 };
 use pgkube_testkit::scratch::{ScratchServer, run_pg15};
 use pgkube_testkit::tokio_postgres::Client;
@@ -147,6 +147,81 @@ async fn a_physical_backup_from_a_standby_under_writes_restores_to_its_stop_lsn_
         .unwrap_or_else(|error| panic!("{error:#}\n{}", scratch.log()));
     compare_with_the_primary(&sql, &restored, &written, &physical).await;
     scratch.stop();
+    cluster
+        .delete(Duration::from_secs(120))
+        .await
+        .expect("cluster deleted");
+    running.stop().await;
+    bucket.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_physical_backup_of_a_cluster_that_does_not_archive_waits_with_the_reason_then_fails() {
+    let Some(running) = Running::start_with("phys-no-archive", RESYNC, |settings| {
+        settings.backup_pending_deadline = Duration::from_secs(20);
+    })
+    .await
+    else {
+        return;
+    };
+    let env = pgkube_testkit::testbed().expect("the test bed");
+    let namespace = running.namespace.name().to_owned();
+    let bucket = TestBucket::create(&env, "physical-off").await;
+    create_s3_secret(&running.client, &env, &namespace, S3_SECRET, None)
+        .await
+        .expect("S3 Secret");
+    let mut settings = backup_config(test_storage(&env, bucket.name(), S3_SECRET), NEVER);
+    settings.wal_archiving = Some(WalArchiving { enabled: false });
+    let cluster = TestCluster::builder("pg")
+        .spec(|spec| spec.backup = Some(settings))
+        .timeout(CLUSTER_TIMEOUT)
+        .start(&running.namespace)
+        .await
+        .unwrap_or_else(|error| panic!("the cluster becomes Running: {error:#}"));
+    let spec = PostgreSQLBackupSpec {
+        cluster: LocalReference {
+            name: cluster.name().to_owned(),
+        },
+        method: BackupMethod::Physical,
+        target: None,
+        deletion_policy: DeletionPolicy::Retain,
+        compression: None,
+    };
+    let backups = running.api::<PostgreSQLBackup>();
+    backups
+        .create(
+            &Default::default(),
+            &PostgreSQLBackup::new("physical", spec),
+        )
+        .await
+        .expect("backup created");
+    let reason_of = |backup: &PostgreSQLBackup| {
+        let status = backup.status.clone().unwrap_or_default();
+        let reason = status.conditions.first().map(|c| c.reason.clone());
+        (status.phase, reason, status.message.unwrap_or_default())
+    };
+    let waiting = wait_until("the backup waits", Duration::from_secs(60), || async {
+        let seen = reason_of(&backups.get("physical").await?);
+        Ok((seen.0 == Some(BackupPhase::Pending)).then_some(seen))
+    })
+    .await
+    .expect("Pending");
+    assert_eq!(waiting.1.as_deref(), Some("WALArchivingOff"), "{waiting:?}");
+    assert!(
+        waiting.2.contains("does not archive its WAL"),
+        "{waiting:?}"
+    );
+    let ended = wait_backup_ended(&running.client, &namespace, "physical", BACKUP_TIMEOUT)
+        .await
+        .unwrap_or_else(|error| panic!("{error:#}"));
+    let failed = reason_of(&ended);
+    assert_eq!(failed.0, Some(BackupPhase::Failed), "{failed:?}");
+    assert_eq!(failed.1.as_deref(), Some("PendingTimeout"), "{failed:?}");
+    assert!(failed.2.contains("does not archive its WAL"), "{failed:?}");
+    let stored = pgkube_testkit::list_objects(&bucket.client(), bucket.name(), "")
+        .await
+        .expect("listing");
+    assert!(stored.is_empty(), "nothing stored: {stored:?}");
     cluster
         .delete(Duration::from_secs(120))
         .await
