@@ -525,8 +525,9 @@ async fn verification_refuses_a_manifest_that_records_another_backup() {
         started_at: "2026-01-01T00:00:00Z".to_owned(),
         finished_at: "2026-01-01T00:01:00Z".to_owned(),
         format: DATABASE_FORMAT.to_owned(),
-        globals,
+        globals: Some(globals),
         databases: Vec::new(),
+        physical: None,
     };
     let bytes = serde_json::to_vec(&manifest).expect("manifest JSON");
     let s3 = bucket.client();

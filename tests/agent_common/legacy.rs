@@ -60,8 +60,9 @@ pub async fn store_old_format_backup(
         started_at: "2026-01-01T00:00:00Z".into(),
         finished_at: "2026-01-01T00:01:00Z".into(),
         format: DATABASE_FORMAT.into(),
-        globals,
+        globals: Some(globals),
         databases: objects,
+        physical: None,
     };
     let bytes = serde_json::to_vec_pretty(&manifest).expect("manifest JSON");
     put_object(
