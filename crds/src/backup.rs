@@ -39,7 +39,10 @@ pub const BACKUP_DATA_FINALIZER: &str = "db.example.com/backup-data";
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self == oldSelf").message("spec is immutable: create a new PostgreSQLBackup instead"))]
+#[x_kube(
+    validation = Rule::new("self == oldSelf").message("spec is immutable: create a new PostgreSQLBackup instead"),
+    validation = Rule::new("!has(self.target) || (has(self.method) && self.method == 'Physical')").message("target applies to physical backups only (method: Physical)").field_path(".target")
+)]
 pub struct PostgreSQLBackupSpec {
     /// The cluster to back up, in the same namespace.
     pub cluster: LocalReference,

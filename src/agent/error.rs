@@ -47,6 +47,9 @@ pub enum AgentError {
     #[error("manifest {key} is unusable: {reason}")]
     Manifest { key: String, reason: String },
 
+    #[error("the WAL archive at {root} cannot serve this backup: {reason}")]
+    Archive { root: String, reason: String },
+
     #[error("a manifest already exists at {key}; refusing to overwrite a completed backup")]
     BackupExists { key: String },
 

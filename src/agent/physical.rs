@@ -246,7 +246,10 @@ async fn check_archive(
     let Some(owner) = owner else {
         return Err(archive_error(
             root,
-            "it has no owner record yet: WAL archiving has not stored a file".into(),
+            format!(
+                "it has no owner record ({}) yet: WAL archiving has not stored a file",
+                wal::MARKER
+            ),
         ));
     };
     if owner.system_identifier != system_identifier || owner.cluster_uid != cluster_uid {
@@ -263,9 +266,9 @@ async fn check_archive(
 }
 
 fn archive_error(root: &str, reason: String) -> AgentError {
-    AgentError::Manifest {
-        key: format!("{root}{}", wal::MARKER),
-        reason: format!("the WAL archive cannot serve this backup: {reason}"),
+    AgentError::Archive {
+        root: root.to_owned(),
+        reason,
     }
 }
 
@@ -317,6 +320,7 @@ async fn stream_base(
     let mut buffers = PartBuffers::new(context.part_size, context.parts_in_flight);
     let sent = send_base(context, command, &upload, &scanner, zstd, &mut buffers).await;
     let kept = sent.and_then(|sent| {
+        // The tap that fed the scanner went with the compressing thread; take what it kept.
         let scanner = std::mem::replace(
             &mut *scanner.lock().unwrap_or_else(PoisonError::into_inner),
             TarScanner::new(KEPT, 0),
@@ -426,14 +430,14 @@ async fn wait_for_wal(
             return Ok(());
         };
         if Instant::now() >= deadline {
-            return Err(AgentError::Tool {
-                program: "archive".into(),
-                reason: format!(
-                    "WAL segment {missing} was not archived under {root} within {}s; the base \
-                     backup is stored but not recorded",
+            return Err(archive_error(
+                root,
+                format!(
+                    "WAL segment {missing} was not archived within {}s; the base backup is \
+                     stored but not recorded",
                     timeout.as_secs()
                 ),
-            });
+            ));
         }
         if last_switch.is_none_or(|at| at.elapsed() >= SWITCH_EVERY) {
             last_switch = Some(Instant::now());
