@@ -7,22 +7,22 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::Duration;
 
 use common::Running;
 use common::real_node::{CLUSTER_TIMEOUT, NEVER, RESYNC, S3_SECRET};
 use pgkube_controllers::storage::manifest::{Manifest, PhysicalBackup};
 use pgkube_crds::{
-    BackupMethod, BackupPhase, CONTINUOUS_ARCHIVING, DeletionPolicy, InstanceRole, LocalReference,
-    PostgreSQLBackup, PostgreSQLBackupSpec, WalArchiving,
+    BackupMethod, BackupPhase, BackupSpec, CONTINUOUS_ARCHIVING, DeletionPolicy, InstanceRole,
+    LocalReference, PostgreSQLBackup, PostgreSQLBackupSpec, WalArchiving,
 };
 use pgkube_testkit::scratch::{ScratchServer, run_pg15};
 use pgkube_testkit::tokio_postgres::Client;
 use pgkube_testkit::wal::archived_files;
 use pgkube_testkit::{
-    TestBucket, TestCluster, backup_config, create_s3_secret, test_storage, wait_backup_ended,
-    wait_until,
+    TestBucket, TestCluster, TestEnv, backup_config, create_s3_secret, test_storage,
+    wait_backup_ended, wait_until,
 };
 use sha2::{Digest, Sha256};
 
@@ -45,19 +45,8 @@ async fn a_physical_backup_from_a_standby_under_writes_restores_to_its_stop_lsn_
         return;
     };
     let env = pgkube_testkit::testbed().expect("the test bed");
-    let namespace = running.namespace.name().to_owned();
     let bucket = TestBucket::create(&env, "physical").await;
-    create_s3_secret(&running.client, &env, &namespace, S3_SECRET, None)
-        .await
-        .expect("S3 Secret");
-    let storage = test_storage(&env, bucket.name(), S3_SECRET);
-    let cluster = TestCluster::builder("pg")
-        .replicas(2)
-        .spec(|spec| spec.backup = Some(backup_config(storage, NEVER)))
-        .timeout(CLUSTER_TIMEOUT)
-        .start(&running.namespace)
-        .await
-        .unwrap_or_else(|error| panic!("the cluster becomes Running: {error:#}"));
+    let cluster = start_cluster(&running, &env, &bucket, 2, |_| {}).await;
     let sql = cluster.sql().await.expect("SQL");
     sql.batch_execute(
         "CREATE TABLE items (id int PRIMARY KEY, name text);
@@ -71,41 +60,19 @@ async fn a_physical_backup_from_a_standby_under_writes_restores_to_its_stop_lsn_
         .wait_condition(CONTINUOUS_ARCHIVING, "True", CLUSTER_TIMEOUT)
         .await
         .expect("archiving works");
-    let standby = wait_until("a replica streams", CLUSTER_TIMEOUT, || async {
-        let status = cluster.get().await?.status.unwrap_or_default();
-        Ok(status
-            .instances
-            .into_iter()
-            .find(|i| i.role == InstanceRole::Replica && i.ready && i.streaming == Some(true))
-            .map(|i| i.name))
-    })
-    .await
-    .expect("a streaming replica");
+    let standby = streaming_standby(&cluster).await;
 
     let stop = Arc::new(AtomicBool::new(false));
-    let writer = tokio::spawn(write_until(cluster.sql().await.expect("SQL"), stop.clone()));
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let spec = PostgreSQLBackupSpec {
-        cluster: LocalReference {
-            name: cluster.name().to_owned(),
-        },
-        method: BackupMethod::Physical,
-        target: None,
-        deletion_policy: DeletionPolicy::Retain,
-        compression: None,
-    };
-    running
-        .api::<PostgreSQLBackup>()
-        .create(
-            &Default::default(),
-            &PostgreSQLBackup::new("physical", spec),
-        )
-        .await
-        .expect("backup created");
-    let backup = wait_backup_ended(&running.client, &namespace, "physical", BACKUP_TIMEOUT)
-        .await
-        .unwrap_or_else(|error| panic!("{error:#}"));
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let count = Arc::new(AtomicI64::new(0));
+    let writer = tokio::spawn(write_until(
+        cluster.sql().await.expect("SQL"),
+        stop.clone(),
+        count.clone(),
+    ));
+    rows_written(&count, 100).await;
+    let backup = physical_backup(&running, cluster.name()).await;
+    // Rows after the backup's end too: the restore must stop before them.
+    rows_written(&count, count.load(Ordering::Relaxed) + 100).await;
     stop.store(true, Ordering::Relaxed);
     let written = writer
         .await
@@ -167,34 +134,12 @@ async fn a_physical_backup_of_a_cluster_that_does_not_archive_waits_with_the_rea
     let env = pgkube_testkit::testbed().expect("the test bed");
     let namespace = running.namespace.name().to_owned();
     let bucket = TestBucket::create(&env, "physical-off").await;
-    create_s3_secret(&running.client, &env, &namespace, S3_SECRET, None)
-        .await
-        .expect("S3 Secret");
-    let mut settings = backup_config(test_storage(&env, bucket.name(), S3_SECRET), NEVER);
-    settings.wal_archiving = Some(WalArchiving { enabled: false });
-    let cluster = TestCluster::builder("pg")
-        .spec(|spec| spec.backup = Some(settings))
-        .timeout(CLUSTER_TIMEOUT)
-        .start(&running.namespace)
-        .await
-        .unwrap_or_else(|error| panic!("the cluster becomes Running: {error:#}"));
-    let spec = PostgreSQLBackupSpec {
-        cluster: LocalReference {
-            name: cluster.name().to_owned(),
-        },
-        method: BackupMethod::Physical,
-        target: None,
-        deletion_policy: DeletionPolicy::Retain,
-        compression: None,
-    };
+    let cluster = start_cluster(&running, &env, &bucket, 1, |settings| {
+        settings.wal_archiving = Some(WalArchiving { enabled: false });
+    })
+    .await;
+    create_physical_backup(&running, cluster.name()).await;
     let backups = running.api::<PostgreSQLBackup>();
-    backups
-        .create(
-            &Default::default(),
-            &PostgreSQLBackup::new("physical", spec),
-        )
-        .await
-        .expect("backup created");
     let reason_of = |backup: &PostgreSQLBackup| {
         let status = backup.status.clone().unwrap_or_default();
         let reason = status.conditions.first().map(|c| c.reason.clone());
@@ -230,9 +175,90 @@ async fn a_physical_backup_of_a_cluster_that_does_not_archive_waits_with_the_rea
     bucket.cleanup().await;
 }
 
+/// Cluster `pg` of `replicas` instances whose backups (and WAL) go to `bucket`, with `change`
+/// applied to its backup settings, once Running.
+async fn start_cluster(
+    running: &Running,
+    env: &TestEnv,
+    bucket: &TestBucket,
+    replicas: i32,
+    change: impl FnOnce(&mut BackupSpec),
+) -> TestCluster {
+    let namespace = running.namespace.name();
+    create_s3_secret(&running.client, env, namespace, S3_SECRET, None)
+        .await
+        .expect("S3 Secret");
+    let mut settings = backup_config(test_storage(env, bucket.name(), S3_SECRET), NEVER);
+    change(&mut settings);
+    TestCluster::builder("pg")
+        .replicas(replicas)
+        .spec(|spec| spec.backup = Some(settings))
+        .timeout(CLUSTER_TIMEOUT)
+        .start(&running.namespace)
+        .await
+        .unwrap_or_else(|error| panic!("the cluster becomes Running: {error:#}"))
+}
+
+/// The name of a replica the cluster's status shows ready and streaming.
+async fn streaming_standby(cluster: &TestCluster) -> String {
+    wait_until("a replica streams", CLUSTER_TIMEOUT, || async {
+        let status = cluster.get().await?.status.unwrap_or_default();
+        Ok(status
+            .instances
+            .into_iter()
+            .find(|i| i.role == InstanceRole::Replica && i.ready && i.streaming == Some(true))
+            .map(|i| i.name))
+    })
+    .await
+    .expect("a streaming replica")
+}
+
+/// Creates PostgreSQLBackup `physical` of `cluster`: method Physical, default target.
+async fn create_physical_backup(running: &Running, cluster: &str) {
+    let spec = PostgreSQLBackupSpec {
+        cluster: LocalReference {
+            name: cluster.to_owned(),
+        },
+        method: BackupMethod::Physical,
+        target: None,
+        deletion_policy: DeletionPolicy::Retain,
+        compression: None,
+    };
+    running
+        .api::<PostgreSQLBackup>()
+        .create(
+            &Default::default(),
+            &PostgreSQLBackup::new("physical", spec),
+        )
+        .await
+        .expect("backup created");
+}
+
+/// [`create_physical_backup`], once ended.
+async fn physical_backup(running: &Running, cluster: &str) -> PostgreSQLBackup {
+    create_physical_backup(running, cluster).await;
+    let namespace = running.namespace.name();
+    wait_backup_ended(&running.client, namespace, "physical", BACKUP_TIMEOUT)
+        .await
+        .unwrap_or_else(|error| panic!("{error:#}"))
+}
+
+/// Waits until the writer has committed `rows` rows.
+async fn rows_written(count: &AtomicI64, rows: i64) {
+    wait_until("the writer commits", Duration::from_secs(120), || async {
+        Ok((count.load(Ordering::Relaxed) >= rows).then_some(()))
+    })
+    .await
+    .expect("the writer writes");
+}
+
 /// Commits one row at a time on the primary until told to stop, recording the WAL position
-/// around each.
-async fn write_until(sql: Client, stop: Arc<AtomicBool>) -> anyhow::Result<Vec<Written>> {
+/// around each, and counting them in `count`.
+async fn write_until(
+    sql: Client,
+    stop: Arc<AtomicBool>,
+    count: Arc<AtomicI64>,
+) -> anyhow::Result<Vec<Written>> {
     let position = "SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint";
     let mut written = Vec::new();
     let mut id = 0i64;
@@ -246,6 +272,7 @@ async fn write_until(sql: Client, stop: Arc<AtomicBool>) -> anyhow::Result<Vec<W
         .await?;
         let after: i64 = sql.query_one(position, &[]).await?.get(0);
         written.push(Written { id, before, after });
+        count.store(id, Ordering::Relaxed);
     }
     Ok(written)
 }
