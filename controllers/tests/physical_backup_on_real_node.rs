@@ -14,8 +14,8 @@ use common::Running;
 use common::real_node::{CLUSTER_TIMEOUT, NEVER, RESYNC, S3_SECRET};
 use pgkube_controllers::storage::manifest::{Manifest, PhysicalBackup};
 use pgkube_crds::{
-    BackupMethod, BackupPhase, BackupSpec, CONTINUOUS_ARCHIVING, DeletionPolicy, InstanceRole,
-    LocalReference, PostgreSQLBackup, PostgreSQLBackupSpec, WalArchiving,
+    BackupMethod, BackupPhase, BackupSpec, BackupTarget, CONTINUOUS_ARCHIVING, DeletionPolicy,
+    InstanceRole, LocalReference, PostgreSQLBackup, PostgreSQLBackupSpec, WalArchiving,
 };
 use pgkube_testkit::scratch::{ScratchServer, run_pg15};
 use pgkube_testkit::tokio_postgres::Client;
@@ -70,7 +70,7 @@ async fn a_physical_backup_from_a_standby_under_writes_restores_to_its_stop_lsn_
         count.clone(),
     ));
     rows_written(&count, 100).await;
-    let backup = physical_backup(&running, cluster.name()).await;
+    let backup = physical_backup(&running, cluster.name(), "physical", None).await;
     // Rows after the backup's end too: the restore must stop before them.
     rows_written(&count, count.load(Ordering::Relaxed) + 100).await;
     stop.store(true, Ordering::Relaxed);
@@ -114,6 +114,26 @@ async fn a_physical_backup_from_a_standby_under_writes_restores_to_its_stop_lsn_
         .unwrap_or_else(|error| panic!("{error:#}\n{}", scratch.log()));
     compare_with_the_primary(&sql, &restored, &written, &physical).await;
     scratch.stop();
+
+    // Asked for, the primary is read instead.
+    let from_primary = physical_backup(
+        &running,
+        cluster.name(),
+        "physical-primary",
+        Some(BackupTarget::Primary),
+    )
+    .await;
+    let status = from_primary.status.unwrap_or_default();
+    assert_eq!(status.phase, Some(BackupPhase::Completed), "{status:?}");
+    let key = status.object_key.expect("the manifest's key");
+    let manifest =
+        Manifest::parse(&key, &bucket.object(&key).await.expect("manifest")).expect("readable");
+    let physical = manifest.physical.expect("a physical backup");
+    assert!(!physical.from_standby, "{physical:?}");
+    assert_eq!(
+        Some(physical.source),
+        cluster.current_primary().await.expect("the cluster")
+    );
     cluster
         .delete(Duration::from_secs(120))
         .await
@@ -138,7 +158,7 @@ async fn a_physical_backup_of_a_cluster_that_does_not_archive_waits_with_the_rea
         settings.wal_archiving = Some(WalArchiving { enabled: false });
     })
     .await;
-    create_physical_backup(&running, cluster.name()).await;
+    create_physical_backup(&running, cluster.name(), "physical", None).await;
     let backups = running.api::<PostgreSQLBackup>();
     let reason_of = |backup: &PostgreSQLBackup| {
         let status = backup.status.clone().unwrap_or_default();
@@ -213,32 +233,39 @@ async fn streaming_standby(cluster: &TestCluster) -> String {
     .expect("a streaming replica")
 }
 
-/// Creates PostgreSQLBackup `physical` of `cluster`: method Physical, default target.
-async fn create_physical_backup(running: &Running, cluster: &str) {
+/// Creates PostgreSQLBackup `name` of `cluster`: method Physical, target `target`.
+async fn create_physical_backup(
+    running: &Running,
+    cluster: &str,
+    name: &str,
+    target: Option<BackupTarget>,
+) {
     let spec = PostgreSQLBackupSpec {
         cluster: LocalReference {
             name: cluster.to_owned(),
         },
         method: BackupMethod::Physical,
-        target: None,
+        target,
         deletion_policy: DeletionPolicy::Retain,
         compression: None,
     };
     running
         .api::<PostgreSQLBackup>()
-        .create(
-            &Default::default(),
-            &PostgreSQLBackup::new("physical", spec),
-        )
+        .create(&Default::default(), &PostgreSQLBackup::new(name, spec))
         .await
         .expect("backup created");
 }
 
 /// [`create_physical_backup`], once ended.
-async fn physical_backup(running: &Running, cluster: &str) -> PostgreSQLBackup {
-    create_physical_backup(running, cluster).await;
+async fn physical_backup(
+    running: &Running,
+    cluster: &str,
+    name: &str,
+    target: Option<BackupTarget>,
+) -> PostgreSQLBackup {
+    create_physical_backup(running, cluster, name, target).await;
     let namespace = running.namespace.name();
-    wait_backup_ended(&running.client, namespace, "physical", BACKUP_TIMEOUT)
+    wait_backup_ended(&running.client, namespace, name, BACKUP_TIMEOUT)
         .await
         .unwrap_or_else(|error| panic!("{error:#}"))
 }
