@@ -187,6 +187,7 @@ async fn run_prune(bucket: &TestBucket, now: DateTime<Utc>) -> Row {
         retention_days: 7,
         failed_backups: BTreeSet::new(),
         held: Default::default(),
+        wal_root: None,
     };
     let started = Instant::now();
     let report = prune(&store, &policy, now)

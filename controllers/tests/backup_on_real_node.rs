@@ -629,6 +629,7 @@ async fn an_agent_killed_mid_upload_fails_the_backup_without_a_manifest_and_rete
         retention_days: 7,
         failed_backups: [killed_uid.clone()].into(),
         held: Default::default(),
+        wal_root: None,
     };
     let report = prune(
         &bucket,

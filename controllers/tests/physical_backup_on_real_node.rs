@@ -2,7 +2,9 @@
 //! cluster, read from its standby while a writer commits on the primary, stored in the real
 //! Garage; then proved restorable here: the base backup and the archived WAL are restored into a
 //! scratch data directory, `pg_verifybackup` checks them, and a scratch server recovers them to
-//! the backup's end and holds exactly what was committed before its stop LSN.
+//! the backup's end and holds exactly what was committed before its stop LSN. The retention
+//! pass that follows the backup has pruned the WAL before it by then, so the restore also
+//! proves that pruning kept everything the backup needs.
 
 mod common;
 
@@ -19,7 +21,7 @@ use pgkube_crds::{
 };
 use pgkube_testkit::scratch::{ScratchServer, run_pg15};
 use pgkube_testkit::tokio_postgres::Client;
-use pgkube_testkit::wal::archived_files;
+use pgkube_testkit::wal::{archived_files, finish_segments, segment_number, wait_archived_through};
 use pgkube_testkit::{
     TestBucket, TestCluster, TestEnv, backup_config, create_s3_secret, test_storage,
     wait_backup_ended, wait_until,
@@ -61,6 +63,13 @@ async fn a_physical_backup_from_a_standby_under_writes_restores_to_its_stop_lsn_
         .await
         .expect("archiving works");
     let standby = streaming_standby(&cluster).await;
+    // A finished, archived segment and a checkpoint after it: the backup starts past that
+    // segment, which the retention pass after the backup then deletes.
+    let before_backup = finish_segments(&sql, 1).await.expect("a segment");
+    sql.batch_execute("CHECKPOINT").await.expect("a checkpoint");
+    wait_archived_through(&sql, &before_backup, CLUSTER_TIMEOUT)
+        .await
+        .expect("archived");
 
     let stop = Arc::new(AtomicBool::new(false));
     let count = Arc::new(AtomicI64::new(0));
@@ -94,6 +103,9 @@ async fn a_physical_backup_from_a_standby_under_writes_restores_to_its_stop_lsn_
         recorded.and_then(|s| s.system_identifier),
         "the cluster's database"
     );
+
+    assert!(before_backup < physical.first_wal, "{physical:?}");
+    wait_wal_pruned_before(&bucket, &physical).await;
 
     let mut scratch = ScratchServer::create("phys-restore").expect("a scratch directory");
     restore_files(&bucket, &physical, &scratch).await;
@@ -302,6 +314,24 @@ async fn write_until(
         count.store(id, Ordering::Relaxed);
     }
     Ok(written)
+}
+
+/// Waits until the operator's retention pass after the backup deleted every archived segment
+/// of its timeline before the backup's first one (the backup is the only, so the oldest, kept
+/// physical backup).
+async fn wait_wal_pruned_before(bucket: &TestBucket, physical: &PhysicalBackup) {
+    let timeline = &physical.first_wal[..8];
+    wait_until("WAL before the backup pruned", CLUSTER_TIMEOUT, || async {
+        let files = archived_files(&bucket.client(), bucket.name(), &physical.wal_root).await?;
+        let older: Vec<&String> = files
+            .iter()
+            .filter(|name| segment_number(name).is_some() && name.starts_with(timeline))
+            .filter(|name| **name < physical.first_wal)
+            .collect();
+        Ok(older.is_empty().then_some(()))
+    })
+    .await
+    .expect("the retention pass prunes the WAL before the backup");
 }
 
 /// Downloads the base backup into `data/` (checking its SHA-256 and that the files stored

@@ -14,6 +14,7 @@ use aws_sdk_s3::Client;
 use chrono::{DateTime, SubsecRound, TimeDelta, Utc};
 use common::stored::{Cluster, Fill, all_keys, keys_of, uid};
 use pgkube_controllers::retention::{BackupId, PruneReport, RetentionPolicy, prune};
+use pgkube_controllers::storage::wal::archive_root;
 use pgkube_controllers::storage::{CredentialSource, S3Bucket, S3Options, StaticKeys};
 use pgkube_testkit::proxy::{Cut, Proxy};
 use pgkube_testkit::{TestBucket, TestEnv, testbed, unique_name};
@@ -39,6 +40,7 @@ fn policy(cluster: Cluster, retention_days: u32, failed: &[&str]) -> RetentionPo
         retention_days,
         failed_backups: failed.iter().map(|name| uid(name)).collect(),
         held: Default::default(),
+        wal_root: Some(archive_root(cluster.prefix, "a")),
     }
 }
 
@@ -114,6 +116,8 @@ async fn of_thirty_daily_backups_exactly_those_past_the_retention_are_deleted() 
         held: Vec::new(),
         skipped: Vec::new(),
         requests: 34,
+        wal_left_alone: Some("no physical backup is kept".to_owned()),
+        ..PruneReport::default()
     };
     assert_eq!(report, expected);
     assert_eq!(proxy.request_heads("").len() as u64, report.requests);

@@ -18,6 +18,7 @@ use tracing::{Instrument, info_span};
 use super::{BackupContext, Error, access, holds, kube_error};
 use crate::metrics::ClusterLabels;
 use crate::retention::{self, BackupId, PruneReport, RetentionPolicy};
+use crate::storage::wal::archive_root;
 
 /// One pass for `cluster`, with an Event saying what it did or why it failed. A cluster
 /// without `spec.backup.storage` has nothing to prune.
@@ -63,8 +64,9 @@ async fn pass(
     let name = cluster.name_any();
     let backups = backups_of(context, &namespace, &name);
     let holds = super::current_holds(context).await?;
+    let prefix = super::decide::cluster_prefix(storage, &namespace, &name);
     let policy = RetentionPolicy {
-        prefix: super::decide::cluster_prefix(storage, &namespace, &name),
+        prefix: prefix.clone(),
         cluster_uid: cluster.metadata.uid.clone().unwrap_or_default(),
         retention_days: u32::try_from(config.retention.days).unwrap_or(1),
         failed_backups: backups
@@ -73,6 +75,7 @@ async fn pass(
             .filter_map(|b| b.metadata.uid.clone())
             .collect(),
         held: holds::held_manifests(&holds, &storage.bucket),
+        wal_root: Some(archive_root(&prefix, &name)),
     };
     let bucket = access::connect(&context.base.client, &namespace, storage).await?;
     let report = retention::prune(&bucket, &policy, Utc::now())
@@ -145,6 +148,12 @@ fn describe(report: &PruneReport) -> String {
         .newest_good
         .as_ref()
         .map_or_else(String::new, |id| format!("; newest good backup {id} kept"));
+    let kept_physical = match (&report.newest_good_physical, &report.newest_good) {
+        (Some(physical), newest) if newest.as_ref() != Some(physical) => {
+            format!("; newest good physical backup {physical} kept")
+        }
+        _ => String::new(),
+    };
     let held = if report.held.is_empty() {
         String::new()
     } else {
@@ -156,12 +165,25 @@ fn describe(report: &PruneReport) -> String {
         format!("; left alone: {}", report.skipped.join(", "))
     };
     format!(
-        "deleted {} expired backup(s) ({} objects), aborted {} stale upload(s), kept {}{kept}{held}{skipped}",
+        "deleted {} expired backup(s) ({} objects), aborted {} stale upload(s), kept {}{kept}{kept_physical}{held}{skipped}; {}",
         report.deleted_backups.len(),
         report.deleted_objects,
         report.aborted_uploads,
         report.kept_backups,
+        describe_wal(report),
     )
+}
+
+/// What the pass did to the WAL archive.
+fn describe_wal(report: &PruneReport) -> String {
+    match (&report.wal_kept_from, &report.wal_left_alone) {
+        (Some(first), _) => format!(
+            "deleted {} WAL file(s), WAL kept from {first}",
+            report.deleted_wal
+        ),
+        (None, Some(reason)) => format!("WAL archive left alone: {reason}"),
+        (None, None) => "WAL archive left alone".to_owned(),
+    }
 }
 
 /// Every [`crate::Settings::retention_interval`] (an hour by default), a pass for each cluster
@@ -207,17 +229,30 @@ mod tests {
     fn the_event_says_what_was_deleted_and_kept() {
         let report = PruneReport {
             newest_good: Some(BackupId::new("b9", "u9")),
+            newest_good_physical: Some(BackupId::new("p8", "u8")),
             deleted_backups: vec![BackupId::new("b1", "u1"), BackupId::new("b2", "u2")],
             deleted_objects: 6,
             aborted_uploads: 1,
             kept_backups: 3,
+            deleted_wal: 12,
+            wal_kept_from: Some("000000010000000000000010".to_owned()),
+            wal_left_alone: None,
             held: vec!["b3/u3: read by restore db/undo".to_owned()],
             skipped: vec!["b5/u5: no manifest.json (incomplete backup)".to_owned()],
             requests: 9,
         };
         assert_eq!(
             describe(&report),
-            "deleted 2 expired backup(s) (6 objects), aborted 1 stale upload(s), kept 3; newest good backup b9/u9 kept; kept for unfinished restores: b3/u3: read by restore db/undo; left alone: b5/u5: no manifest.json (incomplete backup)"
+            "deleted 2 expired backup(s) (6 objects), aborted 1 stale upload(s), kept 3; newest good backup b9/u9 kept; newest good physical backup p8/u8 kept; kept for unfinished restores: b3/u3: read by restore db/undo; left alone: b5/u5: no manifest.json (incomplete backup); deleted 12 WAL file(s), WAL kept from 000000010000000000000010"
+        );
+        let logical_only = PruneReport {
+            newest_good: Some(BackupId::new("b9", "u9")),
+            wal_left_alone: Some("no physical backup is kept".to_owned()),
+            ..PruneReport::default()
+        };
+        assert_eq!(
+            describe(&logical_only),
+            "deleted 0 expired backup(s) (0 objects), aborted 0 stale upload(s), kept 0; newest good backup b9/u9 kept; WAL archive left alone: no physical backup is kept"
         );
     }
 }

@@ -1,5 +1,6 @@
 //! Carries out a [`Plan`]: DeleteObjects batches (the expired manifests first, then the rest of
-//! those backups) and AbortMultipartUpload for the stale uploads.
+//! those backups), the WAL a [`WalPlan`] lets go, and AbortMultipartUpload for the stale
+//! uploads.
 //!
 //! DeleteObjects answers 200 even when some keys were not deleted: each batch's per-key errors
 //! are collected, the remaining batches still run, and the pass then fails naming the keys. A
@@ -12,8 +13,9 @@ use aws_sdk_s3::error::SdkError;
 
 use super::RequestCount;
 use super::layout::BackupId;
-use super::plan::{ExpiredBackup, Plan};
+use super::plan::{ExpiredBackup, MAX_KEYS_PER_DELETE, Plan};
 use super::uploads::OpenUpload;
+use super::wal::WalPlan;
 use crate::storage::guarded::{Scope, delete_in};
 use crate::storage::{S3Bucket, StorageError, s3_error};
 
@@ -112,6 +114,25 @@ pub async fn delete_expired(
         .collect();
     if failures.0.is_empty() {
         Ok(deletion)
+    } else {
+        Err(failures.into_error())
+    }
+}
+
+/// Deletes the WAL files `wal` lets go, all under `scope` (the WAL archive); returns how many.
+pub async fn delete_wal(
+    bucket: &S3Bucket,
+    scope: &Scope,
+    wal: &WalPlan,
+    requests: &mut RequestCount,
+) -> Result<u64, StorageError> {
+    let mut deletion = Deletion::default();
+    let mut failures = KeyFailures::default();
+    for batch in wal.delete.chunks(MAX_KEYS_PER_DELETE) {
+        delete_batch(bucket, scope, batch, requests, &mut deletion, &mut failures).await?;
+    }
+    if failures.0.is_empty() {
+        Ok(deletion.deleted_objects)
     } else {
         Err(failures.into_error())
     }

@@ -1,7 +1,7 @@
 //! What a retention pass reads before it decides: every key under the cluster's root
 //! `<prefix>/<cluster-uid>/` (ListObjectsV2, page by page), every backup's manifest (GetObject,
 //! a few at a time) and the open multipart uploads under the root (ListMultipartUploads, page by
-//! page).
+//! page), and, when physical backups are kept, the WAL archive's owner record and listing.
 //!
 //! Any failure here fails the pass before anything is deleted. A manifest that is gone by the
 //! time it is read is not a failure: it is reported as [`ManifestReading::Vanished`].
@@ -11,10 +11,13 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
 
-use super::RequestCount;
 use super::layout::{BackupId, Layout};
+use super::plan::Plan;
 use super::reading::ManifestReading;
 use super::uploads::OpenUpload;
+use super::wal::{OwnerReading, WalPlan, kept_bases, plan_wal};
+use super::{RequestCount, RetentionPolicy};
+use crate::storage::wal::{WalArchiveError, owner};
 use crate::storage::{S3Bucket, StorageError, s3_error};
 
 /// Manifests read at once.
@@ -96,6 +99,37 @@ async fn read_manifest(bucket: &S3Bucket, key: &str) -> Result<ManifestReading, 
         Some(bytes) => ManifestReading::from_bytes(key, &bytes),
         None => ManifestReading::Vanished,
     })
+}
+
+/// Reads and lists the cluster's WAL archive when a kept physical backup's WAL is there, and
+/// decides what of it goes ([`plan_wal`]). Reads nothing when no such backup is kept.
+pub async fn plan_wal_pruning(
+    bucket: &S3Bucket,
+    policy: &RetentionPolicy,
+    plan: &Plan,
+    manifests: &BTreeMap<BackupId, ManifestReading>,
+    requests: &mut RequestCount,
+) -> Result<WalPlan, StorageError> {
+    let Some(root) = policy.wal_root.as_deref() else {
+        return Ok(WalPlan::left_alone("no WAL archive root"));
+    };
+    let bases = kept_bases(root, &plan.kept, manifests);
+    if bases.is_empty() {
+        return Ok(WalPlan::left_alone("no physical backup is kept"));
+    }
+    requests.add(1);
+    let owner = match owner(bucket, root).await {
+        Ok(Some(owner)) => OwnerReading::Found(owner),
+        Ok(None) => OwnerReading::Missing,
+        Err(WalArchiveError::BadMarker { reason, .. }) => OwnerReading::Unreadable(reason),
+        Err(WalArchiveError::Storage(error)) => return Err(error),
+        Err(other) => OwnerReading::Unreadable(other.to_string()),
+    };
+    let keys = match owner {
+        OwnerReading::Found(_) => list_keys(bucket, root, requests).await?,
+        _ => Vec::new(),
+    };
+    Ok(plan_wal(root, &policy.cluster_uid, &bases, &owner, &keys))
 }
 
 /// Every multipart upload under `root` that was started and neither completed nor aborted.

@@ -26,6 +26,19 @@ pub struct Finished {
     pub backup_name: String,
     /// The PostgreSQLBackup uid it records (`None`: from before uids were recorded).
     pub backup_uid: Option<String>,
+    /// Where the WAL a physical backup needs starts; `None` for a logical backup.
+    pub wal_base: Option<WalBase>,
+}
+
+/// Where a physical backup's WAL starts: retention keeps the archive from there on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WalBase {
+    /// The WAL archive's root the backup's WAL is in.
+    pub wal_root: String,
+    /// The first WAL segment the backup needs.
+    pub first_wal: String,
+    /// The system identifier of the database the backup is of.
+    pub system_identifier: Option<String>,
 }
 
 impl Finished {
@@ -60,6 +73,11 @@ impl ManifestReading {
         match DateTime::parse_from_rfc3339(&manifest.finished_at) {
             Ok(time) => Self::Finished(Finished {
                 at: time.with_timezone(&Utc),
+                wal_base: manifest.physical.map(|physical| WalBase {
+                    wal_root: physical.wal_root,
+                    first_wal: physical.first_wal,
+                    system_identifier: manifest.system_identifier,
+                }),
                 cluster_uid: manifest.cluster_uid,
                 backup_name: manifest.backup_name,
                 backup_uid: manifest.backup_uid,
@@ -137,6 +155,7 @@ mod tests {
             cluster_uid: cluster_uid.map(str::to_owned),
             backup_name: name.to_owned(),
             backup_uid: uid.map(str::to_owned),
+            wal_base: None,
         };
         let id = BackupId::new("b1", "u1");
         assert_eq!(

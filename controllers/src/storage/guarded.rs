@@ -1,10 +1,10 @@
-//! The one place pgkube deletes stored objects (issue 41): retention's expired backups and a
-//! deleted PostgreSQLBackup's data both go through [`delete_in`].
+//! The one place pgkube deletes stored objects (issue 41): retention's expired backups and the
+//! WAL they needed, and a deleted PostgreSQLBackup's data, all go through [`delete_in`].
 //!
 //! A delete names the [`Scope`] it acts in, a directory proven to belong to what is deleted:
 //! a cluster's root `<prefix>/<cluster-uid>/` (retention, which then deletes only backups whose
-//! manifest records that uid), or one backup's directory once its ownership is proven
-//! (`backup::ownership`). Every key is checked against the scope before any request is made:
+//! manifest records that uid), a cluster's WAL archive root once its owner record is checked
+//! (retention), or one backup's directory once its ownership is proven (`backup::ownership`). Every key is checked against the scope before any request is made:
 //! one key outside it (another cluster's, a legacy backup's beside the root) refuses the whole
 //! delete, so a planning mistake can never reach another cluster's objects. The check is pure
 //! ([`Scope::check`]); [`S3Bucket::delete_objects`] is visible to this module only.
@@ -26,6 +26,15 @@ impl Scope {
         Scope {
             directory: cluster_root(prefix, cluster_uid),
             what: "the cluster root",
+        }
+    }
+
+    /// A cluster's WAL archive root (`<prefix>/wal/<cluster>/`), whose owner record the caller
+    /// has checked.
+    pub fn wal_archive(root: &str) -> Scope {
+        Scope {
+            directory: root.to_owned(),
+            what: "the WAL archive",
         }
     }
 
@@ -125,6 +134,20 @@ mod tests {
         assert!(scope.check(&[own.manifest(), own.globals()]).is_ok());
         let sibling = BackupKeys::new("team/db", "c1", "nightly", "u2").expect("keys");
         assert!(scope.check(&[sibling.manifest()]).is_err());
+    }
+
+    #[test]
+    fn a_wal_archive_scopes_to_that_archive() {
+        let scope = Scope::wal_archive("team/db/wal/main/");
+        let own = keys(&["team/db/wal/main/00000001/000000010000000000000001.zst"]);
+        assert!(scope.check(&own).is_ok());
+        for outside in [
+            "team/db/wal/main2/00000001/000000010000000000000001.zst",
+            "team/db/c1/nightly/u1/manifest.json",
+            "team/db/wal/main/../other/x",
+        ] {
+            assert!(scope.check(&keys(&[outside])).is_err(), "{outside}");
+        }
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Backups put into a test bucket as the backup agent lays them out
 //! (`<prefix>/<cluster-uid>/<name>/<uid>/globals.sql`, `databases/app.dump`, `manifest.json`
 //! with a given `finishedAt` and owner), or as it did before the uids named the directory
-//! (`<prefix>/<name>/`), and the keys a bucket holds afterwards.
+//! (`<prefix>/<name>/`); physical backups and a WAL archive as the agent and the instance
+//! manager lay them out; and the keys a bucket holds afterwards.
 
 use std::collections::BTreeSet;
 
@@ -9,8 +10,11 @@ use aws_sdk_s3::Client;
 use chrono::{DateTime, SecondsFormat, Utc};
 use futures::{StreamExt, TryStreamExt};
 use pgkube_controllers::storage::manifest::{
-    DATABASE_FORMAT, DatabaseObject, GLOBALS_FORMAT, MANIFEST_VERSION, Manifest, StoredObject,
+    BACKUP_LABEL_FORMAT, BACKUP_MANIFEST_FORMAT, BASE_BACKUP_FORMAT, DATABASE_FORMAT,
+    DatabaseObject, GLOBALS_FORMAT, MANIFEST_VERSION, Manifest, PhysicalBackup, StoredCompression,
+    StoredObject,
 };
+use pgkube_controllers::storage::wal::{ArchiveOwner, MARKER, WalFileName};
 
 /// Objects uploaded at once while filling a bucket.
 const CONCURRENT_UPLOADS: usize = 32;
@@ -74,6 +78,56 @@ pub fn manifest_json(
     serde_json::to_vec(&manifest).expect("a manifest serialises")
 }
 
+/// Where a physical backup's WAL starts, and whose database it is of.
+#[derive(Clone, Copy)]
+pub struct WalStart<'a> {
+    pub wal_root: &'a str,
+    pub first_wal: &'a str,
+    pub system_identifier: &'a str,
+}
+
+/// The manifest of a physical backup of `cluster` in `dir`, whose WAL starts at `start`.
+pub fn physical_manifest_json(
+    cluster: Cluster,
+    dir: &str,
+    name: &str,
+    finished_at: DateTime<Utc>,
+    start: WalStart,
+) -> Vec<u8> {
+    let mut manifest: Manifest = serde_json::from_slice(&manifest_json(
+        dir,
+        name,
+        Some((cluster.uid, &uid(name))),
+        finished_at,
+    ))
+    .expect("a manifest parses");
+    manifest.format = BASE_BACKUP_FORMAT.into();
+    manifest.system_identifier = Some(start.system_identifier.into());
+    manifest.globals = None;
+    manifest.databases = Vec::new();
+    let timeline = u32::from_str_radix(&start.first_wal[..8], 16).expect("a timeline");
+    manifest.physical = Some(PhysicalBackup {
+        start_lsn: "0/0".into(),
+        start_timeline: timeline,
+        stop_lsn: "0/0".into(),
+        stop_timeline: timeline,
+        source: "pg-1".into(),
+        from_standby: true,
+        wal_root: start.wal_root.into(),
+        first_wal: start.first_wal.into(),
+        last_wal: start.first_wal.into(),
+        base: StoredObject {
+            compression: Some(StoredCompression::Zstd),
+            ..stored(format!("{dir}base.tar.zst"), BASE_BACKUP_FORMAT)
+        },
+        backup_label: stored(format!("{dir}backup_label"), BACKUP_LABEL_FORMAT),
+        tablespace_map: None,
+        backup_manifest: stored(format!("{dir}backup_manifest"), BACKUP_MANIFEST_FORMAT),
+    });
+    manifest.manifest_version = manifest.required_version();
+    serde_json::to_vec(&manifest).expect("a manifest serialises")
+}
+
 /// A bucket being filled: objects to upload, then [`Fill::upload`].
 pub struct Fill {
     objects: Vec<(String, Vec<u8>)>,
@@ -99,6 +153,34 @@ impl Fill {
         let manifest = manifest_json(&dir, name, Some((cluster.uid, &uid(name))), finished_at);
         self.incomplete(&dir, extra)
             .object(&format!("{dir}manifest.json"), manifest)
+    }
+
+    /// A complete physical backup of `cluster`: the base tar, the backup label, PostgreSQL's
+    /// backup manifest and the manifest, recording where its WAL starts.
+    pub fn physical(
+        self,
+        cluster: Cluster,
+        name: &str,
+        finished_at: DateTime<Utc>,
+        start: WalStart,
+    ) -> Self {
+        let dir = cluster.dir(name);
+        let manifest = physical_manifest_json(cluster, &dir, name, finished_at, start);
+        self.object(&format!("{dir}base.tar.zst"), b"tar".to_vec())
+            .object(&format!("{dir}backup_label"), b"START WAL".to_vec())
+            .object(&format!("{dir}backup_manifest"), b"{}".to_vec())
+            .object(&format!("{dir}manifest.json"), manifest)
+    }
+
+    /// A WAL archive at `root` owned by `owner`, holding `files` (WAL file names).
+    pub fn wal_archive(mut self, root: &str, owner: &ArchiveOwner, files: &[&str]) -> Self {
+        let record = serde_json::to_vec(owner).expect("an owner record serialises");
+        self = self.object(&format!("{root}{MARKER}"), record);
+        for name in files {
+            let file = WalFileName::parse(name).expect("a WAL file name");
+            self = self.object(&file.key(root), b"zstd".to_vec());
+        }
+        self
     }
 
     /// A backup stored before the uids named its directory: `<prefix>/<name>/`, a manifest
