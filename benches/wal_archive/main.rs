@@ -23,7 +23,8 @@
 //!
 //! It prints, per archiver: the segments archived, the seconds from the first write to the
 //! last segment archived, segments per second over that time, the lag at the end of the writes
-//! and how long it took to catch up, and the bytes stored (the objects under its prefix).
+//! and how long it took to catch up, the bytes stored (the objects under its prefix), and for
+//! pgkube the instance manager's peak resident memory.
 
 mod peers;
 mod server;
@@ -50,6 +51,8 @@ struct Row {
     lag_segments: u64,
     catch_up: Duration,
     stored_bytes: i64,
+    /// pgkube's instance manager's peak resident set (the peers archive from other processes).
+    peak_rss_kib: Option<u64>,
 }
 
 fn main() {
@@ -159,6 +162,9 @@ async fn measure(archiver: &'static str, mut server: Server, wal_bytes: u64) -> 
     }
     let done = Instant::now();
     let segments = archived_count(&sql).await.saturating_sub(start_archived);
+    let peak_rss_kib = server
+        .peak_rss_kib()
+        .filter(|_| archiver.starts_with("pgkube"));
     server.stop();
     Row {
         archiver,
@@ -167,6 +173,7 @@ async fn measure(archiver: &'static str, mut server: Server, wal_bytes: u64) -> 
         lag_segments: lag,
         catch_up: done - written,
         stored_bytes: 0,
+        peak_rss_kib,
     }
 }
 
@@ -198,14 +205,18 @@ async fn stored_bytes(bucket: &TestBucket, prefix: &str) -> i64 {
 
 fn print_rows(rows: &[Row]) {
     println!(
-        "| archiver | segments | seconds | segments/s | lag at the end of the writes (segments) | catch-up s | stored MB | stored / WAL |"
+        "| archiver | segments | seconds | segments/s | lag at the end of the writes (segments) | catch-up s | stored MB | stored / WAL | manager peak RSS MiB |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for row in rows {
         let seconds = row.total.as_secs_f64();
         let wal = (row.segments * SEGMENT_BYTES) as f64;
+        let rss = row.peak_rss_kib.map_or_else(
+            || "-".to_owned(),
+            |kib| format!("{:.1}", kib as f64 / 1024.0),
+        );
         println!(
-            "| {} | {} | {:.1} | {:.2} | {} | {:.1} | {:.1} | {:.3} |",
+            "| {} | {} | {:.1} | {:.2} | {} | {:.1} | {:.1} | {:.3} | {rss} |",
             row.archiver,
             row.segments,
             seconds,

@@ -144,7 +144,7 @@ pub async fn barman(env: &TestEnv, bucket: &TestBucket, dir: &Path) -> Started {
 }
 
 /// Installs Debian package `package` unless `program` is already on the PATH.
-fn install(program: &str, package: &str) -> Result<(), String> {
+pub fn install(program: &str, package: &str) -> Result<(), String> {
     let found = Command::new("sh")
         .args(["-c", &format!("command -v {program}")])
         .output()

@@ -1,4 +1,4 @@
-//! A PostgreSQL 15 server for the bench, run as `postgres` on 127.0.0.1: either `postgres`
+//! A PostgreSQL 15 server for the benches (`wal_archive`, `base_backup`), run as `postgres` on 127.0.0.1: either `postgres`
 //! itself (for the peers, after an initdb) or pgkube's instance manager, which runs initdb and
 //! `postgres` as in a pod.
 
@@ -24,13 +24,17 @@ pub fn common_settings(dir: &Path, port: u16) -> String {
     )
 }
 
-/// Everyone may connect: the bench measures archiving, not authentication.
-pub const HBA: &str = "local all all trust\nhost all all 127.0.0.1/32 trust\n";
+/// Everyone may connect, replication too: the benches measure archiving and base backups, not
+/// authentication.
+pub const HBA: &str = "local all all trust\nhost all all 127.0.0.1/32 trust\n\
+                       host replication all 127.0.0.1/32 trust\n";
 
 pub struct Server {
     child: Child,
     pub port: u16,
     pgdata: PathBuf,
+    #[allow(dead_code)] // read by the base_backup bench only
+    socket: PathBuf,
     /// What must live as long as the server (a proxy in front of the store).
     _keep: Option<Box<dyn Any>>,
 }
@@ -72,6 +76,7 @@ impl Server {
             child,
             port,
             pgdata,
+            socket: dir.join("socket"),
             _keep: None,
         }
     }
@@ -107,8 +112,20 @@ impl Server {
             child,
             port,
             pgdata: dir.join("data/pgdata"),
+            socket: dir.join("socket"),
             _keep: None,
         }
+    }
+
+    #[allow(dead_code)] // used by the base_backup bench only
+    pub fn pgdata(&self) -> &Path {
+        &self.pgdata
+    }
+
+    /// The directory of the server's Unix socket.
+    #[allow(dead_code)] // used by the base_backup bench only
+    pub fn socket_dir(&self) -> &Path {
+        &self.socket
     }
 
     pub fn keep(mut self, value: Box<dyn Any>) -> Server {
@@ -136,6 +153,14 @@ impl Server {
                 Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
             }
         }
+    }
+
+    /// The peak resident set (`VmHWM`) of the server's own process so far: the instance
+    /// manager, or the postmaster.
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
     }
 
     /// A fast shutdown, then the process is reaped.
