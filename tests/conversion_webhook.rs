@@ -157,6 +157,11 @@ async fn the_api_server_converts_through_the_managers_webhook_over_tls() {
                 &same_address,
                 "--webhook-cert-dir",
                 &cert_dir,
+                // Not on a free port: the one just released may be the webhook's.
+                "--health-probe-bind-address",
+                "0",
+                "--metrics-bind-address",
+                "0",
             ],
         );
         assert_eq!(manager.endpoint("webhook").await, address);
@@ -306,6 +311,11 @@ async fn replicas_share_a_managed_certificate_that_the_crds_come_to_trust() {
                 "pgkube-webhook-cert".to_owned(),
                 "--webhook-cert-hosts".to_owned(),
                 "127.0.0.1".to_owned(),
+                // Not on free ports: they could take a webhook's port picked above.
+                "--health-probe-bind-address".to_owned(),
+                "0".to_owned(),
+                "--metrics-bind-address".to_owned(),
+                "0".to_owned(),
             ];
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             (

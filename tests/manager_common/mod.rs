@@ -107,16 +107,14 @@ impl Manager {
         vars: &[(&str, &str)],
     ) -> Manager {
         let mut command = Command::new(program);
+        command.args(["run", "--log-format", "json"]);
+        // Any free port, unless `extra` says otherwise.
+        for flag in ["--health-probe-bind-address", "--metrics-bind-address"] {
+            if !extra.contains(&flag) {
+                command.args([flag, "127.0.0.1:0"]);
+            }
+        }
         command
-            .args([
-                "run",
-                "--log-format",
-                "json",
-                "--health-probe-bind-address",
-                "127.0.0.1:0",
-                "--metrics-bind-address",
-                "127.0.0.1:0",
-            ])
             .args(extra)
             .env("KUBECONFIG", &env.kubeconfig)
             .env("HOSTNAME", name)
