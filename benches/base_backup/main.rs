@@ -9,7 +9,8 @@
 //!
 //! ```text
 //! cargo bench --bench base_backup
-//! PGKUBE_BENCH_BASE_SCALE=20 cargo bench --bench base_backup   # a smaller database
+//! PGKUBE_BENCH_BASE_SCALE=20 PGKUBE_BENCH_BASE_NOISE_ROWS=1000000 \
+//!     cargo bench --bench base_backup   # a smaller database
 //! ```
 //!
 //! 1. pgkube's instance manager runs the server and archives its WAL (the agent records a
@@ -38,7 +39,7 @@ use pgkube_testkit::TestBucket;
 
 const DEFAULT_SCALE: u32 = 150;
 /// Rows of random hex: about 1 GB.
-const NOISE_ROWS: i64 = 8_000_000;
+const DEFAULT_NOISE_ROWS: u64 = 8_000_000;
 
 /// What one tool did.
 pub struct Row {
@@ -59,10 +60,8 @@ async fn bench() {
         println!("base_backup: test bed not running, nothing measured");
         return;
     };
-    let scale = std::env::var("PGKUBE_BENCH_BASE_SCALE")
-        .ok()
-        .and_then(|scale| scale.parse().ok())
-        .unwrap_or(DEFAULT_SCALE);
+    let scale = setting("PGKUBE_BENCH_BASE_SCALE", DEFAULT_SCALE);
+    let noise_rows = setting("PGKUBE_BENCH_BASE_NOISE_ROWS", DEFAULT_NOISE_ROWS);
     let bucket = TestBucket::create(&env, "base-bench").await;
     let work = std::env::temp_dir().join(format!("pgkube-base-bench-{}", std::process::id()));
     std::fs::create_dir_all(&work).expect("work dir");
@@ -71,7 +70,7 @@ async fn bench() {
         .await
         .expect("the instance manager starts");
     let sql = server.connect().await;
-    fill(&server, &sql, scale).await;
+    fill(&server, &sql, scale, noise_rows).await;
     let database_bytes: i64 = sql
         .query_one(
             "SELECT sum(pg_database_size(datname))::bigint FROM pg_database",
@@ -81,7 +80,7 @@ async fn bench() {
         .expect("database size")
         .get(0);
     println!(
-        "base_backup: pgbench scale {scale} and {NOISE_ROWS} random rows: {:.0} MB in all databases",
+        "base_backup: pgbench scale {scale} and {noise_rows} random rows: {:.0} MB in all databases",
         database_bytes as f64 / f64::from(1u32 << 20)
     );
 
@@ -105,7 +104,15 @@ async fn bench() {
 }
 
 /// `pgbench -i` at `scale`, then the table of random hex, then a checkpoint.
-async fn fill(server: &server::Server, sql: &tokio_postgres::Client, scale: u32) {
+/// A number from the environment, else `default`.
+fn setting<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn fill(server: &server::Server, sql: &tokio_postgres::Client, scale: u32, noise_rows: u64) {
     let status = server::as_postgres(&format!("{}/pgbench", server::BIN))
         .args(["-i", "-q", "-s", &scale.to_string(), "-h", "127.0.0.1"])
         .args(["-p", &server.port.to_string(), "-U", "postgres", "postgres"])
@@ -116,7 +123,7 @@ async fn fill(server: &server::Server, sql: &tokio_postgres::Client, scale: u32)
     assert!(status.success(), "pgbench -i: {status}");
     let noise = format!(
         "CREATE TABLE noise AS SELECT g AS id, md5(random()::text) || md5(random()::text) AS hex \
-         FROM generate_series(1, {NOISE_ROWS}) g; CHECKPOINT"
+         FROM generate_series(1, {noise_rows}) g; CHECKPOINT"
     );
     sql.batch_execute(&noise).await.expect("the random table");
 }

@@ -96,6 +96,7 @@ pub async fn pgbackrest(
          compress-type=zst\n\
          start-fast=y\n\
          archive-check=n\n\
+         repo1-retention-full=1\n\
          log-path={dir}/log\n\
          lock-path={dir}/lock\n\
          log-level-console=warn\n\
