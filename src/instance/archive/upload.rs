@@ -2,6 +2,7 @@
 //! the store (its SHA-256, and its zstd compression, off the async threads), the files
 //! PostgreSQL marked ready, and how much room WAL takes on the volume.
 
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use pgkube_controllers::storage::wal::{PreparedFile, WalFileName};
@@ -11,22 +12,42 @@ use sha2::{Digest, Sha256};
 /// at any level; a segment switched early by `archive_timeout` is mostly zeros.
 const ZSTD_LEVEL: i32 = 3;
 
+/// Bytes read from a WAL file at a time: memory holds the compressed file and this, never the
+/// whole original.
+const READ_CHUNK: usize = 256 << 10;
+
 /// Reads `path` and prepares it: compressed, with the SHA-256 and size of the original.
 pub async fn prepare(path: PathBuf) -> Result<PreparedFile, String> {
     tokio::task::spawn_blocking(move || {
-        let content = std::fs::read(&path)
-            .map_err(|error| format!("cannot read {}: {error}", path.display()))?;
-        let sha256 = hex::encode(Sha256::digest(&content));
-        let compressed = zstd::bulk::compress(&content, ZSTD_LEVEL)
-            .map_err(|error| format!("cannot compress {}: {error}", path.display()))?;
-        Ok(PreparedFile {
-            compressed,
-            sha256,
-            size: content.len() as u64,
-        })
+        compress_file(&path).map_err(|error| format!("cannot prepare {}: {error}", path.display()))
     })
     .await
     .map_err(|error| format!("the compression task failed: {error}"))?
+}
+
+/// The file streamed through SHA-256 and zstd. The size PostgreSQL gave the file is pledged in
+/// the zstd frame, so a file that changes size while it is read is an error.
+fn compress_file(path: &Path) -> std::io::Result<PreparedFile> {
+    let mut file = std::fs::File::open(path)?;
+    let size = file.metadata()?.len();
+    let mut encoder = zstd::stream::write::Encoder::new(Vec::new(), ZSTD_LEVEL)?;
+    encoder.include_contentsize(true)?;
+    encoder.set_pledged_src_size(Some(size))?;
+    let mut hasher = Sha256::new();
+    let mut chunk = vec![0u8; READ_CHUNK];
+    loop {
+        let read = file.read(&mut chunk)?;
+        if read == 0 {
+            break;
+        }
+        hasher.update(&chunk[..read]);
+        encoder.write_all(&chunk[..read])?;
+    }
+    Ok(PreparedFile {
+        compressed: encoder.finish()?,
+        sha256: hex::encode(hasher.finalize()),
+        size,
+    })
 }
 
 /// The first `limit` WAL files PostgreSQL marked ready to archive, oldest name first.
