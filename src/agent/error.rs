@@ -53,6 +53,14 @@ pub enum AgentError {
     #[error("a manifest already exists at {key}; refusing to overwrite a completed backup")]
     BackupExists { key: String },
 
+    /// A restore that replaced an existing database failed; `note` says where the databases
+    /// are now.
+    #[error("{error}; {note}")]
+    Replaced {
+        error: Box<AgentError>,
+        note: String,
+    },
+
     #[error("the server has no database named {0}")]
     MissingDatabase(String),
 
@@ -77,6 +85,7 @@ impl AgentError {
     pub fn reason(&self) -> Option<&'static str> {
         match self {
             Self::SystemIdentifierMismatch { .. } => Some(SYSTEM_IDENTIFIER_MISMATCH),
+            Self::Replaced { error, .. } => error.reason(),
             _ => None,
         }
     }

@@ -11,7 +11,8 @@
 //! `pgkube agent restore` reads the manifest back, verifies every selected object (size and
 //! SHA-256 of the stored bytes, and that a zstd object decompresses) before changing anything,
 //! then streams the objects into `psql` (globals) and `pg_restore` (databases), decompressing
-//! and checking them again while they stream.
+//! and checking them again while they stream. A database it replaces (`--drop-existing`) is
+//! set aside until its restore completed, and put back if it fails ([`replace`]).
 //!
 //! # Object layout
 //!
@@ -73,6 +74,7 @@ pub mod multipart;
 pub mod part_size;
 mod physical;
 mod postgres;
+mod replace;
 mod report;
 mod restore;
 pub mod storage;

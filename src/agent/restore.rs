@@ -41,6 +41,7 @@ use super::CommonArgs;
 use super::download::ObjectReader;
 use super::error::AgentError;
 use super::postgres::{Postgres, conninfo_for};
+use super::replace::{self, Replacement};
 use super::report::Report;
 use super::storage::{Store, s3_error};
 use super::target;
@@ -63,8 +64,9 @@ pub struct RestoreArgs {
     #[arg(long = "database", value_name = "NAME")]
     databases: Vec<String>,
 
-    /// Drop (WITH (FORCE)) and recreate databases that already exist. Without it an existing
-    /// database fails the restore before anything is changed.
+    /// Replace databases that already exist: each is set aside, and dropped only once its
+    /// restore completed (put back if it fails). Without it an existing database fails the
+    /// restore before anything is changed.
     #[arg(long, env = "PGKUBE_DROP_EXISTING")]
     drop_existing: bool,
 
@@ -139,12 +141,18 @@ pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
     if let Some(globals) = globals {
         restore_globals(&postgres, &globals).await?;
     }
+    let run_id = replace::run_id();
     for database in &selected {
-        if existing.contains(&database.name) {
-            info!(database = %database.name, "dropping the existing database");
-            postgres.drop_database(&database.name).await?;
+        if !existing.contains(&database.name) {
+            restore_database(&postgres, &store, database).await?;
+            continue;
         }
-        restore_database(&postgres, &store, database).await?;
+        let names = Replacement::new(&database.name, &run_id);
+        replace::set_aside(&postgres, &names).await?;
+        match restore_database(&postgres, &store, database).await {
+            Ok(()) => replace::drop_aside(&postgres, &names).await,
+            Err(error) => return Err(replace::put_back(&postgres, &names, error).await),
+        }
     }
 
     let size = selected.iter().map(|db| db.object.size).sum::<u64>()
