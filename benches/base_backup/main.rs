@@ -66,7 +66,7 @@ async fn bench() {
     let work = std::env::temp_dir().join(format!("pgkube-base-bench-{}", std::process::id()));
     std::fs::create_dir_all(&work).expect("work dir");
     let dir = work.join("server");
-    let (mut server, _) = peers::pgkube(&env, &bucket, &dir)
+    let (mut server, _, _) = peers::pgkube(&env, &bucket, &dir)
         .await
         .expect("the instance manager starts");
     let sql = server.connect().await;

@@ -11,6 +11,7 @@
 //! cargo bench --bench wal_archive
 //! PGKUBE_BENCH_WAL_MB=512 cargo bench --bench wal_archive   # a smaller burst
 //! PGKUBE_BENCH_ARCHIVERS=pgkube cargo bench --bench wal_archive   # some of the archivers
+//! PGKUBE_BENCH_WAL_BACKLOG=1 cargo bench --bench wal_archive   # a backlog drained
 //! ```
 //!
 //! For each archiver, one after the other, on a fresh server and bucket prefix:
@@ -20,6 +21,11 @@
 //!    compressible) in batches until `PGKUBE_BENCH_WAL_MB` (default 2048) of WAL is written;
 //! 3. the lag at the end of the writes is the segments finished and not archived yet;
 //! 4. then a `pg_switch_wal()`, and the wait until `pg_stat_archiver` reports the last segment.
+//!
+//! With `PGKUBE_BENCH_WAL_BACKLOG=1`, the store is unreachable while the WAL is written (every
+//! archiver reaches it through a proxy the bench stops), so the whole burst waits in `pg_wal`;
+//! the catch-up then measures how fast each archiver drains a backlog, whatever the writer's
+//! speed. Without it, an archiver that keeps up is bounded by the writer.
 //!
 //! It prints, per archiver: the segments archived, the seconds from the first write to the
 //! last segment archived, segments per second over that time, the lag at the end of the writes
@@ -31,6 +37,7 @@ mod server;
 
 use std::time::{Duration, Instant};
 
+use pgkube_testkit::proxy::Proxy;
 use pgkube_testkit::{TestBucket, list_objects};
 
 use server::Server;
@@ -69,13 +76,19 @@ async fn bench() {
         .ok()
         .and_then(|mb| mb.parse().ok())
         .unwrap_or(DEFAULT_WAL_MB);
+    let backlog = std::env::var("PGKUBE_BENCH_WAL_BACKLOG").is_ok_and(|value| value == "1");
     let chosen = std::env::var("PGKUBE_BENCH_ARCHIVERS")
         .unwrap_or_else(|_| "pgkube,pgbackrest,barman".to_owned());
     let bucket = TestBucket::create(&env, "wal-bench").await;
     let work = std::env::temp_dir().join(format!("pgkube-wal-bench-{}", std::process::id()));
     std::fs::create_dir_all(&work).expect("work dir");
     println!(
-        "wal_archive: {wal_mb} MB of WAL per archiver, bucket {}",
+        "wal_archive: {wal_mb} MB of WAL per archiver{}, bucket {}",
+        if backlog {
+            ", written while the store is down"
+        } else {
+            ""
+        },
         bucket.name()
     );
     let mut rows = Vec::new();
@@ -88,8 +101,9 @@ async fn bench() {
             other => Err(format!("unknown archiver {other:?}")),
         };
         match started {
-            Ok((server, prefix)) => {
-                let row = measure(archiver_name(archiver), server, wal_mb << 20).await;
+            Ok((server, prefix, store)) => {
+                let stopped = backlog.then_some(store.as_ref());
+                let row = measure(archiver_name(archiver), server, wal_mb << 20, stopped).await;
                 let stored = stored_bytes(&bucket, &prefix).await;
                 rows.push(Row {
                     stored_bytes: stored,
@@ -112,13 +126,22 @@ fn archiver_name(name: &str) -> &'static str {
     }
 }
 
-async fn measure(archiver: &'static str, mut server: Server, wal_bytes: u64) -> Row {
+/// One archiver's burst; with `stopped`, the store is down until the writes are done.
+async fn measure(
+    archiver: &'static str,
+    mut server: Server,
+    wal_bytes: u64,
+    stopped: Option<&Proxy>,
+) -> Row {
     let sql = server.connect().await;
     sql.batch_execute("CREATE TABLE burst (id bigint, payload text)")
         .await
         .expect("table");
     let start_lsn = lsn(&sql, "SELECT pg_current_wal_lsn()").await;
     let start_archived = archived_count(&sql).await;
+    if let Some(store) = stopped {
+        store.stop_server();
+    }
     let started = Instant::now();
     let mut next_id = 0u64;
     while lsn(&sql, "SELECT pg_current_wal_lsn()").await - start_lsn < wal_bytes {
@@ -135,6 +158,13 @@ async fn measure(archiver: &'static str, mut server: Server, wal_bytes: u64) -> 
     let end_lsn = lsn(&sql, "SELECT pg_current_wal_lsn()").await;
     let finished = end_lsn / SEGMENT_BYTES - start_lsn / SEGMENT_BYTES;
     let lag = finished.saturating_sub(archived_count(&sql).await - start_archived);
+    let written = match stopped {
+        Some(store) => {
+            store.start_server();
+            Instant::now()
+        }
+        None => written,
+    };
     let last: String = sql
         .query_one("SELECT pg_walfile_name(pg_switch_wal())", &[])
         .await
@@ -203,11 +233,22 @@ async fn stored_bytes(bucket: &TestBucket, prefix: &str) -> i64 {
         .unwrap_or(-1)
 }
 
+/// Segments a second while catching up, when there was a backlog worth timing.
+fn catch_up_rate(row: &Row) -> String {
+    if row.lag_segments < 10 {
+        return "-".to_owned();
+    }
+    format!(
+        "{:.2}",
+        row.lag_segments as f64 / row.catch_up.as_secs_f64()
+    )
+}
+
 fn print_rows(rows: &[Row]) {
     println!(
-        "| archiver | segments | seconds | segments/s | lag at the end of the writes (segments) | catch-up s | stored MB | stored / WAL | manager peak RSS MiB |"
+        "| archiver | segments | seconds | segments/s | lag at the end of the writes (segments) | catch-up s | catch-up segments/s | stored MB | stored / WAL | manager peak RSS MiB |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for row in rows {
         let seconds = row.total.as_secs_f64();
         let wal = (row.segments * SEGMENT_BYTES) as f64;
@@ -216,13 +257,14 @@ fn print_rows(rows: &[Row]) {
             |kib| format!("{:.1}", kib as f64 / 1024.0),
         );
         println!(
-            "| {} | {} | {:.1} | {:.2} | {} | {:.1} | {:.1} | {:.3} | {rss} |",
+            "| {} | {} | {:.1} | {:.2} | {} | {:.1} | {} | {:.1} | {:.3} | {rss} |",
             row.archiver,
             row.segments,
             seconds,
             row.segments as f64 / seconds,
             row.lag_segments,
             row.catch_up.as_secs_f64(),
+            catch_up_rate(row),
             row.stored_bytes as f64 / f64::from(1u32 << 20),
             row.stored_bytes as f64 / wal.max(1.0),
         );

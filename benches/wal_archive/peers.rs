@@ -1,8 +1,10 @@
 //! The archivers compared, each set up on a fresh server: pgkube's instance manager, pgBackRest
-//! and Barman. Each returns the server and the key prefix its archive is under.
+//! and Barman. Each returns the server, the key prefix its archive is under, and the proxy in
+//! front of the store that it reaches the store through (which the bench may stop).
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::Arc;
 
 use pgkube_controllers::storage::wal::WalArchiveTarget;
 use pgkube_testkit::proxy::Proxy;
@@ -10,7 +12,17 @@ use pgkube_testkit::{TestBucket, TestEnv};
 
 use super::server::{self, Server, as_postgres, common_settings, free_port};
 
-type Started = Result<(Server, String), String>;
+type Started = Result<(Server, String, Arc<Proxy>), String>;
+
+/// A plain proxy in front of the test bed's store.
+async fn store_proxy(env: &TestEnv) -> Result<Arc<Proxy>, String> {
+    let upstream = env
+        .s3_endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .map_err(|e| format!("the store's address {}: {e}", env.s3_endpoint))?;
+    Ok(Arc::new(Proxy::tcp(upstream).await))
+}
 
 /// `pgkube instance run`, told to archive to `pgkube/wal/bench/` by its `instance.json`, as the
 /// operator's ConfigMap would.
@@ -29,10 +41,11 @@ pub async fn pgkube(env: &TestEnv, bucket: &TestBucket, dir: &Path) -> Started {
     }
     let port = free_port();
     let root = "pgkube/wal/bench/".to_owned();
+    let proxy = store_proxy(env).await?;
     let target = WalArchiveTarget {
         bucket: bucket.name().to_owned(),
         region: env.s3_region.clone(),
-        endpoint: Some(env.s3_endpoint.clone()),
+        endpoint: Some(format!("http://{}", proxy.address)),
         force_path_style: true,
         root: root.clone(),
         cluster: "bench/bench".to_owned(),
@@ -58,7 +71,8 @@ pub async fn pgkube(env: &TestEnv, bucket: &TestBucket, dir: &Path) -> Started {
         std::fs::write(dir.join(file), content).map_err(|e| e.to_string())?;
     }
     server::give_to_postgres(dir);
-    Ok((Server::instance_manager(dir, port, free_port()), root))
+    let server = Server::instance_manager(dir, port, free_port()).keep(Box::new(proxy.clone()));
+    Ok((server, root, proxy))
 }
 
 /// pgBackRest's asynchronous archive-push, 2 processes, zstd, to the store through an HTTPS
@@ -66,7 +80,7 @@ pub async fn pgkube(env: &TestEnv, bucket: &TestBucket, dir: &Path) -> Started {
 pub async fn pgbackrest(env: &TestEnv, bucket: &TestBucket, dir: &Path) -> Started {
     install("pgbackrest", "pgbackrest")?;
     server::prepare(dir);
-    let proxy = Proxy::https(&env.s3_endpoint, dir).await;
+    let proxy = Arc::new(Proxy::https(&env.s3_endpoint, dir).await);
     let config = dir.join("pgbackrest.conf");
     let port = free_port();
     let text = format!(
@@ -122,16 +136,18 @@ pub async fn pgbackrest(env: &TestEnv, bucket: &TestBucket, dir: &Path) -> Start
         server.stop();
         return Err(format!("pgbackrest stanza-create: {status}"));
     }
-    Ok((server.keep(Box::new(proxy)), "pgbackrest/".to_owned()))
+    let server = server.keep(Box::new(proxy.clone()));
+    Ok((server, "pgbackrest/".to_owned(), proxy))
 }
 
 /// `barman-cloud-wal-archive` with gzip, one process per segment, as CloudNativePG runs it.
 pub async fn barman(env: &TestEnv, bucket: &TestBucket, dir: &Path) -> Started {
     install("barman-cloud-wal-archive", "barman-cli-cloud")?;
     server::prepare(dir);
+    let proxy = store_proxy(env).await?;
     let command = format!(
-        "archive_command = 'barman-cloud-wal-archive --endpoint-url {} --gzip s3://{}/barman bench %p'\n",
-        env.s3_endpoint,
+        "archive_command = 'barman-cloud-wal-archive --endpoint-url http://{} --gzip s3://{}/barman bench %p'\n",
+        proxy.address,
         bucket.name()
     );
     let credentials = [
@@ -140,7 +156,11 @@ pub async fn barman(env: &TestEnv, bucket: &TestBucket, dir: &Path) -> Started {
         ("AWS_DEFAULT_REGION", env.s3_region.clone()),
     ];
     let server = Server::postgres(dir, free_port(), &command, &credentials);
-    Ok((server, "barman/".to_owned()))
+    Ok((
+        server.keep(Box::new(proxy.clone())),
+        "barman/".to_owned(),
+        proxy,
+    ))
 }
 
 /// Installs Debian package `package` unless `program` is already on the PATH.
