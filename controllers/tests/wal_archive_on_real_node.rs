@@ -403,7 +403,7 @@ async fn a_stored_wal_file_is_never_overwritten_and_an_archive_has_one_owner() {
     let bucket = TestBucket::create(&env, "wal-rules").await;
     let store = S3Bucket::with_client(bucket.client(), bucket.name());
     let prepared = |content: &[u8]| PreparedFile {
-        compressed: zstd::encode_all(content, 1).expect("zstd"),
+        compressed: zstd::encode_all(content, 1).expect("zstd").into(),
         sha256: hex::encode(Sha256::digest(content)),
         size: content.len() as u64,
     };

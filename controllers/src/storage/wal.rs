@@ -230,10 +230,11 @@ pub fn check_owner(
     })
 }
 
-/// A WAL file ready to store: its compressed bytes, and the SHA-256 and size of the original.
+/// A WAL file ready to store: its compressed bytes (shared, so a request body is no copy), and
+/// the SHA-256 and size of the original.
 #[derive(Clone, Debug)]
 pub struct PreparedFile {
-    pub compressed: Vec<u8>,
+    pub compressed: bytes::Bytes,
     pub sha256: String,
     pub size: u64,
 }

@@ -43,8 +43,11 @@ fn compress_file(path: &Path) -> std::io::Result<PreparedFile> {
         hasher.update(&chunk[..read]);
         encoder.write_all(&chunk[..read])?;
     }
+    let mut compressed = encoder.finish()?;
+    // The buffer grew by doubling: what is kept until the upload ends is only the file.
+    compressed.shrink_to_fit();
     Ok(PreparedFile {
-        compressed: encoder.finish()?,
+        compressed: compressed.into(),
         sha256: hex::encode(hasher.finalize()),
         size,
     })
