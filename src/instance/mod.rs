@@ -63,6 +63,7 @@ mod ha;
 mod health;
 mod identity;
 mod isolation;
+mod memory;
 mod planned;
 mod repair;
 mod roles;
@@ -119,11 +120,14 @@ pub fn run(command: InstanceCommand) -> anyhow::Result<()> {
         InstanceCommand::ArchiveWal { socket, name } => {
             archive::socket::request(&socket, &name).map_err(anyhow::Error::msg)
         }
-        InstanceCommand::Run(args) => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()?
-            .block_on(supervise(*args)),
+        InstanceCommand::Run(args) => {
+            memory::keep_large_buffers_mapped();
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()?
+                .block_on(supervise(*args))
+        }
     }
 }
 
