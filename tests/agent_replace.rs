@@ -87,6 +87,18 @@ async fn a_failing_replacement_puts_the_existing_database_back_unchanged() {
             .is_empty()
     );
 
+    // The same when the database replaced is the agent's maintenance database: the renames go
+    // through template1.
+    let mut as_maintenance = replace.to_vec();
+    as_maintenance.extend(["--maintenance-database", name]);
+    agent
+        .restore("owned", &as_maintenance)
+        .await
+        .assert_failed();
+    assert_eq!(fingerprint(&database.connect().await).await, before);
+    let failed_copies = databases_like(&admin, &format!("{name}_pgkube_failed_")).await;
+    assert_eq!(failed_copies.len(), 2, "{failed_copies:?}");
+
     // With the role back, the replacement completes and the old database is gone.
     admin
         .batch_execute(&format!("CREATE ROLE \"{role}\""))
@@ -100,8 +112,10 @@ async fn a_failing_replacement_puts_the_existing_database_back_unchanged() {
             .is_empty()
     );
 
-    let failed_copy = format!("DROP DATABASE \"{}\" WITH (FORCE)", failed_copies[0]);
-    admin.batch_execute(&failed_copy).await.expect("cleanup");
+    for copy in failed_copies {
+        let drop = format!("DROP DATABASE \"{copy}\" WITH (FORCE)");
+        admin.batch_execute(&drop).await.expect("cleanup");
+    }
     scratch.cleanup().await;
     admin
         .batch_execute(&format!("DROP ROLE IF EXISTS \"{role}\""))

@@ -100,10 +100,13 @@ pub async fn put_back(postgres: &Postgres, names: &Replacement, error: AgentErro
 
 /// Whether a database the restore created had to be moved aside.
 async fn put_back_steps(postgres: &Postgres, names: &Replacement) -> Result<bool, AgentError> {
-    let created = postgres
-        .list_all_databases()
-        .await?
-        .contains(&names.database);
+    // From template1 when the maintenance database is the one replaced: it may not exist now.
+    let exists = format!(
+        "SELECT count(*) FROM pg_database WHERE datname = {}",
+        quote_literal(&names.database)
+    );
+    let from = via(postgres, &[&names.database, &names.aside]);
+    let created = postgres.query(from, &exists).await?.trim() != "0";
     if created {
         rename_closed(postgres, &names.database, &names.failed).await?;
     }
