@@ -81,17 +81,7 @@ pub async fn pgbackrest(
     let proxy = Proxy::https(&env.s3_endpoint, &dir).await;
     let config = dir.join("pgbackrest.conf");
     let text = format!(
-        "[global]\n\
-         repo1-type=s3\n\
-         repo1-path=/pgbackrest-base\n\
-         repo1-s3-bucket={bucket}\n\
-         repo1-s3-endpoint=127.0.0.1\n\
-         repo1-storage-port={proxy_port}\n\
-         repo1-storage-verify-tls=n\n\
-         repo1-s3-key={key}\n\
-         repo1-s3-key-secret={secret}\n\
-         repo1-s3-region={region}\n\
-         repo1-s3-uri-style=path\n\
+        "{repo}\
          process-max=2\n\
          compress-type=zst\n\
          start-fast=y\n\
@@ -105,11 +95,7 @@ pub async fn pgbackrest(
          pg1-port={port}\n\
          pg1-socket-path={socket}\n\
          pg1-user=postgres\n",
-        bucket = bucket.name(),
-        proxy_port = proxy.address.port(),
-        key = env.s3_access_key,
-        secret = env.s3_secret_key,
-        region = env.s3_region,
+        repo = super::peers::pgbackrest_repository(env, bucket, &proxy, "/pgbackrest-base"),
         dir = dir.display(),
         pgdata = server.pgdata().display(),
         port = server.port,

@@ -75,6 +75,34 @@ pub async fn pgkube(env: &TestEnv, bucket: &TestBucket, dir: &Path) -> Started {
     Ok((server, root, proxy))
 }
 
+/// pgBackRest's `[global]` section up to its repository: the bucket at `path`, reached through
+/// the HTTPS `proxy` (pgBackRest speaks only HTTPS to S3).
+pub fn pgbackrest_repository(
+    env: &TestEnv,
+    bucket: &TestBucket,
+    proxy: &Proxy,
+    path: &str,
+) -> String {
+    format!(
+        "[global]\n\
+         repo1-type=s3\n\
+         repo1-path={path}\n\
+         repo1-s3-bucket={bucket}\n\
+         repo1-s3-endpoint=127.0.0.1\n\
+         repo1-storage-port={proxy_port}\n\
+         repo1-storage-verify-tls=n\n\
+         repo1-s3-key={key}\n\
+         repo1-s3-key-secret={secret}\n\
+         repo1-s3-region={region}\n\
+         repo1-s3-uri-style=path\n",
+        bucket = bucket.name(),
+        proxy_port = proxy.address.port(),
+        key = env.s3_access_key,
+        secret = env.s3_secret_key,
+        region = env.s3_region,
+    )
+}
+
 /// pgBackRest's asynchronous archive-push, 2 processes, zstd, to the store through an HTTPS
 /// proxy (pgBackRest speaks only HTTPS to S3).
 pub async fn pgbackrest(env: &TestEnv, bucket: &TestBucket, dir: &Path) -> Started {
@@ -84,17 +112,7 @@ pub async fn pgbackrest(env: &TestEnv, bucket: &TestBucket, dir: &Path) -> Start
     let config = dir.join("pgbackrest.conf");
     let port = free_port();
     let text = format!(
-        "[global]\n\
-         repo1-type=s3\n\
-         repo1-path=/pgbackrest\n\
-         repo1-s3-bucket={bucket}\n\
-         repo1-s3-endpoint=127.0.0.1\n\
-         repo1-storage-port={proxy_port}\n\
-         repo1-storage-verify-tls=n\n\
-         repo1-s3-key={key}\n\
-         repo1-s3-key-secret={secret}\n\
-         repo1-s3-region={region}\n\
-         repo1-s3-uri-style=path\n\
+        "{repo}\
          archive-async=y\n\
          process-max=2\n\
          compress-type=zst\n\
@@ -106,11 +124,7 @@ pub async fn pgbackrest(env: &TestEnv, bucket: &TestBucket, dir: &Path) -> Start
          pg1-path={dir}/pgdata\n\
          pg1-port={port}\n\
          pg1-socket-path={dir}/socket\n",
-        bucket = bucket.name(),
-        proxy_port = proxy.address.port(),
-        key = env.s3_access_key,
-        secret = env.s3_secret_key,
-        region = env.s3_region,
+        repo = pgbackrest_repository(env, bucket, &proxy, "/pgbackrest"),
         dir = dir.display(),
     );
     std::fs::write(&config, text).map_err(|e| e.to_string())?;
