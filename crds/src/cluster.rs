@@ -156,10 +156,11 @@ pub struct SynchronousReplication {
 }
 
 /// The backup a new cluster starts from: a PostgreSQLBackup, or a backup given by its storage
-/// and manifest key (for example one made by another Kubernetes cluster).
+/// and manifest key (for example one made by another Kubernetes cluster), restored logically;
+/// or a point-in-time recovery from a physical backup and the WAL archive.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.backup) != has(self.source)").message("exactly one of backup and source must be set"))]
+#[x_kube(validation = Rule::new("[has(self.backup), has(self.source), has(self.recovery)].filter(x, x).size() == 1").message("exactly one of backup, source and recovery must be set"))]
 pub struct Bootstrap {
     /// A Completed PostgreSQLBackup in the same namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -167,6 +168,9 @@ pub struct Bootstrap {
     /// A backup located directly in storage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<RestoreSource>,
+    /// Point-in-time recovery from a physical base backup and the WAL archive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery: Option<crate::recovery::Recovery>,
 }
 
 /// Synchronous replication needs as many replicas as the standbys it asks for at least.

@@ -19,6 +19,7 @@ mod backup;
 mod cluster;
 mod common;
 pub mod conversion;
+mod recovery;
 mod restore;
 pub mod v1alpha1;
 pub mod v1beta1;

@@ -3,7 +3,8 @@
 //! Renamed or moved: `version` is `postgresVersion`; `storage` is `storage.size`;
 //! `backup.schedule`, `backup.timeZone` and `backup.suspend` are under `backup.schedule`
 //! (`cron`, `timeZone`, `suspend`); `backup.retentionDays` is `backup.retention.days`;
-//! `backup.s3` is `backup.storage.s3`; `bootstrap.source.s3` is `bootstrap.source.storage.s3`.
+//! `backup.s3` is `backup.storage.s3`; `bootstrap.source.s3` is `bootstrap.source.storage.s3`, and
+//! `bootstrap.recovery.source.s3` is `bootstrap.recovery.source.storage.s3`.
 //! Everything else (`backup.compression`, `highAvailability`, the status...) is at the same
 //! place in both. Only in v1beta1: `storage.storageClassName`, carried on v1alpha1 in the
 //! [`V1BETA1_FIELDS_ANNOTATION`](super::V1BETA1_FIELDS_ANNOTATION) with anything else in the objects v1alpha1 lacks.
@@ -43,6 +44,10 @@ pub(crate) const MOVES: &[Move] = &[
     Move {
         v1alpha1: &["spec", "bootstrap", "source", "s3"],
         v1beta1: &["spec", "bootstrap", "source", "storage", "s3"],
+    },
+    Move {
+        v1alpha1: &["spec", "bootstrap", "recovery", "source", "s3"],
+        v1beta1: &["spec", "bootstrap", "recovery", "source", "storage", "s3"],
     },
 ];
 

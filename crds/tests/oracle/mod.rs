@@ -198,18 +198,60 @@ fn backup_to_v1alpha1(backup: v1beta1::BackupSpec) -> v1alpha1::BackupConfig {
 }
 
 fn bootstrap_to_v1beta1(bootstrap: v1alpha1::Bootstrap) -> v1beta1::Bootstrap {
-    let v1alpha1::Bootstrap { backup, source } = bootstrap;
+    let v1alpha1::Bootstrap {
+        backup,
+        source,
+        recovery,
+    } = bootstrap;
     v1beta1::Bootstrap {
         backup,
         source: source.map(source_to_v1beta1),
+        recovery: recovery.map(|recovery| {
+            let v1alpha1::Recovery {
+                backup,
+                source,
+                target,
+            } = recovery;
+            v1beta1::Recovery {
+                backup,
+                source: source.map(|v1alpha1::RecoverySource { s3, archive }| {
+                    v1beta1::RecoverySource {
+                        storage: wrap_s3(s3),
+                        archive,
+                    }
+                }),
+                target,
+            }
+        }),
     }
 }
 
 fn bootstrap_to_v1alpha1(bootstrap: v1beta1::Bootstrap) -> v1alpha1::Bootstrap {
-    let v1beta1::Bootstrap { backup, source } = bootstrap;
+    let v1beta1::Bootstrap {
+        backup,
+        source,
+        recovery,
+    } = bootstrap;
     v1alpha1::Bootstrap {
         backup,
         source: source.map(source_to_v1alpha1),
+        recovery: recovery.map(|recovery| {
+            let v1beta1::Recovery {
+                backup,
+                source,
+                target,
+            } = recovery;
+            v1alpha1::Recovery {
+                backup,
+                source: source.map(|v1beta1::RecoverySource { storage, archive }| {
+                    v1alpha1::RecoverySource {
+                        s3: unwrap_s3(storage),
+                        archive,
+                    }
+                }),
+                target,
+            }
+        }),
     }
 }
 

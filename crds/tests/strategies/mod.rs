@@ -586,3 +586,39 @@ pub fn backup_or_source<S: std::fmt::Debug + Clone + 'static>(
         source.prop_map(|source| (None, Some(source))),
     ]
 }
+
+/// A recovery target: at most one of time, lsn, xid, name and immediate (the admission rule).
+pub fn recovery_target() -> BoxedStrategy<pgkube_crds::RecoveryTarget> {
+    let stop = prop_oneof![
+        Just((None, None, None, None, None)),
+        "2026-12-0[1-9]T1[0-9]:[0-5][0-9]:[0-5][0-9]Z".prop_map(|t| (
+            Some(t),
+            None,
+            None,
+            None,
+            None
+        )),
+        "[0-9A-F]{1,8}/[0-9A-F]{1,8}".prop_map(|l| (None, Some(l), None, None, None)),
+        "[0-9]{1,19}".prop_map(|x| (None, None, Some(x), None, None)),
+        "[a-z0-9_ -]{1,63}".prop_map(|n| (None, None, None, Some(n), None)),
+        any::<bool>().prop_map(|i| (None, None, None, None, Some(i))),
+    ];
+    let timeline = of(prop_oneof![
+        Just("latest".to_owned()),
+        Just("current".to_owned()),
+        "[0-9]{1,10}"
+    ]);
+    (stop, of(any::<bool>()), timeline)
+        .prop_map(|((time, lsn, xid, name, immediate), inclusive, timeline)| {
+            pgkube_crds::RecoveryTarget {
+                time,
+                lsn,
+                xid,
+                name,
+                immediate,
+                inclusive,
+                timeline,
+            }
+        })
+        .boxed()
+}

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use pgkube_crds::conversion::V1BETA1_FIELDS_ANNOTATION;
 use pgkube_crds::v1alpha1::{
     BackupConfig, Bootstrap, PostgreSQLBackup, PostgreSQLBackupSpec, PostgreSQLBackupStatus,
-    PostgreSQLCluster, PostgreSQLClusterSpec, PostgreSQLRestore, PostgreSQLRestoreSpec,
-    RestoreSource, WalArchiving,
+    PostgreSQLCluster, PostgreSQLClusterSpec, PostgreSQLRestore, PostgreSQLRestoreSpec, Recovery,
+    RecoverySource, RestoreSource, WalArchiving,
 };
 use proptest::collection::vec;
 use proptest::option::of;
@@ -69,8 +69,36 @@ fn cluster_backup_settings() -> BoxedStrategy<BackupConfig> {
         .boxed()
 }
 
-fn bootstrap() -> impl Strategy<Value = Bootstrap> {
-    backup_or_source(restore_source()).prop_map(|(backup, source)| Bootstrap { backup, source })
+fn bootstrap() -> BoxedStrategy<Bootstrap> {
+    let recovery = (backup_or_source(recovery_source()), of(recovery_target()))
+        .prop_map(|((backup, source), target)| Recovery {
+            backup,
+            source,
+            target,
+        })
+        .boxed();
+    prop_oneof![
+        backup_or_source(restore_source()).prop_map(|(backup, source)| Bootstrap {
+            backup,
+            source,
+            recovery: None,
+        }),
+        recovery.prop_map(|recovery| Bootstrap {
+            backup: None,
+            source: None,
+            recovery: Some(recovery),
+        }),
+    ]
+    .boxed()
+}
+
+fn recovery_source() -> impl Strategy<Value = RecoverySource> {
+    (s3_storage(), "([a-z0-9-]{1,8}/){0,2}wal/[a-z0-9-]{1,12}/").prop_map(|(storage, archive)| {
+        RecoverySource {
+            s3: storage,
+            archive,
+        }
+    })
 }
 
 fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {

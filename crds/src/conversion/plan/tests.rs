@@ -14,6 +14,7 @@ fn a_cluster_going_down_carries_the_objects_only_v1beta1_has_and_its_names_v1alp
         &["spec", "backup", "retention"],
         &["spec", "backup", "storage"],
         &["spec", "bootstrap", "source", "storage"],
+        &["spec", "bootstrap", "recovery", "source", "storage"],
     ];
     assert_eq!(plan.containers, containers);
     let collisions: Vec<&Path> = vec![
@@ -23,6 +24,7 @@ fn a_cluster_going_down_carries_the_objects_only_v1beta1_has_and_its_names_v1alp
         &["spec", "backup", "retentionDays"],
         &["spec", "backup", "s3"],
         &["spec", "bootstrap", "source", "s3"],
+        &["spec", "bootstrap", "recovery", "source", "s3"],
     ];
     assert_eq!(plan.collisions, collisions);
     assert_eq!(
@@ -45,6 +47,7 @@ fn a_cluster_going_up_carries_only_what_sits_where_v1beta1_puts_its_objects() {
         &["spec", "backup", "retention"],
         &["spec", "backup", "storage"],
         &["spec", "bootstrap", "source", "storage"],
+        &["spec", "bootstrap", "recovery", "source", "storage"],
     ];
     assert_eq!(plan.collisions, collisions);
 }
