@@ -5,28 +5,9 @@
 //! byte before `end` (PostgreSQL's `XLByteToPrevSeg`, as `pg_backup_stop` waits for): a backup
 //! that ends exactly on a segment boundary needs nothing of the next segment.
 
-use std::fmt;
-
 use serde::Deserialize;
 
-/// A WAL location, as PostgreSQL writes it: `0/2000028`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Lsn(pub u64);
-
-impl Lsn {
-    pub fn parse(text: &str) -> Option<Self> {
-        let (high, low) = text.trim().split_once('/')?;
-        let high = u32::from_str_radix(high, 16).ok()?;
-        let low = u32::from_str_radix(low, 16).ok()?;
-        Some(Self((u64::from(high) << 32) | u64::from(low)))
-    }
-}
-
-impl fmt::Display for Lsn {
-    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(formatter, "{:X}/{:X}", self.0 >> 32, self.0 & 0xFFFF_FFFF)
-    }
-}
+pub use pgkube_controllers::storage::lsn::{Lsn, segment_name};
 
 /// One `WAL-Ranges` entry of a `backup_manifest`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,16 +57,6 @@ pub fn ranges_of_manifest(bytes: &[u8]) -> Result<Vec<WalRange>, String> {
     }
     ranges.sort_by_key(|range| range.start);
     Ok(ranges)
-}
-
-/// The name of WAL segment `segment` (counted from the start of WAL) on `timeline`.
-pub fn segment_name(timeline: u32, segment: u64, segment_size: u64) -> String {
-    let per_id = 0x1_0000_0000 / segment_size;
-    format!(
-        "{timeline:08X}{:08X}{:08X}",
-        segment / per_id,
-        segment % per_id
-    )
 }
 
 /// Every segment the ranges need, in order, each on its range's timeline.

@@ -21,25 +21,7 @@ use std::fmt;
 /// Watch periods without streaming before the primary is asked why.
 pub const PATIENCE: u32 = 5;
 
-/// A WAL position (`pg_lsn`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Lsn(pub u64);
-
-impl Lsn {
-    /// Parses PostgreSQL's `X/Y` (two hexadecimal halves).
-    pub fn parse(text: &str) -> Option<Self> {
-        let (high, low) = text.trim().split_once('/')?;
-        let high = u64::from_str_radix(high, 16).ok()?;
-        let low = u64::from_str_radix(low, 16).ok()?;
-        (high <= u64::from(u32::MAX) && low <= u64::from(u32::MAX)).then_some(Lsn(high << 32 | low))
-    }
-}
-
-impl fmt::Display for Lsn {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:X}/{:X}", self.0 >> 32, self.0 & u64::from(u32::MAX))
-    }
-}
+pub use pgkube_controllers::storage::lsn::Lsn;
 
 /// One line of a timeline history file: timeline `timeline` ended at `switchpoint`, where its
 /// child began.

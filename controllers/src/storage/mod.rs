@@ -27,7 +27,9 @@ mod credentials;
 mod error;
 pub mod guarded;
 pub mod keys;
+pub mod lsn;
 pub mod manifest;
+pub mod recovery;
 mod tls;
 pub mod wal;
 
