@@ -220,6 +220,7 @@ async fn a_cluster_bootstrapped_again_over_its_volumes_keeps_what_was_written_si
             name: "seed".to_owned(),
         }),
         source: None,
+        recovery: None,
     };
     let builder = || {
         let bootstrap = bootstrap.clone();

@@ -609,6 +609,7 @@ async fn new_clusters_bootstrapped_from_a_backup_or_its_storage_start_with_its_d
             name: "seed".to_owned(),
         }),
         source: None,
+        recovery: None,
     };
     let from_source = Bootstrap {
         backup: None,
@@ -618,12 +619,14 @@ async fn new_clusters_bootstrapped_from_a_backup_or_its_storage_start_with_its_d
             },
             object_key: manifest_key.clone(),
         }),
+        recovery: None,
     };
     let from_nothing = Bootstrap {
         backup: Some(LocalReference {
             name: "no-such-backup".to_owned(),
         }),
         source: None,
+        recovery: None,
     };
     let mut clusters = Vec::new();
     for (name, bootstrap) in [

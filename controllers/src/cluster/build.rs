@@ -185,6 +185,9 @@ pub struct BuildInput<'a> {
     pub synchronous_standbys: u32,
     /// The cluster's database, once recorded (`status.systemIdentifier`).
     pub system_identifier: Option<&'a str>,
+    /// What the first instance recovers (`spec.bootstrap.recovery`), until the cluster
+    /// recorded its database.
+    pub recovery: Option<&'a crate::storage::recovery::RecoveryOrder>,
 }
 
 /// The desired children of `cluster`.
@@ -457,8 +460,8 @@ mod topology;
 
 use config::{PG_HBA, postgresql_conf};
 use pod::{install_container, postgres_container, volumes};
-pub use topology::instance_host;
 use topology::instance_json;
+pub use topology::{archive_target, instance_host, wal_archive_target};
 
 #[cfg(test)]
 mod tests;

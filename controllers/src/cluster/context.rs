@@ -32,6 +32,8 @@ pub struct ClusterContext {
     /// The versions that this controller's status writes gave the clusters, shared with the
     /// trigger, which drops their echoes.
     pub(super) echoes: Arc<echoes::StatusEchoes>,
+    /// What recovering clusters recover, read from storage once each.
+    pub(super) recovery_orders: super::recovery::Orders,
 }
 
 impl ClusterContext {
@@ -47,6 +49,7 @@ impl ClusterContext {
             children: Vec::new(),
             settled: settled::SettledClusters::default(),
             echoes: Arc::default(),
+            recovery_orders: super::recovery::Orders::default(),
         }
     }
 

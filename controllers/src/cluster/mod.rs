@@ -55,6 +55,7 @@ pub mod instances;
 mod memory;
 mod pipeline;
 mod read;
+mod recovery;
 mod report;
 pub mod restores;
 pub mod roles;
@@ -103,6 +104,9 @@ pub enum Error {
     Serialize(#[source] serde_json::Error),
     #[error("the cluster has no namespace")]
     MissingNamespace,
+    /// The storage a point-in-time recovery reads from cannot be read now.
+    #[error("cannot read the recovery source: {0}")]
+    RecoverySource(String),
     #[error("internal error: {0}")]
     Invariant(&'static str),
     /// A status write computed from a cluster older than the API server's: the cache lags.

@@ -23,7 +23,7 @@ use super::status::{Issue, Observation};
 use super::validate::LiveFacts;
 use super::{
     Error, INSTANCE_REFRESH, SOLE_INSTANCE_REFRESH, WAIT_REQUEUE, apply, bootstrap, build,
-    failover, ha, instances, read, roles, settled, validate,
+    failover, ha, instances, read, recovery, roles, settled, validate,
 };
 
 /// The pipeline for a cluster that is not being deleted.
@@ -59,6 +59,8 @@ pub(super) async fn reconcile_cluster(
         &live.instances,
         &primary,
     );
+    let (validated, recovery) =
+        plan_recovery(context, cluster, validated, system_identifier.is_some()).await?;
     let instances = live.instances.clone();
     // A child that does not apply still leaves a status that says so (and what the
     // instances report); the error goes to the error policy after it.
@@ -69,6 +71,7 @@ pub(super) async fn reconcile_cluster(
                 primary: &primary,
                 synchronous_standbys,
                 system_identifier: system_identifier.as_deref(),
+                recovery: recovery.as_ref(),
             };
             let statefulset = live.statefulset.clone();
             match apply_validated(context, &namespace, validation, live, built).await {
@@ -205,6 +208,45 @@ pub(super) struct Outcome {
     desired_replicas: i32,
 }
 
+/// The recovery the first instance follows, if any (see [`recovery`]). A recovery refused as
+/// asked makes the spec invalid: nothing is built, since without its order the first instance
+/// would make a new database.
+async fn plan_recovery(
+    context: &ClusterContext,
+    cluster: &PostgreSQLCluster,
+    validated: Result<validate::Validation, validate::InvalidSpec>,
+    recorded: bool,
+) -> Result<
+    (
+        Result<validate::Validation, validate::InvalidSpec>,
+        Option<crate::storage::recovery::RecoveryOrder>,
+    ),
+    Error,
+> {
+    let Ok(mut validation) = validated else {
+        return Ok((validated, None));
+    };
+    validation.effective.recovery_storage = recovery::source_storage(context, cluster);
+    let own_archive = validation
+        .effective
+        .wal_archive
+        .as_ref()
+        .map(|storage| build::wal_archive_target(&validation.effective, storage));
+    let resolution = recovery::resolve(context, cluster, recorded, own_archive.as_ref())
+        .instrument(info_span!("recovery"))
+        .await?;
+    Ok(match resolution {
+        recovery::Resolution::NotAsked => (Ok(validation), None),
+        recovery::Resolution::Order(order) => (Ok(validation), Some(*order)),
+        recovery::Resolution::Refused(why) => (
+            Err(validate::InvalidSpec(format!(
+                "spec.bootstrap.recovery: {why}"
+            ))),
+            None,
+        ),
+    })
+}
+
 /// An invalid spec applies nothing: the children stay as they are.
 fn invalid_spec_outcome(
     cluster: &PostgreSQLCluster,
@@ -262,6 +304,7 @@ struct Built<'a> {
     primary: &'a str,
     synchronous_standbys: u32,
     system_identifier: Option<&'a str>,
+    recovery: Option<&'a crate::storage::recovery::RecoveryOrder>,
 }
 
 /// Builds and applies the effective spec of a valid cluster; changes it holds back become the
@@ -293,6 +336,7 @@ async fn apply_validated(
         control_token: &control_token,
         synchronous_standbys: built.synchronous_standbys,
         system_identifier: built.system_identifier,
+        recovery: built.recovery,
     };
     let key = format!("{namespace}/{}", effective.name);
     let fingerprint = settled::fingerprint(&effective, &input, &live).map_err(Error::Serialize)?;

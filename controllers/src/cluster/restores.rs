@@ -91,6 +91,10 @@ pub fn bootstrap_restore(
     system_identifier: Option<&str>,
 ) -> Option<PostgreSQLRestore> {
     let bootstrap = cluster.spec.bootstrap.as_ref()?;
+    // A point-in-time recovery is the first instance's own work, not a restore.
+    if bootstrap.recovery.is_some() {
+        return None;
+    }
     let name = cluster.name_any();
     let spec = PostgreSQLRestoreSpec {
         backup: bootstrap.backup.clone(),
@@ -122,7 +126,10 @@ pub fn bootstrap(
     previous: Option<&PostgreSQLClusterStatus>,
     gate: &BootstrapGate,
 ) -> Option<Bootstrap> {
-    cluster.spec.bootstrap.as_ref()?;
+    let spec = cluster.spec.bootstrap.as_ref()?;
+    if let Some(recovery) = &spec.recovery {
+        return Some(recovery_progress(recovery, previous));
+    }
     let done = previous
         .into_iter()
         .flat_map(|status| &status.conditions)
@@ -166,6 +173,28 @@ pub fn bootstrap(
             }
         )),
     })
+}
+
+/// A point-in-time recovery is done once the cluster recorded the database its primary
+/// promoted with.
+fn recovery_progress(
+    recovery: &pgkube_crds::Recovery,
+    previous: Option<&PostgreSQLClusterStatus>,
+) -> Bootstrap {
+    let target = crate::storage::recovery::describe(&recovery.target.clone().unwrap_or_default());
+    let from = match (&recovery.backup, &recovery.source) {
+        (Some(backup), _) => format!("backup {}", backup.name),
+        (None, Some(source)) => format!("the archive {}", source.archive),
+        (None, None) => "an unnamed source".to_owned(),
+    };
+    match previous.and_then(|status| status.system_identifier.as_deref()) {
+        Some(system) => Bootstrap::Restored(format!(
+            "recovered from {from} to {target}; the primary promoted with database {system}"
+        )),
+        None => Bootstrap::InProgress(format!(
+            "recovering from {from} to {target}: the first instance restores the base backup and replays the archive"
+        )),
+    }
 }
 
 /// `backup <name>` or `<bucket>/<key>`, with the manifest key once the restore recorded it.

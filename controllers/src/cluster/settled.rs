@@ -94,6 +94,7 @@ pub fn fingerprint(
         write_text(&mut hasher, text);
     }
     hasher.update(input.synchronous_standbys.to_le_bytes());
+    write_text(&mut hasher, &serde_json::to_string(&input.recovery)?);
     hasher.update([
         u8::from(live.credentials_exist),
         u8::from(live.replication_credentials_exist),
@@ -177,6 +178,7 @@ mod tests {
             control_token: password,
             synchronous_standbys: 0,
             system_identifier: None,
+            recovery: None,
         }
     }
 

@@ -65,6 +65,9 @@ pub struct ValidatedCluster {
     /// Where the primary archives its WAL: the backup storage, unless archiving is turned off
     /// (`spec.backup.walArchiving.enabled`); none without storage.
     pub wal_archive: Option<S3Storage>,
+    /// The storage a point-in-time recovery reads (`spec.bootstrap.recovery`): its keys are
+    /// mounted in the pods. Set by the pipeline, which finds a named backup's storage.
+    pub recovery_storage: Option<S3Storage>,
 }
 
 /// A valid spec: what to build now, and the changes held back from it.
@@ -262,6 +265,7 @@ pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validat
             spec.high_availability.as_ref(),
         ),
         wal_archive: wal_archive_storage(spec),
+        recovery_storage: None,
     };
     Ok(Validation {
         effective,

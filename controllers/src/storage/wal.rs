@@ -293,6 +293,88 @@ fn same_content(key: &str, stored: &str, ours: &str) -> Result<(), WalArchiveErr
     })
 }
 
+/// A WAL file as the archive holds it: the stored (compressed) bytes, and the SHA-256 and size
+/// of the original that the archiver recorded with it.
+#[derive(Clone, Debug)]
+pub struct FetchedFile {
+    pub compressed: bytes::Bytes,
+    pub sha256: Option<String>,
+    pub size: Option<u64>,
+}
+
+/// Reads the WAL file at `key`; `None` when there is no object.
+pub async fn fetch_file(bucket: &S3Bucket, key: &str) -> Result<Option<FetchedFile>, StorageError> {
+    let answer = bucket
+        .client
+        .get_object()
+        .bucket(&bucket.name)
+        .key(key)
+        .send()
+        .await;
+    let object = match answer {
+        Ok(object) => object,
+        Err(SdkError::ServiceError(service)) if service.err().is_no_such_key() => {
+            return Ok(None);
+        }
+        Err(error) => return Err(s3_error("GetObject", key, error)),
+    };
+    let metadata = object.metadata().cloned().unwrap_or_default();
+    let compressed = object
+        .body
+        .collect()
+        .await
+        .map_err(|error| StorageError::S3 {
+            operation: "GetObject",
+            key: key.to_owned(),
+            reason: super::one_line(&super::error_chain(&error)),
+        })?
+        .into_bytes();
+    Ok(Some(FetchedFile {
+        compressed,
+        sha256: metadata.get(SHA256_METADATA).cloned(),
+        size: metadata
+            .get(SIZE_METADATA)
+            .and_then(|size| size.parse().ok()),
+    }))
+}
+
+/// Whether any object is stored under `prefix`.
+pub async fn any_under(bucket: &S3Bucket, prefix: &str) -> Result<bool, StorageError> {
+    let page = bucket
+        .client
+        .list_objects_v2()
+        .bucket(&bucket.name)
+        .prefix(prefix)
+        .max_keys(1)
+        .send()
+        .await
+        .map_err(|error| s3_error("ListObjectsV2", prefix, error))?;
+    Ok(!page.contents().is_empty())
+}
+
+/// The first key after `after` under `prefix`, if any.
+pub async fn next_key(
+    bucket: &S3Bucket,
+    prefix: &str,
+    after: &str,
+) -> Result<Option<String>, StorageError> {
+    let page = bucket
+        .client
+        .list_objects_v2()
+        .bucket(&bucket.name)
+        .prefix(prefix)
+        .start_after(after)
+        .max_keys(1)
+        .send()
+        .await
+        .map_err(|error| s3_error("ListObjectsV2", prefix, error))?;
+    Ok(page
+        .contents()
+        .first()
+        .and_then(|o| o.key())
+        .map(str::to_owned))
+}
+
 /// The SHA-256 an object at `key` records (empty when it records none), or `None` when there
 /// is no object.
 async fn stored_sha256(bucket: &S3Bucket, key: &str) -> Result<Option<String>, StorageError> {

@@ -16,6 +16,9 @@ use crate::pod::{install_pgkube_container, mount, restricted_security_context};
 /// The backup storage's keys and CA bundle, for the WAL archiver.
 const S3_VOLUME: &str = "s3";
 const S3_MOUNT: &str = "/etc/pgkube/s3";
+/// The keys (and CA bundle) of the storage a point-in-time recovery reads.
+const RECOVERY_S3_VOLUME: &str = "recovery-s3";
+const RECOVERY_S3_MOUNT: &str = "/etc/pgkube/recovery-s3";
 
 pub(super) fn volumes(cluster: &ValidatedCluster, names: &ChildNames) -> Vec<Volume> {
     let secret = |volume: &str, secret: &str| Volume {
@@ -60,13 +63,24 @@ pub(super) fn volumes(cluster: &ValidatedCluster, names: &ChildNames) -> Vec<Vol
         empty_dir(SHM_VOLUME, Some("Memory")),
     ]
     .into_iter()
-    .chain(cluster.wal_archive.as_ref().map(s3_volume))
+    .chain(
+        cluster
+            .wal_archive
+            .as_ref()
+            .map(|s| s3_volume(S3_VOLUME, s)),
+    )
+    .chain(
+        cluster
+            .recovery_storage
+            .as_ref()
+            .map(|s| s3_volume(RECOVERY_S3_VOLUME, s)),
+    )
     .collect()
 }
 
 /// The keys (and CA bundle) of the backup storage. Optional: a missing Secret must not keep
 /// the database from starting; the archiver says what is missing instead.
-fn s3_volume(storage: &pgkube_crds::S3Storage) -> Volume {
+fn s3_volume(name: &str, storage: &pgkube_crds::S3Storage) -> Volume {
     let mut sources = s3_sources(storage);
     for source in &mut sources {
         if let Some(secret) = source.secret.as_mut() {
@@ -74,7 +88,7 @@ fn s3_volume(storage: &pgkube_crds::S3Storage) -> Volume {
         }
     }
     Volume {
-        name: S3_VOLUME.to_owned(),
+        name: name.to_owned(),
         projected: Some(ProjectedVolumeSource {
             sources: Some(sources),
             ..ProjectedVolumeSource::default()
@@ -143,6 +157,12 @@ pub(super) fn postgres_container(cluster: &ValidatedCluster, image_repository: &
                     .as_ref()
                     .map(|_| mount(S3_VOLUME, S3_MOUNT, true)),
             )
+            .chain(
+                cluster
+                    .recovery_storage
+                    .as_ref()
+                    .map(|_| mount(RECOVERY_S3_VOLUME, RECOVERY_S3_MOUNT, true)),
+            )
             .collect(),
         ),
         ..Container::default()
@@ -185,6 +205,12 @@ fn instance_manager_env(cluster: &ValidatedCluster) -> Vec<EnvVar> {
             .wal_archive
             .as_ref()
             .map(|_| value("PGKUBE_S3_DIR", S3_MOUNT)),
+    )
+    .chain(
+        cluster
+            .recovery_storage
+            .as_ref()
+            .map(|_| value("PGKUBE_RECOVERY_S3_DIR", RECOVERY_S3_MOUNT)),
     )
     .collect()
 }

@@ -30,6 +30,7 @@ fn input(image_repository: &str) -> BuildInput<'_> {
         control_token: "token",
         synchronous_standbys: 0,
         system_identifier: None,
+        recovery: None,
     }
 }
 
@@ -785,4 +786,54 @@ fn a_63_character_cluster_name_gives_valid_child_names() {
     assert!(labels.values().all(|v| v.len() <= DNS_LABEL_MAX));
     let service_name = children.statefulset.spec.expect("spec").service_name;
     assert_eq!(service_name, children.headless_service.metadata.name);
+}
+
+#[test]
+fn a_recovering_cluster_mounts_the_sources_keys_and_gives_its_instances_the_order() {
+    use crate::storage::recovery::{BaseObject, RecoveryOrder};
+    let mut cluster = validated("my-cluster", 2);
+    let source = cluster.wal_archive.clone().expect("the sample has storage");
+    cluster.recovery_storage = Some(source.clone());
+    let order = RecoveryOrder {
+        archive: super::archive_target(&source, "old/wal/old/".to_owned(), "ns/old".to_owned()),
+        backup: "old/uid/base/uid/manifest.json".to_owned(),
+        base: BaseObject {
+            key: "old/uid/base/uid/base.tar.zst".to_owned(),
+            size: 10,
+            sha256: "ab".to_owned(),
+        },
+        system_identifier: "7312345678901234567".to_owned(),
+        stop_lsn: "0/5000100".to_owned(),
+        target: pgkube_crds::RecoveryTarget::default(),
+    };
+    let children = build(
+        &cluster,
+        &BuildInput {
+            recovery: Some(&order),
+            ..input("postgres")
+        },
+    );
+    let topology: serde_json::Value =
+        serde_json::from_str(&children.config_map.data.as_ref().expect("data")[INSTANCE_FILE])
+            .expect("instance.json");
+    assert_eq!(topology["recovery"]["archive"]["root"], "old/wal/old/");
+    assert_eq!(
+        topology["recovery"]["systemIdentifier"],
+        "7312345678901234567"
+    );
+    let pod = pod_spec(&children);
+    assert!(
+        pod.volumes
+            .iter()
+            .flatten()
+            .any(|volume| volume.name == "recovery-s3"),
+        "the source's keys are mounted"
+    );
+    let env = container(&children).env.clone().unwrap_or_default();
+    assert!(env.iter().any(|var| var.name == "PGKUBE_RECOVERY_S3_DIR"));
+    // Recorded: no order, and instances never recover again.
+    assert!(
+        !built(&cluster).config_map.data.as_ref().expect("data")[INSTANCE_FILE]
+            .contains("recovery\"")
+    );
 }

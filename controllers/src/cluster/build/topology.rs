@@ -6,6 +6,7 @@ use pgkube_crds::{S3Storage, ServerSideEncryption};
 use serde::Serialize;
 
 use crate::backup::decide::cluster_prefix;
+use crate::storage::recovery::RecoveryOrder;
 use crate::storage::wal::{self, WalArchiveTarget};
 
 use super::super::validate::ValidatedCluster;
@@ -39,21 +40,33 @@ struct InstanceTopology<'a> {
     /// Where the primary archives its WAL; absent when the cluster does not archive.
     #[serde(skip_serializing_if = "Option::is_none")]
     wal_archive: Option<WalArchiveTarget>,
+    /// What the first instance recovers, until the cluster recorded its database.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    recovery: Option<&'a RecoveryOrder>,
 }
 
-/// The archive settings of `storage` for the instance managers: everything but the keys,
-/// which are files of the pod.
-fn wal_archive_target(cluster: &ValidatedCluster, storage: &S3Storage) -> WalArchiveTarget {
+/// Where `cluster` archives its WAL in `storage`.
+pub fn wal_archive_target(cluster: &ValidatedCluster, storage: &S3Storage) -> WalArchiveTarget {
+    archive_target(
+        storage,
+        wal::archive_root(
+            &cluster_prefix(storage, &cluster.namespace, &cluster.name),
+            &cluster.name,
+        ),
+        format!("{}/{}", cluster.namespace, cluster.name),
+    )
+}
+
+/// The settings of the archive at `root` in `storage`, of the cluster `<namespace>/<name>`,
+/// for the instance managers: everything but the keys, which are files of the pod.
+pub fn archive_target(storage: &S3Storage, root: String, cluster: String) -> WalArchiveTarget {
     WalArchiveTarget {
         bucket: storage.bucket.clone(),
         region: storage.region.clone(),
         endpoint: storage.endpoint.clone(),
         force_path_style: storage.force_path_style,
-        root: wal::archive_root(
-            &cluster_prefix(storage, &cluster.namespace, &cluster.name),
-            &cluster.name,
-        ),
-        cluster: format!("{}/{}", cluster.namespace, cluster.name),
+        root,
+        cluster,
         ca_bundle: storage.ca_bundle.is_some(),
         server_side_encryption: storage.server_side_encryption.map(|sse| match sse {
             ServerSideEncryption::Aes256 => "AES256".to_owned(),
@@ -87,6 +100,7 @@ pub(super) fn instance_json(
             .wal_archive
             .as_ref()
             .map(|storage| wal_archive_target(cluster, storage)),
+        recovery: input.recovery,
     };
     // Strings and integers only: serializing cannot fail.
     serde_json::to_string(&topology).unwrap_or_default()
