@@ -55,6 +55,20 @@ pub struct RunArgs {
     #[arg(long, env = "PGKUBE_S3_DIR", default_value = "/etc/pgkube/s3")]
     pub(super) s3_dir: PathBuf,
 
+    /// The S3 keys and CA bundle of the storage a point-in-time recovery reads
+    /// (`instance.json`'s `recovery`).
+    #[arg(
+        long,
+        env = "PGKUBE_RECOVERY_S3_DIR",
+        default_value = "/etc/pgkube/recovery-s3"
+    )]
+    pub(super) recovery_s3_dir: PathBuf,
+
+    /// WAL segments a recovering server's manager fetches ahead of the one asked for; 0 turns
+    /// fetching ahead off.
+    #[arg(long, env = "PGKUBE_WAL_PREFETCH", default_value_t = super::recover::fetch::PREFETCH)]
+    pub(super) wal_prefetch: u64,
+
     /// The server's port (as its postgresql.conf says), for the manager's own connection.
     #[arg(long, env = "PGKUBE_PORT", default_value_t = 5432)]
     pub(super) port: u16,

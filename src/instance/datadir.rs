@@ -94,6 +94,9 @@ pub enum StartPlan {
     /// the primary's back. It waits for that primary, rewinds its data to the primary's history
     /// (pg_rewind; a new clone when that fails), and starts as its standby.
     Demote,
+    /// The first instance of a cluster that recovers from a backup (point-in-time recovery):
+    /// the base backup restored, then archive recovery to the target ([`super::recover`]).
+    Recover,
     /// The designated primary's volume is empty, but the cluster's database exists (the
     /// operator recorded its system identifier): a new database would replace it. It waits,
     /// saying so, until the operator names another primary (a failover to an instance that has
@@ -116,6 +119,21 @@ pub fn plan(pod: &str, primary: &str, state: DataState, initialized: bool) -> St
     }
 }
 
+/// [`plan`], for a cluster whose database comes from a recovery (`recovery_ordered`): its first
+/// instance recovers instead of making a new database.
+pub fn plan_start(
+    pod: &str,
+    primary: &str,
+    state: DataState,
+    initialized: bool,
+    recovery_ordered: bool,
+) -> StartPlan {
+    match plan(pod, primary, state, initialized) {
+        StartPlan::Initdb if recovery_ordered => StartPlan::Recover,
+        other => other,
+    }
+}
+
 /// Whether this instance serves as the primary or follows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
@@ -126,7 +144,7 @@ pub enum Role {
 impl StartPlan {
     pub fn role(self) -> Role {
         match self {
-            StartPlan::Initdb | StartPlan::RunPrimary => Role::Primary,
+            StartPlan::Initdb | StartPlan::Recover | StartPlan::RunPrimary => Role::Primary,
             StartPlan::Clone
             | StartPlan::Follow
             | StartPlan::Demote

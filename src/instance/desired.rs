@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use pgkube_controllers::storage::recovery::RecoveryOrder;
 use pgkube_controllers::storage::wal::WalArchiveTarget;
 use serde::Deserialize;
 
@@ -114,6 +115,9 @@ pub struct Topology {
     /// Where the primary archives its WAL ([`super::archive`]); absent: it does not.
     #[serde(default)]
     pub wal_archive: Option<WalArchiveTarget>,
+    /// What the first instance recovers ([`super::recover`]); absent: it runs initdb.
+    #[serde(default)]
+    pub recovery: Option<RecoveryOrder>,
 }
 
 impl Topology {

@@ -65,6 +65,7 @@ mod identity;
 mod isolation;
 mod memory;
 mod planned;
+mod recover;
 mod repair;
 mod roles;
 mod server;
@@ -110,6 +111,18 @@ pub enum InstanceCommand {
         /// The WAL file's name in `pg_wal` (`%f`).
         name: String,
     },
+    /// Restore one WAL file from the archive: a recovering server's `restore_command`, which
+    /// asks the running instance manager over its socket. Exits 0 once the file is in place, 1
+    /// when the archive does not have it, 126 (fatal for PostgreSQL) when the archive is broken.
+    RestoreWal {
+        /// The instance manager's restore socket.
+        #[arg(long)]
+        socket: PathBuf,
+        /// The WAL file's name (`%f`).
+        name: String,
+        /// Where PostgreSQL wants it (`%p`), relative to the data directory.
+        destination: PathBuf,
+    },
 }
 
 /// Runs an instance command on its own Tokio runtime.
@@ -120,6 +133,18 @@ pub fn run(command: InstanceCommand) -> anyhow::Result<()> {
         InstanceCommand::ArchiveWal { socket, name } => {
             archive::socket::request(&socket, &name).map_err(anyhow::Error::msg)
         }
+        InstanceCommand::RestoreWal {
+            socket,
+            name,
+            destination,
+        } => match recover::fetch::request(&socket, &name, &destination) {
+            recover::fetch::Answer::Found => Ok(()),
+            recover::fetch::Answer::Missing => std::process::exit(1),
+            recover::fetch::Answer::Fatal(why) => {
+                tracing::error!(file = %name, "{why}");
+                std::process::exit(recover::fetch::FATAL_EXIT)
+            }
+        },
         InstanceCommand::Run(args) => {
             memory::keep_large_buffers_mapped();
             tokio::runtime::Builder::new_multi_thread()
@@ -226,6 +251,7 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         orders_open: true,
         initialized_by: None,
         archiver,
+        restoring: None,
     };
     let result = instance.start_and_run(&mut signals).await;
     endpoint.abort();
@@ -297,6 +323,8 @@ struct Instance {
     isolation: Arc<isolation::Isolation>,
     /// Stores the WAL files PostgreSQL's `archive_command` hands over ([`archive`]).
     archiver: Arc<archive::Archiver>,
+    /// Serves a recovering server's `restore_command` ([`recover`]).
+    restoring: Option<recover::Restoring>,
 }
 
 /// How the steady state ended.
@@ -483,7 +511,7 @@ impl Instance {
             Role::Primary => None,
             Role::Replica => self.upstream.as_ref().map(|target| target.host.as_str()),
         };
-        let config = datadir::server_config(
+        let mut config = datadir::server_config(
             desired,
             &self.args.pod_name,
             upstream,
@@ -491,6 +519,11 @@ impl Instance {
             &self.floors,
             &archive::command(&self.args.run_dir),
         );
+        if let Some(order) = desired.topology.recovery.as_ref()
+            && recover::in_archive_recovery(&self.args.pgdata)
+        {
+            config.push_str(&recover::settings(order, &self.args.run_dir));
+        }
         if datadir::write_config(&self.args.pgdata, &config, &desired.pg_hba_conf)? {
             tracing::info!("configuration files changed; reloading");
             self.changed_since_start = true;

@@ -57,9 +57,18 @@ impl Instance {
         self.write_passfiles(&self.applied.clone())?;
         let topology = self.applied.topology.clone();
         datadir::recover_interrupted_swap(&self.args.pgdata)?;
+        if let Some(why) = super::recover::failed(&self.args.pgdata) {
+            self.wait_after_failed_recovery(&why).await;
+        }
         let state = DataState::of(&self.args.pgdata);
         let initialized = topology.system_identifier.is_some();
-        let plan = datadir::plan(&self.args.pod_name, &topology.primary, state, initialized);
+        let plan = datadir::plan_start(
+            &self.args.pod_name,
+            &topology.primary,
+            state,
+            initialized,
+            topology.recovery.is_some(),
+        );
         tracing::info!(?state, ?plan, primary = %topology.primary, "starting");
         let designated = Target {
             pod: topology.primary.clone(),
@@ -68,6 +77,7 @@ impl Instance {
         self.role = plan.role();
         match plan {
             StartPlan::Initdb => self.initdb().await?,
+            StartPlan::Recover => self.restore_base_backup().await?,
             StartPlan::Clone => {
                 self.upstream = Some(designated);
                 self.clone_upstream().await?;
@@ -96,7 +106,16 @@ impl Instance {
                 self.rejoin_stopped(designated, Wait::ForPrimary).await?;
             }
         }
-        self.start_server().await
+        let recovering =
+            self.role == Role::Primary && super::recover::in_archive_recovery(&self.args.pgdata);
+        if recovering {
+            self.start_restoring().await?;
+        }
+        let mut server = self.start_server().await?;
+        if recovering {
+            self.await_recovery(&mut server).await?;
+        }
+        Ok(server)
     }
 
     /// The designated primary with an empty volume: waits until another instance is named the

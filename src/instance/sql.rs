@@ -225,6 +225,30 @@ pub async fn replica_marks(client: &Client) -> Result<String, tokio_postgres::Er
 }
 
 /// Whether the server is a standby (in recovery).
+/// How far a recovering server has replayed.
+#[derive(Clone, Debug)]
+pub struct ReplayProgress {
+    pub in_recovery: bool,
+    pub replayed_lsn: Option<String>,
+    /// The commit time of the last transaction replayed.
+    pub replayed_at: Option<String>,
+}
+
+pub async fn replay_progress(client: &Client) -> Result<ReplayProgress, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT pg_is_in_recovery(), pg_last_wal_replay_lsn()::text, \
+             pg_last_xact_replay_timestamp()::text",
+            &[],
+        )
+        .await?;
+    Ok(ReplayProgress {
+        in_recovery: row.try_get(0)?,
+        replayed_lsn: row.try_get(1)?,
+        replayed_at: row.try_get(2)?,
+    })
+}
+
 pub async fn in_recovery(client: &Client) -> Result<bool, tokio_postgres::Error> {
     client
         .query_one("SELECT pg_is_in_recovery()", &[])

@@ -186,7 +186,10 @@ pub fn target_settings(target: &RecoveryTarget) -> String {
     let quote = |text: &str| text.replace('\'', "''");
     let mut lines = Vec::new();
     if let Some(time) = &target.time {
-        lines.push(format!("recovery_target_time = '{}'", quote(time)));
+        lines.push(format!(
+            "recovery_target_time = '{}'",
+            quote(&server_time(time))
+        ));
     } else if let Some(lsn) = &target.lsn {
         lines.push(format!("recovery_target_lsn = '{}'", quote(lsn)));
     } else if let Some(xid) = &target.xid {
@@ -209,6 +212,26 @@ pub fn target_settings(target: &RecoveryTarget) -> String {
     // Without a target, the server promotes at the end of the archive by itself.
     lines.push("recovery_target_action = 'promote'".to_owned());
     lines.join("\n") + "\n"
+}
+
+/// A target time as the server reads it at start: UTC with a numeric offset. It parses a zone
+/// abbreviation such as `Z` only once its abbreviation table is loaded, which is after it reads
+/// `recovery_target_time`. A time that does not parse is left as it is (the server says why).
+fn server_time(time: &str) -> String {
+    let Ok(moment) = parse_time(time) else {
+        return time.to_owned();
+    };
+    let utc = moment.to_zoned(k8s_openapi::jiff::tz::TimeZone::UTC);
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02}.{:06}+00:00",
+        utc.year(),
+        utc.month(),
+        utc.day(),
+        utc.hour(),
+        utc.minute(),
+        utc.second(),
+        utc.subsec_nanosecond() / 1000
+    )
 }
 
 /// A target for messages: `time 2026-…`, `lsn 0/…`, or `the end of the archive`.

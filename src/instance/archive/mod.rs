@@ -265,37 +265,7 @@ impl Archiver {
     }
 
     fn options(&self, target: &WalArchiveTarget) -> Result<S3Options, WalArchiveError> {
-        let [access_key, secret_key, ca_bundle] = WalArchiveTarget::FILES;
-        let files: HashMap<&str, OsString> = HashMap::from([
-            (
-                ACCESS_KEY_ID_FILE_VARIABLE,
-                self.s3_dir.join(access_key).into(),
-            ),
-            (
-                SECRET_ACCESS_KEY_FILE_VARIABLE,
-                self.s3_dir.join(secret_key).into(),
-            ),
-        ]);
-        let ca_bundle = match target.ca_bundle {
-            true => Some(CaBundle::from_file(
-                &self.s3_dir.join(ca_bundle),
-                "the CA bundle",
-            )?),
-            false => None,
-        };
-        Ok(S3Options {
-            endpoint: target.endpoint.clone(),
-            region: target.region.clone(),
-            bucket: target.bucket.clone(),
-            force_path_style: target.force_path_style,
-            ca_bundle,
-            encryption: Encryption {
-                algorithm: target.server_side_encryption.as_deref().map(Into::into),
-                kms_key_id: None,
-            },
-            credentials: CredentialSource::from_lookup(&|name| files.get(name).cloned())?,
-            ..S3Options::default()
-        })
+        s3_options(&self.s3_dir, target)
     }
 
     /// What `/status` shows, with `pg_wal` looked at now; none when this instance does not
@@ -317,6 +287,39 @@ impl Archiver {
         }
         report::render_metrics(&state, &upload::wal_usage(&self.pgdata))
     }
+}
+
+/// The client options for the archive `target`, with the keys and CA bundle that are files of
+/// `s3_dir` (the pod's volume of the storage's Secrets).
+pub fn s3_options(s3_dir: &Path, target: &WalArchiveTarget) -> Result<S3Options, WalArchiveError> {
+    let [access_key, secret_key, ca_bundle] = WalArchiveTarget::FILES;
+    let files: HashMap<&str, OsString> = HashMap::from([
+        (ACCESS_KEY_ID_FILE_VARIABLE, s3_dir.join(access_key).into()),
+        (
+            SECRET_ACCESS_KEY_FILE_VARIABLE,
+            s3_dir.join(secret_key).into(),
+        ),
+    ]);
+    let ca_bundle = match target.ca_bundle {
+        true => Some(CaBundle::from_file(
+            &s3_dir.join(ca_bundle),
+            "the CA bundle",
+        )?),
+        false => None,
+    };
+    Ok(S3Options {
+        endpoint: target.endpoint.clone(),
+        region: target.region.clone(),
+        bucket: target.bucket.clone(),
+        force_path_style: target.force_path_style,
+        ca_bundle,
+        encryption: Encryption {
+            algorithm: target.server_side_encryption.as_deref().map(Into::into),
+            kms_key_id: None,
+        },
+        credentials: CredentialSource::from_lookup(&|name| files.get(name).cloned())?,
+        ..S3Options::default()
+    })
 }
 
 fn settings_error(message: &str) -> WalArchiveError {

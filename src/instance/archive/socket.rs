@@ -32,7 +32,7 @@ pub fn archive_command(binary: &Path, socket: &Path) -> String {
     )
 }
 
-fn shell_quote(text: &str) -> String {
+pub fn shell_quote(text: &str) -> String {
     let plain = text
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || b"/._-".contains(&b));

@@ -22,6 +22,7 @@ fn desired() -> Desired {
             isolation_timeout_seconds: Some(3),
             restart_by_switchover: false,
             wal_archive: None,
+            recovery: None,
         },
         superuser: credentials("postgres", "super"),
         replication: credentials("streaming_replica", "pa:ss\\word"),
@@ -253,4 +254,17 @@ fn data_state_follows_the_files() {
     );
     remove_dir(&dir).expect("clean up");
     remove_dir(&dir).expect("already gone");
+}
+
+#[test]
+fn the_first_instance_of_a_recovering_cluster_recovers_instead_of_initdb() {
+    use DataState::*;
+    use StartPlan::*;
+    assert_eq!(plan_start("a-0", "a-0", Empty, false, true), Recover);
+    assert_eq!(plan_start("a-0", "a-0", Empty, false, false), Initdb);
+    // Once the cluster recorded its database, an empty volume never recovers again.
+    assert_eq!(plan_start("a-0", "a-0", Empty, true, true), WaitForData);
+    assert_eq!(plan_start("a-1", "a-0", Empty, false, true), Clone);
+    assert_eq!(plan_start("a-0", "a-0", Primary, false, true), RunPrimary);
+    assert_eq!(Recover.role(), Role::Primary);
 }
