@@ -65,7 +65,7 @@ mod identity;
 mod isolation;
 mod memory;
 mod planned;
-mod recover;
+pub mod recover;
 mod repair;
 mod roles;
 mod server;

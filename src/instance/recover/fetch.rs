@@ -222,6 +222,8 @@ impl Restorer {
                     None => Ok(()),
                 }
             }
+            // Timeline 1 starts with the database: it has no history file.
+            WalFileKind::TimelineHistory if file.timeline == "00000001" => Ok(()),
             WalFileKind::TimelineHistory => {
                 let has_segments = wal::any_under(&self.bucket, &timeline_dir)
                     .await
