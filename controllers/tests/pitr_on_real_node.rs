@@ -1,0 +1,404 @@
+//! End to end on the test bed's real node: point-in-time recovery into new PostgreSQL 15
+//! clusters from a physical backup and the WAL archive in the real Garage.
+//!
+//! A writer commits timestamped rows on a source cluster before and after a physical backup.
+//! A cluster recovered to a time T between two of the later rows holds exactly the rows
+//! committed before T, with the source's content; its replica clones from it; it archives under
+//! its own prefix, and the source's archive is byte for byte what it was. A cluster recovered
+//! from the archive alone (no backup named) to a restore point stops there, and one recovered to
+//! a WAL location holds what was committed before it. Targets before the
+//! first backup's end or after the last archived WAL are refused at once, naming the window,
+//! and nothing is built for them.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::Running;
+use common::real_node::{CLUSTER_TIMEOUT, NEVER, RESYNC, S3_SECRET};
+use pgkube_crds::{
+    BackupMethod, BackupPhase, BackupStorage, BackupTarget, Bootstrap, CONTINUOUS_ARCHIVING,
+    DeletionPolicy, LocalReference, PostgreSQLBackup, PostgreSQLBackupSpec, PostgreSQLCluster,
+    Recovery, RecoverySource, RecoveryTarget,
+};
+use pgkube_testkit::tokio_postgres::Client;
+use pgkube_testkit::wal::{finish_segments, wait_archived_through};
+use pgkube_testkit::{
+    TestBucket, TestCluster, TestEnv, backup_config, create_s3_secret, list_objects, test_storage,
+    wait_backup_ended, wait_until,
+};
+
+const BACKUP_TIMEOUT: Duration = Duration::from_secs(600);
+/// A recovery restores the base backup and replays the archive before the cluster runs.
+const RECOVERY_TIMEOUT: Duration = Duration::from_secs(600);
+
+#[tokio::test]
+async fn a_new_cluster_recovers_to_a_time_or_restore_point_and_refuses_targets_outside_the_window()
+{
+    let Some(running) = Running::start("pitr", RESYNC).await else {
+        return;
+    };
+    let env = pgkube_testkit::testbed().expect("the test bed");
+    let bucket = TestBucket::create(&env, "pitr").await;
+    let source = start_source(&running, &env, &bucket).await;
+    let sql = source.sql().await.expect("SQL");
+    sql.batch_execute(
+        "CREATE TABLE items (id int PRIMARY KEY, name text);
+         INSERT INTO items SELECT i, 'item ' || i FROM generate_series(1, 2000) i;
+         CREATE TABLE ticks (id bigint PRIMARY KEY, at timestamptz NOT NULL, payload text);",
+    )
+    .await
+    .expect("data written");
+    // A first segment finished now: the server's own switch may wait for a checkpoint.
+    finish_segments(&sql, 1).await.expect("a segment");
+    source
+        .wait_condition(CONTINUOUS_ARCHIVING, "True", CLUSTER_TIMEOUT)
+        .await
+        .expect("archiving works");
+    write_ticks(&sql, 1, 50).await;
+    let backup = physical_backup(&running, source.name(), "base").await;
+    let status = backup.status.clone().unwrap_or_default();
+    assert_eq!(status.phase, Some(BackupPhase::Completed), "{status:?}");
+    write_ticks(&sql, 51, 100).await;
+    sql.batch_execute("SELECT pg_create_restore_point('after-150')")
+        .await
+        .expect("a restore point");
+    write_ticks(&sql, 101, 120).await;
+    let after_120: String = sql
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .expect("the WAL location")
+        .get(0);
+    write_ticks(&sql, 121, 150).await;
+    let last = finish_segments(&sql, 1).await.expect("a segment");
+    wait_archived_through(&sql, &last, CLUSTER_TIMEOUT)
+        .await
+        .expect("archived");
+    let target = time_of(&sql, 76).await;
+    let source_root = format!("{}/pg/wal/pg/", source.namespace());
+    let archive_before = archive_contents(&bucket, &source_root).await;
+
+    refused_at_once(&running, &env, &bucket, &source_root).await;
+
+    let by_time = recovered(&running, &env, &bucket, "by-time", 2, |recovery| {
+        recovery.backup = Some(LocalReference {
+            name: "base".to_owned(),
+        });
+        recovery.target = Some(RecoveryTarget {
+            time: Some(target.clone()),
+            ..RecoveryTarget::default()
+        });
+    })
+    .await;
+    let restored = by_time.sql().await.expect("SQL");
+    assert_eq!(ticks(&restored, i64::MAX).await, ticks(&sql, 75).await);
+    assert_eq!(items(&restored).await, items(&sql).await);
+    let primary = by_time.current_primary().await.expect("the cluster");
+    let replica = by_time
+        .pods()
+        .await
+        .expect("pods")
+        .into_iter()
+        .find(|pod| Some(&pod.name) != primary.as_ref())
+        .expect("a replica");
+    let on_replica = by_time.sql_to_pod(&replica.name).await.expect("SQL");
+    wait_until("the replica replays", CLUSTER_TIMEOUT, || async {
+        Ok((ticks(&on_replica, i64::MAX).await == ticks(&sql, 75).await).then_some(()))
+    })
+    .await
+    .expect("the replica holds the recovered data");
+    own_archive_used(&bucket, by_time.namespace(), "by-time").await;
+
+    let by_name = recovered(&running, &env, &bucket, "by-name", 1, |recovery| {
+        recovery.source = Some(RecoverySource {
+            storage: BackupStorage {
+                s3: test_storage(&env, bucket.name(), S3_SECRET),
+            },
+            archive: source_root.clone(),
+        });
+        recovery.target = Some(RecoveryTarget {
+            name: Some("after-150".to_owned()),
+            ..RecoveryTarget::default()
+        });
+    })
+    .await;
+    let restored = by_name.sql().await.expect("SQL");
+    assert_eq!(ticks(&restored, i64::MAX).await, ticks(&sql, 100).await);
+
+    let by_lsn = recovered(&running, &env, &bucket, "by-lsn", 1, |recovery| {
+        recovery.backup = Some(LocalReference {
+            name: "base".to_owned(),
+        });
+        recovery.target = Some(RecoveryTarget {
+            lsn: Some(after_120.clone()),
+            ..RecoveryTarget::default()
+        });
+    })
+    .await;
+    let restored = by_lsn.sql().await.expect("SQL");
+    assert_eq!(ticks(&restored, i64::MAX).await, ticks(&sql, 120).await);
+
+    assert_eq!(
+        archive_contents(&bucket, &source_root).await,
+        archive_before,
+        "the source's archive is untouched"
+    );
+    for cluster in [by_time, by_name, by_lsn, source] {
+        cluster
+            .delete(Duration::from_secs(120))
+            .await
+            .expect("cluster deleted");
+    }
+    running.stop().await;
+    bucket.cleanup().await;
+}
+
+/// Targets before the backup's end and after the archive's end: refused at once with the
+/// window named, and no StatefulSet made.
+async fn refused_at_once(running: &Running, env: &TestEnv, bucket: &TestBucket, root: &str) {
+    let source = RecoverySource {
+        storage: BackupStorage {
+            s3: test_storage(env, bucket.name(), S3_SECRET),
+        },
+        archive: root.to_owned(),
+    };
+    let cases = [
+        ("too-early", "2000-01-01T00:00:00Z", "the earliest backup"),
+        (
+            "too-late",
+            "2100-01-01T00:00:00Z",
+            "outside the recoverable window",
+        ),
+    ];
+    for (name, time, expected) in cases {
+        let source = source.clone();
+        let cluster = recovery_cluster(running, env, bucket, name, 1, |recovery| {
+            recovery.source = Some(source);
+            recovery.target = Some(RecoveryTarget {
+                time: Some(time.to_owned()),
+                ..RecoveryTarget::default()
+            });
+        })
+        .create(&running.namespace)
+        .await
+        .expect("created");
+        let message = wait_until(
+            "the recovery is refused",
+            Duration::from_secs(60),
+            || async {
+                let ready = pgkube_testkit::condition(&cluster.get().await?, "Ready");
+                Ok(ready
+                    .filter(|c| c.reason == "InvalidSpec")
+                    .map(|c| c.message))
+            },
+        )
+        .await
+        .expect("refused");
+        assert!(message.contains(expected), "{name}: {message}");
+        assert!(
+            message.contains("recovery target time"),
+            "{name}: {message}"
+        );
+        let statefulsets = running
+            .api::<k8s_openapi::api::apps::v1::StatefulSet>()
+            .list(&Default::default())
+            .await
+            .expect("listed");
+        assert!(
+            statefulsets.items.iter().all(|s| !s
+                .metadata
+                .name
+                .as_deref()
+                .unwrap_or_default()
+                .starts_with(name)),
+            "nothing built for {name}"
+        );
+        cluster
+            .delete(Duration::from_secs(60))
+            .await
+            .expect("deleted");
+    }
+}
+
+/// The source: one instance archiving to `bucket`.
+async fn start_source(running: &Running, env: &TestEnv, bucket: &TestBucket) -> TestCluster {
+    create_s3_secret(
+        &running.client,
+        env,
+        running.namespace.name(),
+        S3_SECRET,
+        None,
+    )
+    .await
+    .expect("S3 Secret");
+    let settings = backup_config(test_storage(env, bucket.name(), S3_SECRET), NEVER);
+    TestCluster::builder("pg")
+        .spec(|spec| spec.backup = Some(settings))
+        .timeout(CLUSTER_TIMEOUT)
+        .start(&running.namespace)
+        .await
+        .unwrap_or_else(|error| panic!("the source becomes Running: {error:#}"))
+}
+
+/// A cluster `name` of `replicas` instances that recovers as `change` says, archiving to
+/// `bucket` under its own prefix.
+fn recovery_cluster(
+    _running: &Running,
+    env: &TestEnv,
+    bucket: &TestBucket,
+    name: &str,
+    replicas: i32,
+    change: impl FnOnce(&mut Recovery),
+) -> pgkube_testkit::TestClusterBuilder {
+    let mut recovery = Recovery {
+        backup: None,
+        source: None,
+        target: None,
+    };
+    change(&mut recovery);
+    let settings = backup_config(test_storage(env, bucket.name(), S3_SECRET), NEVER);
+    TestCluster::builder(name)
+        .replicas(replicas)
+        .spec(|spec| {
+            spec.backup = Some(settings);
+            spec.bootstrap = Some(Bootstrap {
+                backup: None,
+                source: None,
+                recovery: Some(recovery),
+            });
+        })
+        .timeout(RECOVERY_TIMEOUT)
+}
+
+/// [`recovery_cluster`], once Running.
+async fn recovered(
+    running: &Running,
+    env: &TestEnv,
+    bucket: &TestBucket,
+    name: &str,
+    replicas: i32,
+    change: impl FnOnce(&mut Recovery),
+) -> TestCluster {
+    let cluster = recovery_cluster(running, env, bucket, name, replicas, change)
+        .start(&running.namespace)
+        .await
+        .unwrap_or_else(|error| panic!("{name} recovers and runs: {error:#}"));
+    let status = cluster.get().await.map(|c| c.status).ok().flatten();
+    let bootstrapped = cluster
+        .get()
+        .await
+        .ok()
+        .as_ref()
+        .and_then(|c: &PostgreSQLCluster| pgkube_testkit::condition(c, "Bootstrapped"));
+    assert!(
+        bootstrapped.as_ref().is_some_and(|c| c.status == "True"),
+        "{name}: {bootstrapped:?} {status:?}"
+    );
+    cluster
+}
+
+/// Creates physical backup `name` of `cluster` from its primary, once ended.
+async fn physical_backup(running: &Running, cluster: &str, name: &str) -> PostgreSQLBackup {
+    let spec = PostgreSQLBackupSpec {
+        cluster: LocalReference {
+            name: cluster.to_owned(),
+        },
+        method: BackupMethod::Physical,
+        target: Some(BackupTarget::Primary),
+        deletion_policy: DeletionPolicy::Retain,
+        compression: None,
+    };
+    running
+        .api::<PostgreSQLBackup>()
+        .create(&Default::default(), &PostgreSQLBackup::new(name, spec))
+        .await
+        .expect("backup created");
+    wait_backup_ended(
+        &running.client,
+        running.namespace.name(),
+        name,
+        BACKUP_TIMEOUT,
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error:#}"))
+}
+
+/// Commits rows `first` to `last`, one transaction each, with the time of their insert.
+async fn write_ticks(sql: &Client, first: i64, last: i64) {
+    for id in first..=last {
+        sql.execute(
+            "INSERT INTO ticks VALUES ($1, clock_timestamp(), repeat(md5(($1::bigint)::text), 10))",
+            &[&id],
+        )
+        .await
+        .expect("a row");
+    }
+}
+
+/// The insert time of row `id`, RFC 3339 in UTC with microseconds: after row `id - 1`
+/// committed and before row `id` did, since the writer commits one row at a time.
+async fn time_of(sql: &Client, id: i64) -> String {
+    sql.query_one(
+        "SELECT to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') FROM ticks WHERE id = $1",
+        &[&id],
+    )
+    .await
+    .expect("the row")
+    .get(0)
+}
+
+/// Count, highest id and digest of the rows up to `last`.
+async fn ticks(sql: &Client, last: i64) -> (i64, Option<i64>, Option<String>) {
+    let row = sql
+        .query_one(
+            "SELECT count(*), max(id), md5(string_agg(id || ':' || at || ':' || payload, ',' ORDER BY id)) \
+             FROM ticks WHERE id <= $1",
+            &[&last],
+        )
+        .await
+        .expect("the rows");
+    (row.get(0), row.get(1), row.get(2))
+}
+
+async fn items(sql: &Client) -> (i64, Option<String>) {
+    let row = sql
+        .query_one(
+            "SELECT count(*), md5(string_agg(id || ':' || name, ',' ORDER BY id)) FROM items",
+            &[],
+        )
+        .await
+        .expect("the rows");
+    (row.get(0), row.get(1))
+}
+
+/// Every object of the archive at `root` with its content.
+async fn archive_contents(bucket: &TestBucket, root: &str) -> BTreeMap<String, Vec<u8>> {
+    let keys = list_objects(&bucket.client(), bucket.name(), root)
+        .await
+        .expect("listing");
+    let mut contents = BTreeMap::new();
+    for key in keys.into_keys() {
+        let bytes = bucket.object(&key).await.expect("an object");
+        contents.insert(key, bytes);
+    }
+    contents
+}
+
+/// The recovered cluster archives under its own prefix: its new timeline's history is there.
+async fn own_archive_used(bucket: &TestBucket, namespace: &str, cluster: &str) {
+    let root = format!("{namespace}/{cluster}/wal/{cluster}/");
+    wait_until(
+        "the recovered cluster archives",
+        CLUSTER_TIMEOUT,
+        || async {
+            let keys = list_objects(&bucket.client(), bucket.name(), &root).await?;
+            Ok(keys
+                .keys()
+                .any(|key| key.ends_with(".history.zst"))
+                .then_some(()))
+        },
+    )
+    .await
+    .expect("a history file in the recovered cluster's own archive");
+}
