@@ -50,8 +50,6 @@ async fn a_new_cluster_recovers_to_a_time_or_restore_point_and_refuses_targets_o
     )
     .await
     .expect("data written");
-    // A first segment finished now: the server's own switch may wait for a checkpoint.
-    finish_segments(&sql, 1).await.expect("a segment");
     source
         .wait_condition(CONTINUOUS_ARCHIVING, "True", CLUSTER_TIMEOUT)
         .await
@@ -76,7 +74,34 @@ async fn a_new_cluster_recovers_to_a_time_or_restore_point_and_refuses_targets_o
         .await
         .expect("archived");
     let target = time_of(&sql, 76).await;
-    let source_root = format!("{}/pg/wal/pg/", source.namespace());
+    let moment: k8s_openapi::jiff::Timestamp = target.parse().expect("a time");
+    // The status shows the last archived file as the primary reported it at a reconcile.
+    let window = wait_until(
+        "the source's window reaches the target",
+        CLUSTER_TIMEOUT,
+        || async {
+            let status = source.get().await?.status.unwrap_or_default();
+            Ok(status.recoverability.filter(|window| {
+                window.first_backup.is_some()
+                    && window
+                        .last_point
+                        .as_ref()
+                        .is_some_and(|last| moment <= last.0)
+            }))
+        },
+    )
+    .await
+    .expect("status.recoverability");
+    let source_root = window.archive.clone();
+    assert_eq!(source_root, format!("{}/pg/wal/pg/", source.namespace()));
+    assert_eq!(window.first_backup.as_deref(), Some("base"));
+    assert!(
+        window
+            .first_point
+            .as_ref()
+            .is_some_and(|first| first.0 <= moment),
+        "{target} is after the window's first point: {window:?}"
+    );
     let archive_before = archive_contents(&bucket, &source_root).await;
 
     refused_at_once(&running, &env, &bucket, &source_root).await;

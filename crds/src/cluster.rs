@@ -376,6 +376,28 @@ pub struct PostgreSQLClusterStatus {
     /// Continuous WAL archiving, as the primary last reported it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wal_archiving: Option<WalArchivingStatus>,
+    /// The moments a point-in-time recovery of this cluster can reach, with WAL archiving.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recoverability: Option<Recoverability>,
+}
+
+/// The window of point-in-time recovery: from the end of the oldest Completed physical backup
+/// to the last WAL file archived. Any moment in it can be a recovery's `target.time`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Recoverability {
+    /// The WAL archive's root in the bucket: a recovery's `source.archive`.
+    pub archive: String,
+    /// The earliest moment: when the oldest Completed physical backup completed. Absent until
+    /// one has.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_point: Option<Time>,
+    /// That backup: a recovery's `backup.name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_backup: Option<String>,
+    /// The latest moment: when the last WAL file was archived.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_point: Option<Time>,
 }
 
 /// One PostgreSQL instance (pod) of a cluster, as its instance manager reported it.

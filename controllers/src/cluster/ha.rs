@@ -171,6 +171,7 @@ async fn record_primary_change(
     let restores: Vec<&PostgreSQLRestore> = restores.iter().map(AsRef::as_ref).collect();
     let gate = bootstrap::bootstrap_gate(cluster, &live.instances, &change.to);
     let bootstrap = restores::bootstrap(cluster, &restores, cluster.status.as_ref(), &gate);
+    let archive_root = super::validate::archive_root(cluster);
     let observation = Observation {
         generation: cluster.metadata.generation,
         desired_replicas: live_replicas(live, cluster.spec.replicas),
@@ -184,6 +185,7 @@ async fn record_primary_change(
         restores: &restores,
         bootstrap: bootstrap.as_ref(),
         failover_waiting: None,
+        archive_root: archive_root.as_deref(),
     };
     let new_status = status::compute(observation, Timestamp::now());
     patch_status(cluster, context, &new_status).await?;

@@ -94,6 +94,7 @@ pub(super) async fn reconcile_cluster(
     let restores: Vec<&PostgreSQLRestore> = restores.iter().map(AsRef::as_ref).collect();
     let bootstrap =
         bootstrap::step(context, cluster, &instances, &primary, &restores, &outcome).await?;
+    let archive_root = validate::archive_root(cluster);
     let observation = Observation {
         generation: cluster.metadata.generation,
         desired_replicas: outcome.desired_replicas,
@@ -107,6 +108,7 @@ pub(super) async fn reconcile_cluster(
         restores: &restores,
         bootstrap: bootstrap.as_ref(),
         failover_waiting: ha.waiting.as_deref(),
+        archive_root: archive_root.as_deref(),
     };
     let StatusStep {
         status: new_status,

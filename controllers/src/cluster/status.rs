@@ -68,6 +68,8 @@ pub struct Observation<'a> {
     pub bootstrap: Option<&'a Bootstrap>,
     /// Why the cluster does not fail over although its primary is unavailable.
     pub failover_waiting: Option<&'a str>,
+    /// The root of the WAL archive the cluster archives to, if it does.
+    pub archive_root: Option<&'a str>,
 }
 
 /// The status this controller owns (other controllers' fields are left out), with condition
@@ -137,6 +139,11 @@ pub fn compute(observation: Observation<'_>, now: Timestamp) -> PostgreSQLCluste
         observed_generation: observation.generation,
         conditions,
         last_successful_backup: backups.last_successful,
+        recoverability: recoverability::recoverability(
+            observation.archive_root,
+            observation.backups,
+            wal_archiving.as_ref(),
+        ),
         wal_archiving,
         ..PostgreSQLClusterStatus::default()
     }
@@ -557,6 +564,7 @@ fn keep_transition_time(
 
 pub mod archiving;
 mod changes;
+mod recoverability;
 
 pub use changes::{
     DETAILS_HOLD, Difference, EventSpec, completed_change, details_hold, difference, events,

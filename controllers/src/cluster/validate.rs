@@ -273,6 +273,16 @@ pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validat
     })
 }
 
+/// The root of the WAL archive `cluster` archives to, if it archives.
+pub fn archive_root(cluster: &pgkube_crds::PostgreSQLCluster) -> Option<String> {
+    let storage = wal_archive_storage(&cluster.spec)?;
+    let (namespace, name) = (cluster.namespace()?, cluster.name_any());
+    Some(crate::storage::wal::archive_root(
+        &crate::backup::decide::cluster_prefix(&storage, &namespace, &name),
+        &name,
+    ))
+}
+
 /// The storage WAL goes to: the backup's, with archiving on (the default).
 fn wal_archive_storage(spec: &pgkube_crds::PostgreSQLClusterSpec) -> Option<S3Storage> {
     let backup = spec.backup.as_ref()?;

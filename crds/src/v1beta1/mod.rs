@@ -46,7 +46,7 @@ pub use crate::cluster::{
     ClusterPhase, DEFAULT_FAILOVER_DELAY_SECONDS, DEFAULT_ISOLATION_TIMEOUT_SECONDS,
     FENCE_MARGIN_SECONDS, HighAvailability, InstanceRole, InstanceStatus, MANAGED_PARAMETERS,
     PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion, PrimaryChange, PrimaryChangeKind,
-    SYNCHRONOUS_FITS_MESSAGE, SYNCHRONOUS_FITS_RULE, SynchronousReplication,
+    Recoverability, SYNCHRONOUS_FITS_MESSAGE, SYNCHRONOUS_FITS_RULE, SynchronousReplication,
 };
 pub use crate::common::{
     LocalReference, S3Credentials, S3Storage, ServerSideEncryption, conditions_schema,

@@ -447,6 +447,7 @@ pub fn cluster_status() -> BoxedStrategy<PostgreSQLClusterStatus> {
         of(name()),
         of("[1-9][0-9]{18}"),
         of(wal_archiving_status()),
+        of(recoverability()),
     );
     (state, history)
         .prop_map(|(state, history)| {
@@ -467,6 +468,7 @@ pub fn cluster_status() -> BoxedStrategy<PostgreSQLClusterStatus> {
                 last_successful_backup,
                 system_identifier,
                 wal_archiving,
+                recoverability,
             ) = history;
             PostgreSQLClusterStatus {
                 phase,
@@ -483,9 +485,27 @@ pub fn cluster_status() -> BoxedStrategy<PostgreSQLClusterStatus> {
                 next_scheduled_backup,
                 last_successful_backup,
                 wal_archiving,
+                recoverability,
             }
         })
         .boxed()
+}
+
+fn recoverability() -> impl Strategy<Value = pgkube_crds::Recoverability> {
+    (
+        "([a-z0-9-]{1,8}/){0,2}wal/[a-z0-9-]{1,12}/",
+        of(time()),
+        of(name()),
+        of(time()),
+    )
+        .prop_map(|(archive, first_point, first_backup, last_point)| {
+            pgkube_crds::Recoverability {
+                archive,
+                first_point,
+                first_backup,
+                last_point,
+            }
+        })
 }
 
 /// What the primary reports of its WAL archiving.

@@ -98,6 +98,7 @@ fn observe<'a>(
         restores: &[],
         bootstrap: None,
         failover_waiting: None,
+        archive_root: None,
     }
 }
 
@@ -386,6 +387,7 @@ fn a_ready_cluster_reports_its_primary_and_instances_with_their_lag() {
         restores: &[],
         bootstrap: None,
         failover_waiting: None,
+        archive_root: None,
         ..observe(3, Some(&sts), None)
     };
     let status = compute(observation, now());
@@ -437,6 +439,7 @@ fn a_ready_statefulset_is_not_running_until_the_primary_reports_a_ready_primary(
         restores: &[],
         bootstrap: None,
         failover_waiting: None,
+        archive_root: None,
         ..observe(2, Some(&sts), None)
     };
     let creating = compute(observation, now());
@@ -478,6 +481,7 @@ fn a_ready_statefulset_is_not_running_until_the_primary_reports_a_ready_primary(
         restores: &[],
         bootstrap: None,
         failover_waiting: None,
+        archive_root: None,
         ..observe(2, Some(&sts), Some(&creating))
     };
     let again = compute(observation, now());
@@ -494,6 +498,7 @@ fn a_ready_statefulset_is_not_running_until_the_primary_reports_a_ready_primary(
         restores: &[],
         bootstrap: None,
         failover_waiting: None,
+        archive_root: None,
         ..observe(2, Some(&sts), Some(&running))
     };
     let degraded = compute(observation, now());
@@ -530,6 +535,7 @@ fn a_primary_that_is_not_ready_or_not_a_primary_holds_the_phase() {
             restores: &[],
             bootstrap: None,
             failover_waiting: None,
+            archive_root: None,
             ..observe(1, Some(&sts), None)
         };
         let status = compute(observation, now());
@@ -563,6 +569,7 @@ fn replicas_that_do_not_stream_are_named_with_the_reason() {
         restores: &[],
         bootstrap: None,
         failover_waiting: None,
+        archive_root: None,
         ..observe(5, Some(&sts), None)
     };
     let status = compute(observation, now());
@@ -601,6 +608,7 @@ fn a_replica_that_stops_streaming_is_a_warning_and_its_recovery_a_normal_event()
         restores: &[],
         bootstrap: None,
         failover_waiting: None,
+        archive_root: None,
         ..observe(3, Some(&sts), Some(&streaming))
     };
     let broken = compute(observation, now());
@@ -659,6 +667,7 @@ fn the_current_primary_is_the_designated_one_once_it_reports_a_primary() {
         restores: &[],
         bootstrap: None,
         failover_waiting: None,
+        archive_root: None,
         ..observe(3, Some(&sts), Some(&previous))
     };
     let status = compute(observation, now());
