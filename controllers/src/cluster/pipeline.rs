@@ -229,6 +229,15 @@ async fn plan_recovery(
         return Ok((validated, None));
     };
     validation.effective.recovery_storage = recovery::source_storage(context, cluster);
+    let asked = cluster
+        .spec
+        .bootstrap
+        .as_ref()
+        .is_some_and(|bootstrap| bootstrap.recovery.is_some());
+    // A span only when there is a recovery to plan: most reconciles have none.
+    if !asked || recorded {
+        return Ok((Ok(validation), None));
+    }
     let own_archive = validation
         .effective
         .wal_archive
