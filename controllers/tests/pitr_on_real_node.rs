@@ -50,6 +50,8 @@ async fn a_new_cluster_recovers_to_a_time_or_restore_point_and_refuses_targets_o
     )
     .await
     .expect("data written");
+    // A first file finished now: the server switches by itself only from its first checkpoint.
+    finish_segments(&sql, 1).await.expect("a segment");
     source
         .wait_condition(CONTINUOUS_ARCHIVING, "True", CLUSTER_TIMEOUT)
         .await
