@@ -31,6 +31,7 @@ use pgkube_crds::{
 use super::Error;
 use super::context::ClusterContext;
 use crate::backup::access;
+use crate::storage::S3Bucket;
 use crate::storage::lsn::{Lsn, parse_segment_name};
 use crate::storage::manifest::Manifest;
 use crate::storage::recovery::{
@@ -38,7 +39,6 @@ use crate::storage::recovery::{
     validate_target,
 };
 use crate::storage::wal::{WalArchiveTarget, WalFileKind, WalFileName};
-use crate::storage::{S3Bucket, s3_error};
 
 /// WAL segments are 16 MiB unless initdb was told otherwise, which pgkube never does.
 const SEGMENT_SIZE: u64 = 16 * 1024 * 1024;
@@ -348,36 +348,15 @@ async fn last_archived(bucket: &S3Bucket, root: &str) -> Result<Option<Point>, E
 
 /// Every key under `prefix` with when it was stored, all pages.
 async fn list(bucket: &S3Bucket, prefix: &str) -> Result<Vec<(String, Timestamp)>, Error> {
-    let mut objects = Vec::new();
-    let mut continuation: Option<String> = None;
-    loop {
-        let page = bucket
-            .client
-            .list_objects_v2()
-            .bucket(&bucket.name)
-            .prefix(prefix)
-            .set_continuation_token(continuation.take())
-            .send()
-            .await
-            .map_err(|error| {
-                Error::RecoverySource(s3_error("ListObjectsV2", prefix, error).to_string())
-            })?;
-        for object in page.contents() {
-            let (Some(key), Some(stored)) = (object.key(), object.last_modified()) else {
-                continue;
-            };
-            let stored = Timestamp::new(stored.secs(), stored.subsec_nanos() as i32)
-                .map_err(|error| Error::RecoverySource(error.to_string()))?;
-            objects.push((key.to_owned(), stored));
-        }
-        continuation = match (page.is_truncated(), page.next_continuation_token()) {
-            (Some(true), Some(token)) if !token.is_empty() => Some(token.to_owned()),
-            (Some(true), _) => {
-                return Err(Error::RecoverySource(format!(
-                    "the listing of {prefix} is truncated but names no next page"
-                )));
-            }
-            _ => return Ok(objects),
-        };
+    let listed = crate::retention::list_objects(bucket, prefix, &mut Default::default())
+        .await
+        .map_err(|error| Error::RecoverySource(error.to_string()))?;
+    let mut objects = Vec::with_capacity(listed.len());
+    for (key, stored) in listed {
+        let Some(stored) = stored else { continue };
+        let stored = Timestamp::new(stored.secs(), stored.subsec_nanos() as i32)
+            .map_err(|error| Error::RecoverySource(error.to_string()))?;
+        objects.push((key, stored));
     }
+    Ok(objects)
 }

@@ -29,6 +29,16 @@ pub async fn list_keys(
     root: &str,
     requests: &mut RequestCount,
 ) -> Result<Vec<String>, StorageError> {
+    let objects = list_objects(bucket, root, requests).await?;
+    Ok(objects.into_iter().map(|(key, _)| key).collect())
+}
+
+/// Every object under `root` with when it was stored, all pages.
+pub async fn list_objects(
+    bucket: &S3Bucket,
+    root: &str,
+    requests: &mut RequestCount,
+) -> Result<Vec<(String, Option<aws_sdk_s3::primitives::DateTime>)>, StorageError> {
     let mut keys = Vec::new();
     let mut continuation: Option<String> = None;
     loop {
@@ -42,8 +52,11 @@ pub async fn list_keys(
             .send()
             .await
             .map_err(|error| s3_error("ListObjectsV2", root, error))?;
-        let listed = page.contents().iter().filter_map(|object| object.key());
-        keys.extend(listed.map(str::to_owned));
+        let listed = page
+            .contents()
+            .iter()
+            .filter_map(|object| Some((object.key()?.to_owned(), object.last_modified().copied())));
+        keys.extend(listed);
         continuation = next_token(page.is_truncated(), page.next_continuation_token())
             .map_err(|reason| truncated_listing("ListObjectsV2", root, reason))?;
         if continuation.is_none() {

@@ -23,6 +23,8 @@
 
 mod execute;
 mod gather;
+
+pub(crate) use gather::list_objects;
 pub mod layout;
 pub mod plan;
 pub mod reading;

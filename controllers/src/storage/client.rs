@@ -125,6 +125,19 @@ impl S3Bucket {
 
     /// The whole content of a (small) object, or `None` when it does not exist.
     pub async fn read_object(&self, key: &str) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self
+            .read_object_with_metadata(key)
+            .await?
+            .map(|(bytes, _)| bytes.to_vec()))
+    }
+
+    /// The whole content of a (small) object and its user metadata (`x-amz-meta-…`), or `None`
+    /// when it does not exist.
+    pub async fn read_object_with_metadata(
+        &self,
+        key: &str,
+    ) -> Result<Option<(bytes::Bytes, std::collections::HashMap<String, String>)>, StorageError>
+    {
         let answer = self
             .client
             .get_object()
@@ -139,6 +152,7 @@ impl S3Bucket {
             }
             Err(error) => return Err(s3_error("GetObject", key, error)),
         };
+        let metadata = object.metadata().cloned().unwrap_or_default();
         let bytes = object
             .body
             .collect()
@@ -148,7 +162,7 @@ impl S3Bucket {
                 key: key.to_owned(),
                 reason: one_line(&error_chain(&error)),
             })?;
-        Ok(Some(bytes.into_bytes().to_vec()))
+        Ok(Some((bytes.into_bytes(), metadata)))
     }
 
     /// One quiet DeleteObjects request for `keys` (at most 1000): the keys the store says it

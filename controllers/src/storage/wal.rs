@@ -304,31 +304,9 @@ pub struct FetchedFile {
 
 /// Reads the WAL file at `key`; `None` when there is no object.
 pub async fn fetch_file(bucket: &S3Bucket, key: &str) -> Result<Option<FetchedFile>, StorageError> {
-    let answer = bucket
-        .client
-        .get_object()
-        .bucket(&bucket.name)
-        .key(key)
-        .send()
-        .await;
-    let object = match answer {
-        Ok(object) => object,
-        Err(SdkError::ServiceError(service)) if service.err().is_no_such_key() => {
-            return Ok(None);
-        }
-        Err(error) => return Err(s3_error("GetObject", key, error)),
+    let Some((compressed, metadata)) = bucket.read_object_with_metadata(key).await? else {
+        return Ok(None);
     };
-    let metadata = object.metadata().cloned().unwrap_or_default();
-    let compressed = object
-        .body
-        .collect()
-        .await
-        .map_err(|error| StorageError::S3 {
-            operation: "GetObject",
-            key: key.to_owned(),
-            reason: super::one_line(&super::error_chain(&error)),
-        })?
-        .into_bytes();
     Ok(Some(FetchedFile {
         compressed,
         sha256: metadata.get(SHA256_METADATA).cloned(),
