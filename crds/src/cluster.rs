@@ -379,6 +379,9 @@ pub struct PostgreSQLClusterStatus {
     /// The moments a point-in-time recovery of this cluster can reach, with WAL archiving.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recoverability: Option<Recoverability>,
+    /// The last in-place point-in-time recovery: its step, or how it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_place_recovery: Option<crate::recovery::InPlaceRecovery>,
 }
 
 /// The window of point-in-time recovery: from the end of the oldest Completed physical backup

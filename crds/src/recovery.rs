@@ -72,3 +72,56 @@ pub struct RecoveryTarget {
     #[schemars(regex(pattern = r"^(latest|current|[0-9]{1,10})$"))]
     pub timeline: Option<String>,
 }
+
+/// How a restore brings its backup into the cluster.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum RestoreMethod {
+    /// `pg_restore` of a logical backup into the running cluster, database by database.
+    #[default]
+    Logical,
+    /// The whole cluster back to a point in time, in place: its primary's data recovered from a
+    /// physical backup and its own WAL archive, its replicas cloned again.
+    PointInTime,
+}
+
+impl RestoreMethod {
+    pub fn is_logical(&self) -> bool {
+        *self == Self::Logical
+    }
+}
+
+/// How far an in-place point-in-time recovery of the cluster has come.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum InPlaceStep {
+    /// The cluster is fenced (nothing routes to `-rw`, scheduled backups wait); the primary's
+    /// instance stops, restores the base backup and replays the archive to the target, its old
+    /// data directory kept aside.
+    Recovering,
+    /// The primary promoted on a new timeline; the replicas are cloned again from it.
+    Recloning,
+    /// Every instance runs the recovered database.
+    Completed,
+    /// The recovery failed: the primary is back on its old data, unchanged.
+    Failed,
+}
+
+/// The cluster's last in-place point-in-time recovery (a PostgreSQLRestore with
+/// `method: PointInTime`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InPlaceRecovery {
+    /// The PostgreSQLRestore's name.
+    pub restore: String,
+    /// The PostgreSQLRestore's uid.
+    pub uid: String,
+    pub step: InPlaceStep,
+    /// What the step is doing, or why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Where the primary's data directory from before the recovery is kept, on its volume:
+    /// pgkube never deletes it; remove it once the recovered database is what you want.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_data: Option<String>,
+}

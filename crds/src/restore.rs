@@ -6,6 +6,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::common::{LocalReference, S3Storage, conditions_schema};
+use crate::recovery::{RecoveryTarget, RestoreMethod};
 
 /// The `expectedSystemIdentifier` (and `targetSystemIdentifier`) that accepts whatever database
 /// the target cluster holds.
@@ -33,7 +34,9 @@ pub const ANY_SYSTEM_IDENTIFIER: &str = "Any";
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self == oldSelf").message("spec is immutable: create a new PostgreSQLRestore instead"))]
-#[x_kube(validation = Rule::new("has(self.backup) != has(self.source)").message("exactly one of backup and source must be set"))]
+#[x_kube(validation = Rule::new("(has(self.method) && self.method == 'PointInTime') || has(self.backup) != has(self.source)").message("exactly one of backup and source must be set"))]
+#[x_kube(validation = Rule::new("!(has(self.method) && self.method == 'PointInTime') || (!has(self.source) && !has(self.databases) && !(has(self.dropExisting) && self.dropExisting))").message("a PointInTime restore recovers the whole cluster from its own WAL archive: source, databases and dropExisting do not apply"))]
+#[x_kube(validation = Rule::new("!has(self.target) || (has(self.method) && self.method == 'PointInTime')").message("target applies only to method PointInTime"))]
 pub struct PostgreSQLRestoreSpec {
     /// The PostgreSQLBackup to restore, in the same namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -44,6 +47,14 @@ pub struct PostgreSQLRestoreSpec {
     pub source: Option<RestoreSource>,
     /// The cluster to restore into, in the same namespace.
     pub cluster: LocalReference,
+    /// `Logical` (the default): `pg_restore` of a logical backup. `PointInTime`: the whole
+    /// cluster back to `target`, in place, from a physical backup (`backup`, or the latest of
+    /// the cluster's own that ends before the target) and the cluster's WAL archive.
+    #[serde(default, skip_serializing_if = "RestoreMethod::is_logical")]
+    pub method: RestoreMethod,
+    /// Where replay stops, for `method: PointInTime`. Unset: at the end of the archive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<RecoveryTarget>,
     /// Restore only these databases. Empty means all databases in the backup.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub databases: Vec<String>,

@@ -10,6 +10,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use pgkube_controllers::storage::recovery::RecoveryOrder;
+use pgkube_controllers::storage::recovery::in_place::InPlaceOrder;
 use pgkube_controllers::storage::wal::WalArchiveTarget;
 use serde::Deserialize;
 
@@ -118,6 +119,10 @@ pub struct Topology {
     /// What the first instance recovers ([`super::recover`]); absent: it runs initdb.
     #[serde(default)]
     pub recovery: Option<RecoveryOrder>,
+    /// An in-place point-in-time recovery of the whole cluster ([`super::recover::in_place`]),
+    /// with `recovery` as what the primary recovers.
+    #[serde(default)]
+    pub in_place: Option<InPlaceOrder>,
 }
 
 impl Topology {

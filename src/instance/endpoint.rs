@@ -28,6 +28,7 @@ use axum::routing::{get, post};
 use serde::Serialize;
 
 use pgkube_controllers::cluster::status::archiving::WalArchiveReport;
+use pgkube_controllers::storage::recovery::in_place::InPlaceReport;
 
 use super::archive::Archiver;
 use super::control::{self, Control};
@@ -78,6 +79,9 @@ pub struct InstanceStatus {
     /// is re-read or while a replica keeps settings at its primary's: two instances with the
     /// same digest and nothing pending run the same settings.
     pub settings_digest: Option<String>,
+    /// This instance's part in the last in-place point-in-time recovery.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_place: Option<InPlaceReport>,
 }
 
 impl InstanceStatus {
@@ -99,6 +103,7 @@ impl InstanceStatus {
             message: None,
             restart_by_switchover: false,
             settings_digest: None,
+            in_place: None,
         }
     }
 
@@ -132,6 +137,7 @@ impl InstanceStatus {
             message: None,
             restart_by_switchover: false,
             settings_digest: None,
+            in_place: None,
         }
     }
 }

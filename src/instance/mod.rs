@@ -190,6 +190,8 @@ enum Next {
     Follow(Target),
     /// This replica cannot stream from its primary: rewind or clone it ([`repair`]).
     Repair(stream::Stuck),
+    /// Stop for an in-place recovery ([`recover::in_place`]).
+    InPlace,
 }
 
 async fn supervise(args: RunArgs) -> anyhow::Result<()> {
@@ -229,7 +231,9 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
             superuser: desired.superuser.username.clone(),
         },
     );
+    let in_place = recover::in_place::read_record(&args.pgdata);
     let mut instance = Instance {
+        in_place,
         isolation,
         slot_reaper: slots::SlotReaper::new(args.slot_drop_grace),
         args,
@@ -325,6 +329,8 @@ struct Instance {
     archiver: Arc<archive::Archiver>,
     /// Serves a recovering server's `restore_command` ([`recover`]).
     restoring: Option<recover::Restoring>,
+    /// This instance's record of the last in-place recovery ([`recover::in_place`]).
+    in_place: Option<pgkube_controllers::storage::recovery::in_place::InPlaceReport>,
 }
 
 /// How the steady state ended.
@@ -333,6 +339,8 @@ enum RunEnd {
     Stopped,
     /// The primary fenced itself: the server starts again only once the fence is lifted.
     Fenced,
+    /// The server stopped for an in-place recovery ([`recover::in_place`]).
+    InPlace,
 }
 
 impl Instance {
@@ -352,6 +360,7 @@ impl Instance {
                 RunEnd::Fenced => tracing::warn!(
                     "fenced: the server stays stopped until another instance answers"
                 ),
+                RunEnd::InPlace => tracing::warn!("stopped for an in-place recovery"),
             }
         }
     }
@@ -434,6 +443,13 @@ impl Instance {
             }
             server = match next {
                 Next::Continue => server,
+                Next::InPlace => {
+                    let _busy = self.board.busy("stopping for an in-place recovery");
+                    self.set_status(InstanceStatus::starting(&self.args.pod_name));
+                    let shutdown = self.stop_server(server, self.args.shutdown_timeout).await;
+                    tracing::info!(?shutdown, "the server is stopped for an in-place recovery");
+                    return Ok(RunEnd::InPlace);
+                }
                 Next::Restart => {
                     let _busy = self.board.busy("restarting");
                     self.restart(server).await?
@@ -533,7 +549,8 @@ impl Instance {
         Ok(())
     }
 
-    fn set_status(&self, status: InstanceStatus) {
+    fn set_status(&self, mut status: InstanceStatus) {
+        status.in_place = self.in_place.clone();
         self.board.set(status);
     }
 

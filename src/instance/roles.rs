@@ -55,8 +55,11 @@ impl Instance {
     pub(super) async fn prepare(&mut self) -> anyhow::Result<Server> {
         self.wait_out_fence().await;
         self.write_passfiles(&self.applied.clone())?;
-        let topology = self.applied.topology.clone();
         datadir::recover_interrupted_swap(&self.args.pgdata)?;
+        if let Some(server) = self.in_place_first().await? {
+            return Ok(server);
+        }
+        let topology = self.applied.topology.clone();
         if let Some(why) = super::recover::failed(&self.args.pgdata) {
             self.wait_after_failed_recovery(&why).await;
         }

@@ -63,6 +63,9 @@ impl Instance {
         if let Some(target) = self.apply_files() {
             return Next::Follow(target);
         }
+        if self.in_place_due() != super::recover::in_place::Due::Nothing {
+            return Next::InPlace;
+        }
         let (socket_dir, port) = (self.args.socket_dir.clone(), self.args.port);
         let superuser = self.applied.superuser.username.clone();
         let (looked, admission) = tokio::join!(

@@ -181,6 +181,8 @@ mod tests {
                 databases: Vec::new(),
                 drop_existing: false,
                 expected_system_identifier: None,
+                method: pgkube_crds::RestoreMethod::Logical,
+                target: None,
             },
         );
         restore.metadata.namespace = Some("db".to_owned());

@@ -188,6 +188,9 @@ pub struct BuildInput<'a> {
     /// What the first instance recovers (`spec.bootstrap.recovery`), until the cluster
     /// recorded its database.
     pub recovery: Option<&'a crate::storage::recovery::RecoveryOrder>,
+    /// An in-place point-in-time recovery under way: what the instances do now (`recovery`
+    /// is what the primary recovers).
+    pub in_place: Option<&'a crate::storage::recovery::in_place::InPlaceOrder>,
 }
 
 /// The desired children of `cluster`.

@@ -59,6 +59,7 @@ pub(super) async fn step(
     names: &ChildNames,
     live: &read::LiveChildren,
     primary: &str,
+    fenced: bool,
 ) -> Result<Step, Error> {
     let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
     let high_availability = cluster.spec.high_availability.as_ref();
@@ -99,7 +100,9 @@ pub(super) async fn step(
         answer_switchover_request(context, cluster, &namespace, plan.refusal.as_deref()).await?;
     }
     // Spans only when there is something to do: most reconciles have nothing.
-    let label_changes = roles::label_changes(&live.instances, primary);
+    // Fenced for an in-place recovery: no pod is routed to as the primary.
+    let routed_primary = if fenced { "" } else { primary };
+    let label_changes = roles::label_changes(&live.instances, routed_primary);
     if !label_changes.is_empty() {
         label_roles(context, &namespace, &label_changes)
             .instrument(info_span!("labels", writes = field::Empty))
@@ -186,6 +189,7 @@ async fn record_primary_change(
         bootstrap: bootstrap.as_ref(),
         failover_waiting: None,
         archive_root: archive_root.as_deref(),
+        in_place: None,
     };
     let new_status = status::compute(observation, Timestamp::now());
     patch_status(cluster, context, &new_status).await?;

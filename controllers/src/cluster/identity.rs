@@ -85,6 +85,7 @@ mod tests {
             restart_by_switchover: false,
             settings_digest: None,
             wal_archive: None,
+            in_place: None,
         }
     }
 

@@ -145,6 +145,9 @@ pub struct InstanceReport {
     /// What the WAL archiver did, on an instance told to archive (the primary).
     #[serde(default)]
     pub wal_archive: Option<super::status::archiving::WalArchiveReport>,
+    /// The instance's part in the last in-place point-in-time recovery.
+    #[serde(default)]
+    pub in_place: Option<crate::storage::recovery::in_place::InPlaceReport>,
 }
 
 /// Why an instance has no report. Each reason has one fixed description, stable from one

@@ -51,6 +51,7 @@ mod echoes;
 pub mod failover;
 mod ha;
 pub mod identity;
+mod in_place;
 pub mod instances;
 mod memory;
 mod pipeline;

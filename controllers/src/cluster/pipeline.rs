@@ -23,7 +23,7 @@ use super::status::{Issue, Observation};
 use super::validate::LiveFacts;
 use super::{
     Error, INSTANCE_REFRESH, SOLE_INSTANCE_REFRESH, WAIT_REQUEUE, apply, bootstrap, build,
-    failover, ha, instances, read, recovery, roles, settled, validate,
+    failover, ha, in_place, instances, read, recovery, roles, settled, validate,
 };
 
 /// The pipeline for a cluster that is not being deleted.
@@ -44,7 +44,10 @@ pub(super) async fn reconcile_cluster(
     }
     .instrument(info_span!("read"))
     .await?;
-    let ha = match ha::step(cluster, context, &names, &live, &primary).await? {
+    let restores = context.restores_of(cluster);
+    let restores: Vec<&PostgreSQLRestore> = restores.iter().map(AsRef::as_ref).collect();
+    let fenced = in_place::fenced(cluster, &restores);
+    let ha = match ha::step(cluster, context, &names, &live, &primary, fenced).await? {
         ha::Step::Recorded(action) => return Ok(action),
         ha::Step::Continue(carried) => carried,
     };
@@ -61,37 +64,20 @@ pub(super) async fn reconcile_cluster(
     );
     let (validated, recovery) =
         plan_recovery(context, cluster, validated, system_identifier.is_some()).await?;
+    let in_place = plan_in_place(context, cluster, &restores, &live.instances, &primary).await?;
     let instances = live.instances.clone();
-    // A child that does not apply still leaves a status that says so (and what the
-    // instances report); the error goes to the error policy after it.
-    let mut apply_error = None;
-    let outcome = match validated {
-        Ok(validation) => {
-            let built = Built {
-                primary: &primary,
-                synchronous_standbys,
-                system_identifier: system_identifier.as_deref(),
-                recovery: recovery.as_ref(),
-            };
-            let statefulset = live.statefulset.clone();
-            match apply_validated(context, &namespace, validation, live, built).await {
-                Ok(outcome) => outcome,
-                Err(error) if error.is_stale() || error.is_namespace_terminating() => {
-                    return Err(error);
-                }
-                Err(error) => {
-                    let outcome = failed_apply_outcome(cluster, statefulset, &error);
-                    apply_error = Some(error);
-                    outcome
-                }
-            }
-        }
-        Err(invalid) => invalid_spec_outcome(cluster, live, invalid),
+    let built = Built {
+        primary: &primary,
+        synchronous_standbys,
+        system_identifier: system_identifier.as_deref(),
+        recovery: recovery
+            .as_ref()
+            .or(in_place.as_ref().and_then(|p| p.order.as_ref())),
+        in_place: in_place.as_ref().and_then(|p| p.stage.as_ref()),
     };
+    let (outcome, apply_error) = apply_step(context, cluster, validated, live, built).await?;
     let backups = context.backups_of(cluster);
     let backups: Vec<&PostgreSQLBackup> = backups.iter().map(AsRef::as_ref).collect();
-    let restores = context.restores_of(cluster);
-    let restores: Vec<&PostgreSQLRestore> = restores.iter().map(AsRef::as_ref).collect();
     let bootstrap =
         bootstrap::step(context, cluster, &instances, &primary, &restores, &outcome).await?;
     let archive_root = validate::archive_root(cluster);
@@ -109,6 +95,7 @@ pub(super) async fn reconcile_cluster(
         bootstrap: bootstrap.as_ref(),
         failover_waiting: ha.waiting.as_deref(),
         archive_root: archive_root.as_deref(),
+        in_place: in_place.as_ref().map(|p| &p.status),
     };
     let StatusStep {
         status: new_status,
@@ -138,6 +125,48 @@ pub(super) async fn reconcile_cluster(
         Some(error) => Err(error),
         None => Ok(Action::requeue(next)),
     }
+}
+
+/// Builds and applies the children of a valid spec. A child that does not apply still leaves a
+/// status that says so (and what the instances report): its error comes back second, for the
+/// error policy after the status.
+async fn apply_step(
+    context: &ClusterContext,
+    cluster: &PostgreSQLCluster,
+    validated: Result<validate::Validation, validate::InvalidSpec>,
+    live: read::LiveChildren,
+    built: Built<'_>,
+) -> Result<(Outcome, Option<Error>), Error> {
+    let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
+    let validation = match validated {
+        Ok(validation) => validation,
+        Err(invalid) => return Ok((invalid_spec_outcome(cluster, live, invalid), None)),
+    };
+    let statefulset = live.statefulset.clone();
+    match apply_validated(context, &namespace, validation, live, built).await {
+        Ok(outcome) => Ok((outcome, None)),
+        Err(error) if error.is_stale() || error.is_namespace_terminating() => Err(error),
+        Err(error) => Ok((
+            failed_apply_outcome(cluster, statefulset, &error),
+            Some(error),
+        )),
+    }
+}
+
+/// The in-place recovery under way, if any (see [`in_place`]); a span only when there is one.
+async fn plan_in_place(
+    context: &ClusterContext,
+    cluster: &PostgreSQLCluster,
+    restores: &[&PostgreSQLRestore],
+    instances: &[instances::ObservedInstance],
+    primary: &str,
+) -> Result<Option<in_place::InPlace>, Error> {
+    if in_place::running_restore(restores).is_none() {
+        return Ok(None);
+    }
+    in_place::plan(context, cluster, restores, instances, primary)
+        .instrument(info_span!("in_place"))
+        .await
 }
 
 /// Standbys each commit waits for: as many replicas as stream, within the spec's
@@ -316,6 +345,7 @@ struct Built<'a> {
     synchronous_standbys: u32,
     system_identifier: Option<&'a str>,
     recovery: Option<&'a crate::storage::recovery::RecoveryOrder>,
+    in_place: Option<&'a crate::storage::recovery::in_place::InPlaceOrder>,
 }
 
 /// Builds and applies the effective spec of a valid cluster; changes it holds back become the
@@ -348,6 +378,7 @@ async fn apply_validated(
         synchronous_standbys: built.synchronous_standbys,
         system_identifier: built.system_identifier,
         recovery: built.recovery,
+        in_place: built.in_place,
     };
     let key = format!("{namespace}/{}", effective.name);
     let fingerprint = settled::fingerprint(&effective, &input, &live).map_err(Error::Serialize)?;
@@ -509,6 +540,7 @@ mod tests {
                 restart_by_switchover: false,
                 settings_digest: None,
                 wal_archive: None,
+                in_place: None,
             }),
         };
         let primary = "db-postgresql-0";

@@ -24,8 +24,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use pgkube_crds::{
-    BackupMethod, BackupPhase, PostgreSQLBackup, PostgreSQLCluster, Recovery, RecoveryTarget,
-    S3Storage,
+    BackupMethod, BackupPhase, BackupStorage, PostgreSQLBackup, PostgreSQLCluster,
+    PostgreSQLRestore, Recovery, RecoverySource, RecoveryTarget, S3Storage,
 };
 
 use super::Error;
@@ -138,6 +138,61 @@ pub(super) async fn resolve(
         )));
     }
     tracing::info!(backup = %order.backup, archive = %order.archive.root, target = %describe(&order.target), "recovery planned");
+    context.recovery_orders.insert(&uid, order.clone());
+    Ok(Resolution::Order(Box::new(order)))
+}
+
+/// The order of an in-place recovery by `restore` (a PointInTime PostgreSQLRestore into
+/// `cluster`): from the named physical backup, or the latest of the cluster's own archive that
+/// ends before the target, replayed from the cluster's own archive. Read once per restore.
+pub(super) async fn resolve_in_place(
+    context: &ClusterContext,
+    cluster: &PostgreSQLCluster,
+    restore: &PostgreSQLRestore,
+) -> Result<Resolution, Error> {
+    let uid = restore.uid().unwrap_or_default();
+    if let Some(order) = context.recovery_orders.get(&uid) {
+        return Ok(Resolution::Order(Box::new(order)));
+    }
+    let (Some(storage), Some(root)) = (
+        super::validate::wal_archive_storage(&cluster.spec),
+        super::validate::archive_root(cluster),
+    ) else {
+        return Ok(Resolution::Refused(
+            "the cluster does not archive its WAL (spec.backup.storage with walArchiving): nothing to recover from".to_owned(),
+        ));
+    };
+    let recovery = Recovery {
+        backup: restore.spec.backup.clone(),
+        source: restore.spec.backup.is_none().then(|| RecoverySource {
+            storage: BackupStorage { s3: storage },
+            archive: root.clone(),
+        }),
+        target: restore.spec.target.clone(),
+    };
+    let order = match find_order(context, cluster, &recovery).await? {
+        Ok(order) => order,
+        Err(refusal) => return Ok(Resolution::Refused(refusal)),
+    };
+    if order.archive.root != root {
+        return Ok(Resolution::Refused(format!(
+            "backup {} was taken with the archive {}, not this cluster's {root}",
+            order.backup, order.archive.root
+        )));
+    }
+    let recorded = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.system_identifier.as_deref());
+    if recorded != Some(order.system_identifier.as_str()) {
+        return Ok(Resolution::Refused(format!(
+            "backup {} holds database {}, not this cluster's {}",
+            order.backup,
+            order.system_identifier,
+            recorded.unwrap_or("(not recorded yet)")
+        )));
+    }
+    tracing::info!(backup = %order.backup, target = %describe(&order.target), "in-place recovery planned");
     context.recovery_orders.insert(&uid, order.clone());
     Ok(Resolution::Order(Box::new(order)))
 }

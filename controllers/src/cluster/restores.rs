@@ -21,7 +21,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time
 use kube::{Resource, ResourceExt};
 use pgkube_crds::{
     CLUSTER_LABEL, LocalReference, PostgreSQLCluster, PostgreSQLClusterStatus, PostgreSQLRestore,
-    PostgreSQLRestoreSpec, RestorePhase,
+    PostgreSQLRestoreSpec, RestoreMethod, RestorePhase,
 };
 
 use super::identity::BootstrapGate;
@@ -103,6 +103,8 @@ pub fn bootstrap_restore(
         databases: Vec::new(),
         drop_existing: true,
         expected_system_identifier: system_identifier.map(str::to_owned),
+        method: RestoreMethod::Logical,
+        target: None,
     };
     let mut restore = PostgreSQLRestore::new(&bootstrap_restore_name(&name), spec);
     restore.metadata = ObjectMeta {
@@ -302,6 +304,8 @@ mod tests {
                 databases: Vec::new(),
                 drop_existing: true,
                 expected_system_identifier: None,
+                method: RestoreMethod::Logical,
+                target: None,
             },
         );
         restore.status = Some(PostgreSQLRestoreStatus {

@@ -124,6 +124,7 @@ mod tests {
                     restart_by_switchover: false,
                     settings_digest: None,
                     wal_archive: None,
+                    in_place: None,
                 })
                 .ok_or(Unavailable::Unreachable),
         }

@@ -95,6 +95,7 @@ pub fn fingerprint(
     }
     hasher.update(input.synchronous_standbys.to_le_bytes());
     write_text(&mut hasher, &serde_json::to_string(&input.recovery)?);
+    write_text(&mut hasher, &serde_json::to_string(&input.in_place)?);
     hasher.update([
         u8::from(live.credentials_exist),
         u8::from(live.replication_credentials_exist),
@@ -179,6 +180,7 @@ mod tests {
             synchronous_standbys: 0,
             system_identifier: None,
             recovery: None,
+            in_place: None,
         }
     }
 

@@ -70,6 +70,8 @@ pub struct Observation<'a> {
     pub failover_waiting: Option<&'a str>,
     /// The root of the WAL archive the cluster archives to, if it does.
     pub archive_root: Option<&'a str>,
+    /// The in-place recovery under way, if any.
+    pub in_place: Option<&'a pgkube_crds::InPlaceRecovery>,
 }
 
 /// The status this controller owns (other controllers' fields are left out), with condition
@@ -145,6 +147,11 @@ pub fn compute(observation: Observation<'_>, now: Timestamp) -> PostgreSQLCluste
             wal_archiving.as_ref(),
         ),
         wal_archiving,
+        in_place_recovery: observation.in_place.cloned().or_else(|| {
+            observation
+                .previous
+                .and_then(|p| p.in_place_recovery.clone())
+        }),
         ..PostgreSQLClusterStatus::default()
     }
 }

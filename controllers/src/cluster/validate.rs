@@ -284,7 +284,7 @@ pub fn archive_root(cluster: &pgkube_crds::PostgreSQLCluster) -> Option<String> 
 }
 
 /// The storage WAL goes to: the backup's, with archiving on (the default).
-fn wal_archive_storage(spec: &pgkube_crds::PostgreSQLClusterSpec) -> Option<S3Storage> {
+pub(super) fn wal_archive_storage(spec: &pgkube_crds::PostgreSQLClusterSpec) -> Option<S3Storage> {
     let backup = spec.backup.as_ref()?;
     let enabled = backup
         .wal_archiving

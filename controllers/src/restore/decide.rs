@@ -15,8 +15,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use kube::ResourceExt;
 use pgkube_crds::{
-    BackupPhase, InstanceRole, PostgreSQLBackup, PostgreSQLCluster, PostgreSQLRestore,
-    RestorePhase, S3Storage,
+    BackupMethod, BackupPhase, InstanceRole, PostgreSQLBackup, PostgreSQLCluster,
+    PostgreSQLRestore, RestoreMethod, RestorePhase, S3Storage,
 };
 
 use crate::backup::decide::{Reason, manifest_key, resolved_prefix};
@@ -38,6 +38,9 @@ pub enum Next {
     /// Read the manifest at this location, check it against the cluster, record the target,
     /// then start the Job.
     Start(Box<Start>),
+    /// An in-place point-in-time recovery: the cluster carries it out once the restore is
+    /// Running, and must find this database (the system identifier recorded before).
+    StartInPlace(String),
 }
 
 /// What a restore that may start restores, and into which database.
@@ -87,6 +90,9 @@ pub fn next(
         Some(RestorePhase::Running) => return Next::Follow,
         Some(RestorePhase::Pending) | None => {}
     }
+    if restore.spec.method == RestoreMethod::PointInTime {
+        return next_in_place(restore, facts, now, pending_deadline);
+    }
     let location = match location(restore, facts.backup) {
         Ok(location) => location,
         Err(Blocked::Refused(reason)) => return Next::Fail(reason),
@@ -110,6 +116,71 @@ pub fn next(
             location,
             target_system_identifier,
         })),
+        Expectation::Unknown(reason) => waiting(restore, reason, now, pending_deadline),
+        Expectation::Invalid(reason) => Next::Fail(reason),
+    }
+}
+
+/// A PointInTime restore: a named backup must be a Completed physical backup (which backup
+/// and whether the target is in the window, the cluster finds out from storage); the cluster
+/// must archive its WAL, be ready, and hold the expected database.
+fn next_in_place(
+    restore: &PostgreSQLRestore,
+    facts: Facts<'_>,
+    now: DateTime<Utc>,
+    pending_deadline: Duration,
+) -> Next {
+    if let Some(name) = restore.spec.backup.as_ref().map(|b| &b.name) {
+        if let Err(blocked) = location(restore, facts.backup) {
+            return match blocked {
+                Blocked::Refused(reason) => Next::Fail(reason),
+                Blocked::Waiting(reason) => waiting(restore, reason, now, pending_deadline),
+            };
+        }
+        if facts
+            .backup
+            .is_some_and(|b| b.spec.method != BackupMethod::Physical)
+        {
+            return Next::Fail(Reason::new(
+                "NotPhysical",
+                format!(
+                    "PostgreSQLBackup {name} is not a physical backup: a point-in-time recovery starts from a base backup (method: Physical)"
+                ),
+            ));
+        }
+    }
+    let cluster = match ready_cluster(restore, facts) {
+        Ok(cluster) => cluster,
+        Err(reason) => return waiting(restore, reason, now, pending_deadline),
+    };
+    if crate::cluster::validate::archive_root(cluster).is_none() {
+        return Next::Fail(Reason::new(
+            "NoArchive",
+            format!(
+                "PostgreSQLCluster {} does not archive its WAL (spec.backup.storage with walArchiving): there is nothing to recover from",
+                cluster.name_any()
+            ),
+        ));
+    }
+    let recorded = cluster
+        .status
+        .as_ref()
+        .and_then(|s| s.system_identifier.as_deref());
+    match identity::expectation(restore, cluster) {
+        Expectation::Known(target)
+            if target != pgkube_crds::ANY_SYSTEM_IDENTIFIER
+                && Some(target.as_str()) != recorded =>
+        {
+            Next::Fail(Reason::new(
+                identity::SYSTEM_IDENTIFIER_MISMATCH,
+                format!(
+                    "PostgreSQLCluster {} holds database {}, not {target} as spec.expectedSystemIdentifier says: nothing is recovered",
+                    cluster.name_any(),
+                    recorded.unwrap_or("(not recorded yet)")
+                ),
+            ))
+        }
+        Expectation::Known(target) => Next::StartInPlace(target),
         Expectation::Unknown(reason) => waiting(restore, reason, now, pending_deadline),
         Expectation::Invalid(reason) => Next::Fail(reason),
     }

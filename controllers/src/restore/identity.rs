@@ -111,6 +111,8 @@ mod tests {
                 databases: Vec::new(),
                 drop_existing: true,
                 expected_system_identifier: expected.map(str::to_owned),
+                method: pgkube_crds::RestoreMethod::Logical,
+                target: None,
             },
         )
     }

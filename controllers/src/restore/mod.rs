@@ -26,6 +26,7 @@
 
 pub mod decide;
 pub mod identity;
+mod in_place;
 mod status;
 
 use std::sync::Arc;
@@ -37,7 +38,9 @@ use kube::api::ListParams;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::Store;
 use kube::{Api, ResourceExt};
-use pgkube_crds::{PostgreSQLBackup, PostgreSQLCluster, PostgreSQLRestore, RestorePhase};
+use pgkube_crds::{
+    PostgreSQLBackup, PostgreSQLCluster, PostgreSQLRestore, RestoreMethod, RestorePhase,
+};
 use tracing::{Instrument, Span, field, info_span, instrument};
 
 use crate::agent_job::{self as job, JobFailure, JobState};
@@ -212,13 +215,23 @@ async fn reconcile_restore(
     if !decide::is_unfinished(restore) {
         return Ok(Action::await_change());
     }
+    let in_place = restore.spec.method == RestoreMethod::PointInTime;
     if decide::phase(restore) == Some(RestorePhase::Running) {
-        return follow_job(context, restore, &namespace).await;
+        return match in_place {
+            true => in_place::follow(context, restore, &namespace).await,
+            false => follow_job(context, restore, &namespace).await,
+        };
     }
     let read = Read::read(restore, context, &namespace).await?;
     match info_span!("decide").in_scope(|| read.decide(restore, context)) {
         Next::Finished => Ok(Action::await_change()),
+        Next::Follow if in_place => in_place::follow(context, restore, &namespace).await,
         Next::Follow => follow_job(context, restore, &namespace).await,
+        Next::StartInPlace(target) => {
+            // Recorded, then acted on: the cluster carries out only a Running restore.
+            status::write(context, restore, Change::RecoveringInPlace { target }).await?;
+            Ok(Action::requeue(in_place::REQUEUE))
+        }
         Next::Wait(reason) => {
             status::write(context, restore, Change::Pending(reason)).await?;
             Ok(Action::requeue(WAIT_REQUEUE))

@@ -39,6 +39,13 @@ pub enum Change {
     /// `backup::job_start`). Only the message and the condition change.
     Progress(Reason),
     Completed(Box<AgentResult>),
+    /// A PointInTime restore, about to be carried out by the cluster, which must hold the
+    /// database of system identifier `target`.
+    RecoveringInPlace {
+        target: String,
+    },
+    /// A PointInTime restore ended well.
+    RecoveredInPlace(String),
     Failed(Reason),
 }
 
@@ -124,6 +131,16 @@ pub fn next_status(
                     .as_deref()
                     .unwrap_or("the backup")
             );
+            (RestorePhase::Completed, "True", "Completed", message)
+        }
+        Change::RecoveringInPlace { target } => {
+            status.target_system_identifier = Some(target);
+            status.start_time = Some(Time(now));
+            let message = "the cluster recovers in place: fenced, its primary stops".to_owned();
+            (RestorePhase::Running, "False", "Recovering", message)
+        }
+        Change::RecoveredInPlace(message) => {
+            status.completion_time = Some(Time(now));
             (RestorePhase::Completed, "True", "Completed", message)
         }
         Change::Failed(reason) => {

@@ -246,5 +246,7 @@ pub fn describe(target: &RecoveryTarget) -> String {
     }
 }
 
+pub mod in_place;
+
 #[cfg(test)]
 mod tests;

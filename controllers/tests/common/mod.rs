@@ -153,6 +153,7 @@ impl SimulatedInstances {
             restart_by_switchover: false,
             settings_digest: None,
             wal_archive: None,
+            in_place: None,
         }
     }
 

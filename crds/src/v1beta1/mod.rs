@@ -51,7 +51,7 @@ pub use crate::cluster::{
 pub use crate::common::{
     LocalReference, S3Credentials, S3Storage, ServerSideEncryption, conditions_schema,
 };
-pub use crate::recovery::RecoveryTarget;
+pub use crate::recovery::{InPlaceRecovery, InPlaceStep, RecoveryTarget, RestoreMethod};
 pub use crate::restore::{ANY_SYSTEM_IDENTIFIER, PostgreSQLRestoreStatus, RestorePhase};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;

@@ -387,6 +387,8 @@ impl Typed<v1beta1::PostgreSQLRestore> for v1alpha1::PostgreSQLRestore {
             databases,
             drop_existing,
             expected_system_identifier,
+            method,
+            target,
         } = spec;
         v1beta1::PostgreSQLRestore {
             metadata,
@@ -397,6 +399,8 @@ impl Typed<v1beta1::PostgreSQLRestore> for v1alpha1::PostgreSQLRestore {
                 databases,
                 drop_existing,
                 expected_system_identifier,
+                method,
+                target,
             },
             status,
         }
@@ -417,6 +421,8 @@ impl Typed<v1alpha1::PostgreSQLRestore> for v1beta1::PostgreSQLRestore {
             databases,
             drop_existing,
             expected_system_identifier,
+            method,
+            target,
         } = spec;
         v1alpha1::PostgreSQLRestore {
             metadata,
@@ -427,6 +433,8 @@ impl Typed<v1alpha1::PostgreSQLRestore> for v1beta1::PostgreSQLRestore {
                 databases,
                 drop_existing,
                 expected_system_identifier,
+                method,
+                target,
             },
             status,
         }

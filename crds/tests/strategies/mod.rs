@@ -447,7 +447,7 @@ pub fn cluster_status() -> BoxedStrategy<PostgreSQLClusterStatus> {
         of(name()),
         of("[1-9][0-9]{18}"),
         of(wal_archiving_status()),
-        of(recoverability()),
+        (of(recoverability()), of(in_place_recovery())),
     );
     (state, history)
         .prop_map(|(state, history)| {
@@ -468,7 +468,7 @@ pub fn cluster_status() -> BoxedStrategy<PostgreSQLClusterStatus> {
                 last_successful_backup,
                 system_identifier,
                 wal_archiving,
-                recoverability,
+                (recoverability, in_place_recovery),
             ) = history;
             PostgreSQLClusterStatus {
                 phase,
@@ -486,9 +486,35 @@ pub fn cluster_status() -> BoxedStrategy<PostgreSQLClusterStatus> {
                 last_successful_backup,
                 wal_archiving,
                 recoverability,
+                in_place_recovery,
             }
         })
         .boxed()
+}
+
+fn in_place_recovery() -> impl Strategy<Value = pgkube_crds::InPlaceRecovery> {
+    use pgkube_crds::InPlaceStep;
+    (
+        name(),
+        "[0-9a-f-]{36}",
+        prop_oneof![
+            Just(InPlaceStep::Recovering),
+            Just(InPlaceStep::Recloning),
+            Just(InPlaceStep::Completed),
+            Just(InPlaceStep::Failed)
+        ],
+        of("[ -~]{0,40}"),
+        of("/[a-z/.-]{1,40}"),
+    )
+        .prop_map(|(restore, uid, step, message, previous_data)| {
+            pgkube_crds::InPlaceRecovery {
+                restore,
+                uid,
+                step,
+                message,
+                previous_data,
+            }
+        })
 }
 
 fn recoverability() -> impl Strategy<Value = pgkube_crds::Recoverability> {

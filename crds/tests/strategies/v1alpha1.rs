@@ -212,9 +212,14 @@ fn restore_spec() -> impl Strategy<Value = PostgreSQLRestoreSpec> {
         vec(name(), 0..3),
         any::<bool>(),
         of("([0-9]{1,20}|Any)"),
+        prop_oneof![
+            Just(pgkube_crds::RestoreMethod::Logical),
+            Just(pgkube_crds::RestoreMethod::PointInTime)
+        ],
+        of(super::recovery_target()),
     )
         .prop_map(
-            |((backup, source), cluster, databases, drop_existing, expected)| {
+            |((backup, source), cluster, databases, drop_existing, expected, method, target)| {
                 PostgreSQLRestoreSpec {
                     backup,
                     source,
@@ -222,6 +227,8 @@ fn restore_spec() -> impl Strategy<Value = PostgreSQLRestoreSpec> {
                     databases,
                     drop_existing,
                     expected_system_identifier: expected,
+                    method,
+                    target,
                 }
             },
         )

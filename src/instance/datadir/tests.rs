@@ -22,6 +22,7 @@ fn desired() -> Desired {
             isolation_timeout_seconds: Some(3),
             restart_by_switchover: false,
             wal_archive: None,
+            in_place: None,
             recovery: None,
         },
         superuser: credentials("postgres", "super"),

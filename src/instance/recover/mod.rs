@@ -20,6 +20,7 @@
 
 mod base;
 pub mod fetch;
+pub mod in_place;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -68,7 +69,7 @@ pub fn settings(order: &RecoveryOrder, run_dir: &Path) -> String {
 pub struct Restoring {
     restorer: Arc<fetch::Restorer>,
     socket: tokio::task::JoinHandle<std::io::Result<()>>,
-    spool: std::path::PathBuf,
+    pub(super) spool: std::path::PathBuf,
 }
 
 impl Drop for Restoring {
@@ -79,7 +80,7 @@ impl Drop for Restoring {
 
 impl Instance {
     /// The order of this cluster's recovery.
-    fn recovery_order(&self) -> anyhow::Result<RecoveryOrder> {
+    pub(super) fn recovery_order(&self) -> anyhow::Result<RecoveryOrder> {
         self.applied
             .topology
             .recovery
@@ -87,8 +88,13 @@ impl Instance {
             .context("the operator's recovery order is gone from instance.json")
     }
 
-    async fn recovery_bucket(&self, order: &RecoveryOrder) -> anyhow::Result<S3Bucket> {
-        let options = super::archive::s3_options(&self.args.recovery_s3_dir, &order.archive)?;
+    pub(super) async fn recovery_bucket(&self, order: &RecoveryOrder) -> anyhow::Result<S3Bucket> {
+        // An in-place recovery reads the cluster's own archive, with the keys it archives with.
+        let keys = match self.applied.topology.in_place {
+            Some(_) => &self.args.s3_dir,
+            None => &self.args.recovery_s3_dir,
+        };
+        let options = super::archive::s3_options(keys, &order.archive)?;
         Ok(S3Bucket::connect(&options).await?)
     }
 
@@ -118,7 +124,7 @@ impl Instance {
         Ok(())
     }
 
-    async fn restore_into(
+    pub(super) async fn restore_into(
         &self,
         bucket: &S3Bucket,
         order: &RecoveryOrder,
@@ -259,7 +265,7 @@ impl Instance {
     }
 }
 
-fn create_private_dir(path: &Path) -> anyhow::Result<()> {
+pub(super) fn create_private_dir(path: &Path) -> anyhow::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)

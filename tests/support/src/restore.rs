@@ -40,6 +40,8 @@ pub fn restore_of_backup(backup: &str, cluster: &str) -> PostgreSQLRestoreSpec {
         databases: Vec::new(),
         drop_existing: false,
         expected_system_identifier: None,
+        method: pgkube_crds::RestoreMethod::Logical,
+        target: None,
     }
 }
 
@@ -61,6 +63,8 @@ pub fn restore_of_source(
         databases: Vec::new(),
         drop_existing: false,
         expected_system_identifier: None,
+        method: pgkube_crds::RestoreMethod::Logical,
+        target: None,
     }
 }
 

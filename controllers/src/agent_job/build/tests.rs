@@ -372,6 +372,8 @@ fn a_restore_job_runs_agent_restore_with_what_to_restore_owned_by_the_restore() 
             databases: vec!["app".to_owned(), "shop".to_owned()],
             drop_existing: true,
             expected_system_identifier: None,
+            method: pgkube_crds::RestoreMethod::Logical,
+            target: None,
         },
     );
     restore.metadata.namespace = Some("db".to_owned());

@@ -31,6 +31,7 @@ fn input(image_repository: &str) -> BuildInput<'_> {
         synchronous_standbys: 0,
         system_identifier: None,
         recovery: None,
+        in_place: None,
     }
 }
 

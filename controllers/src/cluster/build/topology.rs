@@ -7,6 +7,7 @@ use serde::Serialize;
 
 use crate::backup::decide::cluster_prefix;
 use crate::storage::recovery::RecoveryOrder;
+use crate::storage::recovery::in_place::InPlaceOrder;
 use crate::storage::wal::{self, WalArchiveTarget};
 
 use super::super::validate::ValidatedCluster;
@@ -43,6 +44,9 @@ struct InstanceTopology<'a> {
     /// What the first instance recovers, until the cluster recorded its database.
     #[serde(skip_serializing_if = "Option::is_none")]
     recovery: Option<&'a RecoveryOrder>,
+    /// An in-place recovery under way: what the instances do now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    in_place: Option<&'a InPlaceOrder>,
 }
 
 /// Where `cluster` archives its WAL in `storage`.
@@ -101,6 +105,7 @@ pub(super) fn instance_json(
             .as_ref()
             .map(|storage| wal_archive_target(cluster, storage)),
         recovery: input.recovery,
+        in_place: input.in_place,
     };
     // Strings and integers only: serializing cannot fail.
     serde_json::to_string(&topology).unwrap_or_default()

@@ -48,6 +48,7 @@ fn reporting(
             restart_by_switchover: false,
             settings_digest: None,
             wal_archive: None,
+            in_place: None,
         }),
     }
 }

@@ -146,6 +146,7 @@ fn report(pod: &str, role: ReportedRole) -> InstanceReport {
         restart_by_switchover: false,
         settings_digest: None,
         wal_archive: None,
+        in_place: None,
     }
 }
 

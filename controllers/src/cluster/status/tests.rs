@@ -50,6 +50,7 @@ fn report(pod: &str, role: ReportedRole) -> InstanceReport {
         restart_by_switchover: false,
         settings_digest: None,
         wal_archive: None,
+        in_place: None,
     }
 }
 
@@ -99,6 +100,7 @@ fn observe<'a>(
         bootstrap: None,
         failover_waiting: None,
         archive_root: None,
+        in_place: None,
     }
 }
 
@@ -388,6 +390,7 @@ fn a_ready_cluster_reports_its_primary_and_instances_with_their_lag() {
         bootstrap: None,
         failover_waiting: None,
         archive_root: None,
+        in_place: None,
         ..observe(3, Some(&sts), None)
     };
     let status = compute(observation, now());
@@ -440,6 +443,7 @@ fn a_ready_statefulset_is_not_running_until_the_primary_reports_a_ready_primary(
         bootstrap: None,
         failover_waiting: None,
         archive_root: None,
+        in_place: None,
         ..observe(2, Some(&sts), None)
     };
     let creating = compute(observation, now());
@@ -482,6 +486,7 @@ fn a_ready_statefulset_is_not_running_until_the_primary_reports_a_ready_primary(
         bootstrap: None,
         failover_waiting: None,
         archive_root: None,
+        in_place: None,
         ..observe(2, Some(&sts), Some(&creating))
     };
     let again = compute(observation, now());
@@ -499,6 +504,7 @@ fn a_ready_statefulset_is_not_running_until_the_primary_reports_a_ready_primary(
         bootstrap: None,
         failover_waiting: None,
         archive_root: None,
+        in_place: None,
         ..observe(2, Some(&sts), Some(&running))
     };
     let degraded = compute(observation, now());
@@ -536,6 +542,7 @@ fn a_primary_that_is_not_ready_or_not_a_primary_holds_the_phase() {
             bootstrap: None,
             failover_waiting: None,
             archive_root: None,
+            in_place: None,
             ..observe(1, Some(&sts), None)
         };
         let status = compute(observation, now());
@@ -570,6 +577,7 @@ fn replicas_that_do_not_stream_are_named_with_the_reason() {
         bootstrap: None,
         failover_waiting: None,
         archive_root: None,
+        in_place: None,
         ..observe(5, Some(&sts), None)
     };
     let status = compute(observation, now());
@@ -609,6 +617,7 @@ fn a_replica_that_stops_streaming_is_a_warning_and_its_recovery_a_normal_event()
         bootstrap: None,
         failover_waiting: None,
         archive_root: None,
+        in_place: None,
         ..observe(3, Some(&sts), Some(&streaming))
     };
     let broken = compute(observation, now());
@@ -668,6 +677,7 @@ fn the_current_primary_is_the_designated_one_once_it_reports_a_primary() {
         bootstrap: None,
         failover_waiting: None,
         archive_root: None,
+        in_place: None,
         ..observe(3, Some(&sts), Some(&previous))
     };
     let status = compute(observation, now());

@@ -43,6 +43,8 @@ fn restore(name: &str, second: i64, phase: Option<RestorePhase>) -> PostgreSQLRe
             databases: Vec::new(),
             drop_existing: false,
             expected_system_identifier: None,
+            method: pgkube_crds::RestoreMethod::Logical,
+            target: None,
         },
     );
     restore.metadata.namespace = Some("db".to_owned());
@@ -310,4 +312,89 @@ fn without_an_expected_identifier_it_waits_for_the_clusters_then_times_out() {
         };
         assert_eq!(start.target_system_identifier, expected);
     }
+}
+
+fn in_place(restore: &mut PostgreSQLRestore) {
+    restore.spec.method = pgkube_crds::RestoreMethod::PointInTime;
+    restore.spec.target = Some(pgkube_crds::RecoveryTarget {
+        time: Some("2027-01-15T08:00:00Z".to_owned()),
+        ..Default::default()
+    });
+}
+
+fn archiving(mut cluster: PostgreSQLCluster) -> PostgreSQLCluster {
+    cluster.spec.backup = serde_json::from_value(serde_json::json!({
+        "schedule": {"cron": "0 3 * * *"},
+        "storage": {"s3": {"bucket": "backups", "credentials": {
+            "accessKeyId": {"name": "s3", "key": "id"},
+            "secretAccessKey": {"name": "s3", "key": "secret"}
+        }}}
+    }))
+    .expect("backup settings");
+    cluster.metadata.namespace = Some("db".to_owned());
+    cluster
+}
+
+fn physical(mut backup: PostgreSQLBackup) -> PostgreSQLBackup {
+    backup.spec.method = BackupMethod::Physical;
+    backup
+}
+
+#[test]
+fn a_point_in_time_restore_starts_with_the_database_it_must_find_and_no_job() {
+    let mut r = restore("r1", 0, None);
+    in_place(&mut r);
+    let b = physical(backup(BackupPhase::Completed, "15.14"));
+    let c = archiving(cluster(PostgresVersion::V15, true));
+    assert_eq!(
+        decide(&r, Some(&b), Some(&c), 5),
+        Next::StartInPlace(RECORDED.to_owned())
+    );
+    // Without a backup named, the cluster picks one from its archive.
+    r.spec.backup = None;
+    assert_eq!(
+        decide(&r, None, Some(&c), 5),
+        Next::StartInPlace(RECORDED.to_owned())
+    );
+}
+
+#[test]
+fn a_point_in_time_restore_is_refused_without_a_base_backup_an_archive_or_the_right_database() {
+    let mut r = restore("r1", 0, None);
+    in_place(&mut r);
+    let logical = backup(BackupPhase::Completed, "15.14");
+    let c = archiving(cluster(PostgresVersion::V15, true));
+    assert_eq!(
+        reason(&decide(&r, Some(&logical), Some(&c), 5)),
+        Some("NotPhysical")
+    );
+    let b = physical(backup(BackupPhase::Completed, "15.14"));
+    let without_archive = cluster(PostgresVersion::V15, true);
+    assert_eq!(
+        reason(&decide(&r, Some(&b), Some(&without_archive), 5)),
+        Some("NoArchive")
+    );
+    r.spec.expected_system_identifier = Some("7000000000000000001".to_owned());
+    assert_eq!(
+        reason(&decide(&r, Some(&b), Some(&c), 5)),
+        Some(identity::SYSTEM_IDENTIFIER_MISMATCH)
+    );
+}
+
+#[test]
+fn a_point_in_time_restore_waits_for_its_backup_and_a_ready_primary() {
+    let mut r = restore("r1", 0, None);
+    in_place(&mut r);
+    let running = physical(backup(BackupPhase::Running, "15.14"));
+    let c = archiving(cluster(PostgresVersion::V15, true));
+    assert_eq!(
+        reason(&decide(&r, Some(&running), Some(&c), 5)),
+        Some("BackupNotCompleted")
+    );
+    let b = physical(backup(BackupPhase::Completed, "15.14"));
+    let not_ready = archiving(cluster(PostgresVersion::V15, false));
+    assert_eq!(
+        reason(&decide(&r, Some(&b), Some(&not_ready), 5)),
+        Some("ClusterNotReady")
+    );
 }

@@ -66,6 +66,8 @@ fn restore(cluster: &str, phase: Option<RestorePhase>) -> PostgreSQLRestore {
             databases: Vec::new(),
             drop_existing: false,
             expected_system_identifier: None,
+            method: pgkube_crds::RestoreMethod::Logical,
+            target: None,
         },
     );
     restore.metadata.namespace = Some("db".to_owned());

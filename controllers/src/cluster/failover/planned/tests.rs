@@ -43,6 +43,7 @@ fn instance(ordinal: i32, role: ReportedRole, lsn: u64, digest: &str) -> Observe
             restart_by_switchover: false,
             settings_digest: Some(digest.to_owned()),
             wal_archive: None,
+            in_place: None,
         }),
     }
 }

@@ -42,6 +42,7 @@ fn observe<'a>(
         bootstrap: None,
         failover_waiting: None,
         archive_root: None,
+        in_place: None,
     }
 }
 
