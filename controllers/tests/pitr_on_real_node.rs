@@ -11,25 +11,24 @@
 //! and nothing is built for them.
 
 mod common;
+mod pitr_common;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::Running;
 use common::real_node::{CLUSTER_TIMEOUT, NEVER, RESYNC, S3_SECRET};
 use pgkube_crds::{
-    BackupMethod, BackupPhase, BackupStorage, BackupTarget, Bootstrap, CONTINUOUS_ARCHIVING,
-    DeletionPolicy, LocalReference, PostgreSQLBackup, PostgreSQLBackupSpec, PostgreSQLCluster,
+    BackupPhase, BackupStorage, Bootstrap, CONTINUOUS_ARCHIVING, LocalReference, PostgreSQLCluster,
     Recovery, RecoverySource, RecoveryTarget,
 };
-use pgkube_testkit::tokio_postgres::Client;
 use pgkube_testkit::wal::{finish_segments, wait_archived_through};
 use pgkube_testkit::{
-    TestBucket, TestCluster, TestEnv, backup_config, create_s3_secret, list_objects, test_storage,
-    wait_backup_ended, wait_until,
+    TestBucket, TestCluster, TestEnv, backup_config, list_objects, test_storage, wait_until,
+};
+use pitr_common::{
+    archive_contents, items, physical_backup, start_source, ticks, time_of, write_ticks,
 };
 
-const BACKUP_TIMEOUT: Duration = Duration::from_secs(600);
 /// A recovery restores the base backup and replays the archive before the cluster runs.
 const RECOVERY_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -41,7 +40,7 @@ async fn a_new_cluster_recovers_to_a_time_or_restore_point_and_refuses_targets_o
     };
     let env = pgkube_testkit::testbed().expect("the test bed");
     let bucket = TestBucket::create(&env, "pitr").await;
-    let source = start_source(&running, &env, &bucket).await;
+    let source = start_source(&running, &env, &bucket, 1).await;
     let sql = source.sql().await.expect("SQL");
     sql.batch_execute(
         "CREATE TABLE items (id int PRIMARY KEY, name text);
@@ -248,26 +247,6 @@ async fn refused_at_once(running: &Running, env: &TestEnv, bucket: &TestBucket, 
     }
 }
 
-/// The source: one instance archiving to `bucket`.
-async fn start_source(running: &Running, env: &TestEnv, bucket: &TestBucket) -> TestCluster {
-    create_s3_secret(
-        &running.client,
-        env,
-        running.namespace.name(),
-        S3_SECRET,
-        None,
-    )
-    .await
-    .expect("S3 Secret");
-    let settings = backup_config(test_storage(env, bucket.name(), S3_SECRET), NEVER);
-    TestCluster::builder("pg")
-        .spec(|spec| spec.backup = Some(settings))
-        .timeout(CLUSTER_TIMEOUT)
-        .start(&running.namespace)
-        .await
-        .unwrap_or_else(|error| panic!("the source becomes Running: {error:#}"))
-}
-
 /// A cluster `name` of `replicas` instances that recovers as `change` says, archiving to
 /// `bucket` under its own prefix.
 fn recovery_cluster(
@@ -323,93 +302,6 @@ async fn recovered(
         "{name}: {bootstrapped:?} {status:?}"
     );
     cluster
-}
-
-/// Creates physical backup `name` of `cluster` from its primary, once ended.
-async fn physical_backup(running: &Running, cluster: &str, name: &str) -> PostgreSQLBackup {
-    let spec = PostgreSQLBackupSpec {
-        cluster: LocalReference {
-            name: cluster.to_owned(),
-        },
-        method: BackupMethod::Physical,
-        target: Some(BackupTarget::Primary),
-        deletion_policy: DeletionPolicy::Retain,
-        compression: None,
-    };
-    running
-        .api::<PostgreSQLBackup>()
-        .create(&Default::default(), &PostgreSQLBackup::new(name, spec))
-        .await
-        .expect("backup created");
-    wait_backup_ended(
-        &running.client,
-        running.namespace.name(),
-        name,
-        BACKUP_TIMEOUT,
-    )
-    .await
-    .unwrap_or_else(|error| panic!("{error:#}"))
-}
-
-/// Commits rows `first` to `last`, one transaction each, with the time of their insert.
-async fn write_ticks(sql: &Client, first: i64, last: i64) {
-    for id in first..=last {
-        sql.execute(
-            "INSERT INTO ticks VALUES ($1, clock_timestamp(), repeat(md5(($1::bigint)::text), 10))",
-            &[&id],
-        )
-        .await
-        .expect("a row");
-    }
-}
-
-/// The insert time of row `id`, RFC 3339 in UTC with microseconds: after row `id - 1`
-/// committed and before row `id` did, since the writer commits one row at a time.
-async fn time_of(sql: &Client, id: i64) -> String {
-    sql.query_one(
-        "SELECT to_char(at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"') FROM ticks WHERE id = $1",
-        &[&id],
-    )
-    .await
-    .expect("the row")
-    .get(0)
-}
-
-/// Count, highest id and digest of the rows up to `last`.
-async fn ticks(sql: &Client, last: i64) -> (i64, Option<i64>, Option<String>) {
-    let row = sql
-        .query_one(
-            "SELECT count(*), max(id), md5(string_agg(id || ':' || at || ':' || payload, ',' ORDER BY id)) \
-             FROM ticks WHERE id <= $1",
-            &[&last],
-        )
-        .await
-        .expect("the rows");
-    (row.get(0), row.get(1), row.get(2))
-}
-
-async fn items(sql: &Client) -> (i64, Option<String>) {
-    let row = sql
-        .query_one(
-            "SELECT count(*), md5(string_agg(id || ':' || name, ',' ORDER BY id)) FROM items",
-            &[],
-        )
-        .await
-        .expect("the rows");
-    (row.get(0), row.get(1))
-}
-
-/// Every object of the archive at `root` with its content.
-async fn archive_contents(bucket: &TestBucket, root: &str) -> BTreeMap<String, Vec<u8>> {
-    let keys = list_objects(&bucket.client(), bucket.name(), root)
-        .await
-        .expect("listing");
-    let mut contents = BTreeMap::new();
-    for key in keys.into_keys() {
-        let bytes = bucket.object(&key).await.expect("an object");
-        contents.insert(key, bytes);
-    }
-    contents
 }
 
 /// The recovered cluster archives under its own prefix: its new timeline's history is there.
