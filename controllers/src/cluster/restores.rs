@@ -129,9 +129,6 @@ pub fn bootstrap(
     gate: &BootstrapGate,
 ) -> Option<Bootstrap> {
     let spec = cluster.spec.bootstrap.as_ref()?;
-    if let Some(recovery) = &spec.recovery {
-        return Some(recovery_progress(recovery, previous));
-    }
     let done = previous
         .into_iter()
         .flat_map(|status| &status.conditions)
@@ -142,6 +139,9 @@ pub fn bootstrap(
         } else {
             Bootstrap::Restored(done.message.clone())
         });
+    }
+    if let Some(recovery) = &spec.recovery {
+        return Some(recovery_progress(recovery, previous, gate));
     }
     let name = bootstrap_restore_name(&cluster.name_any());
     let Some(restore) = restores.iter().find(|r| r.name_any() == name) else {
@@ -178,10 +178,13 @@ pub fn bootstrap(
 }
 
 /// A point-in-time recovery is done once the cluster recorded the database its primary
-/// promoted with.
+/// promoted with. Volumes that already held a database this cluster did not make (an earlier
+/// cluster of the same name, `gate`) were not recovered over: the first instance recovers only
+/// into an empty volume, so the recovery is skipped, and the condition says so.
 fn recovery_progress(
     recovery: &pgkube_crds::Recovery,
     previous: Option<&PostgreSQLClusterStatus>,
+    gate: &BootstrapGate,
 ) -> Bootstrap {
     let target = crate::storage::recovery::describe(&recovery.target.clone().unwrap_or_default());
     let from = match (&recovery.backup, &recovery.source) {
@@ -190,6 +193,12 @@ fn recovery_progress(
         (None, None) => "an unnamed source".to_owned(),
     };
     match previous.and_then(|status| status.system_identifier.as_deref()) {
+        Some(system) if matches!(gate, BootstrapGate::Skip(_)) => Bootstrap::Skipped(format!(
+            "the volumes already held database {system}, which this cluster did not make: the recovery from {from} was not run, so that nothing written since is lost"
+        )),
+        Some(_) if matches!(gate, BootstrapGate::Wait(_)) => Bootstrap::InProgress(format!(
+            "recovering from {from} to {target}: waiting for the primary to report which database its volume holds"
+        )),
         Some(system) => Bootstrap::Restored(format!(
             "recovered from {from} to {target}; the primary promoted with database {system}"
         )),
@@ -395,6 +404,49 @@ mod tests {
         assert_eq!(
             bootstrap(&main, &[], Some(&previous), &BootstrapGate::Proceed),
             Some(skipped)
+        );
+    }
+
+    #[test]
+    fn a_recovery_over_volumes_that_held_an_earlier_clusters_database_is_skipped_for_good() {
+        let spec: PostgreSQLClusterSpec = serde_json::from_value(serde_json::json!({
+            "storage": {"size": "1Gi"},
+            "bootstrap": {"recovery": {"backup": {"name": "base"}}},
+        }))
+        .expect("spec");
+        let main = PostgreSQLCluster::new("main", spec);
+        let recorded = PostgreSQLClusterStatus {
+            system_identifier: Some("7312345678901234567".to_owned()),
+            ..PostgreSQLClusterStatus::default()
+        };
+        let go = BootstrapGate::Proceed;
+        assert!(matches!(
+            bootstrap(&main, &[], None, &go),
+            Some(Bootstrap::InProgress(_))
+        ));
+        let Some(Bootstrap::Restored(message)) = bootstrap(&main, &[], Some(&recorded), &go) else {
+            panic!("recovered");
+        };
+        assert!(message.contains("recovered from backup base"), "{message}");
+        let skip = BootstrapGate::Skip("earlier data".to_owned());
+        let Some(Bootstrap::Skipped(message)) = bootstrap(&main, &[], Some(&recorded), &skip)
+        else {
+            panic!("skipped");
+        };
+        assert!(message.contains("was not run"), "{message}");
+        let wait = BootstrapGate::Wait("no report".to_owned());
+        assert!(matches!(
+            bootstrap(&main, &[], Some(&recorded), &wait),
+            Some(Bootstrap::InProgress(_))
+        ));
+        // Recorded once, it stays skipped whatever the primary reports later.
+        let done = PostgreSQLClusterStatus {
+            conditions: vec![Bootstrap::Skipped(message.clone()).condition()],
+            ..recorded
+        };
+        assert_eq!(
+            bootstrap(&main, &[], Some(&done), &go),
+            Some(Bootstrap::Skipped(message))
         );
     }
 
