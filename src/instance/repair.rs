@@ -12,12 +12,15 @@
 use anyhow::Context as _;
 
 use super::control::Target;
-use super::datadir::Role;
+use super::datadir::{self, Role};
 use super::endpoint::InstanceStatus;
 use super::server::{Server, Shutdown};
 use super::sql;
 use super::stream::{self, Lsn, PrimaryView, Remedy, ReplicaView, Stuck};
 use super::{Instance, Signals};
+
+/// How long a standby about to start waits for its primary's history.
+const PRIMARY_LOOK: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl Instance {
     /// After a tick's observation (whether the server is `in_recovery` and `streaming`): why
@@ -99,6 +102,29 @@ impl Instance {
             }
         }
         Ok(Some(self.start_server().await?))
+    }
+
+    /// Before a standby starts on its data: when it already went past where its primary's
+    /// timeline forked off (it was ahead of the instance a failover promoted), PostgreSQL would
+    /// refuse to start it; it is rewound to the primary's history first. A primary that does
+    /// not answer as one says nothing: the standby starts as it is.
+    pub(super) async fn rewind_if_diverged(&mut self) -> anyhow::Result<()> {
+        let Some(target) = self.upstream.clone() else {
+            return Ok(());
+        };
+        let controldata = datadir::controldata(&self.args.pgdata).await?;
+        let Some(local) = stream::stopped_view(&controldata) else {
+            return Ok(());
+        };
+        let look = tokio::time::timeout(PRIMARY_LOOK, self.primary_view(&target));
+        let Ok(Some(primary)) = look.await else {
+            return Ok(());
+        };
+        let Some(stuck) = stream::diverged(&local, &primary) else {
+            return Ok(());
+        };
+        tracing::warn!(primary = %target.pod, reason = %stuck, "this standby cannot start on its data as the primary's standby; it is rewound first");
+        self.rebuild(&target, Remedy::Rewind).await
     }
 
     async fn rebuild(&mut self, target: &Target, remedy: Remedy) -> anyhow::Result<()> {

@@ -88,6 +88,7 @@ impl Instance {
             StartPlan::Follow => {
                 self.upstream = Some(designated);
                 self.reclone_if_slot_gone().await?;
+                self.rewind_if_diverged().await?;
             }
             StartPlan::WaitForData => {
                 self.upstream = Some(self.wait_for_another_primary().await);

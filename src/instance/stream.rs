@@ -147,7 +147,37 @@ pub fn diagnose(replica: &ReplicaView, primary: &PrimaryView) -> Option<Stuck> {
     diverged(replica, primary).or_else(|| wal_removed(replica, primary))
 }
 
-fn diverged(replica: &ReplicaView, primary: &PrimaryView) -> Option<Stuck> {
+/// Where a stopped standby's data stands, from its `pg_controldata` output: the furthest of its
+/// last restartpoint and its minimum recovery point, with its timeline. PostgreSQL refuses to
+/// start it ("requested timeline N is not a child of this server's history") when the primary's
+/// timeline forked off before that point, so that is checked before it starts ([`diverged`]).
+pub fn stopped_view(controldata: &str) -> Option<ReplicaView> {
+    let field = |label: &str| {
+        controldata
+            .lines()
+            .find_map(|line| line.strip_prefix(label))
+            .map(str::trim)
+    };
+    let checkpoint = (
+        field("Latest checkpoint's TimeLineID:")?
+            .parse::<u32>()
+            .ok()?,
+        Lsn::parse(field("Latest checkpoint location:")?)?,
+    );
+    let min_recovery = field("Min recovery ending loc's timeline:")
+        .and_then(|timeline| timeline.parse::<u32>().ok())
+        .zip(field("Minimum recovery ending location:").and_then(Lsn::parse))
+        .filter(|(timeline, _)| *timeline != 0);
+    let (timeline, replayed) = min_recovery.map_or(checkpoint, |point| checkpoint.max(point));
+    Some(ReplicaView {
+        timeline,
+        replayed,
+        needed: replayed,
+    })
+}
+
+/// Whether `replica` replayed its timeline beyond where `primary`'s history forked off it.
+pub fn diverged(replica: &ReplicaView, primary: &PrimaryView) -> Option<Stuck> {
     if replica.timeline == primary.timeline {
         return None;
     }
@@ -224,6 +254,39 @@ mod tests {
             replayed: lsn(replayed),
             needed: lsn(replayed),
         }
+    }
+
+    const STOPPED: &str = "pg_control version number:            1300
+Latest checkpoint location:           0/5000060
+Latest checkpoint's REDO location:    0/5000028
+Latest checkpoint's TimeLineID:       1
+Minimum recovery ending location:     0/6000108
+Min recovery ending loc's timeline:   1
+";
+
+    #[test]
+    fn a_stopped_standby_stands_at_the_furthest_of_its_restartpoint_and_minimum_recovery_point() {
+        assert_eq!(stopped_view(STOPPED), Some(replica(1, "0/6000108")));
+        let unset = STOPPED
+            .replace("0/6000108", "0/0")
+            .replace("loc's timeline:   1", "loc's timeline:   0");
+        assert_eq!(stopped_view(&unset), Some(replica(1, "0/5000060")));
+        let later_timeline = STOPPED.replace("loc's timeline:   1", "loc's timeline:   2");
+        assert_eq!(stopped_view(&later_timeline), Some(replica(2, "0/6000108")));
+        assert_eq!(stopped_view("pg_control version number: 1300"), None);
+    }
+
+    #[test]
+    fn a_stopped_standby_past_the_primarys_fork_has_diverged_one_at_it_has_not() {
+        let new_primary = primary(2, "1\t0/5800000\tno recovery target specified", None);
+        let past = stopped_view(STOPPED).expect("a position");
+        assert!(matches!(
+            diverged(&past, &new_primary),
+            Some(Stuck::Diverged { timeline: 1, .. })
+        ));
+        let at_fork = STOPPED.replace("0/6000108", "0/5800000");
+        let at_fork = stopped_view(&at_fork).expect("a position");
+        assert_eq!(diverged(&at_fork, &new_primary), None);
     }
 
     #[test]
