@@ -480,3 +480,56 @@ async fn wait_for_archiving(
     .await
     .unwrap_or_else(|error| panic!("{error:#}"))
 }
+
+/// A primary that just started switches and archives its first WAL file within
+/// `archive_timeout` (60 s), not at its first checkpoint: PostgreSQL's checkpointer, started
+/// while the server itself was starting, sleeps a whole `checkpoint_timeout` (5 min) before it
+/// first looks at `archive_timeout`, unless something wakes it (the manager's reload does).
+#[tokio::test]
+async fn a_primary_that_just_started_archives_its_first_file_within_archive_timeout() {
+    let Some(running) = Running::start("wal-first-file", RESYNC).await else {
+        return;
+    };
+    let env = pgkube_testkit::testbed().expect("the test bed");
+    let bucket = TestBucket::create(&env, "first-file").await;
+    create_s3_secret(
+        &running.client,
+        &env,
+        running.namespace.name(),
+        S3_SECRET,
+        None,
+    )
+    .await
+    .expect("S3 Secret");
+    let storage = test_storage(&env, bucket.name(), S3_SECRET);
+    let cluster = TestCluster::builder("pg")
+        .spec(|spec| spec.backup = Some(backup_config(storage, NEVER)))
+        .timeout(CLUSTER_TIMEOUT)
+        .start(&running.namespace)
+        .await
+        .expect("the cluster runs");
+    let sql = cluster.sql().await.expect("SQL");
+    sql.batch_execute("CREATE TABLE first (id int); INSERT INTO first VALUES (1)")
+        .await
+        .expect("a write");
+    // Well under the 5 minutes the server alone takes, well over its 60 s.
+    wait_until(
+        "the first WAL file archived",
+        Duration::from_secs(150),
+        || async {
+            let archived: i64 = sql
+                .query_one("SELECT archived_count FROM pg_stat_archiver", &[])
+                .await?
+                .get(0);
+            Ok((archived > 0).then_some(()))
+        },
+    )
+    .await
+    .expect("archived within archive_timeout");
+    cluster
+        .delete(Duration::from_secs(120))
+        .await
+        .expect("cluster deleted");
+    running.stop().await;
+    bucket.cleanup().await;
+}

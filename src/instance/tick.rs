@@ -238,6 +238,11 @@ impl Instance {
             sql::apply_credentials(client, &self.applied.superuser, &self.applied.replication)
                 .await?;
             tracing::info!("role passwords set from the Secrets");
+            // Once per start or promotion. The checkpointer starts while the server is still
+            // starting, and then sleeps a whole checkpoint_timeout before it first looks at
+            // archive_timeout: until a reload wakes it, a quiet primary's WAL would wait
+            // minutes for the archive instead of seconds.
+            sql::reload(client).await?;
             self.credentials_applied = true;
         }
         let wanted = self.applied.topology.slots_kept_by(&self.args.pod_name);
