@@ -182,3 +182,52 @@ fn the_step_never_goes_back_when_the_primary_does_not_answer() {
     assert_eq!(found.step, InPlaceStep::Recovering);
     assert!(found.message.unwrap_or_default().contains("unreachable"));
 }
+
+fn point_in_time_restore(
+    phase: Option<pgkube_crds::RestorePhase>,
+) -> pgkube_crds::PostgreSQLRestore {
+    let mut restore = pgkube_crds::PostgreSQLRestore::new(
+        "to-t",
+        serde_json::from_value(serde_json::json!({
+            "cluster": {"name": "main"}, "method": "PointInTime"
+        }))
+        .expect("spec"),
+    );
+    restore.metadata.uid = Some(UID.to_owned());
+    restore.status = phase.map(|phase| pgkube_crds::PostgreSQLRestoreStatus {
+        phase: Some(phase),
+        ..Default::default()
+    });
+    restore
+}
+
+fn cluster_recording(step: Option<InPlaceStep>) -> pgkube_crds::PostgreSQLCluster {
+    let spec =
+        serde_json::from_value(serde_json::json!({"storage": {"size": "1Gi"}})).expect("spec");
+    let mut cluster = pgkube_crds::PostgreSQLCluster::new("main", spec);
+    cluster.status = Some(pgkube_crds::PostgreSQLClusterStatus {
+        in_place_recovery: step.map(recorded),
+        ..Default::default()
+    });
+    cluster
+}
+
+#[test]
+fn the_primary_is_routed_to_by_no_pod_from_the_start_of_a_recovery_until_it_recovered() {
+    use pgkube_crds::RestorePhase;
+    let running = point_in_time_restore(Some(RestorePhase::Running));
+    assert!(super::fenced(&cluster_recording(None), &[&running]));
+    assert!(super::fenced(
+        &cluster_recording(Some(InPlaceStep::Recovering)),
+        &[&running]
+    ));
+    assert!(!super::fenced(
+        &cluster_recording(Some(InPlaceStep::Recloning)),
+        &[&running]
+    ));
+    let pending = point_in_time_restore(Some(RestorePhase::Pending));
+    assert!(!super::fenced(&cluster_recording(None), &[&pending]));
+    let mut logical = point_in_time_restore(Some(RestorePhase::Running));
+    logical.spec.method = pgkube_crds::RestoreMethod::Logical;
+    assert!(!super::fenced(&cluster_recording(None), &[&logical]));
+}
