@@ -83,6 +83,16 @@ impl Server {
 
     /// `pgkube instance run` with the files of `dir` (see `peers::pgkube`).
     pub fn instance_manager(dir: &Path, port: u16, status_port: u16) -> Server {
+        Self::instance_manager_with(dir, port, status_port, &[])
+    }
+
+    /// [`Self::instance_manager`], with `env` added to its environment.
+    pub fn instance_manager_with(
+        dir: &Path,
+        port: u16,
+        status_port: u16,
+        env: &[(&str, String)],
+    ) -> Server {
         let path = format!("{BIN}:{}", std::env::var("PATH").unwrap_or_default());
         // A copy the `postgres` user may run (the build's directory may be root's alone), as
         // the pod's init container installs it: `archive_command` runs this binary too.
@@ -105,6 +115,7 @@ impl Server {
             .env("PGKUBE_STATUS_ADDRESS", "127.0.0.1")
             .env("PGKUBE_STATUS_PORT", status_port.to_string())
             .env("LANG", "C.UTF-8")
+            .envs(env.iter().map(|(name, value)| (*name, value.as_str())))
             .stderr(log_file(dir))
             .spawn()
             .expect("pgkube instance run starts");
@@ -117,13 +128,25 @@ impl Server {
         }
     }
 
-    #[allow(dead_code)] // used by the base_backup bench only
+    /// A `postgres` the bench started itself on `pgdata`, with its socket in `dir`.
+    #[allow(dead_code)] // used by the recovery bench only
+    pub fn adopt(child: Child, port: u16, pgdata: &Path, dir: &Path) -> Server {
+        Server {
+            child,
+            port,
+            pgdata: pgdata.to_owned(),
+            socket: dir.join("socket"),
+            _keep: None,
+        }
+    }
+
+    #[allow(dead_code)] // used by the base_backup and recovery benches only
     pub fn pgdata(&self) -> &Path {
         &self.pgdata
     }
 
     /// The directory of the server's Unix socket.
-    #[allow(dead_code)] // used by the base_backup bench only
+    #[allow(dead_code)] // used by the base_backup and recovery benches only
     pub fn socket_dir(&self) -> &Path {
         &self.socket
     }
@@ -161,6 +184,12 @@ impl Server {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
         let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
         line.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    /// Whether the server's own process (the instance manager, or the postmaster) has exited.
+    #[allow(dead_code)] // used by the recovery bench only
+    pub fn has_exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
     }
 
     /// A fast shutdown, then the process is reaped.
