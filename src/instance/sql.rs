@@ -195,7 +195,7 @@ pub async fn observe(client: &Client) -> Result<ServerState, tokio_postgres::Err
         received_lsn: row.try_get(3)?,
         replayed_lsn: row.try_get(4)?,
         streaming: row.try_get(5)?,
-        pending_restart: row.try_get(6)?,
+        pending_restart: needing_restart(row.try_get(6)?),
         system_identifier: row.try_get(7)?,
     })
 }
@@ -462,9 +462,31 @@ fn quote_literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 
+/// The settings whose change waits for a restart, but for the recovery targets: they count only
+/// while a server recovers, and leave the configuration once a recovered server promoted, which
+/// is no reason to restart it (or to move the primary).
+fn needing_restart(pending: Vec<String>) -> Vec<String> {
+    pending
+        .into_iter()
+        .filter(|name| !name.starts_with("recovery_target"))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_recovery_targets_left_after_a_promotion_need_no_restart() {
+        let pending = [
+            "max_connections",
+            "recovery_target_action",
+            "recovery_target_timeline",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        assert_eq!(needing_restart(pending), ["max_connections"]);
+    }
 
     #[test]
     fn identifiers_and_literals_are_quoted() {
