@@ -89,7 +89,7 @@ async fn bench() {
         backup.elapsed.as_secs_f64(),
         backup.stored_bytes as f64 / 1048576.0
     );
-    let order = recover::order_of(&env, &bucket, &root, &work).await;
+    let order = recover::order_of(&env, &bucket, &root).await;
     let pgbackrest = match recover::PgBackRest::back_up(&env, &bucket, &source, &work).await {
         Ok(pgbackrest) => Some(pgbackrest),
         Err(why) => {

@@ -35,7 +35,7 @@ pub struct Order {
     pub first_wal: String,
 }
 
-pub async fn order_of(env: &TestEnv, bucket: &TestBucket, root: &str, _work: &Path) -> Order {
+pub async fn order_of(env: &TestEnv, bucket: &TestBucket, root: &str) -> Order {
     let keys = list_objects(&bucket.client(), bucket.name(), "pgkube/")
         .await
         .expect("the backups listed");
@@ -155,18 +155,6 @@ pub async fn pgkube(
 ) -> Recovered {
     let dir = work.join(format!("pgkube-prefetch-{prefetch}"));
     server::prepare(&dir);
-    for sub in [
-        "config",
-        "superuser",
-        "replication",
-        "control",
-        "run",
-        "data",
-        "s3",
-        "recovery-s3",
-    ] {
-        std::fs::create_dir_all(dir.join(sub)).expect("a directory");
-    }
     let port = free_port();
     let mut own_archive = order.order.archive.clone();
     own_archive.root = format!("pgkube/wal/recovered-{prefetch}/");
@@ -176,30 +164,8 @@ pub async fn pgkube(
         "statefulset": "bench", "clusterUid": format!("recovered-{prefetch}"),
         "walArchive": own_archive, "recovery": order.order,
     });
-    let keys = [
-        ("access-key-id", env.s3_access_key.clone()),
-        ("secret-access-key", env.s3_secret_key.clone()),
-    ];
-    let files = [
-        (
-            "config/postgresql.conf",
-            server::common_settings(&dir, port),
-        ),
-        ("config/pg_hba.conf", server::HBA.to_owned()),
-        ("config/instance.json", topology.to_string()),
-        ("superuser/username", "postgres".to_owned()),
-        ("superuser/password", "bench".to_owned()),
-        ("replication/username", "streaming_replica".to_owned()),
-        ("replication/password", "bench".to_owned()),
-    ];
-    for (file, content) in files {
-        std::fs::write(dir.join(file), content).expect("a file");
-    }
-    for (name, value) in &keys {
-        for sub in ["s3", "recovery-s3"] {
-            std::fs::write(dir.join(sub).join(name), value).expect("a key");
-        }
-    }
+    super::peers::write_instance_files(env, &dir, port, &topology, &["recovery-s3"])
+        .expect("the instance manager's files");
     server::give_to_postgres(&dir);
     let started = Instant::now();
     let environment = [

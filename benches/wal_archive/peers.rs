@@ -28,17 +28,6 @@ async fn store_proxy(env: &TestEnv) -> Result<Arc<Proxy>, String> {
 /// operator's ConfigMap would.
 pub async fn pgkube(env: &TestEnv, bucket: &TestBucket, dir: &Path) -> Started {
     server::prepare(dir);
-    for sub in [
-        "config",
-        "superuser",
-        "replication",
-        "control",
-        "run",
-        "data",
-        "s3",
-    ] {
-        std::fs::create_dir_all(dir.join(sub)).map_err(|e| e.to_string())?;
-    }
     let port = free_port();
     let root = "pgkube/wal/bench/".to_owned();
     let proxy = store_proxy(env).await?;
@@ -56,23 +45,60 @@ pub async fn pgkube(env: &TestEnv, bucket: &TestBucket, dir: &Path) -> Started {
         "primary": "bench-0", "primaryHost": "127.0.0.1", "port": port, "replicas": 1,
         "statefulset": "bench", "clusterUid": "bench-uid", "walArchive": target,
     });
-    let files = [
-        ("config/postgresql.conf", common_settings(dir, port)),
-        ("config/pg_hba.conf", server::HBA.to_owned()),
-        ("config/instance.json", topology.to_string()),
-        ("superuser/username", "postgres".to_owned()),
-        ("superuser/password", "bench".to_owned()),
-        ("replication/username", "streaming_replica".to_owned()),
-        ("replication/password", "bench".to_owned()),
-        ("s3/access-key-id", env.s3_access_key.clone()),
-        ("s3/secret-access-key", env.s3_secret_key.clone()),
-    ];
-    for (file, content) in files {
-        std::fs::write(dir.join(file), content).map_err(|e| e.to_string())?;
-    }
+    write_instance_files(env, dir, port, &topology, &[])?;
     server::give_to_postgres(dir);
     let server = Server::instance_manager(dir, port, free_port()).keep(Box::new(proxy.clone()));
     Ok((server, root, proxy))
+}
+
+/// The files a pod's instance manager reads, in `dir` (prepared), as the operator's ConfigMap
+/// and Secrets give them: `instance.json` is `topology`, the store's keys are in `s3/` and in
+/// each of `key_dirs` (the keys of a recovery's source).
+pub fn write_instance_files(
+    env: &TestEnv,
+    dir: &Path,
+    port: u16,
+    topology: &serde_json::Value,
+    key_dirs: &[&str],
+) -> Result<(), String> {
+    let dirs = [
+        "config",
+        "superuser",
+        "replication",
+        "control",
+        "run",
+        "data",
+        "s3",
+    ];
+    for sub in dirs.iter().chain(key_dirs) {
+        std::fs::create_dir_all(dir.join(sub)).map_err(|e| e.to_string())?;
+    }
+    let mut files = vec![
+        (
+            "config/postgresql.conf".to_owned(),
+            common_settings(dir, port),
+        ),
+        ("config/pg_hba.conf".to_owned(), server::HBA.to_owned()),
+        ("config/instance.json".to_owned(), topology.to_string()),
+        ("superuser/username".to_owned(), "postgres".to_owned()),
+        ("superuser/password".to_owned(), "bench".to_owned()),
+        (
+            "replication/username".to_owned(),
+            "streaming_replica".to_owned(),
+        ),
+        ("replication/password".to_owned(), "bench".to_owned()),
+    ];
+    for keys in std::iter::once(&"s3").chain(key_dirs) {
+        files.push((format!("{keys}/access-key-id"), env.s3_access_key.clone()));
+        files.push((
+            format!("{keys}/secret-access-key"),
+            env.s3_secret_key.clone(),
+        ));
+    }
+    for (file, content) in files {
+        std::fs::write(dir.join(file), content).map_err(|e| e.to_string())?;
+    }
+    Ok(())
 }
 
 /// pgBackRest's `[global]` section up to its repository: the bucket at `path`, reached through
