@@ -362,7 +362,9 @@ where
                 }
                 forwarded_since_cut_request += data.len();
             }
-            if client_write.write_all(data).await.is_err() {
+            // A TLS writer may keep the end of what it was given unsent until flushed
+            // (tokio-rustls says so): the tail of a response would wait for the next one.
+            if client_write.write_all(data).await.is_err() || client_write.flush().await.is_err() {
                 break;
             }
         }
