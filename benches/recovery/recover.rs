@@ -181,6 +181,8 @@ pub async fn pgkube(
     let total = promoted(&mut manager, started, rows).await;
     let peak_rss_kib = manager.peak_rss_kib();
     manager.stop();
+    // A copy of the whole database: the next recovery needs the room.
+    let _ = std::fs::remove_dir_all(&dir);
     Recovered {
         tool: format!(
             "pgkube instance manager, WAL prefetch {}",
@@ -374,6 +376,7 @@ impl PgBackRest {
         let mut server = Server::adopt(child, port, &pgdata, &dir);
         let total = promoted(&mut server, started, rows).await;
         server.stop();
+        let _ = std::fs::remove_dir_all(&dir);
         Ok(Recovered {
             tool: "pgbackrest restore (process-max 2), then archive-get (async, process-max 2)"
                 .to_owned(),
