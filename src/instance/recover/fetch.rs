@@ -264,10 +264,11 @@ fn decode_to(key: &str, fetched: &FetchedFile, path: &Path) -> Result<(), Restor
         )));
     }
     let partial = path.with_extension("partial");
+    // No fsync: the spool is a cache that a restarted manager does not trust (it fetches
+    // again), and PostgreSQL makes a restored file durable itself when it keeps it.
     let write = || -> std::io::Result<()> {
         let mut file = std::fs::File::create(&partial)?;
         file.write_all(&original)?;
-        file.sync_all()?;
         std::fs::rename(&partial, path)
     };
     write().map_err(|error| {
