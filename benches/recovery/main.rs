@@ -22,8 +22,8 @@
 //! 2. A writer commits rows of random hex until `<wal MB>` (default 1024) of WAL were written
 //!    after both backups; the last file is archived by pgkube, and every file since the first
 //!    backup's start is pushed to pgBackRest's repository (not timed). The source stops.
-//! 3. Each recovery starts from an empty directory and ends when the server promoted at the end
-//!    of the archive. Its base-backup part ends when the data directory is in place (pgkube:
+//! 3. Each recovery starts from an empty directory, after a `sync` and with the page cache
+//!    dropped, and ends when the server promoted at the end of the archive. Its base-backup part ends when the data directory is in place (pgkube:
 //!    when it is swapped in, after its checks; pgBackRest: when `restore` exits), the rest is
 //!    the replay.
 
@@ -112,10 +112,12 @@ async fn bench() {
 
     let mut results = Vec::new();
     for prefetch in [recover::DEFAULT_PREFETCH, 0] {
+        settle_disk();
         let done = recover::pgkube(&env, &order, &work, prefetch, rows).await;
         results.push(done);
     }
     if let Some(pgbackrest) = &pgbackrest {
+        settle_disk();
         match pgbackrest.restore(&work, rows).await {
             Ok(done) => results.push(done),
             Err(why) => println!("pgbackrest: {why}"),
@@ -124,6 +126,21 @@ async fn bench() {
     print_rows(&results, written);
     bucket.cleanup().await;
     let _ = std::fs::remove_dir_all(&work);
+}
+
+/// Each recovery starts alike: nothing left to write back from the step before (the source's
+/// gigabytes, the previous recovery), and no object of the store in the page cache.
+fn settle_disk() {
+    let synced = std::process::Command::new("sync").status();
+    let dropped = std::fs::write("/proc/sys/vm/drop_caches", "3\n");
+    if let (Ok(status), Ok(())) = (&synced, &dropped)
+        && status.success()
+    {
+        return;
+    }
+    println!(
+        "recovery: caches not dropped ({synced:?}, {dropped:?}): the first runs may be slower"
+    );
 }
 
 /// A number from the environment, else `default`.
