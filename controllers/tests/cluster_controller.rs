@@ -1201,21 +1201,123 @@ async fn scheduling_fields_reach_the_pods_and_are_quiet_once_applied() {
     )
     .await;
     let statefulsets = running.api::<StatefulSet>();
+    // What is left is the default spread: a preference for nodes without another instance.
+    let default_affinity = json!({"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+        "weight": 100,
+        "podAffinityTerm": {
+            "topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchLabels": {
+                "app.kubernetes.io/name": "postgresql",
+                "app.kubernetes.io/instance": "sched",
+            }}
+        }
+    }]}});
     wait_until(
         "the scheduling fields to leave the template",
         TIMEOUT,
         || async {
             let sts = statefulsets.get("sched-postgresql").await?;
             let template = serde_json::to_value(sts.spec.map(|s| s.template.spec))?;
-            let gone = ["nodeSelector", "tolerations", "affinity"]
+            let gone = ["nodeSelector", "tolerations"]
                 .iter()
                 .all(|field| template.get(field).is_none());
-            Ok(gone.then_some(()))
+            Ok((gone && template["affinity"] == default_affinity).then_some(()))
         },
     )
     .await
     .expect("fields removed");
     running.wait_running("sched", 1, TIMEOUT).await;
+    running.stop().await;
+}
+
+/// The nodes the pods `pod_names` run on, once each is scheduled.
+async fn nodes_of(running: &Running, pod_names: &[String]) -> Vec<String> {
+    let pods: Api<Pod> = running.api();
+    wait_until("the pods to be scheduled", TIMEOUT, || async {
+        let mut nodes = Vec::new();
+        for name in pod_names {
+            let node = pods
+                .get_opt(name)
+                .await?
+                .and_then(|pod| pod.spec.and_then(|spec| spec.node_name));
+            match node {
+                Some(node) => nodes.push(node),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(nodes))
+    })
+    .await
+    .expect("pods scheduled")
+}
+
+/// On the test bed's three simulated nodes: by default the instances prefer nodes of their
+/// own; with `Required`, a fourth instance finds none and stays Pending, and the scheduler says
+/// why.
+#[tokio::test]
+async fn instances_spread_over_nodes_and_a_required_spread_leaves_a_fourth_pending() {
+    let Some(running) = Running::start("cluster-spread", RESYNC).await else {
+        return;
+    };
+    running.create_sample("preferred", 3).await;
+    let mut required: PostgreSQLCluster =
+        serde_yaml::from_str(common::SAMPLE).expect("sample parses");
+    required.metadata.name = Some("required".to_owned());
+    required.spec.replicas = 4;
+    required.spec.backup = None;
+    required.spec.spread =
+        Some(serde_json::from_value(json!({"nodeAntiAffinity": "Required"})).expect("spread"));
+    running
+        .clusters()
+        .create(&PostParams::default(), &required)
+        .await
+        .expect("cluster created");
+
+    running.wait_running("preferred", 3, TIMEOUT).await;
+    let preferred_pods: Vec<String> = (0..3)
+        .map(|i| format!("preferred-postgresql-{i}"))
+        .collect();
+    let mut nodes = nodes_of(&running, &preferred_pods).await;
+    nodes.sort();
+    nodes.dedup();
+    assert_eq!(nodes.len(), 3, "one instance per node: {nodes:?}");
+    let pod = running
+        .api::<Pod>()
+        .get("preferred-postgresql-0")
+        .await
+        .expect("pod");
+    let affinity = serde_json::to_value(pod.spec.and_then(|spec| spec.affinity)).expect("json");
+    assert_eq!(
+        affinity["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+            ["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"],
+        "preferred"
+    );
+
+    let required_pods: Vec<String> = (0..3).map(|i| format!("required-postgresql-{i}")).collect();
+    let mut nodes = nodes_of(&running, &required_pods).await;
+    nodes.sort();
+    nodes.dedup();
+    assert_eq!(nodes.len(), 3, "one instance per node: {nodes:?}");
+    let pods: Api<Pod> = running.api();
+    let unschedulable = wait_until(
+        "the fourth instance to be unschedulable",
+        TIMEOUT,
+        || async {
+            let pod = pods.get_opt("required-postgresql-3").await?;
+            let condition = pod
+                .and_then(|pod| pod.status)
+                .and_then(|status| status.conditions)
+                .unwrap_or_default()
+                .into_iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "False");
+            Ok(condition)
+        },
+    )
+    .await
+    .expect("the fourth instance Pending");
+    assert_eq!(unschedulable.reason.as_deref(), Some("Unschedulable"));
+    let pod = pods.get("required-postgresql-3").await.expect("pod");
+    assert_eq!(pod.spec.and_then(|spec| spec.node_name), None);
     running.stop().await;
 }
 

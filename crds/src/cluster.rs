@@ -2,7 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::{
+    Affinity, ResourceRequirements, Toleration, TopologySpreadConstraint,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
@@ -38,6 +40,7 @@ use crate::restore::RestoreSource;
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.bootstrap) == has(oldSelf.bootstrap) && (!has(self.bootstrap) || self.bootstrap == oldSelf.bootstrap)").message("bootstrap is immutable: it can only be set when the cluster is created"))]
 #[x_kube(validation = Rule::new(SYNCHRONOUS_FITS_RULE).message(SYNCHRONOUS_FITS_MESSAGE))]
+#[x_kube(validation = Rule::new(ONE_ANTI_AFFINITY_RULE).message(ONE_ANTI_AFFINITY_MESSAGE))]
 pub struct PostgreSQLClusterSpec {
     /// Number of PostgreSQL instances.
     #[serde(default = "default_replicas")]
@@ -81,6 +84,10 @@ pub struct PostgreSQLClusterSpec {
     /// `failoverDelaySeconds` (5), asynchronous replication.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub high_availability: Option<HighAvailability>,
+    /// How the instances are spread over nodes. Unset: each instance prefers a node without
+    /// another instance of the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread: Option<InstanceSpread>,
 }
 
 /// How the operator keeps a cluster of several instances writable, and what a failover may
@@ -154,6 +161,49 @@ pub struct SynchronousReplication {
     #[schemars(range(min = 1, max = 9))]
     pub max_standbys: u32,
 }
+
+/// How a cluster's instances are spread over nodes and zones. The same in v1alpha1 and
+/// v1beta1.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceSpread {
+    /// How strongly two instances of the cluster avoid one node (`kubernetes.io/hostname`), as
+    /// a pod anti-affinity of the instance pods. `Preferred` (the default): the scheduler puts
+    /// them on different nodes when it can, and on one node when it cannot. `Required`: an
+    /// instance that finds no node of its own stays Pending. `Disabled`: no anti-affinity.
+    /// Cannot be set together with `affinity.podAntiAffinity`, which replaces it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_anti_affinity: Option<NodeAntiAffinity>,
+    /// Topology spread constraints of the instance pods, as the pod spec's
+    /// `topologySpreadConstraints` (for example `maxSkew: 1` over
+    /// `topology.kubernetes.io/zone`). A constraint without a `labelSelector` counts this
+    /// cluster's instances.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
+}
+
+/// See [`InstanceSpread::node_anti_affinity`].
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum NodeAntiAffinity {
+    #[default]
+    Preferred,
+    Required,
+    Disabled,
+}
+
+impl InstanceSpread {
+    /// The node anti-affinity of `spread`, with its default.
+    pub fn node_anti_affinity(spread: Option<&Self>) -> NodeAntiAffinity {
+        spread
+            .and_then(|spread| spread.node_anti_affinity)
+            .unwrap_or_default()
+    }
+}
+
+/// `spread.nodeAntiAffinity` and `affinity.podAntiAffinity` both say how instances avoid each
+/// other.
+pub const ONE_ANTI_AFFINITY_RULE: &str = "!has(self.spread) || !has(self.spread.nodeAntiAffinity) || !has(self.affinity) || !has(self.affinity.podAntiAffinity)";
+pub const ONE_ANTI_AFFINITY_MESSAGE: &str = "spread.nodeAntiAffinity cannot be set with affinity.podAntiAffinity: the pod anti-affinity given replaces the default one, so set only one of them";
 
 /// The backup a new cluster starts from: a PostgreSQLBackup, or a backup given by its storage
 /// and manifest key (for example one made by another Kubernetes cluster), restored logically;

@@ -27,7 +27,8 @@ use pgkube_crds::{
 };
 
 use crate::backup::physical::Source;
-use crate::cluster::build::POSTGRES_UID;
+use crate::cluster::build::{ChildNames, POSTGRES_UID, ROLE_LABEL, selector_labels};
+use crate::cluster::roles::PRIMARY;
 use crate::names::{self, DNS_LABEL_MAX, NameKind};
 use crate::pod::{
     install_pgkube_container, mount, restricted_security_context, runtime_default_seccomp,
@@ -250,7 +251,7 @@ pub fn build(input: &JobInput<'_>) -> Job {
         volumes: Some(inputs::volumes(input)),
         ..PodSpec::default()
     };
-    Scheduling::of(&input.cluster.spec).apply_to(&mut pod);
+    scheduling(input).apply_to(&mut pod);
     Job {
         metadata: ObjectMeta {
             name: Some(input.task.job_name()),
@@ -275,6 +276,20 @@ pub fn build(input: &JobInput<'_>) -> Job {
             ..JobSpec::default()
         }),
         ..Job::default()
+    }
+}
+
+/// Where the Job's pod may run: where the cluster's pods may; a backup also prefers a node
+/// other than the primary's.
+fn scheduling(input: &JobInput<'_>) -> Scheduling {
+    match input.task {
+        Task::Backup { .. } => {
+            let names = ChildNames::for_cluster(&input.cluster.name_any());
+            let mut primary = selector_labels(&names);
+            primary.insert(ROLE_LABEL.to_owned(), PRIMARY.to_owned());
+            Scheduling::for_backup(&input.cluster.spec, &primary)
+        }
+        Task::Restore { .. } => Scheduling::of(&input.cluster.spec),
     }
 }
 

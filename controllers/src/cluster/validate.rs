@@ -259,7 +259,12 @@ pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validat
             .unwrap_or_else(|| spec.storage.size.clone()),
         storage_class_name,
         resources: spec.resources.clone(),
-        scheduling: Scheduling::of(spec),
+        scheduling: Scheduling::for_instances(
+            spec,
+            &super::build::selector_labels(&super::build::ChildNames::for_cluster(
+                &cluster.name_any(),
+            )),
+        ),
         parameters,
         isolation_timeout_seconds: pgkube_crds::HighAvailability::isolation_timeout_seconds(
             spec.high_availability.as_ref(),

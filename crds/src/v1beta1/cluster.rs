@@ -15,8 +15,9 @@ use super::storage::{BackupStorage, RestoreSource};
 use crate::archiving::WalArchiving;
 use crate::backup::{BackupCompression, BackupMethod};
 use crate::cluster::{
-    HighAvailability, PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion,
-    SYNCHRONOUS_FITS_MESSAGE, SYNCHRONOUS_FITS_RULE,
+    HighAvailability, InstanceSpread, ONE_ANTI_AFFINITY_MESSAGE, ONE_ANTI_AFFINITY_RULE,
+    PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion, SYNCHRONOUS_FITS_MESSAGE,
+    SYNCHRONOUS_FITS_RULE,
 };
 use crate::common::LocalReference;
 
@@ -45,6 +46,7 @@ use crate::common::LocalReference;
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.bootstrap) == has(oldSelf.bootstrap) && (!has(self.bootstrap) || self.bootstrap == oldSelf.bootstrap)").message("bootstrap is immutable: it can only be set when the cluster is created"))]
 #[x_kube(validation = Rule::new(SYNCHRONOUS_FITS_RULE).message(SYNCHRONOUS_FITS_MESSAGE))]
+#[x_kube(validation = Rule::new(ONE_ANTI_AFFINITY_RULE).message(ONE_ANTI_AFFINITY_MESSAGE))]
 pub struct PostgreSQLClusterSpec {
     /// Number of PostgreSQL instances: one primary and `replicas - 1` streaming replicas.
     #[serde(default = "default_replicas")]
@@ -87,6 +89,10 @@ pub struct PostgreSQLClusterSpec {
     /// `failoverDelaySeconds` (5), asynchronous replication.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub high_availability: Option<HighAvailability>,
+    /// How the instances are spread over nodes. Unset: each instance prefers a node without
+    /// another instance of the cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread: Option<InstanceSpread>,
 }
 
 fn default_replicas() -> i32 {

@@ -44,7 +44,8 @@ pub use crate::backup::{
 };
 pub use crate::cluster::{
     ClusterPhase, DEFAULT_FAILOVER_DELAY_SECONDS, DEFAULT_ISOLATION_TIMEOUT_SECONDS,
-    FENCE_MARGIN_SECONDS, HighAvailability, InstanceRole, InstanceStatus, MANAGED_PARAMETERS,
+    FENCE_MARGIN_SECONDS, HighAvailability, InstanceRole, InstanceSpread, InstanceStatus,
+    MANAGED_PARAMETERS, NodeAntiAffinity, ONE_ANTI_AFFINITY_MESSAGE, ONE_ANTI_AFFINITY_RULE,
     PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion, PrimaryChange, PrimaryChangeKind,
     Recoverability, SYNCHRONOUS_FITS_MESSAGE, SYNCHRONOUS_FITS_RULE, SynchronousReplication,
 };

@@ -91,6 +91,7 @@ fn spec_to_v1beta1(spec: v1alpha1::PostgreSQLClusterSpec) -> v1beta1::PostgreSQL
         postgresql,
         bootstrap,
         high_availability,
+        spread,
     } = spec;
     v1beta1::PostgreSQLClusterSpec {
         replicas,
@@ -107,6 +108,7 @@ fn spec_to_v1beta1(spec: v1alpha1::PostgreSQLClusterSpec) -> v1beta1::PostgreSQL
         postgresql,
         bootstrap: bootstrap.map(bootstrap_to_v1beta1),
         high_availability,
+        spread,
     }
 }
 
@@ -128,6 +130,7 @@ fn spec_to_v1alpha1(spec: v1beta1::PostgreSQLClusterSpec) -> v1alpha1::PostgreSQ
         postgresql,
         bootstrap,
         high_availability,
+        spread,
     } = spec;
     v1alpha1::PostgreSQLClusterSpec {
         replicas,
@@ -141,6 +144,7 @@ fn spec_to_v1alpha1(spec: v1beta1::PostgreSQLClusterSpec) -> v1alpha1::PostgreSQ
         postgresql,
         bootstrap: bootstrap.map(bootstrap_to_v1alpha1),
         high_availability,
+        spread,
     }
 }
 

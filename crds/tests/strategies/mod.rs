@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{
     Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
     PodAffinityTerm, PodAntiAffinity, ResourceRequirements, SecretKeySelector, Toleration,
-    WeightedPodAffinityTerm,
+    TopologySpreadConstraint, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
@@ -26,10 +26,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use k8s_openapi::jiff::Timestamp;
 use pgkube_crds::{
     BackupCompression, BackupMethod, BackupPhase, BackupTarget, ClusterPhase, CompressionMethod,
-    DeletionPolicy, HighAvailability, InstanceRole, InstanceStatus, LocalReference,
-    PostgreSQLClusterStatus, PostgreSQLRestoreStatus, PostgreSQLSettings, PostgresVersion,
-    PrimaryChange, PrimaryChangeKind, RestorePhase, S3Credentials, S3Storage, ServerSideEncryption,
-    SynchronousReplication, WalArchivingStatus,
+    DeletionPolicy, HighAvailability, InstanceRole, InstanceSpread, InstanceStatus, LocalReference,
+    NodeAntiAffinity, PostgreSQLClusterStatus, PostgreSQLRestoreStatus, PostgreSQLSettings,
+    PostgresVersion, PrimaryChange, PrimaryChangeKind, RestorePhase, S3Credentials, S3Storage,
+    ServerSideEncryption, SynchronousReplication, WalArchivingStatus,
 };
 use proptest::collection::{btree_map, vec};
 use proptest::option::of;
@@ -335,6 +335,48 @@ pub fn affinity() -> impl Strategy<Value = Option<Affinity>> {
             },
         ),
     )
+}
+
+/// How instances spread (the same type in both versions). The cluster's strategy drops the
+/// node anti-affinity when its affinity has a pod anti-affinity, as admission requires.
+pub fn spread() -> impl Strategy<Value = Option<InstanceSpread>> {
+    let anti_affinity = select(vec![
+        NodeAntiAffinity::Preferred,
+        NodeAntiAffinity::Required,
+        NodeAntiAffinity::Disabled,
+    ]);
+    let constraint = (1i32..=3, name(), of(name())).prop_map(|(max_skew, key, instance)| {
+        TopologySpreadConstraint {
+            max_skew,
+            topology_key: key,
+            when_unsatisfiable: "DoNotSchedule".into(),
+            label_selector: instance.map(|instance| LabelSelector {
+                match_labels: Some(BTreeMap::from([("instance".to_owned(), instance)])),
+                ..LabelSelector::default()
+            }),
+            ..TopologySpreadConstraint::default()
+        }
+    });
+    of((of(anti_affinity), vec(constraint, 0..2)).prop_map(
+        |(node_anti_affinity, topology_spread_constraints)| InstanceSpread {
+            node_anti_affinity,
+            topology_spread_constraints,
+        },
+    ))
+}
+
+/// `spread` as admission takes it beside `affinity`.
+pub fn admissible_spread(
+    spread: Option<InstanceSpread>,
+    affinity: &Option<Affinity>,
+) -> Option<InstanceSpread> {
+    let own = affinity
+        .as_ref()
+        .is_some_and(|affinity| affinity.pod_anti_affinity.is_some());
+    spread.map(|spread| InstanceSpread {
+        node_anti_affinity: spread.node_anti_affinity.filter(|_| !own),
+        ..spread
+    })
 }
 
 /// High-availability settings (the same type in both versions).

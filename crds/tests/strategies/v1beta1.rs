@@ -116,11 +116,13 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
         postgresql_settings(),
         of(bootstrap()),
         high_availability(),
+        spread(),
     );
     (instances, pods, data).prop_map(|(instances, pods, data)| {
         let (replicas, postgres_version, storage, resources) = instances;
         let (node_selector, tolerations, affinity) = pods;
-        let (backup, postgresql, bootstrap, high_availability) = data;
+        let (backup, postgresql, bootstrap, high_availability, spread) = data;
+        let spread = admissible_spread(spread, &affinity);
         PostgreSQLClusterSpec {
             replicas,
             postgres_version,
@@ -133,6 +135,7 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
             postgresql,
             bootstrap,
             high_availability,
+            spread,
         }
     })
 }

@@ -263,6 +263,7 @@ impl TestCluster {
             postgresql: None,
             bootstrap: None,
             high_availability: None,
+            spread: None,
         };
         local_node_scheduling().apply_to_cluster(&mut spec);
         TestClusterBuilder {

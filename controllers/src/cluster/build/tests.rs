@@ -712,17 +712,30 @@ fn scheduling_fields_are_copied_verbatim_into_the_pod_template() {
 }
 
 #[test]
-fn without_scheduling_fields_the_template_has_none() {
+fn without_scheduling_fields_the_template_has_only_the_default_spread() {
     let pod = pod_spec(&built(&validated("my-cluster", 3)));
-    assert_eq!(
-        (pod.node_selector, pod.tolerations, pod.affinity),
-        (None, None, None)
-    );
+    assert_eq!((pod.node_selector, pod.tolerations), (None, None));
     let json = serde_json::to_value(built(&validated("my-cluster", 3)).statefulset).expect("json");
     let template = &json["spec"]["template"]["spec"];
-    for field in ["nodeSelector", "tolerations", "affinity"] {
+    for field in ["nodeSelector", "tolerations", "topologySpreadConstraints"] {
         assert!(template.get(field).is_none(), "{field} in {template}");
     }
+    let preferred =
+        &template["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
+    assert_eq!(
+        preferred[0]["podAffinityTerm"]["labelSelector"]["matchLabels"],
+        serde_json::json!({
+            "app.kubernetes.io/name": "postgresql",
+            "app.kubernetes.io/instance": "my-cluster",
+        })
+    );
+    assert_eq!(
+        template["affinity"]
+            .as_object()
+            .map(|affinity| affinity.len()),
+        Some(1),
+        "only the pod anti-affinity: {template}"
+    );
 }
 
 #[test]
