@@ -945,7 +945,7 @@ async fn the_designated_primary_follows_the_status_and_a_scale_down_keeps_it() {
         condition(&held, "Progressing")
             .expect("Progressing")
             .message
-            .contains("set replicas to at least 3"),
+            .contains("keeps 3 replicas until a switchover"),
         "{:?}",
         condition(&held, "Progressing")
     );

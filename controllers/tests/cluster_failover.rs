@@ -9,7 +9,8 @@
 //! `failoverDelaySeconds` plus [`FAILOVER_SLACK`]), that the old primary comes back as a
 //! replica streaming from the new one on its new timeline, what `status.primaryChange` says,
 //! and, from samples of the pods taken every 100 ms throughout, that no two pods
-//! ever carry `db.example.com/role=primary` and `-rw` never resolves to two pods.
+//! ever carry `db.example.com/role=primary` and `-rw` never resolves to two pods. A scale-down
+//! that removes the primary's pod switches over first.
 //!
 //! The pgkube-testkit helpers of high availability (`TestCluster::wait_healthy`,
 //! `wait_primary_change`, `wait_rejoined`, `RoleSampler`) do the waiting and the sampling;
@@ -290,6 +291,75 @@ async fn a_switchover_moves_the_primary_with_every_row() {
     wait_rejoined(&cluster, &old, &target, 1001).await;
     wait_healthy(&cluster, Some(&target)).await;
     sampler.finish().await;
+    running.stop().await;
+}
+
+/// A scale-down from 3 to 1 while instance 2 is the primary: the primary moves to instance 0
+/// by a switchover first, then the StatefulSet shrinks; every committed row is kept.
+#[tokio::test]
+async fn a_scale_down_that_removes_the_primary_switches_over_first() {
+    let _serial = SERIAL.lock().await;
+    let Some(running) = Running::start("failover-scale-down", RESYNC).await else {
+        return;
+    };
+    let (cluster, first) = start(&running, json!({})).await;
+    let last = pod(2);
+    let annotate = json!({"metadata": {"annotations": {SWITCHOVER_ANNOTATION: last}}});
+    cluster
+        .api()
+        .patch(CLUSTER, &PatchParams::default(), &Patch::Merge(annotate))
+        .await
+        .expect("annotated");
+    wait_primary_change(
+        &cluster,
+        PrimaryChangeKind::Switchover,
+        &first,
+        CHANGE_TIMEOUT,
+    )
+    .await;
+    wait_healthy(&cluster, Some(&last)).await;
+    let sql = cluster.sql().await.expect("login through rw");
+    sql.batch_execute(
+        "CREATE TABLE items (id int PRIMARY KEY); INSERT INTO items SELECT generate_series(1, 1000);",
+    )
+    .await
+    .expect("rows through rw");
+    drop(sql);
+
+    cluster
+        .api()
+        .patch(
+            CLUSTER,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 1}})),
+        )
+        .await
+        .expect("scaled down");
+    let change = wait_primary_change(
+        &cluster,
+        PrimaryChangeKind::Switchover,
+        &last,
+        CHANGE_TIMEOUT,
+    )
+    .await;
+    assert_eq!(change.to, pod(0), "{change:?}");
+    assert!(change.reason.contains("scale-down to 1"), "{change:?}");
+    let pods: Api<Pod> = Api::namespaced(running.client.clone(), running.namespace.name());
+    wait_until("instances 1 and 2 to be gone", CHANGE_TIMEOUT, || async {
+        let gone = pods.get_opt(&pod(1)).await?.is_none() && pods.get_opt(&pod(2)).await?.is_none();
+        Ok(gone.then_some(()))
+    })
+    .await
+    .expect("the StatefulSet shrinks once the primary stays");
+    cluster
+        .wait_writable("INSERT INTO items VALUES (1001)", CHANGE_TIMEOUT)
+        .await
+        .expect("the primary takes writes through rw");
+    let on_first = cluster
+        .sql_to_pod(&pod(0))
+        .await
+        .expect("login to instance 0");
+    assert_eq!(count_items(&on_first).await, 1001, "every committed row");
     running.stop().await;
 }
 

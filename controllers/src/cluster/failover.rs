@@ -56,6 +56,9 @@ pub struct Situation<'a> {
     pub statefulset: &'a str,
     /// Instances the cluster has now.
     pub replicas: i32,
+    /// Instances the spec asks for: fewer than `replicas` while a scale-down that removes the
+    /// primary is held back.
+    pub requested_replicas: i32,
     pub failover_delay: Duration,
     /// How long a primary that may still run, unseen, takes at most to fence itself once cut
     /// off: its isolation timeout plus [`pgkube_crds::FENCE_MARGIN_SECONDS`].
@@ -129,6 +132,17 @@ pub fn plan(situation: &Situation<'_>) -> Plan {
         return plan;
     }
     if primary_available(situation) {
+        match planned::scale_down(situation) {
+            Ok(None) => {}
+            Ok(Some(change)) => {
+                plan.designate = Some(change);
+                return plan;
+            }
+            Err(waiting) => {
+                plan.waiting = Some(waiting);
+                return plan;
+            }
+        }
         match planned::planned_restart(situation) {
             Ok(change) => plan.designate = change,
             Err(waiting) => plan.waiting = Some(waiting),

@@ -67,6 +67,7 @@ pub(super) async fn step(
     let situation = failover::Situation {
         statefulset: &names.statefulset,
         replicas: live_replicas(live, cluster.spec.replicas),
+        requested_replicas: cluster.spec.replicas,
         failover_delay,
         fence_wait: Duration::from_secs(u64::from(
             pgkube_crds::HighAvailability::isolation_timeout_seconds(high_availability)

@@ -143,8 +143,7 @@ impl Refusal {
                 kept,
                 primary_ordinal,
             } => format!(
-                "scaling down to {requested} replicas would remove instance {primary_ordinal}, the primary; the cluster keeps {kept} replicas: set replicas to at least {}",
-                primary_ordinal + 1
+                "scaling down to {requested} replicas removes instance {primary_ordinal}, the primary: the cluster keeps {kept} replicas until a switchover has moved the primary to an instance that stays"
             ),
         }
     }

@@ -13,6 +13,10 @@
 //! ([`Plan::waiting`](super::Plan)). A primary that restarts in place (one instance, a lowered
 //! `max_connections`, an older instance manager) does not report `restartBySwitchover`, and no
 //! switchover is made for it.
+//!
+//! A scale-down that removes the primary's pod (the StatefulSet removes the highest ordinals)
+//! moves the primary first, the same way, to the best replica among the instances that stay
+//! ([`scale_down`]); the scale-down itself is held back until the primary is one of them.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use pgkube_crds::{PrimaryChange, PrimaryChangeKind};
@@ -55,6 +59,58 @@ pub(super) fn planned_restart(situation: &Situation<'_>) -> Result<Option<Primar
     }))
 }
 
+/// The switchover a scale-down to `requested_replicas` needs first, `None` when the primary
+/// stays, or why it waits.
+pub(super) fn scale_down(situation: &Situation<'_>) -> Result<Option<PrimaryChange>, String> {
+    let requested = situation.requested_replicas;
+    let removed = roles::ordinal(situation.statefulset, situation.primary)
+        .is_some_and(|ordinal| ordinal >= requested);
+    if !removed {
+        return Ok(None);
+    }
+    let staying = |instance: &&ObservedInstance| {
+        roles::ordinal(situation.statefulset, &instance.pod).is_some_and(|o| o < requested)
+    };
+    if situation.restoring {
+        return Err(format!(
+            "the scale-down to {requested} waits to move the primary: a restore is running"
+        ));
+    }
+    let candidates: Vec<&ObservedInstance> = situation.instances.iter().filter(staying).collect();
+    let target = best(situation, candidates.iter().copied(), |instance| {
+        not_streaming(instance, situation.primary).is_none()
+    });
+    let Some(target) = target else {
+        let reasons: Vec<String> = candidates
+            .iter()
+            .filter_map(|instance| {
+                let why = not_streaming(instance, situation.primary)?;
+                Some(format!("{} {why}", instance.pod))
+            })
+            .collect();
+        return Err(format!(
+            "the scale-down to {requested} waits to move the primary to an instance that stays: {}",
+            if reasons.is_empty() {
+                "none runs yet".to_owned()
+            } else {
+                reasons.join("; ")
+            }
+        ));
+    };
+    Ok(Some(PrimaryChange {
+        kind: PrimaryChangeKind::Switchover,
+        from: situation.primary.to_owned(),
+        to: target.pod.clone(),
+        reason: format!(
+            "scale-down to {requested} replicas removes {}, the primary",
+            situation.primary
+        ),
+        started_at: Time(situation.now),
+        completed_at: None,
+        term: Some(next_term(situation.status)),
+    }))
+}
+
 /// A ready primary that leaves the restart its settings need to a switchover.
 fn awaits_switchover(report: &InstanceReport) -> bool {
     report.role == ReportedRole::Primary
@@ -70,16 +126,10 @@ fn unfit(
     primary_pod: &str,
     primary: &InstanceReport,
 ) -> Option<String> {
-    let report = match &instance.report {
-        Err(unavailable) => return Some(unavailable.to_string()),
-        Ok(report) => report,
-    };
-    if report.role != ReportedRole::Replica || !report.ready {
-        return Some("not a ready replica".to_owned());
+    if let Some(why) = not_streaming(instance, primary_pod) {
+        return Some(why);
     }
-    if !report.streaming || report.following.as_deref() != Some(primary_pod) {
-        return Some("does not stream from the primary".to_owned());
-    }
+    let report = instance.reported()?;
     if !report.pending_restart.is_empty() {
         return Some(format!(
             "restarts for {}",
@@ -91,11 +141,37 @@ fn unfit(
     (!same).then(|| "does not run the primary's settings yet".to_owned())
 }
 
-/// The replica that fits on the latest timeline with the most WAL; the lowest ordinal among
-/// equals (as a failover ranks them).
+/// Why `instance` is not a ready replica streaming from `primary_pod`, `None` when it is.
+fn not_streaming(instance: &ObservedInstance, primary_pod: &str) -> Option<String> {
+    let report = match &instance.report {
+        Err(unavailable) => return Some(unavailable.to_string()),
+        Ok(report) => report,
+    };
+    if report.role != ReportedRole::Replica || !report.ready {
+        return Some("not a ready replica".to_owned());
+    }
+    if !report.streaming || report.following.as_deref() != Some(primary_pod) {
+        return Some("does not stream from the primary".to_owned());
+    }
+    None
+}
+
+/// The replica that fits the planned restart.
 fn best_fit<'a>(
     situation: &'a Situation<'a>,
     primary: &InstanceReport,
+) -> Option<&'a ObservedInstance> {
+    best(situation, situation.instances.iter(), |instance| {
+        unfit(instance, situation.primary, primary).is_none()
+    })
+}
+
+/// Among `instances` other than the primary that `fits`, the one on the latest timeline with
+/// the most WAL; the lowest ordinal among equals (as a failover ranks them).
+fn best<'a>(
+    situation: &Situation<'_>,
+    instances: impl Iterator<Item = &'a ObservedInstance>,
+    fits: impl Fn(&ObservedInstance) -> bool,
 ) -> Option<&'a ObservedInstance> {
     let ordinal = |instance: &ObservedInstance| {
         roles::ordinal(situation.statefulset, &instance.pod).unwrap_or(i32::MAX)
@@ -104,11 +180,9 @@ fn best_fit<'a>(
         let timeline = instance.reported().and_then(|report| report.timeline);
         (timeline, wal_position(instance))
     };
-    situation
-        .instances
-        .iter()
+    instances
         .filter(|instance| instance.pod != situation.primary)
-        .filter(|instance| unfit(instance, situation.primary, primary).is_none())
+        .filter(|instance| fits(instance))
         .max_by(|a, b| {
             position(a)
                 .cmp(&position(b))

@@ -97,6 +97,7 @@ pub(super) fn situation<'a>(
     Situation {
         statefulset: STS,
         replicas: 3,
+        requested_replicas: 3,
         failover_delay: Duration::from_secs(5),
         fence_wait: Duration::from_secs(5),
         synchronous_min: 0,

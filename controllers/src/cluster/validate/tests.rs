@@ -247,7 +247,9 @@ fn a_scale_down_that_would_remove_the_primary_is_held_back() {
     let refusal = &validation.refusals[0];
     assert_eq!(refusal.reason(), "ScaleDownWouldRemovePrimary");
     assert!(
-        refusal.message().contains("set replicas to at least 3"),
+        refusal
+            .message()
+            .contains("keeps 4 replicas until a switchover"),
         "{}",
         refusal.message()
     );

@@ -210,3 +210,83 @@ fn the_instance_managers_report_is_read_with_or_without_the_new_fields() {
     assert!(!older.restart_by_switchover);
     assert_eq!(older.settings_digest, None);
 }
+
+/// Instance 2 the primary; instances 0 and 1 replicas streaming from it at `lsns`.
+fn primary_on_two(lsns: [u64; 2]) -> Vec<ObservedInstance> {
+    let mut instances = vec![
+        instance(0, ReportedRole::Replica, lsns[0], NEW),
+        instance(1, ReportedRole::Replica, lsns[1], NEW),
+        instance(2, ReportedRole::Primary, 300, NEW),
+    ];
+    for replica in &mut instances[..2] {
+        report(replica).following = Some(pod(2));
+    }
+    instances
+}
+
+fn scale_down_plan(
+    status: &PostgreSQLClusterStatus,
+    instances: &[ObservedInstance],
+    requested_replicas: i32,
+) -> Plan {
+    let primary = pod(2);
+    plan(&Situation {
+        requested_replicas,
+        ..situation(status, &primary, instances)
+    })
+}
+
+#[test]
+fn a_scale_down_that_removes_the_primary_moves_it_to_the_best_instance_that_stays() {
+    let mut status = status(4);
+    status.current_primary = Some(pod(2));
+    // Instance 1 has more WAL but goes too: instance 0 is the only one that stays.
+    let instances = primary_on_two([250, 300]);
+    let change = scale_down_plan(&status, &instances, 1)
+        .designate
+        .expect("a switchover");
+    assert_eq!(change.kind, pgkube_crds::PrimaryChangeKind::Switchover);
+    assert_eq!(
+        (change.from, change.to.as_str()),
+        (pod(2), "db-postgresql-0")
+    );
+    assert!(
+        change.reason.contains("scale-down to 1"),
+        "{}",
+        change.reason
+    );
+    assert_eq!(change.term, Some(5));
+    // Both stay: the one with the most WAL.
+    let change = scale_down_plan(&status, &instances, 2)
+        .designate
+        .expect("a switchover");
+    assert_eq!(change.to, pod(1));
+    // The primary stays: nothing moves.
+    assert_eq!(scale_down_plan(&status, &instances, 3), Plan::default());
+}
+
+#[test]
+fn a_scale_down_waits_while_no_instance_that_stays_streams_from_the_primary() {
+    let mut status = status(4);
+    status.current_primary = Some(pod(2));
+    let mut instances = primary_on_two([250, 300]);
+    report(&mut instances[0]).streaming = false;
+    let waiting = scale_down_plan(&status, &instances, 1);
+    assert_eq!(waiting.designate, None);
+    let why = waiting.waiting.expect("why it waits");
+    assert!(
+        why.contains("scale-down to 1") && why.contains("db-postgresql-0 does not stream"),
+        "{why}"
+    );
+    let restoring = plan(&Situation {
+        requested_replicas: 1,
+        restoring: true,
+        ..situation(&status, &pod(2), &primary_on_two([250, 300]))
+    });
+    assert_eq!(restoring.designate, None);
+    assert!(
+        restoring
+            .waiting
+            .is_some_and(|why| why.contains("a restore is running")),
+    );
+}
