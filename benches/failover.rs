@@ -24,16 +24,23 @@
 //! which pod was primary before and after, and what `status.primaryChange` says; then the
 //! minimum, median and maximum over the rounds. A round whose write does not succeed within
 //! 2 minutes is reported as such and left out of the figures.
+//!
+//! Then `PGKUBE_BENCH_ROLLS` (default 5) rolling updates: each changes the instances' CPU
+//! request (a new pod template), while a client writes one row through `-rw` every 100 ms on a
+//! new connection, and waits until every pod was replaced and the cluster is healthy. It
+//! prints, per roll, the longest time between two acknowledged writes (how long writes were
+//! unavailable), the failed tries and what `status.primaryChange` says; then the minimum,
+//! median and maximum.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use pgkube_crds::{InstanceRole, PostgreSQLCluster};
 use pgkube_testkit::{
-    TestCluster, TestEnv, TestNamespace, http_get, install_crds, postmaster_of, send_signal,
-    testbed, wait_until,
+    RwWriter, TestCluster, TestEnv, TestNamespace, http_get, install_crds, postmaster_of,
+    send_signal, testbed, wait_until,
 };
 
 #[path = "../tests/manager_common/mod.rs"]
@@ -43,6 +50,7 @@ use manager_common::Manager;
 
 const DEFAULT_FAILOVERS: usize = 5;
 const DEFAULT_DELAY_SECONDS: u64 = 3;
+const DEFAULT_ROLLS: usize = 5;
 const CLUSTER: &str = "bench";
 const START_TIMEOUT: Duration = Duration::from_secs(300);
 const HEALTHY_TIMEOUT: Duration = Duration::from_secs(300);
@@ -81,6 +89,73 @@ fn failovers() -> usize {
                 .unwrap_or_else(|| panic!("the number of failovers {value:?} is not a count"))
         })
         .unwrap_or(DEFAULT_FAILOVERS)
+}
+
+fn rolls() -> usize {
+    std::env::var("PGKUBE_BENCH_ROLLS")
+        .ok()
+        .and_then(|value| value.trim().parse().ok())
+        .unwrap_or(DEFAULT_ROLLS)
+}
+
+/// One rolling update under writes; returns the longest time writes were unavailable.
+async fn rolling_update(
+    env: &TestEnv,
+    cluster: &TestCluster,
+    namespace: &str,
+    roll: usize,
+) -> Duration {
+    let before = wait_healthy(cluster).await;
+    let old_pods = pod_uids(cluster).await;
+    cluster
+        .sql()
+        .await
+        .expect("login through rw")
+        .batch_execute("DROP TABLE IF EXISTS items; CREATE TABLE items (id int PRIMARY KEY)")
+        .await
+        .expect("a fresh table");
+    let writer = RwWriter::start(cluster.clone());
+    writer
+        .wait_for(0, 10, HEALTHY_TIMEOUT)
+        .await
+        .unwrap_or_else(|error| panic!("{error:#}"));
+    let request = format!("{}m", 10 + roll);
+    let patch = serde_json::json!({"spec": {"resources": {"requests": {"cpu": request}}}});
+    cluster
+        .api()
+        .patch(CLUSTER, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .expect("a new CPU request");
+    wait_until("every pod to be replaced", HEALTHY_TIMEOUT, || async {
+        let now = pod_uids(cluster).await;
+        let replaced = now.len() == 3 && now.iter().all(|uid| !old_pods.contains(uid));
+        Ok(replaced.then_some(()))
+    })
+    .await
+    .unwrap_or_else(|error| panic!("{error:#}"));
+    let after = wait_healthy(cluster).await;
+    writer
+        .wait_for(writer.count(), 10, HEALTHY_TIMEOUT)
+        .await
+        .unwrap_or_else(|error| panic!("{error:#}"));
+    let written = writer.stop().await;
+    let status = cluster_status(env, namespace).await;
+    println!(
+        "roll {roll}: primary {before} -> {after}: writes unavailable for at most {}, {} of {}          tries failed; primaryChange: {}",
+        seconds(written.longest_gap),
+        written.failures,
+        written.failures + written.acknowledged.len(),
+        describe_change(&status["primaryChange"])
+    );
+    written.longest_gap
+}
+
+async fn pod_uids(cluster: &TestCluster) -> Vec<String> {
+    cluster
+        .pods()
+        .await
+        .map(|pods| pods.into_iter().map(|pod| pod.uid).collect())
+        .unwrap_or_default()
 }
 
 fn delay_seconds() -> u64 {
@@ -192,6 +267,27 @@ async fn bench(env: TestEnv, failovers: usize, delay: u64) {
         rounds.push(result);
     }
     print_summary(&rounds);
+    let rolls = rolls();
+    println!();
+    println!("failover: {rolls} rolling updates (a new CPU request each)");
+    let mut gaps = Vec::new();
+    for roll in 1..=rolls {
+        let gap = rolling_update(&env, &cluster, namespace.name(), roll).await;
+        gaps.push(gap);
+    }
+    gaps.sort();
+    println!();
+    println!("| rolling updates | writes unavailable: min | median | max |");
+    println!("|---|---|---|---|");
+    if !gaps.is_empty() {
+        println!(
+            "| {} | {} | {} | {} |",
+            gaps.len(),
+            seconds(gaps[0]),
+            seconds(median(&gaps)),
+            seconds(gaps[gaps.len() - 1])
+        );
+    }
 
     if let Err(error) = cluster.delete(Duration::from_secs(120)).await {
         eprintln!("failover: {error:#}");

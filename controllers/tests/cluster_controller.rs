@@ -1065,13 +1065,75 @@ async fn a_new_image_repository_rolls_the_pods_and_the_cluster_runs_again() {
     )
     .await
     .expect("template updated");
+    // The replicas are replaced first; the primary waits for a replica that streams from it
+    // (the simulated replicas do not say whom they follow).
+    let old_primary = pods.get("roll-postgresql-0").await.expect("pod").uid();
+    let waiting = wait_until("the replicas to be replaced", TIMEOUT, || async {
+        let mut replicas_new = true;
+        for ordinal in [1, 2] {
+            let uid = pods
+                .get_opt(&format!("roll-postgresql-{ordinal}"))
+                .await?
+                .and_then(|pod| pod.uid());
+            replicas_new &= uid.is_some_and(|uid| !old_pods.contains(&uid));
+        }
+        let cluster = running.clusters().get("roll").await?;
+        let message = condition(&cluster, "Progressing").map(|c| c.message.clone());
+        let waits = message.as_deref().is_some_and(|m| {
+            m.contains("waits for every replica to be an updated replica streaming from it")
+        });
+        Ok((replicas_new && waits).then_some(message))
+    })
+    .await
+    .expect("replicas replaced, the primary waits");
+    eprintln!("while the primary waits: {waiting:?}");
+    assert_eq!(
+        pods.get("roll-postgresql-0").await.expect("pod").uid(),
+        old_primary,
+        "the primary is not replaced before its switchover"
+    );
+    // The replicas stream from the primary: a switchover to one of them, which the simulated
+    // instances then carry out.
+    let instances = &running.instances;
+    for ordinal in [1, 2] {
+        let pod = format!("roll-postgresql-{ordinal}");
+        let mut report = SimulatedInstances::report(&pod, ReportedRole::Replica);
+        report.following = Some("roll-postgresql-0".to_owned());
+        instances.answer(&pod, Some(report));
+    }
+    let clusters = running.clusters();
+    let change = wait_until("a switchover for the rolling update", TIMEOUT, || async {
+        let cluster = clusters.get("roll").await?;
+        Ok(cluster
+            .status
+            .and_then(|s| s.primary_change)
+            .filter(|change| change.reason.starts_with("rolling update")))
+    })
+    .await
+    .expect("switchover recorded");
+    assert_eq!(change.kind, pgkube_crds::PrimaryChangeKind::Switchover);
+    let target = change.to.clone();
+    instances.answer(
+        &target,
+        Some(SimulatedInstances::report(&target, ReportedRole::Primary)),
+    );
+    for pod in [
+        "roll-postgresql-0",
+        "roll-postgresql-1",
+        "roll-postgresql-2",
+    ] {
+        if pod != target {
+            let mut report = SimulatedInstances::report(pod, ReportedRole::Replica);
+            report.following = Some(target.clone());
+            instances.answer(pod, Some(report));
+        }
+    }
     let statefulsets = running.api::<StatefulSet>();
     wait_until("the roll to finish", TIMEOUT, || async {
         let sts = statefulsets.get("roll-postgresql").await?;
         let status = sts.status.clone().unwrap_or_default();
         let rolled = status.observed_generation == sts.metadata.generation
             && status.update_revision.is_some()
-            && status.update_revision == status.current_revision
             && status.updated_replicas == Some(3)
             && status.ready_replicas == Some(3);
         Ok(rolled.then_some(()))

@@ -88,6 +88,12 @@ pub struct PostgreSQLClusterSpec {
     /// another instance of the cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spread: Option<InstanceSpread>,
+    /// How the primary's pod is replaced when the pod template changes, once every replica
+    /// runs the new one: `unsupervised` (the default), by a switchover to the best updated
+    /// replica; `supervised`, by a switchover the user asks for (the
+    /// `db.example.com/switchover-to` annotation), which the Progressing condition waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_update_strategy: Option<PrimaryUpdateStrategy>,
 }
 
 /// How the operator keeps a cluster of several instances writable, and what a failover may
@@ -180,6 +186,15 @@ pub struct InstanceSpread {
     /// cluster's instances.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
+}
+
+/// See [`PostgreSQLClusterSpec::primary_update_strategy`]. The same in v1alpha1 and v1beta1.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PrimaryUpdateStrategy {
+    #[default]
+    Unsupervised,
+    Supervised,
 }
 
 /// See [`InstanceSpread::node_anti_affinity`].

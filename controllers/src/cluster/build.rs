@@ -284,10 +284,10 @@ fn statefulset(
                 match_labels: Some(selector_labels(names)),
                 ..LabelSelector::default()
             },
-            // Pods are replaced from the highest ordinal down: the primary (normally the
-            // first instance) last.
+            // The operator replaces the pods of an old template itself (`rollout`): the
+            // replicas one at a time, then the primary after a switchover.
             update_strategy: Some(StatefulSetUpdateStrategy {
-                type_: Some("RollingUpdate".to_owned()),
+                type_: Some("OnDelete".to_owned()),
                 ..StatefulSetUpdateStrategy::default()
             }),
             // Data is never deleted by the operator, not even when scaling down.

@@ -59,6 +59,10 @@ pub struct Situation<'a> {
     /// Instances the spec asks for: fewer than `replicas` while a scale-down that removes the
     /// primary is held back.
     pub requested_replicas: i32,
+    /// Pods made from an older pod template than the StatefulSet's ([`super::rollout`]).
+    pub outdated: &'a [String],
+    /// `primaryUpdateStrategy: supervised`: the user moves an outdated primary.
+    pub supervised_update: bool,
     pub failover_delay: Duration,
     /// How long a primary that may still run, unseen, takes at most to fence itself once cut
     /// off: its isolation timeout plus [`pgkube_crds::FENCE_MARGIN_SECONDS`].
@@ -132,15 +136,17 @@ pub fn plan(situation: &Situation<'_>) -> Plan {
         return plan;
     }
     if primary_available(situation) {
-        match planned::scale_down(situation) {
-            Ok(None) => {}
-            Ok(Some(change)) => {
-                plan.designate = Some(change);
-                return plan;
-            }
-            Err(waiting) => {
-                plan.waiting = Some(waiting);
-                return plan;
+        for planned_move in [planned::scale_down, planned::rolling_update] {
+            match planned_move(situation) {
+                Ok(None) => {}
+                Ok(Some(change)) => {
+                    plan.designate = Some(change);
+                    return plan;
+                }
+                Err(waiting) => {
+                    plan.waiting = Some(waiting);
+                    return plan;
+                }
             }
         }
         match planned::planned_restart(situation) {

@@ -42,6 +42,16 @@ pub(super) struct Carried {
     pub failover_delay: Duration,
 }
 
+/// The revision of the StatefulSet's current pod template, once its controller made one.
+pub(super) fn update_revision(live: &read::LiveChildren) -> Option<&str> {
+    live.statefulset
+        .as_ref()?
+        .status
+        .as_ref()?
+        .update_revision
+        .as_deref()
+}
+
 /// The failover delay of `cluster`'s spec.
 pub(super) fn failover_delay(cluster: &PostgreSQLCluster) -> Duration {
     Duration::from_secs(u64::from(
@@ -64,10 +74,14 @@ pub(super) async fn step(
     let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
     let high_availability = cluster.spec.high_availability.as_ref();
     let failover_delay = failover_delay(cluster);
+    let outdated = super::rollout::outdated(update_revision(live), &live.pods);
     let situation = failover::Situation {
         statefulset: &names.statefulset,
         replicas: live_replicas(live, cluster.spec.replicas),
         requested_replicas: cluster.spec.replicas,
+        outdated: &outdated,
+        supervised_update: cluster.spec.primary_update_strategy
+            == Some(pgkube_crds::PrimaryUpdateStrategy::Supervised),
         failover_delay,
         fence_wait: Duration::from_secs(u64::from(
             pgkube_crds::HighAvailability::isolation_timeout_seconds(high_availability)
@@ -189,6 +203,7 @@ async fn record_primary_change(
         restores: &restores,
         bootstrap: bootstrap.as_ref(),
         failover_waiting: None,
+        rollout_waiting: None,
         archive_root: archive_root.as_deref(),
         in_place: None,
     };

@@ -60,6 +60,7 @@ mod recovery;
 mod report;
 pub mod restores;
 pub mod roles;
+pub mod rollout;
 mod settled;
 pub mod status;
 pub mod validate;

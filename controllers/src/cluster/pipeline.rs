@@ -23,7 +23,7 @@ use super::status::{Issue, Observation};
 use super::validate::LiveFacts;
 use super::{
     Error, INSTANCE_REFRESH, SOLE_INSTANCE_REFRESH, WAIT_REQUEUE, apply, bootstrap, build,
-    failover, ha, in_place, instances, read, recovery, roles, settled, validate,
+    failover, ha, in_place, instances, read, recovery, roles, rollout, settled, validate,
 };
 
 /// The pipeline for a cluster that is not being deleted.
@@ -51,6 +51,26 @@ pub(super) async fn reconcile_cluster(
         ha::Step::Recorded(action) => return Ok(action),
         ha::Step::Continue(carried) => carried,
     };
+    let rollout_input = rollout::Input {
+        statefulset: &names.statefulset,
+        update_revision: ha::update_revision(&live),
+        pods: &live.pods,
+        instances: &live.instances,
+        primary: &primary,
+        replicas: live
+            .facts()
+            .running_replicas
+            .unwrap_or(cluster.spec.replicas),
+        change_in_progress: failover::change_in_progress(cluster.status.as_ref()),
+    };
+    let rollout_waiting = rollout::step(
+        &context.base.client,
+        &namespace,
+        &rollout_input,
+        ha.waiting.as_deref(),
+    )
+    .instrument(info_span!("rollout"))
+    .await?;
     let synchronous_standbys = synchronous_standbys(cluster, &live.instances, &primary);
     let facts = LiveFacts {
         primary_ordinal: roles::ordinal(&names.statefulset, &primary),
@@ -94,6 +114,7 @@ pub(super) async fn reconcile_cluster(
         restores: &restores,
         bootstrap: bootstrap.as_ref(),
         failover_waiting: ha.waiting.as_deref(),
+        rollout_waiting: rollout_waiting.as_deref(),
         archive_root: archive_root.as_deref(),
         in_place: in_place.as_ref().map(|p| &p.status),
     };

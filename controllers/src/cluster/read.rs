@@ -46,6 +46,8 @@ pub struct LiveChildren {
     pub instances: Vec<ObservedInstance>,
     /// The pods' addresses, by pod name, for commands to their instance managers.
     pub addresses: BTreeMap<String, IpAddr>,
+    /// The template revision each pod was made from, by pod name, for the rollout.
+    pub pods: BTreeMap<String, super::rollout::LivePod>,
 }
 
 /// Reads the children named by `names` in `namespace` from `stores`, and asks the instance
@@ -58,8 +60,12 @@ pub async fn read(
 ) -> LiveChildren {
     let statefulset = cached_object(&stores.statefulsets, namespace, &names.statefulset);
     let service = |name| cached_text(&stores.services, namespace, name);
-    let (data_claims, instances, addresses) = if statefulset.is_some() {
+    let (data_claims, instances, addresses, live_pods) = if statefulset.is_some() {
         let pods = pods(stores, namespace, names);
+        let live_pods = pods
+            .iter()
+            .map(|pod| (pod.name_any(), super::rollout::LivePod::of(pod)))
+            .collect();
         let instances = instances::observe(pods.iter().map(AsRef::as_ref), source)
             .instrument(info_span!("instances", pods = pods.len()))
             .await;
@@ -67,9 +73,14 @@ pub async fn read(
             .iter()
             .filter_map(|pod| instances::pod_address(pod))
             .collect();
-        (data_claims(stores, namespace, names), instances, addresses)
+        (
+            data_claims(stores, namespace, names),
+            instances,
+            addresses,
+            live_pods,
+        )
     } else {
-        (Vec::new(), Vec::new(), BTreeMap::new())
+        (Vec::new(), Vec::new(), BTreeMap::new(), BTreeMap::new())
     };
     let secret_exists = |name| cached_text(&stores.secrets, namespace, name).is_some();
     LiveChildren {
@@ -91,6 +102,7 @@ pub async fn read(
         data_claims,
         instances,
         addresses,
+        pods: live_pods,
     }
 }
 

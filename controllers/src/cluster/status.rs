@@ -68,6 +68,8 @@ pub struct Observation<'a> {
     pub bootstrap: Option<&'a Bootstrap>,
     /// Why the cluster does not fail over although its primary is unavailable.
     pub failover_waiting: Option<&'a str>,
+    /// Why the rollout of a new pod template replaces no pod now, if it does not.
+    pub rollout_waiting: Option<&'a str>,
     /// The root of the WAL archive the cluster archives to, if it does.
     pub archive_root: Option<&'a str>,
     /// The in-place recovery under way, if any.
@@ -313,10 +315,11 @@ impl Rollout {
         let status = sts.status.clone().unwrap_or_default();
         let spec_replicas = sts.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
         let seen = status.observed_generation >= sts.metadata.generation;
-        let updating = status.update_revision.is_some()
-            && status.current_revision.is_some()
-            && status.update_revision != status.current_revision;
-        let updated = status.updated_replicas.unwrap_or(0) >= spec_replicas;
+        // Pods are replaced by the operator (`OnDelete`), and then the StatefulSet controller
+        // never moves `currentRevision`: the pods at `updateRevision` are counted instead.
+        let updated_pods = status.updated_replicas.unwrap_or(0);
+        let updating = status.update_revision.is_some() && updated_pods < status.replicas;
+        let updated = updated_pods >= spec_replicas;
         Self {
             ready: status.ready_replicas.unwrap_or(0),
             current: status.replicas,
@@ -489,7 +492,12 @@ fn progressing_condition(
         (None, ClusterPhase::Upgrading | ClusterPhase::Failed) => (
             "True",
             "RollingUpdate".to_owned(),
-            format!("Replacing pods with the new revision: {ready} of {desired} ready"),
+            match observation.rollout_waiting {
+                Some(why) => format!(
+                    "Replacing pods with the new revision: {ready} of {desired} ready; {why}"
+                ),
+                None => format!("Replacing pods with the new revision: {ready} of {desired} ready"),
+            },
         ),
     };
     condition(

@@ -16,8 +16,8 @@ use crate::archiving::WalArchiving;
 use crate::backup::{BackupCompression, BackupMethod};
 use crate::cluster::{
     HighAvailability, InstanceSpread, ONE_ANTI_AFFINITY_MESSAGE, ONE_ANTI_AFFINITY_RULE,
-    PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion, SYNCHRONOUS_FITS_MESSAGE,
-    SYNCHRONOUS_FITS_RULE,
+    PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion, PrimaryUpdateStrategy,
+    SYNCHRONOUS_FITS_MESSAGE, SYNCHRONOUS_FITS_RULE,
 };
 use crate::common::LocalReference;
 
@@ -93,6 +93,12 @@ pub struct PostgreSQLClusterSpec {
     /// another instance of the cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spread: Option<InstanceSpread>,
+    /// How the primary's pod is replaced when the pod template changes, once every replica
+    /// runs the new one: `unsupervised` (the default), by a switchover to the best updated
+    /// replica; `supervised`, by a switchover the user asks for (the
+    /// `db.example.com/switchover-to` annotation), which the Progressing condition waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub primary_update_strategy: Option<PrimaryUpdateStrategy>,
 }
 
 fn default_replicas() -> i32 {

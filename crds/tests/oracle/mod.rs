@@ -92,6 +92,7 @@ fn spec_to_v1beta1(spec: v1alpha1::PostgreSQLClusterSpec) -> v1beta1::PostgreSQL
         bootstrap,
         high_availability,
         spread,
+        primary_update_strategy,
     } = spec;
     v1beta1::PostgreSQLClusterSpec {
         replicas,
@@ -109,6 +110,7 @@ fn spec_to_v1beta1(spec: v1alpha1::PostgreSQLClusterSpec) -> v1beta1::PostgreSQL
         bootstrap: bootstrap.map(bootstrap_to_v1beta1),
         high_availability,
         spread,
+        primary_update_strategy,
     }
 }
 
@@ -131,6 +133,7 @@ fn spec_to_v1alpha1(spec: v1beta1::PostgreSQLClusterSpec) -> v1alpha1::PostgreSQ
         bootstrap,
         high_availability,
         spread,
+        primary_update_strategy,
     } = spec;
     v1alpha1::PostgreSQLClusterSpec {
         replicas,
@@ -145,6 +148,7 @@ fn spec_to_v1alpha1(spec: v1beta1::PostgreSQLClusterSpec) -> v1alpha1::PostgreSQ
         bootstrap: bootstrap.map(bootstrap_to_v1alpha1),
         high_availability,
         spread,
+        primary_update_strategy,
     }
 }
 

@@ -28,8 +28,8 @@ use pgkube_crds::{
     BackupCompression, BackupMethod, BackupPhase, BackupTarget, ClusterPhase, CompressionMethod,
     DeletionPolicy, HighAvailability, InstanceRole, InstanceSpread, InstanceStatus, LocalReference,
     NodeAntiAffinity, PostgreSQLClusterStatus, PostgreSQLRestoreStatus, PostgreSQLSettings,
-    PostgresVersion, PrimaryChange, PrimaryChangeKind, RestorePhase, S3Credentials, S3Storage,
-    ServerSideEncryption, SynchronousReplication, WalArchivingStatus,
+    PostgresVersion, PrimaryChange, PrimaryChangeKind, PrimaryUpdateStrategy, RestorePhase,
+    S3Credentials, S3Storage, ServerSideEncryption, SynchronousReplication, WalArchivingStatus,
 };
 use proptest::collection::{btree_map, vec};
 use proptest::option::of;
@@ -377,6 +377,14 @@ pub fn admissible_spread(
         node_anti_affinity: spread.node_anti_affinity.filter(|_| !own),
         ..spread
     })
+}
+
+/// `primaryUpdateStrategy` (the same type in both versions).
+pub fn primary_update_strategy() -> impl Strategy<Value = Option<PrimaryUpdateStrategy>> {
+    of(select(vec![
+        PrimaryUpdateStrategy::Unsupervised,
+        PrimaryUpdateStrategy::Supervised,
+    ]))
 }
 
 /// High-availability settings (the same type in both versions).

@@ -116,12 +116,13 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
         postgresql_settings(),
         of(bootstrap()),
         high_availability(),
-        spread(),
+        (spread(), primary_update_strategy()),
     );
     (instances, pods, data).prop_map(|(instances, pods, data)| {
         let (replicas, postgres_version, storage, resources) = instances;
         let (node_selector, tolerations, affinity) = pods;
-        let (backup, postgresql, bootstrap, high_availability, spread) = data;
+        let (backup, postgresql, bootstrap, high_availability, (spread, primary_update_strategy)) =
+            data;
         let spread = admissible_spread(spread, &affinity);
         PostgreSQLClusterSpec {
             replicas,
@@ -136,6 +137,7 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
             bootstrap,
             high_availability,
             spread,
+            primary_update_strategy,
         }
     })
 }

@@ -136,6 +136,8 @@ pub fn replication_secret_name(cluster: &str) -> String {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InstancePod {
     pub name: String,
+    /// Its uid: another one once the pod was replaced.
+    pub uid: String,
     /// Its [`ROLE_LABEL`], if pgkube set one.
     pub role: Option<String>,
     /// Its `Ready` condition is `True`.
@@ -264,6 +266,7 @@ impl TestCluster {
             bootstrap: None,
             high_availability: None,
             spread: None,
+            primary_update_strategy: None,
         };
         local_node_scheduling().apply_to_cluster(&mut spec);
         TestClusterBuilder {
@@ -516,6 +519,7 @@ pub(crate) fn instance_pod(pod: &Pod) -> InstancePod {
     let status = pod.status.as_ref();
     InstancePod {
         name: pod.metadata.name.clone().unwrap_or_default(),
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
         role: pod
             .metadata
             .labels

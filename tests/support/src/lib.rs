@@ -118,6 +118,7 @@ mod service;
 mod volume;
 mod wait;
 pub mod wal;
+mod writer;
 
 pub use admission::TestAdmission;
 pub use backup::{
@@ -152,6 +153,7 @@ pub use restore::{
 };
 pub use service::{pod_addresses, service_addresses};
 pub use wait::wait_until;
+pub use writer::{RwWriter, WRITE_PERIOD, Written};
 
 /// Re-exported so tests name S3 and PostgreSQL types without their own dependency on them.
 pub use aws_sdk_s3;

@@ -16,7 +16,9 @@
 //!
 //! A scale-down that removes the primary's pod (the StatefulSet removes the highest ordinals)
 //! moves the primary first, the same way, to the best replica among the instances that stay
-//! ([`scale_down`]); the scale-down itself is held back until the primary is one of them.
+//! ([`scale_down`]); the scale-down itself is held back until the primary is one of them. A
+//! new pod template moves the primary the same way once every replica runs it
+//! ([`rolling_update`]), so that its pod is replaced last, as a replica.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use pgkube_crds::{PrimaryChange, PrimaryChangeKind};
@@ -81,20 +83,9 @@ pub(super) fn scale_down(situation: &Situation<'_>) -> Result<Option<PrimaryChan
         not_streaming(instance, situation.primary).is_none()
     });
     let Some(target) = target else {
-        let reasons: Vec<String> = candidates
-            .iter()
-            .filter_map(|instance| {
-                let why = not_streaming(instance, situation.primary)?;
-                Some(format!("{} {why}", instance.pod))
-            })
-            .collect();
         return Err(format!(
             "the scale-down to {requested} waits to move the primary to an instance that stays: {}",
-            if reasons.is_empty() {
-                "none runs yet".to_owned()
-            } else {
-                reasons.join("; ")
-            }
+            why_none_streams(situation, candidates.iter().copied())
         ));
     };
     Ok(Some(PrimaryChange {
@@ -109,6 +100,81 @@ pub(super) fn scale_down(situation: &Situation<'_>) -> Result<Option<PrimaryChan
         completed_at: None,
         term: Some(next_term(situation.status)),
     }))
+}
+
+/// The switchover that lets an outdated primary be replaced once every other instance runs the
+/// new pod template ([`crate::cluster::rollout`]), `None` when there is none to make, or why it
+/// waits.
+pub(super) fn rolling_update(situation: &Situation<'_>) -> Result<Option<PrimaryChange>, String> {
+    let outdated = |pod: &str| situation.outdated.iter().any(|outdated| outdated == pod);
+    let others: Vec<&ObservedInstance> = situation
+        .instances
+        .iter()
+        .filter(|instance| instance.pod != situation.primary)
+        .collect();
+    let replicas_first = others.iter().any(|instance| outdated(&instance.pod));
+    if !outdated(situation.primary) || replicas_first || situation.replicas < 2 {
+        return Ok(None);
+    }
+    if situation.supervised_update {
+        return Err(format!(
+            "the primary {} runs the old pod template and primaryUpdateStrategy is supervised: switch over to an updated replica with the {} annotation",
+            situation.primary,
+            super::SWITCHOVER_ANNOTATION
+        ));
+    }
+    if situation.restoring {
+        return Err("the primary's update waits: a restore is running".to_owned());
+    }
+    // Every other instance runs the new template and streams again: the order is the
+    // replicas first, each back before the next, then the primary.
+    let missing = usize::try_from(situation.replicas).unwrap_or(0) > others.len() + 1;
+    let lagging = others
+        .iter()
+        .any(|instance| not_streaming(instance, situation.primary).is_some());
+    if lagging {
+        return Err(format!(
+            "the primary's update waits for every replica to be an updated replica streaming from it: {}",
+            why_none_streams(situation, others.iter().copied())
+        ));
+    }
+    if missing {
+        return Err("the primary's update waits for every replica's pod to exist again".to_owned());
+    }
+    let Some(target) = best(situation, others.iter().copied(), |_| true) else {
+        return Err("the primary's update waits for a replica".to_owned());
+    };
+    Ok(Some(PrimaryChange {
+        kind: PrimaryChangeKind::Switchover,
+        from: situation.primary.to_owned(),
+        to: target.pod.clone(),
+        reason: format!(
+            "rolling update: {} runs the new pod template, the primary last",
+            target.pod
+        ),
+        started_at: Time(situation.now),
+        completed_at: None,
+        term: Some(next_term(situation.status)),
+    }))
+}
+
+/// Each of `instances` other than the primary that does not stream from it, and why.
+fn why_none_streams<'a>(
+    situation: &Situation<'_>,
+    instances: impl Iterator<Item = &'a ObservedInstance>,
+) -> String {
+    let reasons: Vec<String> = instances
+        .filter(|instance| instance.pod != situation.primary)
+        .filter_map(|instance| {
+            let why = not_streaming(instance, situation.primary)?;
+            Some(format!("{} {why}", instance.pod))
+        })
+        .collect();
+    if reasons.is_empty() {
+        "none runs yet".to_owned()
+    } else {
+        reasons.join("; ")
+    }
 }
 
 /// A ready primary that leaves the restart its settings need to a switchover.

@@ -98,6 +98,8 @@ pub(super) fn situation<'a>(
         statefulset: STS,
         replicas: 3,
         requested_replicas: 3,
+        outdated: &[],
+        supervised_update: false,
         failover_delay: Duration::from_secs(5),
         fence_wait: Duration::from_secs(5),
         synchronous_min: 0,

@@ -20,7 +20,8 @@ fn sts(spec_replicas: i32, replicas: i32, ready: i32, revisions: (&str, &str)) -
         observed_generation: Some(2),
         replicas,
         ready_replicas: Some(ready),
-        updated_replicas: Some(replicas),
+        // One pod left on the old revision while they differ.
+        updated_replicas: Some(replicas - i32::from(revisions.0 != revisions.1)),
         current_revision: Some(revisions.0.to_owned()),
         update_revision: Some(revisions.1.to_owned()),
         ..StatefulSetStatus::default()
@@ -99,6 +100,7 @@ fn observe<'a>(
         restores: &[],
         bootstrap: None,
         failover_waiting: None,
+        rollout_waiting: None,
         archive_root: None,
         in_place: None,
     }
@@ -389,6 +391,7 @@ fn a_ready_cluster_reports_its_primary_and_instances_with_their_lag() {
         restores: &[],
         bootstrap: None,
         failover_waiting: None,
+        rollout_waiting: None,
         archive_root: None,
         in_place: None,
         ..observe(3, Some(&sts), None)
@@ -442,6 +445,7 @@ fn a_ready_statefulset_is_not_running_until_the_primary_reports_a_ready_primary(
         restores: &[],
         bootstrap: None,
         failover_waiting: None,
+        rollout_waiting: None,
         archive_root: None,
         in_place: None,
         ..observe(2, Some(&sts), None)
@@ -485,6 +489,7 @@ fn a_ready_statefulset_is_not_running_until_the_primary_reports_a_ready_primary(
         restores: &[],
         bootstrap: None,
         failover_waiting: None,
+        rollout_waiting: None,
         archive_root: None,
         in_place: None,
         ..observe(2, Some(&sts), Some(&creating))
@@ -503,6 +508,7 @@ fn a_ready_statefulset_is_not_running_until_the_primary_reports_a_ready_primary(
         restores: &[],
         bootstrap: None,
         failover_waiting: None,
+        rollout_waiting: None,
         archive_root: None,
         in_place: None,
         ..observe(2, Some(&sts), Some(&running))
@@ -541,6 +547,7 @@ fn a_primary_that_is_not_ready_or_not_a_primary_holds_the_phase() {
             restores: &[],
             bootstrap: None,
             failover_waiting: None,
+            rollout_waiting: None,
             archive_root: None,
             in_place: None,
             ..observe(1, Some(&sts), None)
@@ -576,6 +583,7 @@ fn replicas_that_do_not_stream_are_named_with_the_reason() {
         restores: &[],
         bootstrap: None,
         failover_waiting: None,
+        rollout_waiting: None,
         archive_root: None,
         in_place: None,
         ..observe(5, Some(&sts), None)
@@ -616,6 +624,7 @@ fn a_replica_that_stops_streaming_is_a_warning_and_its_recovery_a_normal_event()
         restores: &[],
         bootstrap: None,
         failover_waiting: None,
+        rollout_waiting: None,
         archive_root: None,
         in_place: None,
         ..observe(3, Some(&sts), Some(&streaming))
@@ -676,6 +685,7 @@ fn the_current_primary_is_the_designated_one_once_it_reports_a_primary() {
         restores: &[],
         bootstrap: None,
         failover_waiting: None,
+        rollout_waiting: None,
         archive_root: None,
         in_place: None,
         ..observe(3, Some(&sts), Some(&previous))

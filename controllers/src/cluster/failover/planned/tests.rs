@@ -290,3 +290,88 @@ fn a_scale_down_waits_while_no_instance_that_stays_streams_from_the_primary() {
             .is_some_and(|why| why.contains("a restore is running")),
     );
 }
+
+fn rolling_plan(
+    instances: &[ObservedInstance],
+    outdated: &[String],
+    supervised_update: bool,
+) -> Plan {
+    let status = status(4);
+    let primary = pod(0);
+    plan(&Situation {
+        outdated,
+        supervised_update,
+        ..situation(&status, &primary, instances)
+    })
+}
+
+fn streaming_replicas() -> Vec<ObservedInstance> {
+    vec![
+        instance(0, ReportedRole::Primary, 300, NEW),
+        restarted(1, 250),
+        restarted(2, 300),
+    ]
+}
+
+#[test]
+fn an_outdated_primary_moves_to_the_best_updated_replica_once_every_replica_is_updated() {
+    let instances = streaming_replicas();
+    let change = rolling_plan(&instances, &[pod(0)], false)
+        .designate
+        .expect("a switchover");
+    assert_eq!(change.kind, pgkube_crds::PrimaryChangeKind::Switchover);
+    assert_eq!(change.to, pod(2), "the most WAL");
+    assert!(
+        change.reason.starts_with("rolling update"),
+        "{}",
+        change.reason
+    );
+    // A replica still outdated goes first: the rollout replaces it, nothing moves.
+    assert_eq!(
+        rolling_plan(&instances, &[pod(0), pod(1)], false),
+        Plan::default()
+    );
+    // The primary up to date: nothing to move.
+    assert_eq!(rolling_plan(&instances, &[pod(1)], false), Plan::default());
+}
+
+#[test]
+fn an_outdated_primary_waits_for_every_replica_and_for_the_user_when_supervised() {
+    let mut instances = streaming_replicas();
+    report(&mut instances[1]).streaming = false;
+    let waiting = rolling_plan(&instances, &[pod(0)], false);
+    assert_eq!(waiting.designate, None);
+    assert!(
+        waiting
+            .waiting
+            .as_deref()
+            .is_some_and(|why| why.contains("db-postgresql-1 does not stream")),
+        "{waiting:?}"
+    );
+    // Instance 2's pod is being made again: no switchover until it streams.
+    let status = status(4);
+    let primary = pod(0);
+    let two_of_three = &streaming_replicas()[..2];
+    let missing = plan(&Situation {
+        replicas: 3,
+        outdated: &[pod(0)],
+        ..situation(&status, &primary, two_of_three)
+    });
+    assert_eq!(missing.designate, None);
+    assert!(
+        missing
+            .waiting
+            .as_deref()
+            .is_some_and(|why| why.contains("exist again")),
+        "{missing:?}"
+    );
+    let supervised = rolling_plan(&streaming_replicas(), &[pod(0)], true);
+    assert_eq!(supervised.designate, None);
+    assert!(
+        supervised
+            .waiting
+            .as_deref()
+            .is_some_and(|why| why.contains("supervised") && why.contains("switchover-to")),
+        "{supervised:?}"
+    );
+}

@@ -41,6 +41,7 @@ fn observe<'a>(
         restores: &[],
         bootstrap: None,
         failover_waiting: None,
+        rollout_waiting: None,
         archive_root: None,
         in_place: None,
     }
