@@ -154,7 +154,7 @@ pub(super) fn live_replicas(live: &read::LiveChildren, spec_replicas: i32) -> i3
 }
 
 /// Whether a restore into the cluster runs (its `Restoring` condition is True).
-fn is_restoring(status: Option<&PostgreSQLClusterStatus>) -> bool {
+pub(super) fn is_restoring(status: Option<&PostgreSQLClusterStatus>) -> bool {
     status.is_some_and(|status| {
         status
             .conditions

@@ -34,16 +34,9 @@ pub(super) async fn reconcile_cluster(
     let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
     let names = ChildNames::for_cluster(&cluster.name_any());
     let primary = roles::designated_primary(cluster.status.as_ref(), &names);
-    let source = context.base.settings.instance_status.as_ref();
-    let stores = context
-        .children_in(&namespace)
-        .ok_or(Error::Invariant("no cache of the cluster's namespace"))?;
-    let live = async {
-        stores.ready().await?;
-        Ok::<_, Error>(read::read(stores, &namespace, &names, source).await)
-    }
-    .instrument(info_span!("read"))
-    .await?;
+    let live = read_live(context, &namespace, &names)
+        .instrument(info_span!("read"))
+        .await?;
     let restores = context.restores_of(cluster);
     let restores: Vec<&PostgreSQLRestore> = restores.iter().map(AsRef::as_ref).collect();
     let fenced = in_place::fenced(cluster, &restores);
@@ -51,26 +44,9 @@ pub(super) async fn reconcile_cluster(
         ha::Step::Recorded(action) => return Ok(action),
         ha::Step::Continue(carried) => carried,
     };
-    let rollout_input = rollout::Input {
-        statefulset: &names.statefulset,
-        update_revision: ha::update_revision(&live),
-        pods: &live.pods,
-        instances: &live.instances,
-        primary: &primary,
-        replicas: live
-            .facts()
-            .running_replicas
-            .unwrap_or(cluster.spec.replicas),
-        change_in_progress: failover::change_in_progress(cluster.status.as_ref()),
-    };
-    let rollout_waiting = rollout::step(
-        &context.base.client,
-        &namespace,
-        &rollout_input,
-        ha.waiting.as_deref(),
-    )
-    .instrument(info_span!("rollout"))
-    .await?;
+    let rollout_waiting = rollout_step(context, cluster, &names, &live, &primary, &ha)
+        .instrument(info_span!("rollout"))
+        .await?;
     let synchronous_standbys = synchronous_standbys(cluster, &live.instances, &primary);
     let facts = LiveFacts {
         primary_ordinal: roles::ordinal(&names.statefulset, &primary),
@@ -129,23 +105,82 @@ pub(super) async fn reconcile_cluster(
     ))
     .instrument(info_span!("status", held_ms = field::Empty))
     .await?;
-    let mut next = next_look(
-        &outcome,
-        &new_status,
-        !instances.is_empty(),
-        context.base.settings.resync_interval,
-    );
-    if ha::has_standbys(&new_status, outcome.desired_replicas) {
-        next = next.min(failover::watch_period(ha.failover_delay, ha.urgent));
-    }
-    // A held-back change is written at the latest when its hold ends.
-    if let Some(held_for) = held_for {
-        next = next.min(held_for);
-    }
+    let next = requeue_after(context, &outcome, &new_status, &instances, &ha, held_for);
     match apply_error {
         Some(error) => Err(error),
         None => Ok(Action::requeue(next)),
     }
+}
+
+/// The cluster's children and instances, from the namespace's caches once they are ready.
+async fn read_live(
+    context: &ClusterContext,
+    namespace: &str,
+    names: &ChildNames,
+) -> Result<read::LiveChildren, Error> {
+    let source = context.base.settings.instance_status.as_ref();
+    let stores = context
+        .children_in(namespace)
+        .ok_or(Error::Invariant("no cache of the cluster's namespace"))?;
+    stores.ready().await?;
+    Ok(read::read(stores, namespace, names, source).await)
+}
+
+/// The rollout's step for the live children: why it replaces no pod now, if it does not.
+async fn rollout_step(
+    context: &ClusterContext,
+    cluster: &PostgreSQLCluster,
+    names: &ChildNames,
+    live: &read::LiveChildren,
+    primary: &str,
+    ha: &ha::Carried,
+) -> Result<Option<String>, Error> {
+    let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
+    let input = rollout::Input {
+        statefulset: &names.statefulset,
+        update_revision: ha::update_revision(live),
+        pods: &live.pods,
+        instances: &live.instances,
+        primary,
+        replicas: live
+            .facts()
+            .running_replicas
+            .unwrap_or(cluster.spec.replicas),
+        change_in_progress: failover::change_in_progress(cluster.status.as_ref()),
+        restoring: ha::is_restoring(cluster.status.as_ref()),
+    };
+    rollout::step(
+        &context.base.client,
+        &namespace,
+        &input,
+        ha.waiting.as_deref(),
+    )
+    .await
+}
+
+/// When to look again: the next look the outcome and status call for, within the failover pace
+/// for a cluster with standbys, and at the latest when a held-back change's hold ends.
+fn requeue_after(
+    context: &ClusterContext,
+    outcome: &Outcome,
+    status: &PostgreSQLClusterStatus,
+    instances: &[instances::ObservedInstance],
+    ha: &ha::Carried,
+    held_for: Option<Duration>,
+) -> Duration {
+    let mut next = next_look(
+        outcome,
+        status,
+        !instances.is_empty(),
+        context.base.settings.resync_interval,
+    );
+    if ha::has_standbys(status, outcome.desired_replicas) {
+        next = next.min(failover::watch_period(ha.failover_delay, ha.urgent));
+    }
+    if let Some(held_for) = held_for {
+        next = next.min(held_for);
+    }
+    next
 }
 
 /// Builds and applies the children of a valid spec. A child that does not apply still leaves a

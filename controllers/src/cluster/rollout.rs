@@ -57,6 +57,8 @@ pub struct Input<'a> {
     pub replicas: i32,
     /// A switchover or failover is recorded and not done yet.
     pub change_in_progress: bool,
+    /// A restore into the cluster runs: its server is not restarted under it.
+    pub restoring: bool,
 }
 
 /// The next step of the rollout.
@@ -91,6 +93,9 @@ pub fn next(input: &Input<'_>) -> Step {
     }
     if input.change_in_progress {
         return Step::Wait("a change of primary is under way".to_owned());
+    }
+    if input.restoring {
+        return Step::Wait("a restore is running".to_owned());
     }
     if let Some(why) = not_ready(input) {
         return Step::Wait(why);

@@ -65,6 +65,7 @@ fn plan(pods: &BTreeMap<String, LivePod>, instances: &[ObservedInstance]) -> Ste
         primary: &primary,
         replicas: i32::try_from(pods.len()).expect("few pods"),
         change_in_progress: false,
+        restoring: false,
     })
 }
 
@@ -112,6 +113,7 @@ fn the_next_replica_waits_until_every_instance_is_ready_and_streams_again() {
         primary: &primary,
         replicas: 3,
         change_in_progress: false,
+        restoring: false,
     });
     assert_eq!(
         missing,
@@ -128,11 +130,11 @@ fn the_next_replica_waits_until_every_instance_is_ready_and_streams_again() {
 }
 
 #[test]
-fn nothing_is_replaced_while_the_primary_changes_or_before_the_statefulset_has_a_revision() {
+fn nothing_is_replaced_while_the_primary_changes_a_restore_runs_or_before_a_revision() {
     let pods = pods([OLD, OLD, OLD]);
     let instances = healthy();
     let primary = pod(0);
-    let input = |change_in_progress, update_revision| Input {
+    let input = |change_in_progress, restoring, update_revision| Input {
         statefulset: STS,
         update_revision,
         pods: &pods,
@@ -140,9 +142,18 @@ fn nothing_is_replaced_while_the_primary_changes_or_before_the_statefulset_has_a
         primary: &primary,
         replicas: 3,
         change_in_progress,
+        restoring,
     };
-    assert!(matches!(next(&input(true, Some(NEW))), Step::Wait(_)));
-    assert_eq!(next(&input(false, None)), Step::Idle);
+    assert!(matches!(
+        next(&input(true, false, Some(NEW))),
+        Step::Wait(_)
+    ));
+    assert_eq!(
+        next(&input(false, true, Some(NEW))),
+        Step::Wait("a restore is running".to_owned())
+    );
+    assert_eq!(next(&input(false, false, None)), Step::Idle);
+    assert_eq!(next(&input(false, false, Some(NEW))), replace(2));
 }
 
 #[test]
