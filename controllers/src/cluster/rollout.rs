@@ -2,7 +2,8 @@
 //! template (the StatefulSet's update strategy is `OnDelete`), so that the primary is restarted
 //! last and only after a switchover:
 //! 1. the replicas first, one at a time, the highest ordinal first; the next only once every
-//!    instance is ready again and every replica streams;
+//!    instance is ready again and every replica streams (an outdated replica that does not
+//!    serve is replaced first: nothing is lost, and its new pod may be its fix);
 //! 2. then the primary moves by a switchover to the best updated replica, decided and recorded
 //!    by the HA step like any other (`failover::planned`), or by the user when
 //!    `primaryUpdateStrategy` is `supervised`;
@@ -97,57 +98,83 @@ pub fn next(input: &Input<'_>) -> Step {
     if input.restoring {
         return Step::Wait("a restore is running".to_owned());
     }
-    if let Some(why) = not_ready(input) {
-        return Step::Wait(why);
-    }
-    let ordinal = |pod: &String| roles::ordinal(input.statefulset, pod).unwrap_or(-1);
-    let replica = outdated
+    let is_outdated_replica =
+        |pod: &str| pod != input.primary && outdated.iter().any(|outdated| outdated == pod);
+    let unready = unready(input);
+    let candidates: Vec<&String> = if unready.is_empty() {
+        outdated
+            .iter()
+            .filter(|pod| is_outdated_replica(pod))
+            .collect()
+    } else if unready
         .iter()
-        .filter(|pod| pod.as_str() != input.primary)
-        .max_by_key(|pod| ordinal(pod));
-    let pod = match replica {
-        Some(replica) => replica,
+        .all(|problem| problem.serves_not && is_outdated_replica(&problem.pod))
+    {
+        // Outdated replicas that do not serve go first: the cluster loses nothing it has, and
+        // their new pods may be what makes them serve again.
+        unready.iter().map(|problem| &problem.pod).collect()
+    } else {
+        return Step::Wait(unready[0].why.clone());
+    };
+    let ordinal = |pod: &&String| roles::ordinal(input.statefulset, pod).unwrap_or(-1);
+    let pod = match candidates.into_iter().max_by_key(ordinal) {
+        Some(replica) => replica.clone(),
         // The primary alone is outdated: with replicas, it moves by a switchover first.
         None if input.replicas > 1 => return Step::Idle,
-        None => input.primary,
-    }
-    .to_owned();
+        None => input.primary.to_owned(),
+    };
     match input.pods.get(&pod).and_then(|live| live.uid.clone()) {
         Some(uid) => Step::Replace { pod, uid },
         None => Step::Wait(format!("{pod} has no uid yet")),
     }
 }
 
-/// Why the cluster is not ready for the next replacement: a pod missing or going, an instance
-/// not ready, a replica that does not stream.
-fn not_ready(input: &Input<'_>) -> Option<String> {
+/// An instance the next replacement waits for.
+struct Unready {
+    pod: String,
+    /// Its pod exists and is not going: it does not serve (not ready, or not streaming).
+    serves_not: bool,
+    why: String,
+}
+
+/// The instances that are not ready for the next replacement: a pod missing or going, an
+/// instance not ready, a replica that does not stream.
+fn unready(input: &Input<'_>) -> Vec<Unready> {
+    let mut unready = Vec::new();
     for ordinal in 0..input.replicas {
         let pod = roles::pod_name(input.statefulset, ordinal);
+        let problem = |serves_not: bool, why: String| Unready {
+            pod: pod.clone(),
+            serves_not,
+            why,
+        };
         match input.pods.get(&pod) {
-            None => return Some(format!("{pod} does not exist yet")),
-            Some(live) if live.terminating => return Some(format!("{pod} is being replaced")),
+            None => unready.push(problem(false, format!("{pod} does not exist yet"))),
+            Some(live) if live.terminating => {
+                unready.push(problem(false, format!("{pod} is being replaced")));
+            }
+            Some(_) if !serves(input, &pod) => unready.push(problem(
+                true,
+                format!("{pod} is not a ready primary or streaming replica yet"),
+            )),
             Some(_) => {}
         }
-        let report = input
-            .instances
-            .iter()
-            .find(|instance| instance.pod == pod)
-            .and_then(ObservedInstance::reported);
-        let Some(report) = report else {
-            return Some(format!("{pod} does not report yet"));
-        };
-        let ready = match report.role {
-            ReportedRole::Primary => report.ready && pod == input.primary,
-            ReportedRole::Replica => report.ready && report.streaming,
-            ReportedRole::Starting => false,
-        };
-        if !ready {
-            return Some(format!(
-                "{pod} is not a ready primary or streaming replica yet"
-            ));
-        }
     }
-    None
+    unready
+}
+
+/// Whether `pod` reports a ready primary (the designated one) or a ready, streaming replica.
+fn serves(input: &Input<'_>, pod: &str) -> bool {
+    let report = input
+        .instances
+        .iter()
+        .find(|instance| instance.pod == pod)
+        .and_then(ObservedInstance::reported);
+    report.is_some_and(|report| match report.role {
+        ReportedRole::Primary => report.ready && pod == input.primary,
+        ReportedRole::Replica => report.ready && report.streaming,
+        ReportedRole::Starting => false,
+    })
 }
 
 /// Takes the rollout's next step for the cluster whose children are `live`: deletes one

@@ -166,3 +166,20 @@ fn a_single_instance_is_replaced_in_place() {
     let instances = [reporting(0, ReportedRole::Primary)];
     assert_eq!(plan(&pods, &instances), replace(0));
 }
+
+#[test]
+fn an_outdated_replica_that_does_not_serve_is_replaced_first_but_never_past_a_sick_primary() {
+    // Instance 1 does not stream (it may be what the new template fixes): it goes first.
+    let mut instances = healthy();
+    instances[1].report.as_mut().expect("a report").streaming = false;
+    assert_eq!(plan(&pods([OLD, OLD, OLD]), &instances), replace(1));
+    // Updated already, it is not replaced again: the rollout waits for it.
+    assert!(matches!(
+        plan(&pods([OLD, NEW, OLD]), &instances),
+        Step::Wait(_)
+    ));
+    // A primary that is not ready stops everything.
+    let mut sick = healthy();
+    sick[0].report.as_mut().expect("a report").ready = false;
+    assert!(matches!(plan(&pods([OLD, OLD, OLD]), &sick), Step::Wait(_)));
+}
