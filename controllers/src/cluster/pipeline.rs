@@ -44,9 +44,7 @@ pub(super) async fn reconcile_cluster(
         ha::Step::Recorded(action) => return Ok(action),
         ha::Step::Continue(carried) => carried,
     };
-    let rollout_waiting = rollout_step(context, cluster, &names, &live, &primary, &ha)
-        .instrument(info_span!("rollout"))
-        .await?;
+    let rollout_waiting = rollout_step(context, cluster, &names, &live, &primary, &ha).await?;
     let synchronous_standbys = synchronous_standbys(cluster, &live.instances, &primary);
     let facts = LiveFacts {
         primary_ordinal: roles::ordinal(&names.statefulset, &primary),

@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Preconditions};
 use kube::{Api, Client, ResourceExt};
+use tracing::{Instrument, info_span};
 
 use super::Error;
 use super::instances::{ObservedInstance, ReportedRole};
@@ -187,8 +188,11 @@ pub(super) async fn step(
     move_waiting: Option<&str>,
 ) -> Result<Option<String>, Error> {
     match next(input) {
+        // A span only when a pod is replaced: most reconciles have nothing to roll.
         Step::Replace { pod, uid } => {
-            replace(client, namespace, &pod, &uid).await?;
+            replace(client, namespace, &pod, &uid)
+                .instrument(info_span!("rollout", pod = %pod))
+                .await?;
             Ok(Some(format!("replacing {pod}")))
         }
         Step::Wait(why) => Ok(Some(why)),
