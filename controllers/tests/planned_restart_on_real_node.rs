@@ -1,6 +1,6 @@
 //! End to end on the test bed's real node: a planned restart of the primary (issue 41). A
 //! 2-instance PostgreSQL 15 cluster takes single-row commits from a client that writes through
-//! `<cluster>-rw` and connects again after an error; then `max_connections`, a setting that
+//! `<cluster>-rw` every 100 ms on a new connection (`RwWriter`); then `max_connections`, a setting that
 //! needs a restart, is raised in `spec.postgresql.parameters`.
 //!
 //! The replica restarts with the new value; the primary does not restart in place: it moves by
@@ -14,17 +14,13 @@
 
 mod common;
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::Running;
 use kube::api::{Patch, PatchParams};
 use pgkube_crds::PrimaryChangeKind;
-use pgkube_testkit::{RoleSampler, TestCluster, tokio_postgres, wait_until};
+use pgkube_testkit::{RoleSampler, RwWriter, TestCluster, wait_until};
 use serde_json::json;
-use tokio::task::JoinHandle;
 
 const RESYNC: Duration = Duration::from_secs(30);
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(300);
@@ -32,92 +28,6 @@ const CHANGE_TIMEOUT: Duration = Duration::from_secs(180);
 const CLUSTER: &str = "pg";
 /// pgkube's `max_connections` is 100; this one needs a restart of every instance.
 const NEW_MAX_CONNECTIONS: &str = "150";
-/// How long one write (a connection through `-rw`, or an INSERT) may take.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
-/// The pause between two commits: a steady stream that leaves the 2-core test bed room.
-const WRITE_PAUSE: Duration = Duration::from_millis(20);
-
-/// A client that inserts rows 1, 2, 3... into `items` through `-rw`, one commit each, and
-/// connects again after any error; it counts a row only once its commit is acknowledged.
-struct Writer {
-    acknowledged: Arc<Mutex<Vec<i32>>>,
-    failures: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
-    task: JoinHandle<()>,
-}
-
-impl Writer {
-    fn start(cluster: TestCluster) -> Writer {
-        let acknowledged = Arc::new(Mutex::new(Vec::new()));
-        let failures = Arc::new(AtomicUsize::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let task = tokio::spawn({
-            let (acknowledged, failures, stop) =
-                (acknowledged.clone(), failures.clone(), stop.clone());
-            async move {
-                let mut client = None;
-                let mut id = 0;
-                while !stop.load(Ordering::SeqCst) {
-                    if client.is_none() {
-                        client = tokio::time::timeout(WRITE_TIMEOUT, cluster.sql())
-                            .await
-                            .ok()
-                            .and_then(Result::ok);
-                    }
-                    let Some(sql) = &client else {
-                        failures.fetch_add(1, Ordering::SeqCst);
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        continue;
-                    };
-                    // Each try has its own row: a commit whose answer was lost may be there.
-                    id += 1;
-                    let parameters: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
-                    let insert = sql.execute("INSERT INTO items VALUES ($1)", &parameters);
-                    match tokio::time::timeout(WRITE_TIMEOUT, insert).await {
-                        Ok(Ok(_)) => {
-                            acknowledged.lock().expect("acknowledged").push(id);
-                            tokio::time::sleep(WRITE_PAUSE).await;
-                        }
-                        Ok(Err(_)) | Err(_) => {
-                            failures.fetch_add(1, Ordering::SeqCst);
-                            client = None;
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                        }
-                    }
-                }
-            }
-        });
-        Writer {
-            acknowledged,
-            failures,
-            stop,
-            task,
-        }
-    }
-
-    fn count(&self) -> usize {
-        self.acknowledged.lock().expect("acknowledged").len()
-    }
-
-    /// Waits until `more` commits beyond `since` are acknowledged.
-    async fn wait_for(&self, since: usize, more: usize) {
-        wait_until(
-            &format!("{more} more acknowledged commits"),
-            CHANGE_TIMEOUT,
-            || async { Ok((self.count() >= since + more).then_some(())) },
-        )
-        .await
-        .expect("the writer's commits go through");
-    }
-
-    /// Stops the writer; the acknowledged rows and the failed tries.
-    async fn stop(self) -> (Vec<i32>, usize) {
-        self.stop.store(true, Ordering::SeqCst);
-        self.task.await.expect("the writer");
-        let acknowledged = self.acknowledged.lock().expect("acknowledged").clone();
-        (acknowledged, self.failures.load(Ordering::SeqCst))
-    }
-}
 
 async fn max_connections(cluster: &TestCluster, pod: &str) -> anyhow::Result<String> {
     let sql = cluster.sql_to_pod(pod).await?;
@@ -156,8 +66,11 @@ async fn a_setting_that_needs_a_restart_moves_the_primary_by_a_switchover_losing
     let sampler = RoleSampler::start(&cluster)
         .await
         .expect("sampling the pods");
-    let writer = Writer::start(cluster.clone());
-    writer.wait_for(0, 50).await;
+    let writer = RwWriter::start(cluster.clone());
+    writer
+        .wait_for(0, 30, CHANGE_TIMEOUT)
+        .await
+        .expect("the writer's commits go through");
 
     cluster
         .api()
@@ -197,11 +110,15 @@ async fn a_setting_that_needs_a_restart_moves_the_primary_by_a_switchover_losing
     )
     .await
     .expect("every instance runs the new value");
-    writer.wait_for(writer.count(), 20).await;
-    let (acknowledged, failures) = writer.stop().await;
+    writer
+        .wait_for(writer.count(), 20, CHANGE_TIMEOUT)
+        .await
+        .expect("the writer's commits go through");
+    let written = writer.stop().await;
     eprintln!(
-        "{} commits acknowledged, {failures} tries failed; {}",
-        acknowledged.len(),
+        "{} commits acknowledged, {} tries failed; {}",
+        written.acknowledged.len(),
+        written.failures,
         change.reason
     );
 
@@ -215,23 +132,15 @@ async fn a_setting_that_needs_a_restart_moves_the_primary_by_a_switchover_losing
         .expect("recovery state")
         .get(0);
     assert!(!in_recovery, "{new} is the primary");
-    let present: HashSet<i32> = on_new
-        .query("SELECT id FROM items WHERE id = ANY($1)", &[&acknowledged])
+    let missing = written
+        .missing_on(&on_new)
         .await
-        .expect("acknowledged rows")
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
-    let missing: Vec<i32> = acknowledged
-        .iter()
-        .copied()
-        .filter(|id| !present.contains(id))
-        .collect();
+        .expect("acknowledged rows");
     assert!(
         missing.is_empty(),
         "{} of {} acknowledged commits lost: {missing:?}",
         missing.len(),
-        acknowledged.len()
+        written.acknowledged.len()
     );
     cluster
         .wait_healthy(Some(&new), CHANGE_TIMEOUT)

@@ -15,7 +15,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::Running;
@@ -174,22 +174,10 @@ async fn a_new_pod_template_replaces_the_replicas_then_switches_over_losing_no_c
         .sql_to_pod(&new_primary)
         .await
         .expect("login to the new primary");
-    let present: HashSet<i32> = on_new
-        .query(
-            "SELECT id FROM items WHERE id = ANY($1)",
-            &[&written.acknowledged],
-        )
+    let missing = written
+        .missing_on(&on_new)
         .await
-        .expect("acknowledged rows")
-        .iter()
-        .map(|row| row.get(0))
-        .collect();
-    let missing: Vec<i32> = written
-        .acknowledged
-        .iter()
-        .copied()
-        .filter(|id| !present.contains(id))
-        .collect();
+        .expect("acknowledged rows");
     assert!(
         missing.is_empty(),
         "{} of {} acknowledged commits lost: {missing:?}",

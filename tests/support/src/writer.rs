@@ -110,6 +110,27 @@ impl RwWriter {
     }
 }
 
+impl Written {
+    /// The acknowledged rows that `sql` (a connection to the primary) does not have.
+    pub async fn missing_on(&self, sql: &tokio_postgres::Client) -> anyhow::Result<Vec<i32>> {
+        let present: std::collections::HashSet<i32> = sql
+            .query(
+                "SELECT id FROM items WHERE id = ANY($1)",
+                &[&self.acknowledged],
+            )
+            .await?
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        Ok(self
+            .acknowledged
+            .iter()
+            .copied()
+            .filter(|id| !present.contains(id))
+            .collect())
+    }
+}
+
 /// A poisoned lock only means the writer's task panicked; what it recorded still holds.
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
