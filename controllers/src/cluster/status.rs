@@ -357,7 +357,10 @@ fn phase(
         // The StatefulSet controller has not seen the spec just applied, and the replicas did
         // not change: a new pod template, whose roll is about to start (not a degradation).
         _ if !rollout.seen => ClusterPhase::Upgrading,
-        Some(ClusterPhase::Upgrading) if !rollout.settled => ClusterPhase::Upgrading,
+        // A roll ends when its last replaced pod is ready, not when that pod is created.
+        Some(ClusterPhase::Upgrading) if !rollout.settled || rollout.ready < desired => {
+            ClusterPhase::Upgrading
+        }
         _ => ClusterPhase::Degraded,
     }
 }

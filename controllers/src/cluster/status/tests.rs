@@ -251,6 +251,17 @@ fn phases_follow_the_statefulset() {
     new_template.metadata.generation = Some(3);
     let about_to_roll = compute(observe(3, Some(&new_template), Some(&running)), now());
     assert_eq!(about_to_roll.phase, Some(ClusterPhase::Upgrading));
+    // The last replaced pod exists at the new revision but is not ready yet (`OnDelete`
+    // leaves `currentRevision` behind): still the roll, not a degradation.
+    let mut last_pod_starting = sts(3, 3, 2, ("r1", "r2"));
+    if let Some(status) = last_pod_starting.status.as_mut() {
+        status.updated_replicas = Some(3);
+    }
+    let finishing = compute(
+        observe(3, Some(&last_pod_starting), Some(&upgrading)),
+        now(),
+    );
+    assert_eq!(finishing.phase, Some(ClusterPhase::Upgrading));
     let degraded = compute(
         observe(3, Some(&sts(3, 3, 2, ("r1", "r1"))), Some(&running)),
         now(),
