@@ -52,6 +52,9 @@ pub enum ControlRequest {
     Promote(oneshot::Sender<Result<InstanceStatus, String>>),
     /// Become or stay a standby of this primary.
     Follow(Target),
+    /// Hand the process over to a new instance manager binary ([`super::handover`]). It moves
+    /// no primary, so it bears no term.
+    Upgrade(super::handover::Upgrade),
 }
 
 /// A request with the term of the decision it carries out.
@@ -71,9 +74,21 @@ pub struct Terms {
 }
 
 impl Terms {
+    /// Terms carried on from `highest` (a previous manager's).
+    pub fn at(highest: i64) -> Self {
+        Self { highest }
+    }
+
+    pub fn highest(&self) -> i64 {
+        self.highest
+    }
+
     /// The order's request when its term is not older than any seen, else none (a refused
     /// promotion is answered here).
     pub fn admit(&mut self, order: Order) -> Option<ControlRequest> {
+        if matches!(order.request, ControlRequest::Upgrade(_)) {
+            return Some(order.request);
+        }
         if order.term >= self.highest {
             self.highest = order.term;
             return Some(order.request);
@@ -202,7 +217,10 @@ pub async fn follow(control: &Control, headers: &HeaderMap, body: &[u8]) -> Resp
 }
 
 /// Whether the request carries the mounted token; the code and message to answer when not.
-fn authorize(token_file: &Path, headers: &HeaderMap) -> Result<(), (StatusCode, &'static str)> {
+pub(super) fn authorize(
+    token_file: &Path,
+    headers: &HeaderMap,
+) -> Result<(), (StatusCode, &'static str)> {
     let token = match std::fs::read_to_string(token_file) {
         Ok(token) => token.trim().to_owned(),
         Err(error) => {
@@ -245,7 +263,7 @@ fn constant_time_eq(offered: &[u8], expected: &[u8]) -> bool {
     std::hint::black_box(difference) == 0
 }
 
-fn message(code: StatusCode, text: &str) -> Response {
+pub(super) fn message(code: StatusCode, text: &str) -> Response {
     json(code, &serde_json::json!({ "message": text }))
 }
 

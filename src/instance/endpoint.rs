@@ -7,11 +7,12 @@
 //! - `/readyz`: 200 when the status says ready and is not stale
 //!   ([`super::health::STALE_AFTER`]), 503 otherwise.
 //! - `/status`: the instance as JSON (role, readiness, timeline, WAL positions, streaming, and
-//!   on a replica the primary it follows, and `walArchive` on an instance that archives), with `observedAt` (RFC 3339) and `ageSeconds`,
-//!   computed when served.
+//!   on a replica the primary it follows, and `walArchive` on an instance that archives), with
+//!   `observedAt` (RFC 3339) and `ageSeconds`, computed when served, and `managerDigest`.
 //! - `/metrics`: the WAL archiver's counters and gauges, in Prometheus' text format
 //!   ([`super::archive`]).
 //! - `POST /control/promote`, `POST /control/follow`: the operator's orders ([`super::control`]).
+//! - `POST /control/upgrade`: a new instance manager binary ([`super::handover`]).
 //!
 //! No Service exposes the port: it is reached at the pod's address, from inside the cluster.
 
@@ -20,23 +21,24 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use pgkube_controllers::cluster::status::archiving::WalArchiveReport;
 use pgkube_controllers::storage::recovery::in_place::InPlaceReport;
 
 use super::archive::Archiver;
 use super::control::{self, Control};
+use super::handover::{self, ManagerBinary};
 use super::health::Board;
 use super::sql::ServerState;
 
 /// The role as the operator reads it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ReportedRole {
     /// The server does not answer yet (bootstrap, start, recovery) or is stopping.
@@ -46,7 +48,7 @@ pub enum ReportedRole {
 }
 
 /// The body of `/status`, but for its time ([`Served`]).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct InstanceStatus {
     pub pod: String,
@@ -80,7 +82,7 @@ pub struct InstanceStatus {
     /// same digest and nothing pending run the same settings.
     pub settings_digest: Option<String>,
     /// This instance's part in the last in-place point-in-time recovery.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_place: Option<InPlaceReport>,
 }
 
@@ -170,6 +172,10 @@ struct Served<'a> {
     /// What the WAL archiver did, looked at now.
     #[serde(skip_serializing_if = "Option::is_none")]
     wal_archive: Option<WalArchiveReport>,
+    /// The SHA-256 of the instance manager's binary, once computed: the operator replaces a
+    /// manager whose binary is not its own ([`super::handover`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    manager_digest: Option<String>,
 }
 
 impl<'a> Served<'a> {
@@ -181,6 +187,7 @@ impl<'a> Served<'a> {
             observed_at: humantime::format_rfc3339_millis(observed_at).to_string(),
             age_seconds: (age.as_secs_f64() * 1000.0).round() / 1000.0,
             wal_archive: None,
+            manager_digest: None,
         }
     }
 }
@@ -191,6 +198,7 @@ struct Shared {
     board: Arc<Board>,
     control: Arc<Control>,
     archiver: Arc<Archiver>,
+    binary: Arc<ManagerBinary>,
 }
 
 /// Serves the endpoint on `address` until the task is dropped.
@@ -199,6 +207,7 @@ pub async fn serve(
     board: Arc<Board>,
     control: Control,
     archiver: Arc<Archiver>,
+    binary: Arc<ManagerBinary>,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(address).await?;
     tracing::info!(%address, "status endpoint listening");
@@ -206,6 +215,7 @@ pub async fn serve(
         board,
         control: Arc::new(control),
         archiver,
+        binary,
     };
     axum::serve(listener, router(shared)).await
 }
@@ -218,6 +228,11 @@ fn router(shared: Shared) -> Router {
         .route("/metrics", get(metrics))
         .route("/control/promote", post(promote))
         .route("/control/follow", post(follow))
+        .route(
+            "/control/upgrade",
+            // The body is a binary, streamed to a file with a limit of its own.
+            post(upgrade).layer(DefaultBodyLimit::disable()),
+        )
         .with_state(shared)
 }
 
@@ -227,6 +242,10 @@ async fn promote(State(shared): State<Shared>, headers: HeaderMap) -> Response {
 
 async fn follow(State(shared): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
     control::follow(&shared.control, &headers, &body).await
+}
+
+async fn upgrade(State(shared): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+    handover::receive(&shared.control, &shared.binary, &headers, body).await
 }
 
 async fn healthz(State(shared): State<Shared>) -> impl IntoResponse {
@@ -251,6 +270,7 @@ async fn status_json(State(shared): State<Shared>) -> impl IntoResponse {
     let (status, age) = shared.board.snapshot();
     let served = Served {
         wal_archive: shared.archiver.report(),
+        manager_digest: shared.binary.digest.get().cloned(),
         ..Served::new(&status, age, SystemTime::now())
     };
     match serde_json::to_string(&served) {

@@ -3,7 +3,8 @@
 //! An init container runs `pgkube instance install /controller/pgkube` from the pgkube image,
 //! which copies the binary into a volume shared with the PostgreSQL container; that container
 //! runs the user's PostgreSQL image with `/controller/pgkube instance run` as its command. So the
-//! PostgreSQL image stays the stock one, and the manager is always the operator's version.
+//! PostgreSQL image stays the stock one. A new operator sends its binary to the running manager,
+//! which execs it in its own process while PostgreSQL goes on running ([`handover`]).
 //!
 //! # What `run` does
 //!
@@ -46,7 +47,10 @@
 //!    An order is ahead of `instance.json`, which reaches the pod later: the manager acts on the
 //!    file only when the primary it names changes, and then never promotes itself — it follows
 //!    the named primary if that is another pod ([`ha`]).
-//! 6. On SIGTERM or SIGINT: a fast shutdown, immediate once `--shutdown-timeout` has passed,
+//! 6. On `/control/upgrade` (a new binary, checked): between two turns of the loop, records what
+//!    it knows and execs the new binary in its own process; the new manager adopts the running
+//!    server ([`handover`]).
+//! 7. On SIGTERM or SIGINT: a fast shutdown, immediate once `--shutdown-timeout` has passed,
 //!    then exits (a server whose postmaster did not answer a new connection at the last look is
 //!    killed at once, here as for any stop). SIGQUIT asks for an immediate shutdown; SIGHUP is
 //!    passed on (reload). If postgres exits by itself, so does the manager, with an error: the
@@ -60,6 +64,7 @@ mod desired;
 mod endpoint;
 mod guarded;
 mod ha;
+mod handover;
 mod health;
 mod identity;
 mod isolation;
@@ -76,7 +81,7 @@ mod stream;
 mod tick;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -129,7 +134,7 @@ pub enum InstanceCommand {
 pub fn run(command: InstanceCommand) -> anyhow::Result<()> {
     crate::agent::init_logging();
     match command {
-        InstanceCommand::Install { destination } => install(&destination),
+        InstanceCommand::Install { destination } => handover::install(&destination),
         InstanceCommand::ArchiveWal { socket, name } => {
             archive::socket::request(&socket, &name).map_err(anyhow::Error::msg)
         }
@@ -156,21 +161,6 @@ pub fn run(command: InstanceCommand) -> anyhow::Result<()> {
     }
 }
 
-/// Copies the running binary to `destination`, whole or not at all.
-fn install(destination: &Path) -> anyhow::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let source = std::env::current_exe().context("cannot find the running binary")?;
-    let partial = destination.with_extension("partial");
-    std::fs::copy(&source, &partial)
-        .with_context(|| format!("cannot copy {} to {}", source.display(), partial.display()))?;
-    std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755))
-        .with_context(|| format!("cannot make {} executable", partial.display()))?;
-    std::fs::rename(&partial, destination)
-        .with_context(|| format!("cannot move the binary to {}", destination.display()))?;
-    tracing::info!(destination = %destination.display(), "instance manager installed");
-    Ok(())
-}
-
 /// What woke the supervisor up.
 enum Wakeup {
     Stop(StopRequest),
@@ -192,11 +182,19 @@ enum Next {
     Repair(stream::Stuck),
     /// Stop for an in-place recovery ([`recover::in_place`]).
     InPlace,
+    /// Hand the process over to a new binary ([`handover`]).
+    HandOver(handover::Upgrade),
 }
 
 async fn supervise(args: RunArgs) -> anyhow::Result<()> {
     let mut signals = Signals::install().context("cannot handle signals")?;
-    let board = health::Board::new(InstanceStatus::starting(&args.pod_name), args.watch_period);
+    let binary = handover::ManagerBinary::current().context("cannot find the running binary")?;
+    // After a handover, the status served last stays true until the first look at the server.
+    let first_status = handover::peek(&args.run_dir)
+        .map(|handover| handover.status)
+        .filter(|status| status.pod == args.pod_name)
+        .unwrap_or_else(|| InstanceStatus::starting(&args.pod_name));
+    let board = health::Board::new(first_status, args.watch_period);
     let address = SocketAddr::new(args.status_address, args.status_port);
     let (requests, orders) = tokio::sync::mpsc::channel(control::QUEUE);
     let control = control::Control {
@@ -210,6 +208,7 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         board.clone(),
         control,
         archiver.clone(),
+        binary.clone(),
     ));
     let sources = Sources {
         config_dir: args.config_dir.clone(),
@@ -256,6 +255,7 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         initialized_by: None,
         archiver,
         restoring: None,
+        binary,
     };
     let result = instance.start_and_run(&mut signals).await;
     endpoint.abort();
@@ -269,19 +269,6 @@ fn archive_settings(desired: &Desired) -> archive::ArchiveSettings {
         target: desired.topology.wal_archive.clone(),
         cluster_uid: desired.topology.cluster_uid.clone(),
     }
-}
-
-/// A replica's settings that must stay at what its primary ran with ([`datadir::standby_floors`]).
-async fn floors(
-    role: Role,
-    pgdata: &Path,
-    desired: &Desired,
-) -> Result<Vec<datadir::Floor>, datadir::DataDirError> {
-    if role == Role::Primary {
-        return Ok(Vec::new());
-    }
-    let recorded = datadir::recorded_settings(pgdata).await?;
-    Ok(datadir::standby_floors(&desired.postgresql_conf, &recorded))
 }
 
 /// A running instance and what has been applied to it.
@@ -331,6 +318,8 @@ struct Instance {
     restoring: Option<recover::Restoring>,
     /// This instance's record of the last in-place recovery ([`recover::in_place`]).
     in_place: Option<pgkube_controllers::storage::recovery::in_place::InPlaceReport>,
+    /// The binary this manager runs ([`handover`]).
+    binary: Arc<handover::ManagerBinary>,
 }
 
 /// How the steady state ended.
@@ -433,16 +422,18 @@ impl Instance {
                         Next::Continue
                     }
                     Some(ControlRequest::Follow(target)) => Next::Follow(target),
+                    Some(ControlRequest::Upgrade(upgrade)) => Next::HandOver(upgrade),
                     None => Next::Continue,
                 },
                 Wakeup::Tick => self.tick().await,
             };
-            if !matches!(next, Next::Continue) {
+            if !matches!(next, Next::Continue | Next::HandOver(_)) {
                 // The server stops for a while: nothing to fence meanwhile.
                 self.isolation.watch_primary(None);
             }
             server = match next {
                 Next::Continue => server,
+                Next::HandOver(upgrade) => self.hand_over(server, upgrade).await,
                 Next::InPlace => {
                     let _busy = self.board.busy("stopping for an in-place recovery");
                     self.set_status(InstanceStatus::starting(&self.args.pod_name));

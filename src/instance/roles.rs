@@ -17,6 +17,7 @@
 //! A former primary's replication slots are removed before it starts as a standby: nobody
 //! streams from a standby here, and they would keep WAL forever.
 
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -28,7 +29,7 @@ use super::endpoint::InstanceStatus;
 use super::ha::{self, Rejoin, Wait};
 use super::identity;
 use super::server::{Server, Shutdown};
-use super::{ControlRequest, Instance, Signals, floors, sql};
+use super::{ControlRequest, Desired, Instance, Signals, sql};
 
 /// How long a look at another instance (its `/status`, or a connection to it) may take.
 const PEER_TIMEOUT: Duration = Duration::from_secs(2);
@@ -50,9 +51,25 @@ async fn within<T, E: std::fmt::Display>(
     }
 }
 
+/// A replica's settings that must stay at what its primary ran with ([`datadir::standby_floors`]).
+pub(super) async fn floors(
+    role: Role,
+    pgdata: &Path,
+    desired: &Desired,
+) -> Result<Vec<datadir::Floor>, datadir::DataDirError> {
+    if role == Role::Primary {
+        return Ok(Vec::new());
+    }
+    let recorded = datadir::recorded_settings(pgdata).await?;
+    Ok(datadir::standby_floors(&desired.postgresql_conf, &recorded))
+}
+
 impl Instance {
     /// Makes the data directory ready, decides the role and starts `postgres`.
     pub(super) async fn prepare(&mut self) -> anyhow::Result<Server> {
+        if let Some(server) = self.adopt().await? {
+            return Ok(server);
+        }
         self.wait_out_fence().await;
         self.write_passfiles(&self.applied.clone())?;
         datadir::recover_interrupted_swap(&self.args.pgdata)?;
@@ -345,6 +362,9 @@ impl Instance {
                         Some(ControlRequest::Follow(next)) => target = next,
                         Some(ControlRequest::Promote(reply)) => {
                             let _ = reply.send(Err("the server is not running: this instance is rejoining as a standby".to_owned()));
+                        }
+                        Some(ControlRequest::Upgrade(upgrade)) => {
+                            upgrade.refuse("the server is not running".to_owned());
                         }
                         None => {}
                     },

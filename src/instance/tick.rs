@@ -20,9 +20,10 @@ use std::time::Duration;
 use super::datadir::Role;
 use super::endpoint::InstanceStatus;
 use super::planned::PendingRestart;
+use super::roles::floors;
 use super::sql::{self, Admission, ConnectError, ServerState};
 use super::stream::Stuck;
-use super::{Instance, Next, floors};
+use super::{Instance, Next};
 
 /// How long a new connection to the local server may take before the server counts as not
 /// accepting connections.
