@@ -88,6 +88,9 @@ pub struct Settings {
     /// HTTP to the pod's address by default. Tests substitute an answer for pods that never
     /// run (simulated nodes).
     pub instance_status: Arc<dyn cluster::instances::InstanceStatusSource>,
+    /// The binary the instance managers should run, sent to those that run another one
+    /// ([`cluster::manager_upgrade`]); none: they are left as they are.
+    pub instance_manager_binary: Option<Arc<cluster::manager_upgrade::OwnBinary>>,
 }
 
 impl Default for Settings {
@@ -108,6 +111,7 @@ impl Default for Settings {
             retention_interval: Duration::from_secs(3600),
             otel_env: Vec::new(),
             instance_status: Arc::new(cluster::instances::HttpInstanceStatus::default()),
+            instance_manager_binary: None,
         }
     }
 }

@@ -141,6 +141,17 @@ pub struct RunArgs {
     )]
     pub agent_image: String,
 
+    /// The pgkube binary sent to instance managers that run another one: they exec it in
+    /// place, and PostgreSQL keeps running (an operator upgrade restarts no database). This
+    /// manager's own binary by default, which is the instance manager of its image.
+    #[arg(long, env = "PGKUBE_INSTANCE_MANAGER_BINARY")]
+    pub instance_manager_binary: Option<std::path::PathBuf>,
+
+    /// Leave the instance managers as their pods started them: an operator upgrade then
+    /// takes effect in each pod only when it is replaced.
+    #[arg(long, env = "PGKUBE_NO_INSTANCE_MANAGER_UPGRADES")]
+    pub no_instance_manager_upgrades: bool,
+
     /// How long a backup may wait for its cluster to be ready (or for the cluster's other
     /// backups) before it fails.
     #[arg(long, env = "PGKUBE_BACKUP_PENDING_DEADLINE", default_value = "1h",
@@ -288,6 +299,20 @@ impl RunArgs {
             otel_env: otel_env(std::env::vars()),
             ..pgkube_controllers::Settings::default()
         })
+    }
+
+    /// The binary instance managers should run (read and hashed now), unless upgrades are off.
+    pub fn instance_manager_binary(
+        &self,
+    ) -> std::io::Result<Option<pgkube_controllers::cluster::manager_upgrade::OwnBinary>> {
+        if self.no_instance_manager_upgrades {
+            return Ok(None);
+        }
+        let path = match &self.instance_manager_binary {
+            Some(path) => path.clone(),
+            None => std::env::current_exe()?,
+        };
+        pgkube_controllers::cluster::manager_upgrade::OwnBinary::read(&path).map(Some)
     }
 }
 

@@ -60,7 +60,11 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
     // Events on a client of their own, with the same limits (as client-go's event broadcaster).
     let events =
         kube_client::rate_limited(config.clone(), args.kube_api_qps, burst, &client_metrics)?;
-    let settings = args.settings()?;
+    let mut settings = args.settings()?;
+    settings.instance_manager_binary = args
+        .instance_manager_binary()
+        .context("cannot read the instance manager binary")?
+        .map(Arc::new);
     // Before leader election, so that a follower fails as fast as a leader would.
     pgkube_controllers::ensure_crds_installed(&client, &settings.watch_namespaces).await?;
 

@@ -172,6 +172,28 @@ where
 
 /// Applies `desired` unless `live` (the live child's JSON value) already matches it; returns
 /// the object after the apply, or `None` when nothing was written.
+/// The JSON applied for `desired`, before its hash is stamped on it.
+fn body_of<K>(desired: &K) -> Result<Value, serde_json::Error>
+where
+    K: Resource<DynamicType = ()> + Serialize,
+{
+    let mut body = serde_json::to_value(desired)?;
+    // k8s-openapi leaves apiVersion and kind out of the typed objects' JSON.
+    body["apiVersion"] = json!(K::api_version(&()));
+    body["kind"] = json!(K::kind(&()));
+    Ok(body)
+}
+
+/// Whether `desired` is what was applied last to `live`: the hash it would be stamped with is
+/// the one `live` carries.
+pub(super) fn applied_last<K>(desired: &K, live: &K) -> bool
+where
+    K: Resource<DynamicType = ()> + Serialize,
+{
+    let applied = live.annotations().get(drift::HASH_ANNOTATION);
+    body_of(desired).is_ok_and(|body| applied == Some(&drift::desired_hash(&body)))
+}
+
 async fn apply_child<K>(
     client: &Client,
     namespace: &str,
@@ -187,11 +209,7 @@ where
 {
     let name = desired.name_any();
     let kind = K::kind(&()).into_owned();
-    let mut body = serde_json::to_value(desired).map_err(Error::Serialize)?;
-    // k8s-openapi leaves apiVersion and kind out of the typed objects' JSON.
-    body["apiVersion"] = json!(K::api_version(&()));
-    body["kind"] = json!(kind);
-    let body = drift::stamped(body);
+    let body = drift::stamped(body_of(desired).map_err(Error::Serialize)?);
     if let Some(mut live) = live {
         cache::expand_compacted(&mut live);
         if drift::is_up_to_date(&body, &live) {

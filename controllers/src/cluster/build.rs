@@ -57,6 +57,8 @@ const SUPERUSER: &str = "postgres";
 const DATA_MOUNT: &str = "/var/lib/postgresql/data";
 /// Volumes and where the PostgreSQL container mounts them.
 const CONTROLLER_VOLUME: &str = "controller";
+/// The init container that installs the instance manager.
+pub const INSTALL_CONTAINER: &str = "install-instance-manager";
 const CONTROLLER_MOUNT: &str = "/controller";
 const CONFIG_VOLUME: &str = "config";
 const CONFIG_MOUNT: &str = "/etc/pgkube/config";

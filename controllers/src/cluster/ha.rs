@@ -301,7 +301,7 @@ async fn send_commands(
 }
 
 /// The cluster's control token, from its Secret.
-async fn control_token(
+pub(super) async fn control_token(
     context: &ClusterContext,
     namespace: &str,
     names: &ChildNames,

@@ -86,6 +86,7 @@ mod tests {
             settings_digest: None,
             wal_archive: None,
             in_place: None,
+            manager_digest: None,
         }
     }
 

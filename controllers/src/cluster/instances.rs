@@ -148,6 +148,10 @@ pub struct InstanceReport {
     /// The instance's part in the last in-place point-in-time recovery.
     #[serde(default)]
     pub in_place: Option<crate::storage::recovery::in_place::InPlaceReport>,
+    /// The SHA-256 of the instance manager's binary ([`super::manager_upgrade`]); older
+    /// instance managers do not say.
+    #[serde(default)]
+    pub manager_digest: Option<String>,
 }
 
 /// Why an instance has no report. Each reason has one fixed description, stable from one
@@ -192,6 +196,22 @@ pub trait InstanceStatusSource: fmt::Debug + Send + Sync {
         &'a self,
         address: &'a InstanceAddress,
     ) -> BoxFuture<'a, Result<InstanceReport, FetchError>>;
+
+    /// Sends `binary` to `address.pod`'s instance manager, which execs it in place
+    /// ([`super::manager_upgrade`]). Sources for pods that never run send none.
+    fn upgrade<'a>(
+        &'a self,
+        address: &'a InstanceAddress,
+        token: &'a str,
+        binary: &'a super::manager_upgrade::OwnBinary,
+    ) -> BoxFuture<'a, Result<(), FetchError>> {
+        let _ = (address, token, binary);
+        Box::pin(async {
+            Err(FetchError::Unreachable(
+                "no instance manager runs".to_owned(),
+            ))
+        })
+    }
 
     /// Sends `command` to the control endpoint of `address.pod`'s instance manager, with the
     /// cluster's control `token`. Sources for pods that never run send none.
@@ -409,6 +429,16 @@ impl HttpInstanceStatus {
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(95);
 
 impl InstanceStatusSource for HttpInstanceStatus {
+    fn upgrade<'a>(
+        &'a self,
+        address: &'a InstanceAddress,
+        token: &'a str,
+        binary: &'a super::manager_upgrade::OwnBinary,
+    ) -> BoxFuture<'a, Result<(), FetchError>> {
+        let socket = SocketAddr::new(address.ip, self.port);
+        Box::pin(super::manager_upgrade::upload(socket, token, binary))
+    }
+
     fn command<'a>(
         &'a self,
         address: &'a InstanceAddress,

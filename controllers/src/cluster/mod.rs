@@ -53,6 +53,7 @@ mod ha;
 pub mod identity;
 mod in_place;
 pub mod instances;
+pub mod manager_upgrade;
 mod memory;
 mod pipeline;
 mod read;

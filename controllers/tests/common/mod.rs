@@ -154,6 +154,7 @@ impl SimulatedInstances {
             settings_digest: None,
             wal_archive: None,
             in_place: None,
+            manager_digest: None,
         }
     }
 
@@ -182,6 +183,24 @@ impl InstanceStatusSource for SimulatedInstances {
         self.asked.fetch_add(1, Ordering::SeqCst);
         let answer = self.simulated(&address.pod);
         Box::pin(async move { answer })
+    }
+
+    /// Pods on the real node take new instance managers; simulated ones take none.
+    fn upgrade<'a>(
+        &'a self,
+        address: &'a InstanceAddress,
+        token: &'a str,
+        binary: &'a pgkube_controllers::cluster::manager_upgrade::OwnBinary,
+    ) -> BoxFuture<'a, Result<(), FetchError>> {
+        if address.ip.is_loopback() {
+            return self.http.upgrade(address, token, binary);
+        }
+        Box::pin(async move {
+            Err(FetchError::Unreachable(format!(
+                "{} runs on a simulated node",
+                address.pod
+            )))
+        })
     }
 
     /// Pods on the real node (loopback addresses) take commands; simulated ones take none.

@@ -264,6 +264,15 @@ fn probe_tcp(url: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The pgkube binary the real node runs for the pgkube image (what `tests/testbed/up` gives
+/// its node agent): the debug build in `CARGO_TARGET_DIR`, else in the workspace's `target`.
+pub fn node_pgkube_binary() -> PathBuf {
+    let root = workspace_root();
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| root.join("target"), |dir| root.join(dir));
+    target.join("debug/pgkube")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -136,7 +136,7 @@ pub use cluster::{
 pub use conversion::{TestCa, converting_crds, converting_crds_storing};
 pub use crds::{CRD_FIELD_MANAGER, install_crds};
 pub use database::TestDatabase;
-pub use env::{SKIP_ENV_VAR, TestEnv, testbed};
+pub use env::{SKIP_ENV_VAR, TestEnv, node_pgkube_binary, testbed};
 pub use failover::{RoleSampler, SAMPLE_PERIOD, Sample};
 pub use http::http_get;
 pub use names::unique_name;

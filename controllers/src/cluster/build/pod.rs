@@ -100,7 +100,7 @@ fn s3_volume(name: &str, storage: &pgkube_crds::S3Storage) -> Volume {
 /// Copies the instance manager from pgkube's image into the `controller` volume.
 pub(super) fn install_container(image: &str) -> Container {
     install_pgkube_container(
-        "install-instance-manager",
+        INSTALL_CONTAINER,
         image,
         CONTROLLER_VOLUME,
         CONTROLLER_MOUNT,

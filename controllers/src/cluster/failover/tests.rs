@@ -49,6 +49,7 @@ fn reporting(
             settings_digest: None,
             wal_archive: None,
             in_place: None,
+            manager_digest: None,
         }),
     }
 }

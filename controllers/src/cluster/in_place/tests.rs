@@ -38,6 +38,7 @@ fn instance(
                     (state == InPlaceState::Recovered).then(|| "/data/pgdata.before-x".to_owned());
                 InPlaceReport::new(UID, state, message)
             }),
+            manager_digest: None,
         }),
     }
 }

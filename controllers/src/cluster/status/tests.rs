@@ -52,6 +52,7 @@ fn report(pod: &str, role: ReportedRole) -> InstanceReport {
         settings_digest: None,
         wal_archive: None,
         in_place: None,
+        manager_digest: None,
     }
 }
 

@@ -44,6 +44,7 @@ fn instance(ordinal: i32, role: ReportedRole, lsn: u64, digest: &str) -> Observe
             settings_digest: Some(digest.to_owned()),
             wal_archive: None,
             in_place: None,
+            manager_digest: None,
         }),
     }
 }
