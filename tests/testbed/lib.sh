@@ -28,7 +28,7 @@ S3_BUCKET="pgkube-test"
 S3_REGION="garage"
 
 # Every component `up` starts, in start order; `down` stops them in reverse.
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler provisioner kwok node postgres garage)
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler provisioner kwok node node-b postgres garage)
 
 log() { printf '[testbed %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 

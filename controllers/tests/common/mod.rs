@@ -347,6 +347,11 @@ impl Running {
         Api::namespaced(self.client.clone(), self.namespace.name())
     }
 
+    /// The test bed.
+    pub fn env(&self) -> &TestEnv {
+        &self.env
+    }
+
     pub fn api<K>(&self) -> Api<K>
     where
         K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,

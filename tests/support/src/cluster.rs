@@ -1,9 +1,10 @@
 //! PostgreSQL clusters on the test bed's real node, for end-to-end tests.
 //!
-//! The test bed has one real node, [`LOCAL_NODE`], whose pods run as local processes, each with
-//! its own loopback address as `status.podIP`, reachable from the test process. The node is
+//! The test bed's real node, [`LOCAL_NODE`], runs its pods as local processes, each with its
+//! own loopback address as `status.podIP`, reachable from the test process. The node is
 //! labelled and tainted so that only pods that ask for it land there:
-//! [`local_node_scheduling`] gives the `nodeSelector` and toleration that do. [`TestCluster`]
+//! [`local_node_scheduling`] gives the `nodeSelector` and toleration that do. A second real
+//! node takes the pods that tolerate its own taint too ([`crate::second_node_toleration`]). [`TestCluster`]
 //! creates a `PostgreSQLCluster` there, waits until it runs, and connects to it with SQL.
 //!
 //! A cluster has one primary and streaming replicas. pgkube labels each pod with its role

@@ -77,6 +77,14 @@ impl RwWriter {
         lock(&self.acknowledged).len()
     }
 
+    /// When the first commit after `instant` was acknowledged, if one was.
+    pub fn first_acknowledged_after(&self, instant: Instant) -> Option<Instant> {
+        lock(&self.acknowledged)
+            .iter()
+            .map(|(_, at)| *at)
+            .find(|at| *at > instant)
+    }
+
     /// Waits until `more` commits beyond `since` are acknowledged.
     pub async fn wait_for(
         &self,

@@ -14,6 +14,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/virtual-kubelet/virtual-kubelet/node"
@@ -54,6 +55,9 @@ func newAgent(ctx context.Context, cfg config) (*agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	if _, err := parseTaint(cfg.extraTaint); err != nil {
+		return nil, fmt.Errorf("--extra-taint: %w", err)
+	}
 	_, portText, err := net.SplitHostPort(cfg.listenAddr)
 	if err != nil {
 		return nil, fmt.Errorf("--listen %q: %w", cfg.listenAddr, err)
@@ -82,6 +86,16 @@ func (a *agent) run(ctx context.Context) error {
 	configMapInformer := otherInformers.Core().V1().ConfigMaps()
 	a.provider.watchServices(serviceInformer)
 	a.provider.watchObjects(secretInformer, configMapInformer)
+	// The pods of the other real nodes, for names that resolve across nodes.
+	var peerInformers []informers.SharedInformerFactory
+	for _, peer := range a.cfg.peerNodes {
+		factory := informers.NewSharedInformerFactoryWithOptions(a.client, time.Minute,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+				o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", peer).String()
+			}))
+		a.provider.watchPeerPods(peer, factory.Core().V1().Pods())
+		peerInformers = append(peerInformers, factory)
+	}
 
 	broadcaster := record.NewBroadcaster()
 	broadcaster.StartRecordingToSink(&corev1client.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
@@ -118,6 +132,9 @@ func (a *agent) run(ctx context.Context) error {
 
 	podInformers.Start(ctx.Done())
 	otherInformers.Start(ctx.Done())
+	for _, factory := range peerInformers {
+		factory.Start(ctx.Done())
+	}
 	defer a.provider.stopAll()
 	go func() {
 		if err := podController.Run(ctx, 8); err != nil && ctx.Err() == nil {
@@ -165,9 +182,7 @@ func (a *agent) nodeObject() *corev1.Node {
 				nodeRoleKey:              nodeRoleValue,
 			},
 		},
-		Spec: corev1.NodeSpec{
-			Taints: []corev1.Taint{{Key: nodeRoleKey, Value: nodeRoleValue, Effect: corev1.TaintEffectNoSchedule}},
-		},
+		Spec: corev1.NodeSpec{Taints: a.taints()},
 		Status: corev1.NodeStatus{
 			Capacity:    capacity,
 			Allocatable: capacity,
@@ -192,6 +207,28 @@ func (a *agent) nodeObject() *corev1.Node {
 			},
 		},
 	}
+}
+
+// taints: the test bed's own, and --extra-taint (checked when the agent starts).
+func (a *agent) taints() []corev1.Taint {
+	taints := []corev1.Taint{{Key: nodeRoleKey, Value: nodeRoleValue, Effect: corev1.TaintEffectNoSchedule}}
+	if extra, err := parseTaint(a.cfg.extraTaint); err == nil && extra != nil {
+		taints = append(taints, *extra)
+	}
+	return taints
+}
+
+// parseTaint reads key=value:Effect; nil for "".
+func parseTaint(text string) (*corev1.Taint, error) {
+	if text == "" {
+		return nil, nil
+	}
+	keyValue, effect, ok := strings.Cut(text, ":")
+	key, value, _ := strings.Cut(keyValue, "=")
+	if !ok || key == "" || effect == "" {
+		return nil, fmt.Errorf("taint %q is not key=value:Effect", text)
+	}
+	return &corev1.Taint{Key: key, Value: value, Effect: corev1.TaintEffect(effect)}, nil
 }
 
 // serveKubeletAPI serves /containerLogs and /exec over TLS on loopback. Only clients with a

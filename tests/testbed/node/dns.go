@@ -4,8 +4,9 @@ package main
 // in its mount namespace) lists
 //   - localhost and the pod's own names, at the pod's address;
 //   - every Service, as `svc.ns.svc` and `svc.ns.svc.cluster.local` (and `svc`, `svc.ns` in
-//     the pod's own namespace), at the addresses of the ready pods on this node that its
-//     selector matches (not-ready ones too when it publishes them);
+//     the pod's own namespace), at the addresses of the ready pods on this node and on its
+//     peers (--peer-nodes) that its selector matches (not-ready ones too when it publishes
+//     them);
 //   - pods of a headless Service as `hostname.subdomain.ns.svc[.cluster.local]`.
 // Names resolve to pod addresses, not to a ClusterIP: there is no kube-proxy, so a Service
 // works when its port equals its target port. The files are rewritten in place (the mount
@@ -74,26 +75,47 @@ func (p *provider) hostsEntries() ([]hostsEntry, []*corev1.Service) {
 		runtimes = append(runtimes, runtime)
 	}
 	services := p.services
+	var peers []*corev1.Pod
+	for _, pods := range p.peerPods {
+		peers = append(peers, pods...)
+	}
 	p.mu.Unlock()
 	var entries []hostsEntry
+	for _, pod := range peers {
+		if pod.Status.PodIP == "" || pod.DeletionTimestamp != nil ||
+			pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		hostname := pod.Spec.Hostname
+		if hostname == "" {
+			hostname = pod.Name
+		}
+		entries = append(entries, hostsEntry{
+			ip: pod.Status.PodIP, ready: podReady(pod), labels: pod.Labels, namespace: pod.Namespace,
+			hostname: hostname, subdomain: pod.Spec.Subdomain,
+		})
+	}
 	for _, runtime := range runtimes {
 		pod := runtime.snapshot()
 		if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 			continue
 		}
-		ready := false
-		for _, c := range pod.Status.Conditions {
-			if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
-				ready = true
-			}
-		}
 		entries = append(entries, hostsEntry{
-			ip: runtime.ip, ready: ready, labels: pod.Labels, namespace: pod.Namespace,
+			ip: runtime.ip, ready: podReady(pod), labels: pod.Labels, namespace: pod.Namespace,
 			hostname: runtime.hostname(), subdomain: pod.Spec.Subdomain,
 		})
 	}
 	sort.Slice(entries, func(i, j int) bool { return entries[i].ip < entries[j].ip })
 	return entries, services
+}
+
+func podReady(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
 }
 
 // writeHosts writes one pod's hosts file.

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -47,6 +48,12 @@ type config struct {
 	imagesDir     string
 	postgresLibs  string
 	leaseDuration int
+	// peerNodes: the other real nodes of the test bed, whose pods' names this node's pods
+	// resolve too.
+	peerNodes []string
+	// extraTaint: a taint besides the test bed's own, as key=value:Effect (a second node that
+	// only pods tolerating it land on).
+	extraTaint string
 	// volumeSyncPeriod: how often Secret, ConfigMap, downward API and projected volumes are
 	// compared with their sources (the kubelet's sync is about a minute; tests want seconds).
 	volumeSyncPeriod time.Duration
@@ -68,9 +75,16 @@ func parseFlags() config {
 	flag.StringVar(&c.imagesDir, "images-dir", "", "directory with the image entrypoints (postgres-entrypoint.sh)")
 	flag.StringVar(&c.postgresLibs, "postgres-root", "/usr/lib/postgresql", "where PostgreSQL majors are installed")
 	flag.IntVar(&c.leaseDuration, "lease-duration", 40, "node lease duration in seconds")
+	peers := flag.String("peer-nodes", "", "comma-separated names of the test bed's other real nodes")
+	flag.StringVar(&c.extraTaint, "extra-taint", "", "another taint of the node, key=value:Effect")
 	flag.DurationVar(&c.volumeSyncPeriod, "volume-sync-period", 2*time.Second,
 		"how often Secret, ConfigMap, downward API and projected volumes are refreshed from their sources (also at once on a change of a Secret or ConfigMap); 0 turns refreshes off")
 	flag.Parse()
+	for _, peer := range strings.Split(*peers, ",") {
+		if peer = strings.TrimSpace(peer); peer != "" {
+			c.peerNodes = append(c.peerNodes, peer)
+		}
+	}
 	return c
 }
 

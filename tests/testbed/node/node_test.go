@@ -265,3 +265,36 @@ func TestAConditionKeepsTheTimeOfItsLastTransition(t *testing.T) {
 		t.Errorf("a changed condition kept its time %v", changed)
 	}
 }
+
+func TestATaintIsKeyValueAndEffect(t *testing.T) {
+	taint, err := parseTaint("pgkube.io/testbed-node-b=true:NoSchedule")
+	want := corev1.Taint{Key: "pgkube.io/testbed-node-b", Value: "true", Effect: corev1.TaintEffectNoSchedule}
+	if err != nil || taint == nil || *taint != want {
+		t.Errorf("parseTaint: %v, %v; want %v", taint, err, want)
+	}
+	if taint, err := parseTaint(""); taint != nil || err != nil {
+		t.Errorf("no taint: %v, %v", taint, err)
+	}
+	if _, err := parseTaint("no-effect"); err == nil {
+		t.Error("a taint without an effect is refused")
+	}
+}
+
+func TestThePodsOfPeerNodesResolveByTheirAddresses(t *testing.T) {
+	ready := corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionTrue}
+	peer := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "db-1", Namespace: "ns", Labels: map[string]string{"app": "db"}},
+		Spec:       corev1.PodSpec{Hostname: "db-1", Subdomain: "db-headless"},
+		Status:     corev1.PodStatus{PodIP: "127.88.0.2", Conditions: []corev1.PodCondition{ready}},
+	}
+	pending := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "db-2", Namespace: "ns"}}
+	p := &provider{pods: map[string]*podRuntime{}, peerPods: map[string][]*corev1.Pod{"b": {peer, pending}}}
+	entries, _ := p.hostsEntries()
+	if len(entries) != 1 {
+		t.Fatalf("entries %+v, want the one peer pod with an address", entries)
+	}
+	got := entries[0]
+	if got.ip != "127.88.0.2" || !got.ready || got.hostname != "db-1" || got.subdomain != "db-headless" {
+		t.Errorf("entry %+v", got)
+	}
+}

@@ -37,6 +37,8 @@ type provider struct {
 	nextIP   int
 	notify   func(*corev1.Pod)
 	services []*corev1.Service
+	// peerPods: the pods of the other real nodes, by node.
+	peerPods map[string][]*corev1.Pod
 	dnsDirty chan struct{}
 	objects  *objectCache // set before any pod starts
 	// shuttingDown: the agent is stopping; pods' processes stop but the pods stay in the API,
@@ -57,6 +59,7 @@ func newProvider(ctx context.Context, cfg config, client kubernetes.Interface) (
 		ctx:      ctx,
 		pods:     map[string]*podRuntime{},
 		usedIPs:  map[string]bool{},
+		peerPods: map[string][]*corev1.Pod{},
 		nextIP:   2,
 		notify:   func(*corev1.Pod) {},
 		dnsDirty: make(chan struct{}, 1),
@@ -263,6 +266,26 @@ func (p *provider) watchServices(informer corev1informers.ServiceInformer) {
 		}
 		p.mu.Lock()
 		p.services = services
+		p.mu.Unlock()
+		p.markDNSDirty()
+	}
+	_, _ = informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    refresh,
+		UpdateFunc: func(_, obj any) { refresh(obj) },
+		DeleteFunc: refresh,
+	})
+}
+
+// watchPeerPods keeps the pods of node peer for name resolution.
+func (p *provider) watchPeerPods(peer string, informer corev1informers.PodInformer) {
+	lister := informer.Lister()
+	refresh := func(any) {
+		pods, err := lister.List(everything())
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		p.peerPods[peer] = pods
 		p.mu.Unlock()
 		p.markDNSDirty()
 	}
