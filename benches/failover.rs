@@ -31,16 +31,27 @@
 //! prints, per roll, the longest time between two acknowledged writes (how long writes were
 //! unavailable), the failed tries and what `status.primaryChange` says; then the minimum,
 //! median and maximum.
+//!
+//! Then `PGKUBE_BENCH_NODE_LOSSES` (default 5) node losses: the cluster tolerates the test
+//! bed's second real node, so its instances spread over both. Each round moves the primary to
+//! `testbed-local-b` by a switchover if it is not there, kills that node's agent (its pods'
+//! processes die with it, their objects stay), and tries a write through `-rw` every 100 ms as
+//! above. It prints the time from the loss to the first successful write, then brings the node
+//! back and waits until the cluster is healthy again; then the minimum, median and maximum.
+//!
+//! The instance managers are told to run the debug `pgkube` too (`--instance-manager-binary`),
+//! so that the release manager does not replace them in place with itself.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use pgkube_crds::{InstanceRole, PostgreSQLCluster};
 use pgkube_testkit::{
-    RwWriter, TestCluster, TestEnv, TestNamespace, http_get, install_crds, postmaster_of,
-    send_signal, testbed, wait_until,
+    LostNode, RwWriter, SECOND_NODE, TestCluster, TestEnv, TestNamespace, http_get, install_crds,
+    postmaster_of, second_node_toleration, send_signal, testbed, wait_until,
 };
 
 #[path = "../tests/manager_common/mod.rs"]
@@ -51,6 +62,7 @@ use manager_common::Manager;
 const DEFAULT_FAILOVERS: usize = 5;
 const DEFAULT_DELAY_SECONDS: u64 = 3;
 const DEFAULT_ROLLS: usize = 5;
+const DEFAULT_NODE_LOSSES: usize = 5;
 const CLUSTER: &str = "bench";
 const START_TIMEOUT: Duration = Duration::from_secs(300);
 const HEALTHY_TIMEOUT: Duration = Duration::from_secs(300);
@@ -91,11 +103,12 @@ fn failovers() -> usize {
         .unwrap_or(DEFAULT_FAILOVERS)
 }
 
-fn rolls() -> usize {
-    std::env::var("PGKUBE_BENCH_ROLLS")
+/// A count from the environment variable `name`, else `default`.
+fn count_from(name: &str, default: usize) -> usize {
+    std::env::var(name)
         .ok()
         .and_then(|value| value.trim().parse().ok())
-        .unwrap_or(DEFAULT_ROLLS)
+        .unwrap_or(default)
 }
 
 /// One rolling update under writes; returns the longest time writes were unavailable.
@@ -189,7 +202,7 @@ fn kept_manager_binary(directory: &Path) -> PathBuf {
 struct Round {
     before: String,
     after: Option<String>,
-    /// From the kill to the first successful write through rw (`None`: none in time).
+    /// From the kill or loss to the first successful write through rw (`None`: none in time).
     took: Option<Duration>,
     change: String,
 }
@@ -200,29 +213,11 @@ async fn bench(env: TestEnv, failovers: usize, delay: u64) {
     let namespace = TestNamespace::create(&client, "failover-bench").await;
     let directory = std::env::temp_dir().join(format!("pgkube-bench-{}", namespace.name()));
     std::fs::create_dir_all(&directory).expect("a directory for the manager binary");
-    let mut manager = Manager::start_program(
-        &kept_manager_binary(&directory),
-        &env,
-        "manager-failover-bench",
-        &[
-            "--watch-namespaces",
-            namespace.name(),
-            "--webhook-bind-address",
-            "0",
-        ],
-        &[("RUST_LOG", "info")],
-    );
-    let health = manager.endpoint("health probes").await;
-    wait_until("the manager to be ready", START_TIMEOUT, || async {
-        let (status, _) = http_get(health, "/readyz").await?;
-        Ok((status == 200).then_some(()))
-    })
-    .await
-    .unwrap_or_else(|error| panic!("{error:#}"));
-
+    let mut manager = start_manager(&env, &namespace, &directory).await;
     let cluster = TestCluster::builder(CLUSTER)
         .replicas(3)
         .timeout(START_TIMEOUT)
+        .spec(|spec| spec.tolerations.push(second_node_toleration()))
         .extra_spec(serde_json::json!({"highAvailability": {"failoverDelaySeconds": delay}}))
         .start(&namespace)
         .await
@@ -241,39 +236,101 @@ async fn bench(env: TestEnv, failovers: usize, delay: u64) {
          namespace {}",
         namespace.name()
     );
-
     let mut rounds = Vec::new();
     for round in 1..=failovers {
-        let before = wait_healthy(&cluster).await;
-        let pid = postmaster_of(namespace.name(), &before)
-            .unwrap_or_else(|| panic!("the postmaster of {before}"));
-        let killed = Instant::now();
-        send_signal(pid, "KILL").expect("kill -9");
-        let written = cluster
-            .wait_writable("INSERT INTO beats DEFAULT VALUES", WRITE_TIMEOUT)
-            .await;
-        let took = written.as_ref().ok().map(|_| killed.elapsed());
-        if let Err(error) = &written {
-            eprintln!("failover: round {round}: {error:#}");
-        }
-        let status = cluster_status(&env, namespace.name()).await;
-        let result = Round {
-            before,
-            after: status["currentPrimary"].as_str().map(str::to_owned),
-            took,
-            change: describe_change(&status["primaryChange"]),
-        };
-        print_round(round, &result);
+        let result = kill_round(&env, &cluster, namespace.name(), round).await;
+        print_round(round, "the kill", &result);
         rounds.push(result);
     }
-    print_summary(&rounds);
-    let rolls = rolls();
+    print_summary("failovers", &rounds);
+    roll_rounds(&env, &cluster, namespace.name()).await;
+    node_loss_rounds(&env, &cluster, namespace.name()).await;
+
+    if let Err(error) = cluster.delete(Duration::from_secs(120)).await {
+        eprintln!("failover: {error:#}");
+    }
+    manager.terminate();
+    let _ = manager.exit_code(Duration::from_secs(60)).await;
+    namespace.cleanup().await;
+    let _ = std::fs::remove_dir_all(&directory);
+}
+
+/// The release manager, watching `namespace`, ready.
+async fn start_manager(env: &TestEnv, namespace: &TestNamespace, directory: &Path) -> Manager {
+    let instance_manager = pgkube_testkit::node_pgkube_binary();
+    let instance_manager = instance_manager.to_string_lossy();
+    let manager = Manager::start_program(
+        &kept_manager_binary(directory),
+        env,
+        "manager-failover-bench",
+        &[
+            "--watch-namespaces",
+            namespace.name(),
+            "--webhook-bind-address",
+            "0",
+            "--instance-manager-binary",
+            &instance_manager,
+        ],
+        &[("RUST_LOG", "info")],
+    );
+    let health = manager.endpoint("health probes").await;
+    wait_until("the manager to be ready", START_TIMEOUT, || async {
+        let (status, _) = http_get(health, "/readyz").await?;
+        Ok((status == 200).then_some(()))
+    })
+    .await
+    .unwrap_or_else(|error| panic!("{error:#}"));
+    manager
+}
+
+/// Kills the primary's postmaster and waits for a write through rw.
+async fn kill_round(env: &TestEnv, cluster: &TestCluster, namespace: &str, round: usize) -> Round {
+    let before = wait_healthy(cluster).await;
+    let pid =
+        postmaster_of(namespace, &before).unwrap_or_else(|| panic!("the postmaster of {before}"));
+    let killed = Instant::now();
+    send_signal(pid, "KILL").expect("kill -9");
+    let took = first_write_after(cluster, killed, round).await;
+    round_result(env, namespace, before, took).await
+}
+
+/// The time from `since` to the first write through rw that succeeds, if one does in time.
+async fn first_write_after(
+    cluster: &TestCluster,
+    since: Instant,
+    round: usize,
+) -> Option<Duration> {
+    let written = cluster
+        .wait_writable("INSERT INTO beats DEFAULT VALUES", WRITE_TIMEOUT)
+        .await;
+    if let Err(error) = &written {
+        eprintln!("failover: round {round}: {error:#}");
+    }
+    written.ok().map(|_| since.elapsed())
+}
+
+async fn round_result(
+    env: &TestEnv,
+    namespace: &str,
+    before: String,
+    took: Option<Duration>,
+) -> Round {
+    let status = cluster_status(env, namespace).await;
+    Round {
+        before,
+        after: status["currentPrimary"].as_str().map(str::to_owned),
+        took,
+        change: describe_change(&status["primaryChange"]),
+    }
+}
+
+async fn roll_rounds(env: &TestEnv, cluster: &TestCluster, namespace: &str) {
+    let rolls = count_from("PGKUBE_BENCH_ROLLS", DEFAULT_ROLLS);
     println!();
     println!("failover: {rolls} rolling updates (a new CPU request each)");
     let mut gaps = Vec::new();
     for roll in 1..=rolls {
-        let gap = rolling_update(&env, &cluster, namespace.name(), roll).await;
-        gaps.push(gap);
+        gaps.push(rolling_update(env, cluster, namespace, roll).await);
     }
     gaps.sort();
     println!();
@@ -288,14 +345,75 @@ async fn bench(env: TestEnv, failovers: usize, delay: u64) {
             seconds(gaps[gaps.len() - 1])
         );
     }
+}
 
-    if let Err(error) = cluster.delete(Duration::from_secs(120)).await {
-        eprintln!("failover: {error:#}");
+async fn node_loss_rounds(env: &TestEnv, cluster: &TestCluster, namespace: &str) {
+    let losses = count_from("PGKUBE_BENCH_NODE_LOSSES", DEFAULT_NODE_LOSSES);
+    println!();
+    println!("failover: {losses} losses of the primary's node ({SECOND_NODE})");
+    let mut rounds = Vec::new();
+    for round in 1..=losses {
+        let result = node_loss(env, cluster, namespace, round).await;
+        print_round(round, "the loss", &result);
+        rounds.push(result);
     }
-    manager.terminate();
-    let _ = manager.exit_code(Duration::from_secs(60)).await;
-    namespace.cleanup().await;
-    let _ = std::fs::remove_dir_all(&directory);
+    print_summary("node losses", &rounds);
+}
+
+/// Loses the primary's node (the second one) and waits for a write through rw; then brings
+/// the node back.
+async fn node_loss(env: &TestEnv, cluster: &TestCluster, namespace: &str, round: usize) -> Round {
+    let healthy = wait_healthy(cluster).await;
+    let before = primary_on_second_node(cluster, namespace, healthy).await;
+    let lost = LostNode::lose(env).expect("the second node is lost");
+    let took = first_write_after(cluster, lost.lost_at, round).await;
+    let result = round_result(env, namespace, before, took).await;
+    lost.restore().expect("the second node comes back");
+    result
+}
+
+/// Moves the primary to a pod on the second node by a switchover, unless it is there;
+/// returns the primary.
+async fn primary_on_second_node(cluster: &TestCluster, namespace: &str, primary: String) -> String {
+    let pods: Api<Pod> = Api::namespaced(cluster.api().into_client(), namespace);
+    let mut on_second = Vec::new();
+    for pod in cluster.pods().await.expect("pods") {
+        let node = pods
+            .get(&pod.name)
+            .await
+            .ok()
+            .and_then(|p| p.spec)
+            .and_then(|s| s.node_name);
+        if node.as_deref() == Some(SECOND_NODE) {
+            on_second.push(pod.name);
+        }
+    }
+    if on_second.contains(&primary) {
+        return primary;
+    }
+    let target = on_second
+        .first()
+        .unwrap_or_else(|| panic!("no instance on {SECOND_NODE}"))
+        .clone();
+    let annotation = serde_json::json!({"metadata": {"annotations": {
+        "db.example.com/switchover-to": target
+    }}});
+    cluster
+        .api()
+        .patch(CLUSTER, &PatchParams::default(), &Patch::Merge(annotation))
+        .await
+        .expect("a switchover asked");
+    wait_until(
+        "the switchover to the second node",
+        HEALTHY_TIMEOUT,
+        || async {
+            let current = cluster.current_primary().await?;
+            Ok((current.as_deref() == Some(target.as_str())).then_some(()))
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error:#}"));
+    wait_healthy(cluster).await
 }
 
 /// Waits until the cluster has a primary and two replicas streaming, caught up, each pod
@@ -371,9 +489,9 @@ fn seconds(duration: Duration) -> String {
     format!("{:.2} s", duration.as_secs_f64())
 }
 
-fn print_round(round: usize, result: &Round) {
+fn print_round(round: usize, event: &str, result: &Round) {
     println!(
-        "round {round}: primary {} -> {}: first write through rw {} after the kill; \
+        "round {round}: primary {} -> {}: first write through rw {} after {event}; \
          primaryChange: {}",
         result.before,
         result.after.as_deref().unwrap_or("none"),
@@ -384,7 +502,7 @@ fn print_round(round: usize, result: &Round) {
     );
 }
 
-fn print_summary(rounds: &[Round]) {
+fn print_summary(what: &str, rounds: &[Round]) {
     let mut times: Vec<Duration> = rounds.iter().filter_map(|r| r.took).collect();
     times.sort();
     let moved = rounds
@@ -392,7 +510,7 @@ fn print_summary(rounds: &[Round]) {
         .filter(|r| r.after.as_deref().is_some_and(|after| after != r.before))
         .count();
     println!();
-    println!("| failovers | primary moved | writes resumed | min | median | max |");
+    println!("| {what} | primary moved | writes resumed | min | median | max |");
     println!("|---|---|---|---|---|---|");
     if times.is_empty() {
         println!("| {} | {moved} | 0 | - | - | - |", rounds.len());
