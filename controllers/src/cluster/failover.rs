@@ -111,13 +111,20 @@ pub struct Plan {
     pub waiting: Option<String>,
     /// Look again within a second: the primary is unavailable or a change is under way.
     pub urgent: bool,
+    /// A change is under way: each of its steps waits for the instances' reports, so they are
+    /// looked at every [`CHANGE_PERIOD`].
+    pub carrying: bool,
 }
+
+/// How soon a change under way is looked at again: writes wait for its steps.
+pub const CHANGE_PERIOD: Duration = Duration::from_millis(250);
 
 /// Decides whether the primary moves now.
 pub fn plan(situation: &Situation<'_>) -> Plan {
     let in_progress = change_in_progress(situation.status);
     let mut plan = Plan {
         urgent: in_progress || !primary_available(situation),
+        carrying: in_progress,
         ..Plan::default()
     };
     if in_progress {
@@ -547,7 +554,10 @@ fn find<'a>(instances: &'a [ObservedInstance], pod: &str) -> Option<&'a Observed
 
 /// How soon to look at a cluster of several instances again: often enough that a lost
 /// primary is noticed well within the failover delay.
-pub fn watch_period(failover_delay: Duration, urgent: bool) -> Duration {
+pub fn watch_period(failover_delay: Duration, urgent: bool, carrying: bool) -> Duration {
+    if carrying {
+        return CHANGE_PERIOD;
+    }
     if urgent {
         return Duration::from_secs(1);
     }

@@ -39,6 +39,8 @@ pub(super) struct Carried {
     pub waiting: Option<String>,
     /// The primary is unavailable or a change is under way: look again within a second.
     pub urgent: bool,
+    /// A change is under way ([`failover::Plan::carrying`]).
+    pub carrying: bool,
     pub failover_delay: Duration,
 }
 
@@ -125,13 +127,23 @@ pub(super) async fn step(
     }
     let commands = failover::commands(&situation);
     if !commands.is_empty() {
-        send_commands(context, cluster, names, &live.addresses, &commands)
+        let promoted = send_commands(context, cluster, names, &live.addresses, &commands)
             .instrument(info_span!("commands", count = commands.len()))
             .await?;
+        // A promotion answered: rw routes to the new primary now, not at the next look.
+        let mut after = roles::with_labels(&live.instances, &label_changes);
+        roles::with_promoted(&mut after, &promoted);
+        let label_changes = roles::label_changes(&after, routed_primary);
+        if !promoted.is_empty() && !label_changes.is_empty() {
+            label_roles(context, &namespace, &label_changes)
+                .instrument(info_span!("labels", writes = field::Empty))
+                .await?;
+        }
     }
     Ok(Step::Continue(Carried {
         waiting: plan.waiting,
         urgent: plan.urgent,
+        carrying: plan.carrying,
         failover_delay,
     }))
 }
@@ -142,7 +154,7 @@ pub(super) async fn step(
 pub(super) fn retry_cap(cluster: &PostgreSQLCluster) -> Option<Duration> {
     let status = cluster.status.as_ref()?;
     has_standbys(status, cluster.spec.replicas)
-        .then(|| failover::watch_period(failover_delay(cluster), false))
+        .then(|| failover::watch_period(failover_delay(cluster), false, false))
 }
 
 /// The instances the cluster has now: the StatefulSet's replicas, else the spec's.
@@ -221,7 +233,7 @@ async fn record_primary_change(
     publish_event(context, cluster, warning, reason, note).await;
     // The status change comes back through the watch and triggers the next step (this write
     // is not recorded in `echoes`); this is the fallback.
-    Ok(Action::requeue(Duration::from_secs(1)))
+    Ok(Action::requeue(failover::CHANGE_PERIOD))
 }
 
 /// Removes the switchover annotation once the request is recorded or refused; a refusal is
@@ -257,19 +269,20 @@ async fn answer_switchover_request(
     Ok(())
 }
 
-/// Sends each command to its instance manager. The control token is read from its Secret
-/// only when there is a command to send (rare): the manager keeps no Secret data in its
-/// caches. A command that fails is logged and sent again by a later reconcile, which looks
-/// at the instances anew.
+/// Sends each command to its instance manager; returns the pods whose promotion was answered.
+/// The control token is read from its Secret only when there is a command to send (rare): the
+/// manager keeps no Secret data in its caches. A command that fails is logged and sent again
+/// by a later reconcile, which looks at the instances anew.
 async fn send_commands(
     context: &ClusterContext,
     cluster: &PostgreSQLCluster,
     names: &ChildNames,
     addresses: &std::collections::BTreeMap<String, std::net::IpAddr>,
     commands: &[failover::Command],
-) -> Result<(), Error> {
+) -> Result<Vec<String>, Error> {
+    let mut promoted = Vec::new();
     if commands.is_empty() {
-        return Ok(());
+        return Ok(promoted);
     }
     let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
     let token = control_token(context, &namespace, names).await?;
@@ -293,11 +306,16 @@ async fn send_commands(
             },
         };
         match source.command(&address, &token, &control).await {
-            Ok(()) => tracing::info!(%pod, ?control, "instance manager commanded"),
+            Ok(()) => {
+                tracing::info!(%pod, ?control, "instance manager commanded");
+                if matches!(control, instances::ControlCommand::Promote { .. }) {
+                    promoted.push(pod.to_owned());
+                }
+            }
             Err(error) => tracing::warn!(%pod, ?control, %error, "command not taken; retried"),
         }
     }
-    Ok(())
+    Ok(promoted)
 }
 
 /// The cluster's control token, from its Secret.

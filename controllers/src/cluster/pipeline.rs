@@ -175,7 +175,11 @@ fn requeue_after(
         context.base.settings.resync_interval,
     );
     if ha::has_standbys(status, outcome.desired_replicas) {
-        next = next.min(failover::watch_period(ha.failover_delay, ha.urgent));
+        next = next.min(failover::watch_period(
+            ha.failover_delay,
+            ha.urgent,
+            ha.carrying,
+        ));
     }
     if let Some(held_for) = held_for {
         next = next.min(held_for);

@@ -79,6 +79,29 @@ pub fn label_changes(instances: &[ObservedInstance], primary: &str) -> Vec<Label
     changes
 }
 
+/// `instances` as they are once `changes` are applied to their labels.
+pub fn with_labels(
+    instances: &[ObservedInstance],
+    changes: &[LabelChange],
+) -> Vec<ObservedInstance> {
+    let mut after = instances.to_vec();
+    for change in changes {
+        if let Some(instance) = after.iter_mut().find(|i| i.pod == change.pod) {
+            instance.role_label = change.value.map(str::to_owned);
+        }
+    }
+    after
+}
+
+/// `instances` once the instances of `promoted` answered their promotion: primaries now.
+pub fn with_promoted(instances: &mut [ObservedInstance], promoted: &[String]) {
+    for instance in instances.iter_mut().filter(|i| promoted.contains(&i.pod)) {
+        if let Ok(report) = instance.report.as_mut() {
+            report.role = ReportedRole::Primary;
+        }
+    }
+}
+
 /// The label `instance` should have: `None` to leave it as it is, `Some(None)` for none.
 fn desired_label(instance: &ObservedInstance, primary: &str) -> Option<Option<&'static str>> {
     let designated = instance.pod == primary;
@@ -96,6 +119,39 @@ fn desired_label(instance: &ObservedInstance, primary: &str) -> Option<Option<&'
 mod tests {
     use super::*;
     use crate::cluster::instances::{InstanceReport, Unavailable};
+
+    #[test]
+    fn a_promotion_answered_labels_the_new_primary_in_the_same_reconcile() {
+        let observed = |pod: &str, role: &str, label: &str| ObservedInstance {
+            pod: pod.to_owned(),
+            uid: None,
+            role_label: Some(label.to_owned()),
+            report: Ok(serde_json::from_value(serde_json::json!({
+                "pod": pod, "role": role, "ready": true
+            }))
+            .expect("report")),
+        };
+        // The old primary follows now; the target is still a replica when asked.
+        let instances = [
+            observed("db-0", "replica", PRIMARY),
+            observed("db-1", "replica", REPLICA),
+        ];
+        let first = label_changes(&instances, "db-1");
+        assert_eq!(first.len(), 1, "{first:?}");
+        assert_eq!(
+            (first[0].pod.as_str(), first[0].value),
+            ("db-0", Some(REPLICA))
+        );
+        let mut after = with_labels(&instances, &first);
+        assert_eq!(label_changes(&after, "db-1"), Vec::new(), "nothing left");
+        with_promoted(&mut after, &["db-1".to_owned()]);
+        let second = label_changes(&after, "db-1");
+        assert_eq!(second.len(), 1, "{second:?}");
+        assert_eq!(
+            (second[0].pod.as_str(), second[0].value),
+            ("db-1", Some(PRIMARY))
+        );
+    }
 
     fn names() -> ChildNames {
         ChildNames::for_cluster("db")

@@ -131,7 +131,7 @@ fn a_lost_primary_is_failed_over_to_the_replica_with_the_most_wal_after_the_dela
     let early = status(0, Some(seconds_ago(3)));
     let early_plan = plan(&situation(&early, &primary_pod, &instances));
     assert_eq!(early_plan.designate, None);
-    assert!(early_plan.urgent);
+    assert!(early_plan.urgent && !early_plan.carrying);
     // After it: the replica with the most WAL.
     let late = status(0, Some(seconds_ago(6)));
     let change = plan(&situation(&late, &primary_pod, &instances))
@@ -277,6 +277,10 @@ fn a_request_during_a_change_waits_for_it() {
     asked.switchover_request = Some(&other);
     let plan = plan(&asked);
     assert!(!plan.clear_request && plan.designate.is_none() && plan.urgent);
+    assert!(
+        plan.carrying,
+        "the change under way is looked at step by step"
+    );
 }
 
 fn switchover_status(from: i32, to: i32, started: Timestamp) -> PostgreSQLClusterStatus {
@@ -496,20 +500,25 @@ fn a_replica_that_is_not_ready_is_neither_promoted_nor_counted_for_the_quorum() 
 #[test]
 fn the_watch_period_is_half_the_delay_within_bounds() {
     assert_eq!(
-        watch_period(Duration::from_secs(5), false),
+        watch_period(Duration::from_secs(5), false, false),
         Duration::from_millis(2500)
     );
     assert_eq!(
-        watch_period(Duration::from_secs(1), false),
+        watch_period(Duration::from_secs(1), false, false),
         Duration::from_secs(1)
     );
     assert_eq!(
-        watch_period(Duration::from_secs(600), false),
+        watch_period(Duration::from_secs(600), false, false),
         crate::cluster::INSTANCE_REFRESH
     );
     assert_eq!(
-        watch_period(Duration::from_secs(600), true),
+        watch_period(Duration::from_secs(600), true, false),
         Duration::from_secs(1)
+    );
+    // A change under way is carried through step by step, each looked at soon.
+    assert_eq!(
+        watch_period(Duration::from_secs(600), true, true),
+        CHANGE_PERIOD
     );
 }
 
