@@ -161,6 +161,11 @@ pub fn run(command: InstanceCommand) -> anyhow::Result<()> {
     }
 }
 
+/// How often a server that was just (re)started is looked at until it answers, and for how
+/// long at most.
+const QUICK_LOOK: Duration = Duration::from_millis(200);
+const QUICK_LOOKS_FOR: Duration = Duration::from_secs(10);
+
 /// What woke the supervisor up.
 enum Wakeup {
     Stop(StopRequest),
@@ -216,7 +221,7 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         replication_dir: args.replication_dir.clone(),
     };
     let desired = Desired::load(&sources)?;
-    archiver.configure(archive_settings(&desired));
+    archiver.configure(archive::settings_of(&desired));
     let archive_socket = tokio::spawn(archive::socket::serve(
         args.run_dir.join(archive::socket::SOCKET_NAME),
         archiver.clone(),
@@ -261,14 +266,6 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
     endpoint.abort();
     archive_socket.abort();
     result
-}
-
-/// What the archiver is told by the files: where to archive, for which cluster.
-fn archive_settings(desired: &Desired) -> archive::ArchiveSettings {
-    archive::ArchiveSettings {
-        target: desired.topology.wal_archive.clone(),
-        cluster_uid: desired.topology.cluster_uid.clone(),
-    }
 }
 
 /// A running instance and what has been applied to it.
@@ -364,6 +361,9 @@ impl Instance {
     /// each time ([`health`]); the long steps it takes are marked busy.
     async fn run(&mut self, mut server: Server, signals: &mut Signals) -> anyhow::Result<RunEnd> {
         let mut ticker = tokio::time::interval(self.args.watch_period);
+        // A server just (re)started is looked at often until it answers: the operator waits
+        // for its report to carry a switchover on.
+        let mut quick_until = Some(std::time::Instant::now() + QUICK_LOOKS_FOR);
         self.board.steady();
         loop {
             self.board.beat();
@@ -394,6 +394,9 @@ impl Instance {
                     None => Wakeup::OrdersClosed,
                 },
                 _ = ticker.tick() => Wakeup::Tick,
+                _ = tokio::time::sleep(QUICK_LOOK), if quick_until
+                    .is_some_and(|until| std::time::Instant::now() < until)
+                    && !self.board.status().ready => Wakeup::Tick,
             };
             let next = match wakeup {
                 Wakeup::Stop(request) => {
@@ -427,7 +430,8 @@ impl Instance {
                 },
                 Wakeup::Tick => self.tick().await,
             };
-            if !matches!(next, Next::Continue | Next::HandOver(_)) {
+            let restarts = !matches!(next, Next::Continue | Next::HandOver(_));
+            if restarts {
                 // The server stops for a while: nothing to fence meanwhile.
                 self.isolation.watch_primary(None);
             }
@@ -460,6 +464,9 @@ impl Instance {
                     }
                 }
             };
+            if restarts {
+                quick_until = Some(std::time::Instant::now() + QUICK_LOOKS_FOR);
+            }
         }
     }
 
@@ -507,7 +514,7 @@ impl Instance {
         {
             self.credentials_applied = false;
         }
-        self.archiver.configure(archive_settings(&desired));
+        self.archiver.configure(archive::settings_of(&desired));
         self.applied = desired;
         follow
     }

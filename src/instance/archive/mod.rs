@@ -334,3 +334,11 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+/// What the archiver is told by the files: where to archive, for which cluster.
+pub fn settings_of(desired: &super::Desired) -> ArchiveSettings {
+    ArchiveSettings {
+        target: desired.topology.wal_archive.clone(),
+        cluster_uid: desired.topology.cluster_uid.clone(),
+    }
+}

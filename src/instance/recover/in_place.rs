@@ -230,7 +230,7 @@ impl Instance {
         match Desired::load(&self.sources) {
             Ok(desired) => {
                 self.archiver
-                    .configure(super::super::archive_settings(&desired));
+                    .configure(super::super::archive::settings_of(&desired));
                 self.applied = desired;
             }
             Err(error) => tracing::warn!(%error, "keeping the settings last read"),
