@@ -361,9 +361,10 @@ impl Instance {
     /// each time ([`health`]); the long steps it takes are marked busy.
     async fn run(&mut self, mut server: Server, signals: &mut Signals) -> anyhow::Result<RunEnd> {
         let mut ticker = tokio::time::interval(self.args.watch_period);
-        // A server just (re)started is looked at often until it answers: the operator waits
-        // for its report to carry a switchover on.
-        let mut quick_until = Some(std::time::Instant::now() + QUICK_LOOKS_FOR);
+        // A server the loop just restarted (to follow, to repair, for settings) is looked at
+        // often until it answers: the operator waits for its report to carry a switchover on.
+        // Not at the start: a primary back from a crash is not hurried past the failover delay.
+        let mut quick_until = None;
         self.board.steady();
         loop {
             self.board.beat();
