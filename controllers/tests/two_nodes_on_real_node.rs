@@ -9,6 +9,10 @@
 //! test prints the time from the loss to the first write acknowledged after it (the failover
 //! bench measures it); it fails if no failover comes. The node comes back at the end, and its
 //! old primary rejoins as a replica of the new one.
+//!
+//! A second test freezes the node instead (every process of it stopped, as behind a partition
+//! or on a machine that hangs): the same failover, and once thawed, the old primary does not
+//! take writes again (rw reaches the new primary) but rejoins as its replica.
 
 mod common;
 
@@ -21,7 +25,8 @@ use kube::Api;
 use kube::api::{Patch, PatchParams};
 use pgkube_crds::PrimaryChangeKind;
 use pgkube_testkit::{
-    LOCAL_NODE, LostNode, RwWriter, SECOND_NODE, TestCluster, second_node_toleration, wait_until,
+    FrozenNode, LOCAL_NODE, LostNode, RwWriter, SECOND_NODE, TestCluster, second_node_toleration,
+    wait_until,
 };
 use serde_json::json;
 
@@ -43,11 +48,14 @@ async fn nodes_of(pods: &Api<Pod>) -> Vec<(String, String)> {
     nodes
 }
 
-#[tokio::test]
-async fn instances_spread_over_two_nodes_and_the_loss_of_the_primarys_fails_over() {
-    let Some(running) = Running::start("two-nodes", RESYNC).await else {
-        return;
-    };
+/// Both tests use the second node, which one of them loses: one at a time.
+static SECOND_NODE_USERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A healthy 3-instance cluster spread over both nodes (checked), its primary on the second
+/// node, with a table `items`; the pods' nodes.
+async fn spread_with_primary_on_second_node(
+    running: &Running,
+) -> (TestCluster, String, Vec<(String, String)>) {
     let cluster = TestCluster::builder(CLUSTER)
         .replicas(3)
         .spec(|spec| spec.tolerations.push(second_node_toleration()))
@@ -67,7 +75,6 @@ async fn instances_spread_over_two_nodes_and_the_loss_of_the_primarys_fails_over
         BTreeSet::from([LOCAL_NODE, SECOND_NODE]),
         "the instances spread over both nodes: {placed:?}"
     );
-
     let on_second = |pod: &str| placed.iter().any(|(p, n)| p == pod && n == SECOND_NODE);
     let primary = if on_second(&primary) {
         primary
@@ -104,6 +111,16 @@ async fn instances_spread_over_two_nodes_and_the_loss_of_the_primarys_fails_over
         .batch_execute("CREATE TABLE items (id int PRIMARY KEY)")
         .await
         .expect("a table");
+    (cluster, primary, placed)
+}
+
+#[tokio::test]
+async fn instances_spread_over_two_nodes_and_the_loss_of_the_primarys_fails_over() {
+    let _one_at_a_time = SECOND_NODE_USERS.lock().await;
+    let Some(running) = Running::start("two-nodes", RESYNC).await else {
+        return;
+    };
+    let (cluster, primary, placed) = spread_with_primary_on_second_node(&running).await;
     let writer = RwWriter::start(cluster.clone());
     writer
         .wait_for(0, 20, CHANGE_TIMEOUT)
@@ -147,5 +164,95 @@ async fn instances_spread_over_two_nodes_and_the_loss_of_the_primarys_fails_over
         .wait_rejoined(&primary, &change.to, "SELECT true", CHANGE_TIMEOUT)
         .await
         .expect("the old primary rejoins as a replica of the new one");
+    running.stop().await;
+}
+
+/// The primary's node frozen (every process of it stopped, as behind a partition): the
+/// operator cannot reach the primary, fails over to the first node after the fence wait, and
+/// the writes go on there. Once the node is thawed, its old primary does not take writes again
+/// but rejoins as a replica of the new one.
+#[tokio::test]
+async fn the_primarys_node_frozen_fails_over_and_the_old_primary_rejoins_once_thawed() {
+    let _one_at_a_time = SECOND_NODE_USERS.lock().await;
+    let Some(running) = Running::start("frozen-node", RESYNC).await else {
+        return;
+    };
+    let (cluster, primary, placed) = spread_with_primary_on_second_node(&running).await;
+    let writer = RwWriter::start(cluster.clone());
+    writer
+        .wait_for(0, 20, CHANGE_TIMEOUT)
+        .await
+        .expect("writes go through");
+
+    let frozen = FrozenNode::freeze(running.env()).expect("the second node is frozen");
+    let change = cluster
+        .wait_primary_change(PrimaryChangeKind::Failover, &primary, CHANGE_TIMEOUT)
+        .await
+        .expect("a failover away from the frozen node");
+    assert!(
+        placed
+            .iter()
+            .any(|(pod, node)| *pod == change.to && node == LOCAL_NODE),
+        "the new primary {} runs on the node that answers: {placed:?}",
+        change.to
+    );
+    let first = wait_until(
+        "a write through rw after the freeze",
+        CHANGE_TIMEOUT,
+        || async { Ok(writer.first_acknowledged_after(frozen.frozen_at)) },
+    )
+    .await
+    .expect("writes go on after the failover");
+    eprintln!(
+        "node frozen: the first write after it was acknowledged within {:?} ({})",
+        first.duration_since(frozen.frozen_at),
+        change.reason
+    );
+
+    frozen.thaw();
+    cluster
+        .wait_rejoined(&primary, &change.to, "SELECT true", CHANGE_TIMEOUT)
+        .await
+        .expect("the old primary rejoins as a replica of the new one");
+    let written = writer.stop().await;
+    let on_new = cluster
+        .sql_to_pod(&change.to)
+        .await
+        .expect("login to the new primary");
+    let missing = written
+        .missing_on(&on_new)
+        .await
+        .expect("acknowledged rows");
+    eprintln!(
+        "{} commits acknowledged, {} tries failed, {} not on the new primary (asynchronous replication)",
+        written.acknowledged.len(),
+        written.failures,
+        missing.len()
+    );
+    let sql = cluster.sql().await.expect("login through rw");
+    let in_recovery: bool = sql
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await
+        .expect("rw answers")
+        .get(0);
+    assert!(!in_recovery, "rw reaches a primary after the thaw");
+    let host: String = sql
+        .query_one("SELECT inet_server_addr()::text", &[])
+        .await
+        .expect("the server's address")
+        .get(0);
+    let new_primary_address = cluster
+        .pods()
+        .await
+        .expect("pods")
+        .into_iter()
+        .find(|pod| pod.name == change.to)
+        .and_then(|pod| pod.address)
+        .expect("the new primary's address");
+    assert!(
+        host.starts_with(&new_primary_address.to_string()),
+        "rw reaches the new primary {} ({new_primary_address}), not {host}",
+        change.to
+    );
     running.stop().await;
 }

@@ -142,7 +142,7 @@ pub use failover::{RoleSampler, SAMPLE_PERIOD, Sample};
 pub use http::http_get;
 pub use names::unique_name;
 pub use namespace::TestNamespace;
-pub use node::{LostNode, SECOND_NODE, SECOND_NODE_TAINT, second_node_toleration};
+pub use node::{FrozenNode, LostNode, SECOND_NODE, SECOND_NODE_TAINT, second_node_toleration};
 pub use partition::Partition;
 pub use process::{
     Frozen, cpu_time, instance_manager_of, peak_rss_bytes, pod_processes, postmaster_of,

@@ -2,6 +2,8 @@
 //! it as well as on `testbed-local` ([`second_node_toleration`]), and a test can lose it
 //! ([`LostNode`]).
 //!
+//! A test can also freeze it ([`FrozenNode`]): every process of the node stopped, none gone.
+//!
 //! Losing the node kills its agent (`tests/testbed/up` started it as the component `node-b`).
 //! The agent's container processes die with it (they get SIGKILL when their parent dies), so
 //! the node's pods stop at once, as when a machine goes down; their objects stay in the API
@@ -55,11 +57,7 @@ impl LostNode {
             .parent()
             .context("the test bed's state directory")?;
         let pid_file = state.join("pids/node-b.pid");
-        let pid: u32 = std::fs::read_to_string(&pid_file)
-            .with_context(|| format!("reading {}", pid_file.display()))?
-            .trim()
-            .parse()
-            .context("the second node's pid")?;
+        let pid = agent_pid(&pid_file)?;
         let command = command_line(pid)?;
         let processes = descendants(pid);
         crate::send_signal(pid, "KILL")?;
@@ -116,6 +114,61 @@ impl Drop for LostNode {
             eprintln!("the second node could not be started again: {error:#}");
         }
     }
+}
+
+/// The second node cut off while its pods keep running: its agent and every process it
+/// started are stopped (`SIGSTOP`), so that none answers, as behind a network partition or on
+/// a machine that hangs. They go on (`SIGCONT`) when this is dropped, or at [`FrozenNode::thaw`].
+#[derive(Debug)]
+pub struct FrozenNode {
+    /// The agent first: it starts nothing new meanwhile.
+    frozen: Vec<crate::Frozen>,
+    /// When the agent was stopped.
+    pub frozen_at: Instant,
+}
+
+impl FrozenNode {
+    pub fn freeze(env: &TestEnv) -> anyhow::Result<FrozenNode> {
+        let state = env
+            .bin_dir
+            .parent()
+            .context("the test bed's state directory")?;
+        let pid = agent_pid(&state.join("pids/node-b.pid"))?;
+        let mut frozen = vec![crate::Frozen::stop(pid)?];
+        let frozen_at = Instant::now();
+        // Until no process is left running: a postmaster may have started a backend while
+        // its siblings were being stopped.
+        loop {
+            let running: Vec<u32> = descendants(pid)
+                .into_iter()
+                .filter(|process| !frozen.iter().any(|f| f.pid() == *process))
+                .collect();
+            if running.is_empty() {
+                break;
+            }
+            // A process that ended meanwhile is not there to stop.
+            frozen.extend(
+                running
+                    .into_iter()
+                    .filter_map(|p| crate::Frozen::stop(p).ok()),
+            );
+        }
+        Ok(FrozenNode { frozen, frozen_at })
+    }
+
+    /// Lets the node's processes go on.
+    pub fn thaw(self) {
+        drop(self.frozen);
+    }
+}
+
+/// The agent's pid, from the file `tests/testbed/up` wrote.
+fn agent_pid(pid_file: &Path) -> anyhow::Result<u32> {
+    std::fs::read_to_string(pid_file)
+        .with_context(|| format!("reading {}", pid_file.display()))?
+        .trim()
+        .parse()
+        .context("the second node's pid")
 }
 
 /// The processes started by `pid`, and by them, and so on.
