@@ -154,7 +154,7 @@ async fn rolling_update(
     let written = writer.stop().await;
     let status = cluster_status(env, namespace).await;
     println!(
-        "roll {roll}: primary {before} -> {after}: writes unavailable for at most {}, {} of {}          tries failed; primaryChange: {}",
+        "roll {roll}: primary {before} -> {after}: writes unavailable for at most {}, {} of {} tries failed; primaryChange: {}",
         seconds(written.longest_gap),
         written.failures,
         written.failures + written.acknowledged.len(),
