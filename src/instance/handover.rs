@@ -256,6 +256,8 @@ impl Instance {
     /// The server a previous manager of this process handed over, with what it knew.
     pub(super) async fn adopt(&mut self) -> anyhow::Result<Option<Server>> {
         let Some(handover) = take(&self.args.run_dir, &self.args.pgdata) else {
+            // Whatever status a record carried is not this server's.
+            self.set_status(InstanceStatus::starting(&self.args.pod_name));
             return Ok(None);
         };
         tracing::info!(
