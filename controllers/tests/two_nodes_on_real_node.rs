@@ -17,13 +17,13 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::Running;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
-use pgkube_crds::PrimaryChangeKind;
+use pgkube_crds::{PrimaryChange, PrimaryChangeKind};
 use pgkube_testkit::{
     FrozenNode, LOCAL_NODE, LostNode, RwWriter, SECOND_NODE, TestCluster, second_node_toleration,
     wait_until,
@@ -114,6 +114,36 @@ async fn spread_with_primary_on_second_node(
     (cluster, primary, placed)
 }
 
+/// Waits for a failover away from `primary` to the instance on the first node, then for a
+/// write acknowledged after `since`; returns the change and that write's delay.
+async fn failover_to_first_node(
+    cluster: &TestCluster,
+    primary: &str,
+    placed: &[(String, String)],
+    writer: &RwWriter,
+    since: Instant,
+) -> (PrimaryChange, Duration) {
+    let change = cluster
+        .wait_primary_change(PrimaryChangeKind::Failover, primary, CHANGE_TIMEOUT)
+        .await
+        .expect("a failover away from the second node");
+    assert!(
+        placed
+            .iter()
+            .any(|(pod, node)| *pod == change.to && node == LOCAL_NODE),
+        "the new primary {} runs on the first node: {placed:?}",
+        change.to
+    );
+    let first = wait_until(
+        "a write through rw after the failover",
+        CHANGE_TIMEOUT,
+        || async { Ok(writer.first_acknowledged_after(since)) },
+    )
+    .await
+    .expect("writes go on after the failover");
+    (change, first.duration_since(since))
+}
+
 #[tokio::test]
 async fn instances_spread_over_two_nodes_and_the_loss_of_the_primarys_fails_over() {
     let _one_at_a_time = SECOND_NODE_USERS.lock().await;
@@ -128,25 +158,8 @@ async fn instances_spread_over_two_nodes_and_the_loss_of_the_primarys_fails_over
         .expect("writes go through");
 
     let lost = LostNode::lose(running.env()).expect("the second node is lost");
-    let change = cluster
-        .wait_primary_change(PrimaryChangeKind::Failover, &primary, CHANGE_TIMEOUT)
-        .await
-        .expect("a failover away from the lost node");
-    assert!(
-        placed
-            .iter()
-            .any(|(pod, node)| *pod == change.to && node == LOCAL_NODE),
-        "the new primary {} runs on the node that is left: {placed:?}",
-        change.to
-    );
-    let first = wait_until(
-        "a write through rw after the loss",
-        CHANGE_TIMEOUT,
-        || async { Ok(writer.first_acknowledged_after(lost.lost_at)) },
-    )
-    .await
-    .expect("writes go on after the failover");
-    let unavailable = first.duration_since(lost.lost_at);
+    let (change, unavailable) =
+        failover_to_first_node(&cluster, &primary, &placed, &writer, lost.lost_at).await;
     eprintln!(
         "node lost: the first write after it was acknowledged within {unavailable:?} ({})",
         change.reason
@@ -185,28 +198,11 @@ async fn the_primarys_node_frozen_fails_over_and_the_old_primary_rejoins_once_th
         .expect("writes go through");
 
     let frozen = FrozenNode::freeze(running.env()).expect("the second node is frozen");
-    let change = cluster
-        .wait_primary_change(PrimaryChangeKind::Failover, &primary, CHANGE_TIMEOUT)
-        .await
-        .expect("a failover away from the frozen node");
-    assert!(
-        placed
-            .iter()
-            .any(|(pod, node)| *pod == change.to && node == LOCAL_NODE),
-        "the new primary {} runs on the node that answers: {placed:?}",
-        change.to
-    );
-    let first = wait_until(
-        "a write through rw after the freeze",
-        CHANGE_TIMEOUT,
-        || async { Ok(writer.first_acknowledged_after(frozen.frozen_at)) },
-    )
-    .await
-    .expect("writes go on after the failover");
+    let (change, unavailable) =
+        failover_to_first_node(&cluster, &primary, &placed, &writer, frozen.frozen_at).await;
     eprintln!(
         "node frozen: the first write after it was acknowledged within {:?} ({})",
-        first.duration_since(frozen.frozen_at),
-        change.reason
+        unavailable, change.reason
     );
 
     frozen.thaw();
