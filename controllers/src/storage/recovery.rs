@@ -29,6 +29,10 @@ pub struct RecoveryOrder {
     pub target: RecoveryTarget,
 }
 
+/// How the message of an instance replaying WAL to a recovery target starts (its instance
+/// manager's words, which the cluster controller publishes as RecoveryProgress Events).
+pub const REPLAY_PROGRESS_PREFIX: &str = "recovering to ";
+
 /// A stored object as the manifest recorded it: the stored bytes' size and SHA-256.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -1,7 +1,8 @@
 //! A base backup into a directory: `base.tar.zst` read with several ranged GETs at once, its
-//! stored bytes checked against the manifest's SHA-256 and size, decoded and unpacked on a
-//! blocking thread as the parts arrive in order; then `pg_verifybackup` checks every file
-//! against PostgreSQL's own `backup_manifest` before anything starts on it.
+//! stored bytes checked against the manifest's SHA-256 and size, zstd decoded on one thread and
+//! unpacked on another as the parts arrive in order, every file checked against PostgreSQL's
+//! own `backup_manifest` as it is written and made durable ([`super::unpack`]) before anything
+//! starts on it.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -12,41 +13,66 @@ use futures::{StreamExt, TryStreamExt};
 use pgkube_controllers::storage::recovery::BaseObject;
 use pgkube_controllers::storage::{S3Bucket, error_chain, one_line, s3_error};
 use sha2::{Digest, Sha256};
-use tokio::process::Command;
+
+use super::unpack::{self, NEXT_STEP_STOPPED};
 
 /// Bytes of one ranged GET.
 const PART_SIZE: u64 = 16 << 20;
 /// Ranged GETs in flight at once.
 const PARTS_IN_FLIGHT: usize = 4;
-/// Parts queued for the unpacking thread.
+/// Parts queued for the decoding thread.
 const PARTS_QUEUED: usize = 2;
+/// Bytes of one decoded chunk, and chunks queued for the unpacking thread.
+const CHUNK_SIZE: usize = 1 << 20;
+const CHUNKS_QUEUED: usize = 8;
 
 /// How far a restore came, for the log.
 #[derive(Debug)]
 pub struct Restored {
     pub stored_bytes: u64,
+    pub files: usize,
+    pub bytes: u64,
     pub seconds: f64,
 }
 
-/// Downloads `base` from `bucket`, unpacks it into `dir` (which must exist and be empty) and
-/// verifies it. Any error leaves `dir` to the caller to remove.
+/// Downloads `base` from `bucket`, unpacks it into `dir` (which must exist and be empty),
+/// verified and durable. Any error leaves `dir` to the caller to remove.
 pub async fn restore(bucket: &S3Bucket, base: &BaseObject, dir: &Path) -> Result<Restored, String> {
     let started = std::time::Instant::now();
-    let (parts, unpacked) = sync_channel::<Bytes>(PARTS_QUEUED);
+    let (parts, compressed) = sync_channel::<Bytes>(PARTS_QUEUED);
+    let (chunks, decoded) = sync_channel::<Bytes>(CHUNKS_QUEUED);
+    let decoding = tokio::task::spawn_blocking(move || decode(PartReader::new(compressed), chunks));
     let target = dir.to_owned();
-    let unpacking = tokio::task::spawn_blocking(move || unpack(unpacked, &target));
+    let unpacking = tokio::task::spawn_blocking(move || {
+        unpack::unpack_verified(PartReader::new(decoded), &target)
+    });
     let downloaded = download(bucket, base, parts).await;
-    let unpacked = unpacking
-        .await
-        .map_err(|error| format!("the unpacking thread failed: {error}"))?;
-    // A download that failed closes the channel early: its error says why, not the tar's.
-    downloaded?;
-    unpacked?;
-    verify(dir).await?;
+    let decoded = joined(decoding.await);
+    let unpacked = joined(unpacking.await);
+    // A step that fails stops the steps before it ("the next step stopped") and starves the
+    // ones after it (a stream cut short): the first error that is not the former says why.
+    let cause = [
+        downloaded.as_ref().err(),
+        decoded.as_ref().err(),
+        unpacked.as_ref().err(),
+    ]
+    .into_iter()
+    .flatten()
+    .find(|error| *error != NEXT_STEP_STOPPED);
+    if let Some(cause) = cause {
+        return Err(cause.clone());
+    }
+    let unpacked = unpacked?;
     Ok(Restored {
         stored_bytes: base.size,
+        files: unpacked.files,
+        bytes: unpacked.bytes,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+fn joined<T>(result: Result<Result<T, String>, tokio::task::JoinError>) -> Result<T, String> {
+    result.map_err(|error| format!("a restoring thread failed: {error}"))?
 }
 
 /// Sends the object's bytes in order, checking their size and SHA-256 against the manifest.
@@ -72,8 +98,8 @@ async fn download(
         let sender = parts.clone();
         tokio::task::spawn_blocking(move || sender.send(part))
             .await
-            .map_err(|error| format!("the unpacking thread failed: {error}"))?
-            .map_err(|_| "the unpacking stopped before the end of the backup".to_owned())?;
+            .map_err(|error| format!("a restoring thread failed: {error}"))?
+            .map_err(|_| NEXT_STEP_STOPPED.to_owned())?;
     }
     drop(parts);
     let sha256 = hex::encode(hasher.finalize());
@@ -111,6 +137,15 @@ struct PartReader {
     current: Bytes,
 }
 
+impl PartReader {
+    fn new(parts: Receiver<Bytes>) -> Self {
+        Self {
+            parts,
+            current: Bytes::new(),
+        }
+    }
+}
+
 impl Read for PartReader {
     fn read(&mut self, buffer: &mut [u8]) -> std::io::Result<usize> {
         while self.current.is_empty() {
@@ -125,44 +160,29 @@ impl Read for PartReader {
     }
 }
 
-/// Decodes the zstd stream and unpacks the tar into `dir`.
-fn unpack(parts: Receiver<Bytes>, dir: &Path) -> Result<(), String> {
-    let reader = PartReader {
-        parts,
-        current: Bytes::new(),
-    };
-    let decoder = zstd::stream::read::Decoder::new(reader)
+/// Decodes the zstd stream into chunks of the tar, in order.
+fn decode(compressed: PartReader, chunks: SyncSender<Bytes>) -> Result<(), String> {
+    let mut decoder = zstd::stream::read::Decoder::new(compressed)
         .map_err(|error| format!("cannot start decoding the base backup: {error}"))?;
-    let mut archive = tar::Archive::new(decoder);
-    archive.set_preserve_permissions(true);
-    archive.set_overwrite(false);
-    archive.unpack(dir).map_err(|error| {
-        format!(
-            "cannot unpack the base backup into {}: {error}",
-            dir.display()
-        )
-    })
-}
-
-/// `pg_verifybackup`: every file the backup's `backup_manifest` lists is there with its size
-/// and checksum. WAL is not in a base backup without WAL (`-X none`); the archive serves it.
-async fn verify(dir: &Path) -> Result<(), String> {
-    let output = Command::new("pg_verifybackup")
-        .arg("--no-parse-wal")
-        .arg("--quiet")
-        .arg(dir)
-        .env("LC_ALL", "C")
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|error| format!("cannot run pg_verifybackup: {error}"))?;
-    if output.status.success() {
-        return Ok(());
+    loop {
+        let mut chunk = vec![0u8; CHUNK_SIZE];
+        let mut filled = 0;
+        while filled < CHUNK_SIZE {
+            match decoder.read(&mut chunk[filled..]) {
+                Ok(0) => break,
+                Ok(count) => filled += count,
+                Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(error) => return Err(format!("cannot decode the base backup: {error}")),
+            }
+        }
+        if filled == 0 {
+            return Ok(());
+        }
+        chunk.truncate(filled);
+        chunks
+            .send(Bytes::from(chunk))
+            .map_err(|_| NEXT_STEP_STOPPED.to_owned())?;
     }
-    Err(format!(
-        "pg_verifybackup refuses the restored base backup: {}",
-        one_line(String::from_utf8_lossy(&output.stderr).trim())
-    ))
 }
 
 /// Where a restore is unpacked before it is swapped in.

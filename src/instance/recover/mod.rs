@@ -2,9 +2,9 @@
 //! `recovery`, the operator's [`RecoveryOrder`]).
 //!
 //! 1. The base backup is restored into a side directory ([`base`]): parallel ranged GETs, its
-//!    stored bytes checked against the manifest, zstd decoded, unpacked, and every file checked
-//!    by `pg_verifybackup`. Its system identifier must be the one the order names. The marker
-//!    records this cluster's uid (the database is now this cluster's) and `recovery.signal`
+//!    stored bytes checked against the manifest, zstd decoded, unpacked with every file checked
+//!    against PostgreSQL's `backup_manifest` as it is written ([`unpack`]), and made durable.
+//!    Its system identifier must be the one the order names. The marker records this cluster's uid (the database is now this cluster's) and `recovery.signal`
 //!    asks for archive recovery; only then is the directory swapped in.
 //! 2. The server starts with `restore_command` asking this manager for WAL ([`fetch`]), which
 //!    fetches ahead, and with the order's target; at the target it promotes on a new timeline
@@ -18,9 +18,11 @@
 //!    else (the storage unreachable) makes the manager exit and the kubelet start it again, and
 //!    recovery goes on from its last restartpoint.
 
+pub mod backup_manifest;
 mod base;
 pub mod fetch;
 pub mod in_place;
+pub mod unpack;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -28,7 +30,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use pgkube_controllers::storage::S3Bucket;
-use pgkube_controllers::storage::recovery::{RecoveryOrder, describe, target_settings};
+use pgkube_controllers::storage::recovery::{
+    REPLAY_PROGRESS_PREFIX, RecoveryOrder, describe, target_settings,
+};
 
 use super::datadir;
 use super::endpoint::InstanceStatus;
@@ -119,7 +123,7 @@ impl Instance {
                 return Err(error);
             }
         };
-        tracing::info!(backup = %order.backup, bytes = restored.stored_bytes, seconds = restored.seconds, "base backup restored and verified");
+        tracing::info!(backup = %order.backup, stored_bytes = restored.stored_bytes, files = restored.files, bytes = restored.bytes, seconds = restored.seconds, "base backup restored and verified");
         datadir::swap_in(&partial, &self.args.pgdata)?;
         Ok(())
     }
@@ -182,8 +186,9 @@ impl Instance {
                 () = tokio::time::sleep(self.args.watch_period) => {}
             }
             let Some(progress) = self.replay_progress().await else {
-                let why =
-                    format!("recovering to {target}: the server replays WAL, not yet consistent");
+                let why = format!(
+                    "{REPLAY_PROGRESS_PREFIX}{target}: the server replays WAL, not yet consistent"
+                );
                 self.set_status(InstanceStatus::waiting(&self.args.pod_name, &why));
                 continue;
             };
@@ -191,7 +196,7 @@ impl Instance {
                 break;
             }
             let why = format!(
-                "recovering to {target}: replayed to {} (last transaction at {})",
+                "{REPLAY_PROGRESS_PREFIX}{target}: replayed to {} (last transaction at {})",
                 progress.replayed_lsn.as_deref().unwrap_or("?"),
                 progress.replayed_at.as_deref().unwrap_or("none yet")
             );
