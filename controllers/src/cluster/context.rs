@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use kube::ResourceExt;
 use kube::runtime::reflector::Store;
@@ -12,6 +13,10 @@ use super::{cache, echoes, settled};
 use crate::Context;
 use crate::events::Recorder;
 
+/// The least time between two RecoveryProgress Events of one cluster (as often as the recovering
+/// instance logs its progress).
+pub(super) const PROGRESS_EVENT_EVERY: Duration = Duration::from_secs(30);
+
 /// State shared by the cluster controller's reconciles.
 pub struct ClusterContext {
     pub base: Context,
@@ -19,6 +24,8 @@ pub struct ClusterContext {
     /// Consecutive failures per `namespace/name`, for the backoff and to publish an error
     /// Event only when the error changes; cleared on success.
     pub(super) failures: Mutex<HashMap<String, Failures>>,
+    /// When the last RecoveryProgress Event of each recovering cluster was published.
+    progress_events: Mutex<HashMap<String, Instant>>,
     /// Every PostgreSQLBackup the controllers watch, for the backup fields of the status.
     pub(super) backups: Vec<Store<PostgreSQLBackup>>,
     /// Every PostgreSQLRestore the controllers watch, for the Restoring and Bootstrapped
@@ -44,6 +51,7 @@ impl ClusterContext {
             base,
             recorder,
             failures: Mutex::default(),
+            progress_events: Mutex::default(),
             backups: Vec::new(),
             restores: Vec::new(),
             children: Vec::new(),
@@ -122,12 +130,43 @@ impl ClusterContext {
             .collect()
     }
 
+    /// Whether a RecoveryProgress Event about the cluster `key` is due at `now` (see
+    /// [`progress_due`]).
+    pub(super) fn progress_event_due(&self, key: &str, recovering: bool, now: Instant) -> bool {
+        let mut published = self
+            .progress_events
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        progress_due(&mut published, key, recovering, now)
+    }
+
     pub(super) fn failures(&self) -> std::sync::MutexGuard<'_, HashMap<String, Failures>> {
         // A panic while holding the lock leaves the counts usable.
         self.failures
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+}
+
+/// Whether a RecoveryProgress Event about the cluster `key` is due at `now`: the first of a
+/// recovery, then one each [`PROGRESS_EVENT_EVERY`]. Not `recovering` forgets the cluster.
+fn progress_due(
+    published: &mut HashMap<String, Instant>,
+    key: &str,
+    recovering: bool,
+    now: Instant,
+) -> bool {
+    if !recovering {
+        published.remove(key);
+        return false;
+    }
+    let due = published
+        .get(key)
+        .is_none_or(|last| now.saturating_duration_since(*last) >= PROGRESS_EVENT_EVERY);
+    if due {
+        published.insert(key.to_owned(), now);
+    }
+    due
 }
 
 /// The consecutive failures of one object.
@@ -153,6 +192,26 @@ impl Failures {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recovery_progress_is_published_at_once_then_every_thirty_seconds() {
+        let mut published = HashMap::new();
+        let start = Instant::now();
+        let at = |seconds| start + Duration::from_secs(seconds);
+        let due = |published: &mut _, seconds, recovering| {
+            progress_due(published, "ns/a", recovering, at(seconds))
+        };
+        assert!(due(&mut published, 0, true), "the first");
+        assert!(!due(&mut published, 29, true));
+        assert!(due(&mut published, 30, true));
+        assert!(!due(&mut published, 31, true));
+        assert!(!due(&mut published, 32, false), "no recovery, no Event");
+        assert!(due(&mut published, 33, true), "a new recovery's first");
+        assert!(
+            progress_due(&mut published, "ns/b", true, at(33)),
+            "per cluster"
+        );
+    }
 
     #[test]
     fn a_failure_is_worth_an_event_only_when_its_message_changes() {

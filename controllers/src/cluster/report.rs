@@ -1,7 +1,7 @@
 //! Writing the status: computed by [`status::compute`](super::status::compute), written when it
 //! changed, with an Event per change.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
@@ -63,6 +63,13 @@ pub(super) async fn write_status(
     if publish_events {
         for event in status::events(&new_status, observation.previous) {
             publish_event(context, cluster, event.warning, &event.reason, event.note).await;
+        }
+        let progress = status::recovery_progress(&new_status);
+        let key = cluster_key(cluster);
+        if context.progress_event_due(&key, progress.is_some(), Instant::now())
+            && let Some(note) = progress
+        {
+            publish_event(context, cluster, false, "RecoveryProgress", note).await;
         }
     }
     Ok(StatusStep::written(new_status))

@@ -586,6 +586,7 @@ mod recoverability;
 
 pub use changes::{
     DETAILS_HOLD, Difference, EventSpec, completed_change, details_hold, difference, events,
+    recovery_progress,
 };
 
 #[cfg(test)]

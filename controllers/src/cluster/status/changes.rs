@@ -10,6 +10,7 @@ use pgkube_crds::{
 };
 
 use super::{PROGRESSING, READY, REPLICAS_STREAMING};
+use crate::storage::recovery::REPLAY_PROGRESS_PREFIX;
 
 /// An Event to publish about the cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -211,6 +212,17 @@ pub fn events(
         }
     }
     events
+}
+
+/// What an instance replaying WAL to a recovery target reports, for a RecoveryProgress Event:
+/// its name and message (replayed location and time).
+pub fn recovery_progress(new: &PostgreSQLClusterStatus) -> Option<String> {
+    new.instances.iter().find_map(|instance| {
+        let message = instance.message.as_deref()?;
+        message
+            .starts_with(REPLAY_PROGRESS_PREFIX)
+            .then(|| format!("{}: {message}", instance.name))
+    })
 }
 
 /// Archiving that starts failing (or is refused), that recovers, and `pg_wal` filling the

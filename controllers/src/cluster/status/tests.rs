@@ -365,6 +365,37 @@ fn an_unchanged_status_is_not_written_and_keeps_its_transition_times() {
 }
 
 #[test]
+fn the_instance_replaying_wal_is_the_recovery_progress() {
+    let instance = |name: &str, message: Option<&str>| pgkube_crds::InstanceStatus {
+        name: name.to_owned(),
+        role: pgkube_crds::InstanceRole::Unknown,
+        ready: false,
+        timeline: None,
+        lag_bytes: None,
+        streaming: None,
+        message: message.map(str::to_owned),
+    };
+    let mut status = PostgreSQLClusterStatus {
+        instances: vec![
+            instance("db-0", Some("restoring the base backup b")),
+            instance("db-1", None),
+        ],
+        ..PostgreSQLClusterStatus::default()
+    };
+    assert_eq!(recovery_progress(&status), None);
+    status.instances[0].message = Some(format!(
+        "{}2026-12-06T11:13:27Z: replayed to 0/7BAD87E8 (last transaction at 2026-12-06 11:13:08+00)",
+        crate::storage::recovery::REPLAY_PROGRESS_PREFIX
+    ));
+    assert_eq!(
+        recovery_progress(&status).as_deref(),
+        Some(
+            "db-0: recovering to 2026-12-06T11:13:27Z: replayed to 0/7BAD87E8 (last transaction at 2026-12-06 11:13:08+00)"
+        )
+    );
+}
+
+#[test]
 fn events_are_made_on_changes_only() {
     let sts_ready = sts(3, 3, 3, ("r1", "r1"));
     let creating = compute(observe(3, Some(&sts(3, 1, 1, ("r1", "r1"))), None), now());
