@@ -181,6 +181,7 @@ pub async fn pgkube(
     let total = promoted(&mut manager, started, rows).await;
     let peak_rss_kib = manager.peak_rss_kib();
     manager.stop();
+    keep_log(&dir, &format!("pgkube-prefetch-{prefetch}"));
     // A copy of the whole database: the next recovery needs the room.
     let _ = std::fs::remove_dir_all(&dir);
     Recovered {
@@ -195,6 +196,17 @@ pub async fn pgkube(
         base,
         total,
         peak_rss_kib,
+    }
+}
+
+/// Keeps a recovery's `server.log` (the instance manager's and PostgreSQL's) after its directory
+/// goes, in `pgkube-recovery-bench-logs` under the temporary directory.
+fn keep_log(dir: &Path, name: &str) {
+    let logs = std::env::temp_dir().join("pgkube-recovery-bench-logs");
+    let kept = std::fs::create_dir_all(&logs)
+        .and_then(|()| std::fs::copy(dir.join("server.log"), logs.join(format!("{name}.log"))));
+    if let Err(error) = kept {
+        println!("recovery: the log of {name} not kept: {error}");
     }
 }
 
@@ -376,6 +388,7 @@ impl PgBackRest {
         let mut server = Server::adopt(child, port, &pgdata, &dir);
         let total = promoted(&mut server, started, rows).await;
         server.stop();
+        keep_log(&dir, "pgbackrest");
         let _ = std::fs::remove_dir_all(&dir);
         Ok(Recovered {
             tool: "pgbackrest restore (process-max 2), then archive-get (async, process-max 2)"
