@@ -70,6 +70,7 @@ mod backup;
 pub mod compression;
 mod download;
 mod error;
+mod globals;
 pub mod multipart;
 pub mod part_size;
 mod physical;

@@ -22,11 +22,8 @@
 //! `pg_restore` itself, and it is what lets a corrupted backup change nothing. In both passes a
 //! download that breaks half way resumes from where it broke ([`super::download`]).
 //!
-//! Globals are small: they are downloaded into memory (up to [`GLOBALS_LIMIT`]), verified, and
-//! fed to `psql` without the statements that would reset the connecting role or the
-//! replication role, so restoring another cluster's backup does not change the passwords the
-//! operator manages for them. As `pg_dumpall` intends, errors such as "role already exists" do
-//! not stop the globals script.
+//! Globals are small: they are downloaded into memory, verified and fed to `psql`
+//! ([`super::globals`]).
 
 use std::collections::BTreeSet;
 use std::process::Stdio;
@@ -35,25 +32,22 @@ use chrono::{SecondsFormat, Utc};
 use clap::Args;
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
-use tracing::{Instrument, Span, info, info_span, instrument, warn};
+use tracing::{Instrument, Span, info, info_span, instrument};
 
 use super::CommonArgs;
 use super::download::ObjectReader;
 use super::error::AgentError;
+use super::globals;
 use super::postgres::{Postgres, conninfo_for};
 use super::replace::{self, Replacement};
 use super::report::Report;
 use super::storage::{Store, s3_error};
 use super::target;
 use super::zstd_stream::{DecodeError, Decompressor};
-use pgkube_controllers::cluster::build::REPLICATION_USER;
 use pgkube_controllers::storage::keys::{BackupKeys, MANIFEST_FILE};
 use pgkube_controllers::storage::manifest::{
     DatabaseObject, Manifest, StoredCompression, StoredObject,
 };
-
-/// Largest globals script restore accepts; real ones are a few kilobytes.
-const GLOBALS_LIMIT: u64 = 16 * 1024 * 1024;
 
 #[derive(Args, Debug)]
 pub struct RestoreArgs {
@@ -139,7 +133,7 @@ pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
 
     target::check(&postgres, expected).await?;
     if let Some(globals) = globals {
-        restore_globals(&postgres, &globals).await?;
+        globals::restore(&postgres, &globals).await?;
     }
     let run_id = replace::run_id();
     for database in &selected {
@@ -201,7 +195,7 @@ async fn verify(
 ) -> Result<Option<Vec<u8>>, AgentError> {
     let globals = match manifest.globals.as_ref().filter(|_| !skip_globals) {
         None => None,
-        Some(globals) => Some(download_globals(store, globals).await?),
+        Some(globals) => Some(globals::download(store, globals).await?),
     };
     for database in selected {
         stream_object(store, &database.object, &mut tokio::io::sink()).await?;
@@ -275,7 +269,7 @@ async fn existing_among(
 /// SHA-256 (of the stored bytes) against the manifest, and that it decompresses. A stream that
 /// stops decompressing is read to its end all the same, so that an object altered in storage is
 /// reported as a checksum mismatch rather than as bad zstd.
-async fn stream_object<W: AsyncWrite + Unpin>(
+pub(super) async fn stream_object<W: AsyncWrite + Unpin>(
     store: &Store,
     object: &StoredObject,
     sink: &mut W,
@@ -352,76 +346,6 @@ fn decoded(outcome: Result<(), DecodeError>, key: &str) -> Result<Option<String>
             source,
         }),
     }
-}
-
-async fn download_globals(store: &Store, globals: &StoredObject) -> Result<Vec<u8>, AgentError> {
-    if globals.size > GLOBALS_LIMIT {
-        return Err(AgentError::Verification {
-            key: globals.key.clone(),
-            reason: format!(
-                "{} bytes of globals is more than the {GLOBALS_LIMIT} accepted",
-                globals.size
-            ),
-        });
-    }
-    let mut script = Vec::new();
-    stream_object(store, globals, &mut script).await?;
-    Ok(script)
-}
-
-#[instrument(name = "globals", skip_all)]
-async fn restore_globals(postgres: &Postgres, script: &[u8]) -> Result<(), AgentError> {
-    let own_role = postgres.current_role_identifier().await?;
-    // The target cluster's replication role keeps its own password: its replicas log in with
-    // the one in the target's Secret, not the one of the cluster the backup came from.
-    let kept = [own_role.as_str(), REPLICATION_USER];
-    let script = without_roles(&String::from_utf8_lossy(script), &kept);
-    let mut command = postgres.command("psql");
-    command
-        .args(["--no-psqlrc", "--quiet", "--no-password", "--dbname"])
-        .arg(conninfo_for(postgres.maintenance_database()))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null());
-    let mut tool = postgres.spawn("psql", command)?;
-    let written = match tool.child.stdin.take() {
-        Some(mut stdin) => stdin.write_all(script.as_bytes()).await,
-        None => Ok(()),
-    };
-    let stderr = tool.finish().await?;
-    written.map_err(|source| AgentError::Stream {
-        key: "globals".into(),
-        source,
-    })?;
-    let errors = stderr
-        .lines()
-        .filter(|line| line.contains("ERROR:"))
-        .count();
-    if errors > 0 {
-        warn!(
-            errors,
-            "some global statements failed (usually roles that already exist): {}",
-            super::storage::one_line(&stderr)
-        );
-    }
-    info!("globals restored");
-    Ok(())
-}
-
-/// The globals script without `CREATE ROLE <role>;` and `ALTER ROLE <role> WITH ...;`, the two
-/// statements `pg_dumpall` writes for a role, for each of `roles` (as `pg_dumpall` spells them,
-/// quoted only when needed): the role the restore connects as and the roles pgkube manages.
-fn without_roles(script: &str, roles: &[&str]) -> String {
-    let skipped = |line: &str| {
-        roles.iter().any(|role| {
-            line == format!("CREATE ROLE {role};")
-                || line.starts_with(&format!("ALTER ROLE {role} WITH "))
-        })
-    };
-    script
-        .lines()
-        .filter(|line| !skipped(line))
-        .flat_map(|line| [line, "\n"])
-        .collect()
 }
 
 /// `pg_restore --create` from the object, connected to a database other than the target.
@@ -564,24 +488,5 @@ mod tests {
         let manifest = manifest_with(&["app"]);
         let error = select_databases(&manifest, &["gone".to_string()]).expect_err("unknown");
         assert_eq!(error.to_string(), "the backup has no database named gone");
-    }
-
-    #[test]
-    fn the_connecting_role_and_the_replication_role_are_left_alone_by_the_globals_script() {
-        let script = "CREATE ROLE app;\nALTER ROLE app WITH LOGIN PASSWORD 'x';\n\
-                      CREATE ROLE postgres;\nALTER ROLE postgres WITH SUPERUSER PASSWORD 'y';\n\
-                      CREATE ROLE postgres_reader;\n";
-        let filtered = without_roles(script, &["postgres"]);
-        assert_eq!(
-            filtered,
-            "CREATE ROLE app;\nALTER ROLE app WITH LOGIN PASSWORD 'x';\nCREATE ROLE postgres_reader;\n"
-        );
-        let replication = "CREATE ROLE streaming_replica;\n\
-                           ALTER ROLE streaming_replica WITH REPLICATION LOGIN PASSWORD 'z';\n\
-                           CREATE ROLE app;\n";
-        assert_eq!(
-            without_roles(replication, &["postgres", REPLICATION_USER]),
-            "CREATE ROLE app;\n"
-        );
     }
 }
