@@ -242,9 +242,9 @@ pub struct Bootstrap {
 pub const SYNCHRONOUS_FITS_RULE: &str = "!has(self.highAvailability) || !has(self.highAvailability.synchronous) || self.highAvailability.synchronous.minStandbys < self.replicas";
 pub const SYNCHRONOUS_FITS_MESSAGE: &str = "highAvailability.synchronous.minStandbys must be less than replicas: the primary does not confirm its own commits, so commits would wait forever";
 
-/// Parameters pgkube sets itself (where the server listens, where its files are, where it
-/// logs, what streaming replication needs): `spec.postgresql.parameters` cannot set them. The
-/// CRD's admission rule lists the same names; a test keeps the two in step.
+/// Parameters pgkube sets itself: where the server listens, where its files are, where it logs,
+/// what streaming replication, failover, synchronous replication, WAL archiving and recovery
+/// need, and the password hashing its `pg_hba.conf` expects.
 pub const MANAGED_PARAMETERS: &[&str] = &[
     "listen_addresses",
     "port",
@@ -265,7 +265,78 @@ pub const MANAGED_PARAMETERS: &[&str] = &[
     "archive_mode",
     "archive_command",
     "archive_library",
+    "cluster_name",
+    "password_encryption",
+    "synchronous_standby_names",
+    "primary_conninfo",
+    "primary_slot_name",
+    "restore_command",
+    "archive_cleanup_command",
+    "recovery_end_command",
+    "recovery_target",
+    "recovery_target_action",
+    "recovery_target_inclusive",
+    "recovery_target_lsn",
+    "recovery_target_name",
+    "recovery_target_time",
+    "recovery_target_timeline",
+    "recovery_target_xid",
+    "promote_trigger_file",
 ];
+
+/// Parameters that, changed from their defaults, can lose or corrupt data on a crash or hide
+/// corruption.
+pub const DURABILITY_PARAMETERS: &[&str] = &[
+    "fsync",
+    "full_page_writes",
+    "data_sync_retry",
+    "ignore_checksum_failure",
+    "zero_damaged_pages",
+];
+
+/// TLS parameters that turn TLS on or name its files, which pgkube does not put in the pods yet.
+pub const TLS_PARAMETERS: &[&str] = &[
+    "ssl",
+    "ssl_ca_file",
+    "ssl_cert_file",
+    "ssl_crl_dir",
+    "ssl_crl_file",
+    "ssl_dh_params_file",
+    "ssl_key_file",
+    "ssl_passphrase_command",
+    "ssl_passphrase_command_supports_reload",
+];
+
+/// `postgresql.conf` directives that read settings from other files.
+pub const INCLUDE_DIRECTIVES: &[&str] = &["include", "include_dir", "include_if_exists"];
+
+/// Every group of parameters `spec.postgresql.parameters` cannot set, with why. The CRD's
+/// admission rules list the same names, a rule per group; a test keeps them in step.
+pub const REFUSED_PARAMETERS: &[(&[&str], &str)] = &[
+    (MANAGED_PARAMETERS, "pgkube sets them itself"),
+    (
+        DURABILITY_PARAMETERS,
+        "changed from their defaults they can lose or corrupt data on a crash, or hide corruption",
+    ),
+    (
+        TLS_PARAMETERS,
+        "TLS needs certificate files pgkube does not put in the pods yet (with ssl = on and no certificate the server does not start)",
+    ),
+    (
+        INCLUDE_DIRECTIVES,
+        "they read settings from files pgkube does not write",
+    ),
+];
+
+pub const MANAGED_PARAMETERS_RULE: &str = "self.all(name, !(name in ['listen_addresses', 'port', 'data_directory', 'config_file', 'hba_file', 'ident_file', 'external_pid_file', 'unix_socket_directories', 'logging_collector', 'log_destination', 'wal_level', 'hot_standby', 'max_wal_senders', 'max_replication_slots', 'wal_log_hints', 'wal_receiver_status_interval', 'archive_mode', 'archive_command', 'archive_library', 'cluster_name', 'password_encryption', 'synchronous_standby_names', 'primary_conninfo', 'primary_slot_name', 'restore_command', 'archive_cleanup_command', 'recovery_end_command', 'recovery_target', 'recovery_target_action', 'recovery_target_inclusive', 'recovery_target_lsn', 'recovery_target_name', 'recovery_target_time', 'recovery_target_timeline', 'recovery_target_xid', 'promote_trigger_file']))";
+pub const MANAGED_PARAMETERS_MESSAGE: &str = "sets a parameter that spec.postgresql.parameters cannot set, since pgkube sets them itself: listen_addresses, port, data_directory, config_file, hba_file, ident_file, external_pid_file, unix_socket_directories, logging_collector, log_destination, wal_level, hot_standby, max_wal_senders, max_replication_slots, wal_log_hints, wal_receiver_status_interval, archive_mode, archive_command, archive_library, cluster_name, password_encryption, synchronous_standby_names, primary_conninfo, primary_slot_name, restore_command, archive_cleanup_command, recovery_end_command, recovery_target, recovery_target_action, recovery_target_inclusive, recovery_target_lsn, recovery_target_name, recovery_target_time, recovery_target_timeline, recovery_target_xid, promote_trigger_file";
+pub const DURABILITY_PARAMETERS_RULE: &str = "self.all(name, !(name in ['fsync', 'full_page_writes', 'data_sync_retry', 'ignore_checksum_failure', 'zero_damaged_pages']))";
+pub const DURABILITY_PARAMETERS_MESSAGE: &str = "sets a parameter that spec.postgresql.parameters cannot set, since changed from their defaults they can lose or corrupt data on a crash, or hide corruption: fsync, full_page_writes, data_sync_retry, ignore_checksum_failure, zero_damaged_pages";
+pub const TLS_PARAMETERS_RULE: &str = "self.all(name, !(name in ['ssl', 'ssl_ca_file', 'ssl_cert_file', 'ssl_crl_dir', 'ssl_crl_file', 'ssl_dh_params_file', 'ssl_key_file', 'ssl_passphrase_command', 'ssl_passphrase_command_supports_reload']))";
+pub const TLS_PARAMETERS_MESSAGE: &str = "sets a parameter that spec.postgresql.parameters cannot set, since TLS needs certificate files pgkube does not put in the pods yet (with ssl = on and no certificate the server does not start): ssl, ssl_ca_file, ssl_cert_file, ssl_crl_dir, ssl_crl_file, ssl_dh_params_file, ssl_key_file, ssl_passphrase_command, ssl_passphrase_command_supports_reload";
+pub const INCLUDE_DIRECTIVES_RULE: &str =
+    "self.all(name, !(name in ['include', 'include_dir', 'include_if_exists']))";
+pub const INCLUDE_DIRECTIVES_MESSAGE: &str = "sets a parameter that spec.postgresql.parameters cannot set, since they read settings from files pgkube does not write: include, include_dir, include_if_exists";
 
 /// PostgreSQL server settings of a cluster.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
@@ -274,16 +345,18 @@ pub struct PostgreSQLSettings {
     /// `postgresql.conf` parameters by name, for example `work_mem: 16MB`. They take precedence
     /// over pgkube's own settings (`shared_buffers` included). A change reaches the running
     /// instances without rolling the pods: each instance reloads its server, or restarts it when
-    /// the parameter needs a restart. Parameters pgkube manages itself are refused:
-    /// listen_addresses, port, data_directory, config_file, hba_file, ident_file,
-    /// external_pid_file, unix_socket_directories, logging_collector, log_destination,
-    /// wal_level, hot_standby, max_wal_senders, max_replication_slots, wal_log_hints,
-    /// wal_receiver_status_interval, and WAL archiving's archive_mode, archive_command and
-    /// archive_library (`archive_timeout` may be set).
+    /// the parameter needs a restart. Refused, each group with why in the admission message:
+    /// the parameters pgkube sets itself (where the server listens and keeps its files, logging,
+    /// replication, synchronous replication, WAL archiving and recovery, password_encryption;
+    /// `archive_timeout` may be set), the ones that risk data on a crash (fsync,
+    /// full_page_writes...), the TLS files and switch, and include directives.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "parameters_schema")]
     #[x_kube(
-        validation = Rule::new("self.all(name, !(name in ['listen_addresses', 'port', 'data_directory', 'config_file', 'hba_file', 'ident_file', 'external_pid_file', 'unix_socket_directories', 'logging_collector', 'log_destination', 'wal_level', 'hot_standby', 'max_wal_senders', 'max_replication_slots', 'wal_log_hints', 'wal_receiver_status_interval', 'archive_mode', 'archive_command', 'archive_library']))").message("sets a parameter that pgkube manages itself (listen_addresses, port, data_directory, config_file, hba_file, ident_file, external_pid_file, unix_socket_directories, logging_collector, log_destination, wal_level, hot_standby, max_wal_senders, max_replication_slots, wal_log_hints, wal_receiver_status_interval, archive_mode, archive_command, archive_library)"),
+        validation = Rule::new(MANAGED_PARAMETERS_RULE).message(MANAGED_PARAMETERS_MESSAGE),
+        validation = Rule::new(DURABILITY_PARAMETERS_RULE).message(DURABILITY_PARAMETERS_MESSAGE),
+        validation = Rule::new(TLS_PARAMETERS_RULE).message(TLS_PARAMETERS_MESSAGE),
+        validation = Rule::new(INCLUDE_DIRECTIVES_RULE).message(INCLUDE_DIRECTIVES_MESSAGE),
         validation = Rule::new("self.all(name, !self[name].contains('\\n'))").message("parameter values must be a single line")
     )]
     pub parameters: BTreeMap<String, String>,
@@ -592,27 +665,41 @@ mod tests {
         }
     }
 
-    /// The admission rule that refuses managed parameters names each of them, and no other.
+    /// Each group of refused parameters has an admission rule that names each of them, and no
+    /// other, with the group's reason.
     #[test]
-    fn the_admission_rule_refuses_exactly_the_managed_parameters() {
+    fn the_admission_rules_refuse_exactly_the_refused_parameters() {
         let crd = serde_json::to_value(PostgreSQLCluster::crd()).expect("CRD as JSON");
         let rules = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
             ["properties"]["postgresql"]["properties"]["parameters"]["x-kubernetes-validations"];
-        let managed_rule = rules
+        let listing: Vec<(Vec<&str>, &str)> = rules
             .as_array()
             .expect("validation rules")
             .iter()
-            .filter_map(|r| r["rule"].as_str())
-            .find(|rule| rule.contains(" in ["))
-            .expect("the managed-parameters rule");
-        let listed: Vec<&str> = managed_rule
-            .split('[')
-            .nth(1)
-            .and_then(|list| list.split(']').next())
-            .expect("a list")
-            .split(',')
-            .map(|name| name.trim().trim_matches('\''))
+            .filter_map(|r| Some((r["rule"].as_str()?, r["message"].as_str()?)))
+            .filter(|(rule, _)| rule.contains(" in ["))
+            .map(|(rule, message)| {
+                let listed = rule
+                    .split('[')
+                    .nth(1)
+                    .and_then(|list| list.split(']').next())
+                    .expect("a list")
+                    .split(',')
+                    .map(|name| name.trim().trim_matches('\''))
+                    .collect();
+                (listed, message)
+            })
             .collect();
-        assert_eq!(listed, MANAGED_PARAMETERS);
+        assert_eq!(listing.len(), REFUSED_PARAMETERS.len());
+        for ((listed, message), (names, why)) in listing.iter().zip(REFUSED_PARAMETERS) {
+            assert_eq!(listed, names);
+            assert_eq!(
+                *message,
+                format!(
+                    "sets a parameter that spec.postgresql.parameters cannot set, since {why}: {}",
+                    names.join(", ")
+                )
+            );
+        }
     }
 }

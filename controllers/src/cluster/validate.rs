@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::{Resource, ResourceExt};
-use pgkube_crds::{MANAGED_PARAMETERS, PostgreSQLCluster, PostgresVersion, S3Storage};
+use pgkube_crds::{PostgreSQLCluster, PostgresVersion, REFUSED_PARAMETERS, S3Storage};
 
 use crate::quantity;
 use crate::scheduling::Scheduling;
@@ -305,18 +305,25 @@ fn is_parameter_name(name: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '.')
 }
 
-/// The admission rules refuse managed parameters and multi-line values already; the controller checks again so that a spec that
-/// got past them (an older CRD) still gets a clear answer instead of a broken config file.
+/// The admission rules refuse these parameters and multi-line values already; the controller
+/// checks again so that a spec that got past them (an older CRD) still gets a clear answer
+/// instead of a broken config file.
 fn check_parameters(parameters: &BTreeMap<String, String>) -> Result<(), InvalidSpec> {
-    let managed: Vec<&str> = parameters
-        .keys()
-        .map(String::as_str)
-        .filter(|name| MANAGED_PARAMETERS.contains(name))
+    let refused: Vec<String> = REFUSED_PARAMETERS
+        .iter()
+        .filter_map(|(names, why)| {
+            let set: Vec<&str> = names
+                .iter()
+                .copied()
+                .filter(|name| parameters.contains_key(*name))
+                .collect();
+            (!set.is_empty()).then(|| format!("{} ({why})", set.join(", ")))
+        })
         .collect();
-    if !managed.is_empty() {
+    if !refused.is_empty() {
         return Err(InvalidSpec(format!(
-            "spec.postgresql.parameters sets {}, which pgkube manages itself",
-            managed.join(", ")
+            "spec.postgresql.parameters cannot set {}",
+            refused.join("; ")
         )));
     }
     // Names are checked here only: a pattern rule on map keys exceeds the API server's CEL cost

@@ -47,8 +47,8 @@ pub use crate::cluster::{
     FENCE_MARGIN_SECONDS, HighAvailability, InstanceRole, InstanceSpread, InstanceStatus,
     MANAGED_PARAMETERS, NodeAntiAffinity, ONE_ANTI_AFFINITY_MESSAGE, ONE_ANTI_AFFINITY_RULE,
     PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion, PrimaryChange, PrimaryChangeKind,
-    PrimaryUpdateStrategy, Recoverability, SYNCHRONOUS_FITS_MESSAGE, SYNCHRONOUS_FITS_RULE,
-    SynchronousReplication,
+    PrimaryUpdateStrategy, REFUSED_PARAMETERS, Recoverability, SYNCHRONOUS_FITS_MESSAGE,
+    SYNCHRONOUS_FITS_RULE, SynchronousReplication,
 };
 pub use crate::common::{
     LocalReference, S3Credentials, S3Storage, ServerSideEncryption, conditions_schema,

@@ -87,14 +87,17 @@ host    replication  streaming_replica  all             scram-sha-256\n\
 host    all          all                all             scram-sha-256\n";
 
 /// The user's parameters, last, so that they take precedence over pgkube's defaults (the server
-/// takes the last setting of a name). Values are quoted, quotes doubled.
+/// takes the last setting of a name). Values are quoted, with backslashes and quotes escaped:
+/// in a quoted `postgresql.conf` value a backslash escapes the next character, so a value
+/// ending in one would otherwise swallow its closing quote.
 fn user_parameters(parameters: &BTreeMap<String, String>) -> String {
     if parameters.is_empty() {
         return String::new();
     }
     let mut lines = String::from("# spec.postgresql.parameters\n");
     for (name, value) in parameters {
-        lines.push_str(&format!("{name} = '{}'\n", value.replace('\'', "''")));
+        let quoted = value.replace('\\', "\\\\").replace('\'', "''");
+        lines.push_str(&format!("{name} = '{quoted}'\n"));
     }
     lines
 }

@@ -178,6 +178,7 @@ fn user_parameters_come_last_quoted_and_a_change_leaves_the_pods_alone() {
         ("work_mem".to_owned(), "16MB".to_owned()),
         ("application_name".to_owned(), "it's".to_owned()),
         ("shared_buffers".to_owned(), "1GB".to_owned()),
+        ("search_path".to_owned(), "a\\".to_owned()),
     ]);
     let after = built(&cluster);
     let config = &after.config_map.data.as_ref().expect("data")[CONFIG_FILE];
@@ -185,6 +186,7 @@ fn user_parameters_come_last_quoted_and_a_change_leaves_the_pods_alone() {
         config.ends_with(
             "# spec.postgresql.parameters\n\
              application_name = 'it''s'\n\
+             search_path = 'a\\\\'\n\
              shared_buffers = '1GB'\n\
              work_mem = '16MB'\n"
         ),

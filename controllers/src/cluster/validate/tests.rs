@@ -27,7 +27,7 @@ fn a_new_cluster_is_valid_and_its_template_gets_the_requested_size() {
 }
 
 #[test]
-fn parameters_pass_through_but_managed_ones_and_multi_line_values_are_invalid() {
+fn parameters_pass_through_but_refused_ones_and_multi_line_values_are_invalid() {
     let with = |name: &str, value: &str| {
         let mut cluster = cluster(SAMPLE);
         cluster.spec.postgresql = Some(pgkube_crds::PostgreSQLSettings {
@@ -41,9 +41,25 @@ fn parameters_pass_through_but_managed_ones_and_multi_line_values_are_invalid() 
     assert!(
         managed
             .to_string()
-            .contains("sets port, which pgkube manages"),
+            .contains("cannot set port (pgkube sets them itself)"),
         "{managed}"
     );
+    for (name, why) in [
+        ("synchronous_standby_names", "pgkube sets them itself"),
+        ("primary_conninfo", "pgkube sets them itself"),
+        ("fsync", "lose or corrupt data on a crash"),
+        ("ssl", "TLS needs certificate files"),
+        (
+            "include_dir",
+            "read settings from files pgkube does not write",
+        ),
+    ] {
+        let refused = with(name, "x").expect_err(name).to_string();
+        assert!(
+            refused.contains(&format!("cannot set {name} (")) && refused.contains(why),
+            "{refused}"
+        );
+    }
     let malformed = with("Work Mem", "1MB").expect_err("not a name");
     assert!(
         malformed
