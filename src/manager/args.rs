@@ -92,6 +92,13 @@ pub struct RunArgs {
     #[arg(long, env = "PGKUBE_WEBHOOK_CERT_HOSTS", value_delimiter = ',')]
     pub webhook_cert_hosts: Vec<String>,
 
+    /// Largest request body the webhook reads, in bytes; a larger one gets a 413. A
+    /// ConversionReview holds a page of a list: raise it if listing many objects in the version
+    /// not stored fails.
+    #[arg(long, env = "PGKUBE_WEBHOOK_MAX_BODY_BYTES",
+        default_value_t = crate::manager::webhook::DEFAULT_BODY_LIMIT)]
+    pub webhook_max_body_bytes: usize,
+
     /// Sustained rate of requests to the Kubernetes API server (requests per second, client
     /// side; requests beyond it wait). 50/100 by default: creating many clusters at once is
     /// bound by this rate (about 14 requests per cluster), while a settled manager makes no

@@ -11,14 +11,17 @@
 pub mod admission;
 pub mod certificates;
 pub mod managed;
+pub mod serve;
+
+pub use serve::serve_tls;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -28,20 +31,12 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
-use tokio_util::sync::CancellationToken;
 
 /// The path the CRDs' conversion stanza names.
 pub const CONVERT_PATH: &str = "/convert";
-/// Largest ConversionReview accepted: the API server sends at most a list page of objects.
-const BODY_LIMIT: usize = 32 * 1024 * 1024;
-/// A client that has not finished its TLS handshake by then is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Handshaken connections waiting for the HTTP server.
-const ACCEPT_QUEUE: usize = 64;
+/// The default largest request body: an AdmissionReview holds one object (the API server
+/// stores at most 1.5 MiB), a ConversionReview a page of a list.
+pub const DEFAULT_BODY_LIMIT: usize = 2 * 1024 * 1024;
 
 /// Why the webhook could not start.
 #[derive(Debug, thiserror::Error)]
@@ -55,12 +50,24 @@ pub enum WebhookError {
     Certificate(String),
 }
 
-/// The router of [`CONVERT_PATH`] and [`pgkube_crds::ADMISSION_PATH`].
-pub fn router() -> Router {
+/// The router of [`CONVERT_PATH`] and [`pgkube_crds::ADMISSION_PATH`], with bodies of at most
+/// `body_limit` bytes.
+pub fn router(body_limit: usize) -> Router {
+    let converting = move |body: Body| async move {
+        match serve::read_body(body, body_limit).await {
+            Ok(body) => convert(body).await,
+            Err(refused) => refused,
+        }
+    };
+    let admitting = move |body: Body| async move {
+        match serve::read_body(body, body_limit).await {
+            Ok(body) => admission::mutate(body).await,
+            Err(refused) => refused,
+        }
+    };
     Router::new()
-        .route(CONVERT_PATH, post(convert))
-        .route(pgkube_crds::ADMISSION_PATH, post(admission::mutate))
-        .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
+        .route(CONVERT_PATH, post(converting))
+        .route(pgkube_crds::ADMISSION_PATH, post(admitting))
 }
 
 async fn convert(body: Bytes) -> Response {
@@ -213,100 +220,12 @@ impl ResolvesServerCert for CertificateFiles {
     }
 }
 
-/// Binds `address` and serves `router` over TLS with the certificate in `certificates` until
-/// `stop` is cancelled. Returns the bound address once listening.
-pub async fn serve_tls(
-    address: SocketAddr,
-    router: Router,
-    certificates: CertificateFiles,
-    stop: CancellationToken,
-) -> Result<SocketAddr, WebhookError> {
-    let bind_error = |error| WebhookError::Bind { address, error };
-    let listener = TcpListener::bind(address).await.map_err(bind_error)?;
-    let bound = listener.local_addr().map_err(bind_error)?;
-    let config = rustls::ServerConfig::builder()
-        .with_no_client_auth()
-        .with_cert_resolver(Arc::new(certificates));
-    let acceptor = TlsAcceptor::from(Arc::new(config));
-    let (handshaken, incoming) = mpsc::channel(ACCEPT_QUEUE);
-    tokio::spawn(accept_loop(listener, acceptor, handshaken, stop.clone()));
-    let tls = TlsListener {
-        incoming,
-        local: bound,
-    };
-    tokio::spawn(async move {
-        let served = axum::serve(tls, router)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await;
-        if let Err(error) = served {
-            tracing::error!(%error, "webhook stopped");
-        }
-    });
-    tracing::info!(endpoint = "webhook", address = %bound, "serving");
-    Ok(bound)
-}
-
-/// Accepts TCP connections and runs each TLS handshake in a task of its own, so that a slow
-/// client never holds up the others; finished handshakes go to the HTTP server.
-async fn accept_loop(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-    handshaken: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
-    stop: CancellationToken,
-) {
-    loop {
-        let accepted = tokio::select! {
-            () = stop.cancelled() => return,
-            accepted = listener.accept() => accepted,
-        };
-        let (stream, peer) = match accepted {
-            Ok(connection) => connection,
-            Err(error) => {
-                tracing::warn!(%error, "webhook: accept failed");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let (acceptor, handshaken) = (acceptor.clone(), handshaken.clone());
-        tokio::spawn(async move {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => {
-                    let _ = handshaken.send((tls, peer)).await;
-                }
-                Ok(Err(error)) => tracing::debug!(%error, %peer, "TLS handshake failed"),
-                Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-            }
-        });
-    }
-}
-
-/// The handshaken connections, as axum's listener.
-struct TlsListener {
-    incoming: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.incoming.recv().await {
-            Some(connection) => connection,
-            // The accept loop ended (shutdown): wait for the graceful shutdown to stop us.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+    use tokio::net::TcpStream;
+    use tokio_util::sync::CancellationToken;
 
     fn request_for(desired: &str, objects: Vec<serde_json::Value>) -> ConversionRequest {
         serde_json::from_value(json!({
@@ -381,7 +300,10 @@ mod tests {
             let request = Request::post(CONVERT_PATH)
                 .body(Body::from(body))
                 .expect("request");
-            let response = router().oneshot(request).await.expect("response");
+            let response = router(DEFAULT_BODY_LIMIT)
+                .oneshot(request)
+                .await
+                .expect("response");
             assert_eq!(response.status(), StatusCode::BAD_REQUEST);
             let text = to_bytes(response.into_body(), 1 << 20).await.expect("body");
             assert!(
@@ -443,7 +365,7 @@ mod tests {
         let certificates = CertificateFiles::load(&dir).expect("certificate");
         let address = serve_tls(
             "127.0.0.1:0".parse().expect("address"),
-            router(),
+            router(DEFAULT_BODY_LIMIT),
             certificates,
             stop.clone(),
         )
