@@ -60,11 +60,28 @@ impl Fixture {
     /// With `otel_env` as the manager's `OTEL_*` environment, which the controllers pass on to
     /// their Jobs.
     pub async fn start_with(prefix: &str, otel_env: Vec<(String, String)>) -> Option<Fixture> {
+        Fixture::start_configured(prefix, otel_env, None).await
+    }
+
+    /// A cluster of three instances in a namespace where the API server enforces the
+    /// `restricted` Pod Security Standard: every pod pgkube makes must pass it to be created.
+    pub async fn start_restricted(prefix: &str) -> Option<Fixture> {
+        Fixture::start_configured(prefix, Vec::new(), Some(3)).await
+    }
+
+    async fn start_configured(
+        prefix: &str,
+        otel_env: Vec<(String, String)>,
+        restricted_replicas: Option<i32>,
+    ) -> Option<Fixture> {
         let mut running = Running::start(prefix, RESYNC).await?;
         if !otel_env.is_empty() {
             running
                 .restart_with(|settings| settings.otel_env = otel_env)
                 .await;
+        }
+        if restricted_replicas.is_some() {
+            enforce_restricted(&running).await;
         }
         let env = pgkube_testkit::testbed()?;
         let bucket = TestBucket::create(&env, "restores").await;
@@ -80,6 +97,7 @@ impl Fixture {
         let storage = test_storage(&env, bucket.name(), S3_SECRET);
         let cluster = TestCluster::builder("pg")
             .spec(|spec| spec.backup = Some(backup_config(storage, NEVER)))
+            .replicas(restricted_replicas.unwrap_or(1))
             .timeout(CLUSTER_TIMEOUT)
             .start(&running.namespace)
             .await
@@ -220,6 +238,23 @@ impl Fixture {
         self.running.stop().await;
         self.bucket.cleanup().await;
     }
+}
+
+/// Labels the test's namespace so that the API server admits only pods that pass the
+/// `restricted` Pod Security Standard.
+async fn enforce_restricted(running: &Running) {
+    let labels = serde_json::json!({"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": "latest",
+    }}});
+    kube::Api::<k8s_openapi::api::core::v1::Namespace>::all(running.client.clone())
+        .patch(
+            running.namespace.name(),
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(labels),
+        )
+        .await
+        .expect("the namespace labelled restricted");
 }
 
 pub async fn digest_of(cluster: &TestCluster) -> ClusterDigest {
