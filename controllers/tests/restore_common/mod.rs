@@ -1,6 +1,8 @@
-//! The fixture of the restore tests on the real node (`restore_on_real_node.rs`): a running
-//! PostgreSQL 15 cluster `pg` with data in two databases, whose backups go to a fresh bucket of
-//! the test bed's Garage, and the helpers its tests share.
+//! The fixture of the restore tests on the real node (`restore_on_real_node.rs`,
+//! `restricted_on_real_node.rs`): a running PostgreSQL 15 cluster `pg` with data in two
+//! databases, whose backups go to a fresh bucket of the test bed's Garage, and the helpers its
+//! tests share.
+#![allow(dead_code)] // Each test binary uses a different part.
 
 use std::time::Duration;
 
