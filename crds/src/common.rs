@@ -18,6 +18,7 @@ pub struct LocalReference {
 /// Ceph RGW, ...). Credentials are only ever read from Secrets.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(PLAIN_HTTP_RULE).message(PLAIN_HTTP_MESSAGE))]
 pub struct S3Storage {
     /// Bucket name.
     #[schemars(length(min = 3, max = 63))]
@@ -46,7 +47,15 @@ pub struct S3Storage {
     /// Server-side encryption to request for uploaded objects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_side_encryption: Option<ServerSideEncryption>,
+    /// Allow an `http://` endpoint: the storage keys, the WAL and the backups then cross the
+    /// network unencrypted. Without it such an endpoint is refused.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_plain_http: bool,
 }
+
+/// An `http://` endpoint only when the spec says so.
+pub const PLAIN_HTTP_RULE: &str = "!has(self.endpoint) || !self.endpoint.startsWith('http://') || (has(self.allowPlainHttp) && self.allowPlainHttp)";
+pub const PLAIN_HTTP_MESSAGE: &str = "endpoint is plain http://: the storage keys and the data would cross the network unencrypted; use https://, or set allowPlainHttp: true to accept it";
 
 fn default_region() -> String {
     "us-east-1".to_owned()

@@ -202,10 +202,16 @@ pub fn s3_storage() -> impl Strategy<Value = S3Storage> {
             ServerSideEncryption::Aes256,
             ServerSideEncryption::AwsKms,
         ])),
+        any::<bool>(),
     );
     (location, security).prop_map(|(location, security)| {
         let (bucket, prefix, endpoint, region, force_path_style) = location;
-        let (ca_bundle, access_key_id, secret_access_key, server_side_encryption) = security;
+        let (ca_bundle, access_key_id, secret_access_key, server_side_encryption, allowed) =
+            security;
+        // Admission refuses a plain http:// endpoint unless the spec allows it.
+        let plain = endpoint
+            .as_deref()
+            .is_some_and(|e| e.starts_with("http://"));
         S3Storage {
             bucket,
             prefix,
@@ -218,6 +224,7 @@ pub fn s3_storage() -> impl Strategy<Value = S3Storage> {
                 secret_access_key,
             },
             server_side_encryption,
+            allow_plain_http: plain || allowed,
         }
     })
 }

@@ -70,6 +70,8 @@ pub fn test_storage(env: &TestEnv, bucket: &str, secret: &str) -> S3Storage {
             secret_access_key: selector(SECRET_ACCESS_KEY_KEY),
         },
         server_side_encryption: None,
+        // The test bed's Garage speaks plain HTTP on loopback.
+        allow_plain_http: env.s3_endpoint.starts_with("http://"),
     }
 }
 

@@ -27,6 +27,7 @@ fn storage() -> S3Storage {
             secret_access_key: selector("s3-keys", "secret"),
         },
         server_side_encryption: None,
+        allow_plain_http: false,
     }
 }
 
