@@ -443,8 +443,9 @@ fn previous_of(pgdata: &Path) -> PathBuf {
 }
 
 /// Moves the complete copy `complete` to `pgdata`: the old data is renamed aside first, the
-/// copy renamed in (durably), then the old data removed. Each step is a rename, so a crash leaves either
-/// the old data in place or aside (see [`recover_interrupted_swap`]), never nothing.
+/// copy renamed in (durably), then the old data removed. Each step is a rename, so a crash
+/// leaves either the old data in place or aside (see [`recover_interrupted_swap`]), never
+/// nothing.
 pub fn swap_in(complete: &Path, pgdata: &Path) -> Result<(), DataDirError> {
     let previous = previous_of(pgdata);
     remove_dir(&previous)?;
@@ -454,13 +455,17 @@ pub fn swap_in(complete: &Path, pgdata: &Path) -> Result<(), DataDirError> {
     }
     std::fs::rename(complete, pgdata).map_err(io_error("cannot move the copy to", pgdata))?;
     // The renames reach the disk before the old data goes.
-    let parent = (pgdata.parent())
+    let parent = pgdata
+        .parent()
         .filter(|parent| !parent.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    std::fs::File::open(parent)
-        .and_then(|directory| directory.sync_all())
-        .map_err(io_error("cannot make the renames durable in", parent))?;
+    sync_directory(parent).map_err(io_error("cannot make the renames durable in", parent))?;
     remove_dir(&previous)
+}
+
+/// `fsync`s a directory, so that the entries made or renamed in it are on disk.
+pub fn sync_directory(path: &Path) -> std::io::Result<()> {
+    std::fs::File::open(path).and_then(|directory| directory.sync_all())
 }
 
 /// After a crash in the middle of [`swap_in`]: data moved aside while nothing took its place

@@ -218,8 +218,7 @@ fn make_durable(files: Receiver<(PathBuf, File)>) -> Result<(), String> {
 }
 
 fn sync_path(path: &Path) -> Result<(), String> {
-    File::open(path)
-        .and_then(|directory| directory.sync_all())
+    crate::instance::datadir::sync_directory(path)
         .map_err(|error| format!("cannot make {} durable: {error}", path.display()))
 }
 
