@@ -11,3 +11,4 @@
 pub mod agent;
 pub mod instance;
 pub mod telemetry;
+pub mod tls;

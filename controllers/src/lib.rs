@@ -15,6 +15,7 @@ pub mod events;
 mod lean;
 pub mod metrics;
 pub mod names;
+pub mod pki;
 pub mod pod;
 pub mod quantity;
 pub mod restore;
@@ -91,6 +92,9 @@ pub struct Settings {
     /// The binary the instance managers should run, sent to those that run another one
     /// ([`cluster::manager_upgrade`]); none: they are left as they are.
     pub instance_manager_binary: Option<Arc<cluster::manager_upgrade::OwnBinary>>,
+    /// How long the clusters' server and client certificates are valid; each is renewed two
+    /// thirds into it.
+    pub postgres_certificate_validity: Duration,
 }
 
 impl Default for Settings {
@@ -108,6 +112,7 @@ impl Default for Settings {
             restore_pending_deadline: Duration::from_secs(3600),
             restore_active_deadline: Duration::from_secs(6 * 3600),
             restore_start_timeout: Duration::from_secs(300),
+            postgres_certificate_validity: cluster::certificates::DEFAULT_LEAF_VALIDITY,
             retention_interval: Duration::from_secs(3600),
             otel_env: Vec::new(),
             instance_status: Arc::new(cluster::instances::HttpInstanceStatus::default()),

@@ -12,7 +12,7 @@ use common::Running;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::DeleteParams;
-use pgkube_testkit::tokio_postgres::{self, NoTls};
+use pgkube_testkit::tokio_postgres;
 use pgkube_testkit::{LOCAL_NODE, TestCluster, wait_until};
 
 const RESYNC: Duration = Duration::from_secs(30);
@@ -57,16 +57,11 @@ async fn a_version_15_cluster_on_the_real_node_serves_sql_and_keeps_its_rows_acr
     // The password is checked: the same user with another password is refused.
     let (user, _) = cluster.credentials().await.expect("credentials");
     let address = cluster.addresses().await.expect("addresses")[0];
-    let refused = tokio_postgres::Config::new()
-        .host(address.ip().to_string())
-        .port(address.port())
-        .user(&user)
-        .password("not-the-password")
-        .dbname("postgres")
-        .connect(NoTls)
+    let refused = cluster
+        .log_in(address, &user, "not-the-password")
         .await
-        .err()
-        .expect("a wrong password is refused");
+        .expect("the cluster's CA")
+        .expect_err("a wrong password is refused");
     assert_eq!(
         refused.code(),
         Some(&tokio_postgres::error::SqlState::INVALID_PASSWORD),

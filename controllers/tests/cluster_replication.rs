@@ -327,15 +327,16 @@ async fn rotated_passwords_work_without_a_restart() {
     .await
     .expect("rotation without restart");
     let address = cluster.addresses().await.expect("rw")[0];
-    let old = tokio_postgres::Config::new()
-        .host(address.ip().to_string())
-        .port(address.port())
-        .user(&user)
-        .password(&old_password)
-        .dbname("postgres")
-        .connect(tokio_postgres::NoTls)
-        .await;
-    assert!(old.is_err(), "the old password still logs in");
+    let old = cluster
+        .log_in(address, &user, &old_password)
+        .await
+        .expect("the cluster's CA")
+        .expect_err("the old password still logs in");
+    assert_eq!(
+        old.code(),
+        Some(&tokio_postgres::error::SqlState::INVALID_PASSWORD),
+        "{old:?}"
+    );
 
     // The replica's stream is cut; it reconnects with the rotated replication password.
     wait_until(

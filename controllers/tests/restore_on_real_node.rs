@@ -576,18 +576,7 @@ async fn replication_role_logs_in(cluster: &TestCluster) -> anyhow::Result<()> {
         .await?
         .first()
         .ok_or_else(|| anyhow::anyhow!("no ready primary"))?;
-    let mut config = pgkube_testkit::tokio_postgres::Config::new();
-    config
-        .host(address.ip().to_string())
-        .port(address.port())
-        .user(&user)
-        .password(&password)
-        .dbname("postgres")
-        .connect_timeout(Duration::from_secs(10));
-    let (client, connection) = config
-        .connect(pgkube_testkit::tokio_postgres::NoTls)
-        .await?;
-    tokio::spawn(connection);
+    let client = cluster.log_in(address, &user, &password).await??;
     client.simple_query("SELECT 1").await?;
     Ok(())
 }

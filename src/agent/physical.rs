@@ -301,6 +301,9 @@ fn base_backup_command(
             Some(password) => command.env("PGPASSWORD", password),
             None => command.env_remove("PGPASSWORD"),
         };
+        if let Some(tls) = postgres.client_tls(crate::tls::ClientRole::Replication) {
+            command.envs(tls.env());
+        }
     }
     Ok(command)
 }

@@ -6,6 +6,11 @@
 //! `PGPASSWORD` in its environment, never on its command line. Database names are passed as
 //! quoted `dbname='...'` connection strings, so a name that looks like a URI or contains `=` is
 //! still only a name.
+//!
+//! With `PGKUBE_TLS_DIR` (the Job's volume of the cluster's CA and client certificates), every
+//! tool connects with `sslmode=verify-full` and the superuser's client certificate (a physical
+//! backup's replication connection with the replication role's), copied first where libpq
+//! accepts a key.
 
 use std::process::{ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -16,6 +21,27 @@ use tokio::task::JoinHandle;
 
 use super::error::AgentError;
 use super::storage::{one_line, secret_from_env_or_file};
+use crate::tls::{ClientRole, ClientTls};
+
+/// The certificates of `PGKUBE_TLS_DIR` copied into a private directory, if it is set.
+fn install_tls() -> Result<Option<std::path::PathBuf>, AgentError> {
+    let Some(source) = std::env::var_os("PGKUBE_TLS_DIR").filter(|dir| !dir.is_empty()) else {
+        return Ok(None);
+    };
+    let source = std::path::PathBuf::from(source);
+    let target = std::env::temp_dir().join(format!("pgkube-tls-{}", std::process::id()));
+    match crate::tls::copy_private(&source, &target) {
+        Ok(Some(_)) => Ok(Some(target)),
+        Ok(None) => Err(AgentError::Settings(format!(
+            "{} holds no ca.crt",
+            source.display()
+        ))),
+        Err(error) => Err(AgentError::Settings(format!(
+            "cannot copy the certificates of {}: {error}",
+            source.display()
+        ))),
+    }
+}
 
 /// How many bytes of a tool's stderr are kept for the error message.
 const STDERR_TAIL_BYTES: usize = 2048;
@@ -25,6 +51,8 @@ const STDERR_TAIL_BYTES: usize = 2048;
 pub struct Postgres {
     password: Option<String>,
     maintenance_database: String,
+    /// Where the certificates were copied, if the Job has them.
+    tls_dir: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for Postgres {
@@ -33,6 +61,7 @@ impl std::fmt::Debug for Postgres {
             .debug_struct("Postgres")
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .field("maintenance_database", &self.maintenance_database)
+            .field("tls_dir", &self.tls_dir)
             .finish()
     }
 }
@@ -49,7 +78,13 @@ impl Postgres {
         Ok(Self {
             password: secret_from_env_or_file("PGPASSWORD", "PGKUBE_PGPASSWORD_FILE")?,
             maintenance_database: maintenance_database.to_string(),
+            tls_dir: install_tls()?,
         })
+    }
+
+    /// How a connection as `role` uses TLS: verified, with the role's client certificate.
+    pub fn client_tls(&self, role: ClientRole) -> Option<ClientTls> {
+        Some(ClientTls::new(self.tls_dir.as_deref()?, role, true))
     }
 
     pub fn maintenance_database(&self) -> &str {
@@ -63,6 +98,9 @@ impl Postgres {
         command.kill_on_drop(true).stdin(Stdio::null());
         if let Some(password) = &self.password {
             command.env("PGPASSWORD", password);
+        }
+        if let Some(tls) = self.client_tls(ClientRole::Superuser) {
+            command.envs(tls.env());
         }
         command
     }
@@ -328,6 +366,7 @@ mod tests {
         let postgres = Postgres {
             password: Some("s3cret-value".into()),
             maintenance_database: "postgres".into(),
+            tls_dir: None,
         };
         assert!(!format!("{postgres:?}").contains("s3cret-value"));
     }
@@ -337,6 +376,7 @@ mod tests {
         let postgres = Postgres {
             password: None,
             maintenance_database: "postgres".into(),
+            tls_dir: None,
         };
         let mut command = postgres.command("sh");
         command.args([
@@ -360,6 +400,7 @@ mod tests {
         let postgres = Postgres {
             password: None,
             maintenance_database: "postgres".into(),
+            tls_dir: None,
         };
         let mut command = postgres.command("sh");
         command.args(["-c", "kill -9 $$"]);

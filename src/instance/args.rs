@@ -46,6 +46,21 @@ pub struct RunArgs {
     )]
     pub(super) control_dir: PathBuf,
 
+    /// The cluster's certificates: `ca.crt`, the server's `tls.crt` and `tls.key`, and the
+    /// client certificates `replication.{crt,key}` and `superuser.{crt,key}`. Without `ca.crt`
+    /// the server runs without TLS.
+    #[arg(long, env = "PGKUBE_TLS_DIR", default_value = "/etc/pgkube/tls")]
+    pub(super) tls_dir: PathBuf,
+
+    /// Where the manager copies them, readable by its user only (as PostgreSQL and libpq
+    /// require of a key).
+    #[arg(
+        long,
+        env = "PGKUBE_TLS_RUNTIME_DIR",
+        default_value = "/controller/tls"
+    )]
+    pub(super) tls_runtime_dir: PathBuf,
+
     /// A directory of the manager's own (the password files go there).
     #[arg(long, env = "PGKUBE_RUN_DIR", default_value = "/controller")]
     pub(super) run_dir: PathBuf,

@@ -10,6 +10,7 @@ use std::process::Stdio;
 use tokio::process::Command;
 
 use super::desired::{Credentials, Desired, slot_name};
+use crate::tls::{ClientRole, ClientTls};
 
 /// Present once a data directory is complete (initdb and pg_basebackup write it).
 const VERSION_FILE: &str = "PG_VERSION";
@@ -252,6 +253,7 @@ pub fn server_config(
     pgpass_file: &Path,
     floors: &[Floor],
     archive_command: &str,
+    tls: Option<&InstanceTls<'_>>,
 ) -> String {
     let mut config = format!(
         "# Written by pgkube's instance manager from the cluster's ConfigMap; edits are overwritten.\n\
@@ -265,7 +267,11 @@ pub fn server_config(
         // Always the manager's own: spec.postgresql.parameters may not set it.
         config.push_str(&format!("archive_command = '{}'\n", quote(archive_command)));
     }
+    if let Some(tls) = tls {
+        config.push_str(&server_tls(tls));
+    }
     if let Some(host) = upstream {
+        let client_tls = tls.map(|tls| tls.client(ClientRole::Replication));
         config.push_str(&format!(
             "primary_conninfo = '{}'\nprimary_slot_name = '{}'\n",
             quote(&primary_conninfo(
@@ -273,7 +279,8 @@ pub fn server_config(
                 desired.topology.port,
                 &desired.replication,
                 pod,
-                pgpass_file
+                pgpass_file,
+                client_tls.as_ref(),
             )),
             slot_name(pod),
         ));
@@ -287,49 +294,6 @@ pub fn server_config(
         }
     }
     config
-}
-
-/// libpq connection string to the primary, as the replica's WAL receiver uses it.
-fn primary_conninfo(
-    host: &str,
-    port: u16,
-    replication: &Credentials,
-    pod: &str,
-    pgpass_file: &Path,
-) -> String {
-    format!(
-        "host={} port={} user={} passfile={} application_name={} sslmode=prefer",
-        conninfo_value(host),
-        port,
-        conninfo_value(&replication.username),
-        conninfo_value(&pgpass_file.to_string_lossy()),
-        conninfo_value(pod),
-    )
-}
-
-/// A value in a libpq connection string, quoted.
-fn conninfo_value(text: &str) -> String {
-    format!("'{}'", text.replace('\\', "\\\\").replace('\'', "\\'"))
-}
-
-/// libpq connection string to `host` as the superuser, for pg_rewind's `--source-server` (the
-/// password is in `passfile`).
-pub fn superuser_conninfo(
-    host: &str,
-    port: u16,
-    superuser: &Credentials,
-    pod: &str,
-    passfile: &Path,
-) -> String {
-    format!(
-        "host={} port={} user={} dbname=postgres passfile={} application_name={} \
-         connect_timeout=10 sslmode=prefer",
-        conninfo_value(host),
-        port,
-        conninfo_value(&superuser.username),
-        conninfo_value(&passfile.to_string_lossy()),
-        conninfo_value(&format!("{pod}-rewind")),
-    )
 }
 
 /// A string inside a single-quoted `postgresql.conf` value.
@@ -420,6 +384,7 @@ pub async fn clone_primary(
     pod: &str,
     pgpass_file: &Path,
     replication: &Credentials,
+    tls: Option<&ClientTls>,
 ) -> Result<(), DataDirError> {
     let partial = pgdata.with_extension("clone");
     remove_dir(&partial)?;
@@ -433,6 +398,10 @@ pub async fn clone_primary(
         .args(["--wal-method=stream", "--checkpoint=fast", "--no-password"])
         .env("PGPASSFILE", pgpass_file)
         .env("PGAPPNAME", pod);
+    match tls {
+        Some(tls) => command.envs(tls.env()),
+        None => command.env("PGSSLMODE", "disable"),
+    };
     run_tool("pg_basebackup", command).await?;
     swap_in(&partial, pgdata)
 }
@@ -547,6 +516,10 @@ async fn run_tool(program: &'static str, mut command: Command) -> Result<(), Dat
         stderr: stderr.trim().lines().last().unwrap_or_default().to_owned(),
     })
 }
+
+mod conninfo;
+pub use conninfo::{InstanceTls, superuser_conninfo};
+use conninfo::{primary_conninfo, server_tls};
 
 #[cfg(test)]
 mod tests;

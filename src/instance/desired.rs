@@ -116,6 +116,10 @@ pub struct Topology {
     /// Where the primary archives its WAL ([`super::archive`]); absent: it does not.
     #[serde(default)]
     pub wal_archive: Option<WalArchiveTarget>,
+    /// Every instance of the cluster has its certificates: connections to another instance
+    /// verify its certificate (`verify-full`); absent or false, they use TLS when offered.
+    #[serde(default)]
+    pub tls_only: bool,
     /// What the first instance recovers ([`super::recover`]); absent: it runs initdb.
     #[serde(default)]
     pub recovery: Option<RecoveryOrder>,

@@ -126,6 +126,8 @@ impl Instance {
             &self.args.pod_name,
             &self.args.run_dir.join("pgpass"),
             &self.applied.replication,
+            self.client_tls(crate::tls::ClientRole::Replication)
+                .as_ref(),
         )
         .await?;
         Ok(())
@@ -146,6 +148,7 @@ impl Instance {
             &self.applied.superuser,
             &self.args.pod_name,
             &self.args.run_dir.join("pgpass-superuser"),
+            self.client_tls(crate::tls::ClientRole::Superuser).as_ref(),
         );
         tracing::info!(primary = %target.pod, "rewinding to the new primary's history");
         match datadir::rewind(&self.args.pgdata, &conninfo).await {

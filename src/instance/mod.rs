@@ -62,6 +62,7 @@ mod control;
 mod datadir;
 mod desired;
 mod endpoint;
+mod files;
 mod guarded;
 mod ha;
 mod handover;
@@ -79,6 +80,7 @@ mod slots;
 mod sql;
 mod stream;
 mod tick;
+mod tls;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -94,7 +96,6 @@ use control::{ControlRequest, Order, Target, Terms};
 use datadir::Role;
 use desired::{Desired, Sources};
 use endpoint::InstanceStatus;
-use ha::Designation;
 use server::{Server, Shutdown};
 use signals::{Signals, StopRequest};
 
@@ -261,7 +262,11 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         archiver,
         restoring: None,
         binary,
+        tls: None,
     };
+    // Before any connection to another instance: a clone first checks its source.
+    instance.install_tls()?;
+
     let result = instance.start_and_run(&mut signals).await;
     endpoint.abort();
     archive_socket.abort();
@@ -317,6 +322,9 @@ struct Instance {
     in_place: Option<pgkube_controllers::storage::recovery::in_place::InPlaceReport>,
     /// The binary this manager runs ([`handover`]).
     binary: Arc<handover::ManagerBinary>,
+    /// The digest of the certificates copied for the server and the clients; none when the
+    /// pod has none ([`tls`]).
+    tls: Option<String>,
 }
 
 /// How the steady state ended.
@@ -477,75 +485,6 @@ impl Instance {
             Role::Primary => None,
             Role::Replica => self.upstream.as_ref().map(|target| target.pod.as_str()),
         }
-    }
-
-    /// Re-reads the mounted files and writes what changed into the data directory; the primary
-    /// to follow when instance.json names another one ([`ha::on_new_designation`]).
-    fn apply_files(&mut self) -> Option<Target> {
-        let desired = match Desired::load(&self.sources) {
-            Ok(desired) => desired,
-            Err(error) => {
-                tracing::warn!(%error, "keeping the settings last read");
-                return None;
-            }
-        };
-        if desired == self.applied {
-            return None;
-        }
-        if let Err(error) = self.write_files(&desired) {
-            tracing::warn!(%error, "cannot write the new settings");
-            return None;
-        }
-        let mut follow = None;
-        if desired.topology.primary != self.applied.topology.primary {
-            let pod = &self.args.pod_name;
-            match ha::on_new_designation(pod, self.role, self.following(), &desired.topology) {
-                Designation::Keep => {}
-                Designation::WaitForPromote => tracing::info!(
-                    "instance.json names this standby the primary; only /control/promote promotes it"
-                ),
-                Designation::Follow(target) => {
-                    tracing::info!(primary = %target.pod, "instance.json names another primary");
-                    follow = Some(target);
-                }
-            }
-        }
-        if desired.superuser != self.applied.superuser
-            || desired.replication != self.applied.replication
-        {
-            self.credentials_applied = false;
-        }
-        self.archiver.configure(archive::settings_of(&desired));
-        self.applied = desired;
-        follow
-    }
-
-    fn write_files(&mut self, desired: &Desired) -> anyhow::Result<()> {
-        let pgpass_file = self.write_passfiles(desired)?;
-        let upstream = match self.role {
-            Role::Primary => None,
-            Role::Replica => self.upstream.as_ref().map(|target| target.host.as_str()),
-        };
-        let mut config = datadir::server_config(
-            desired,
-            &self.args.pod_name,
-            upstream,
-            &pgpass_file,
-            &self.floors,
-            &archive::command(&self.args.run_dir),
-        );
-        if let Some(order) = desired.topology.recovery.as_ref()
-            && recover::in_archive_recovery(&self.args.pgdata)
-        {
-            config.push_str(&recover::settings(order, &self.args.run_dir));
-        }
-        if datadir::write_config(&self.args.pgdata, &config, &desired.pg_hba_conf)? {
-            tracing::info!("configuration files changed; reloading");
-            self.changed_since_start = true;
-            // The reload itself happens with the next connection use.
-            self.reload_pending = true;
-        }
-        Ok(())
     }
 
     fn set_status(&self, mut status: InstanceStatus) {

@@ -215,6 +215,7 @@ impl Instance {
             self.applied.topology.port,
             &self.applied.replication,
             &self.args.pod_name,
+            self.client_tls(crate::tls::ClientRole::Replication),
         );
         Ok(tokio::time::timeout(PEER_TIMEOUT * 3, connect).await??)
     }
@@ -333,6 +334,7 @@ impl Instance {
             self.applied.topology.port,
             &self.applied.superuser,
             &self.args.pod_name,
+            self.client_tls(crate::tls::ClientRole::Superuser),
         );
         tokio::time::timeout(PEER_TIMEOUT * 3, connect)
             .await

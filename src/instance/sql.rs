@@ -14,8 +14,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::Serialize;
+use tokio_postgres::config::SslMode;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Config, NoTls};
+
+use crate::tls::ClientTls;
 
 use super::desired::{Credentials, is_managed_slot};
 
@@ -36,6 +39,8 @@ pub enum ConnectError {
     Timeout(Duration),
     #[error(transparent)]
     Postgres(#[from] tokio_postgres::Error),
+    #[error("TLS settings: {0}")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// What a new connection to the local server got.
@@ -58,6 +63,8 @@ impl Admission {
             Ok(()) => Self::Accepted,
             Err(ConnectError::Postgres(error)) => error.code().map_or(Self::Refused, Self::refusal),
             Err(ConnectError::Timeout(_)) => Self::NoAnswer,
+            // Only connections to other instances use TLS; none reached the server.
+            Err(ConnectError::Tls(_)) => Self::Refused,
         }
     }
 
@@ -73,7 +80,16 @@ impl Admission {
 
 /// A connection that drives itself in a background task, ready within `timeout`.
 async fn connect(config: &Config, timeout: Duration) -> Result<Client, ConnectError> {
-    let connecting = config.connect(NoTls);
+    connect_with(config, timeout, NoTls).await
+}
+
+/// As [`connect`], through `tls`.
+async fn connect_with<T>(config: &Config, timeout: Duration, tls: T) -> Result<Client, ConnectError>
+where
+    T: tokio_postgres::tls::MakeTlsConnect<tokio_postgres::Socket>,
+    T::Stream: Send + 'static,
+{
+    let connecting = config.connect(tls);
     let (client, connection) = tokio::time::timeout(timeout, connecting)
         .await
         .map_err(|_| ConnectError::Timeout(timeout))??;
@@ -132,6 +148,7 @@ pub async fn connect_remote(
     port: u16,
     credentials: &Credentials,
     application_name: &str,
+    tls: Option<ClientTls>,
 ) -> Result<Client, ConnectError> {
     let mut config = Config::new();
     config
@@ -148,7 +165,16 @@ pub async fn connect_remote(
         .keepalives_interval(Duration::from_secs(5))
         .keepalives_retries(3)
         .tcp_user_timeout(Duration::from_secs(30));
-    connect(&config, CONNECT_TIMEOUT).await
+    let Some(tls) = tls else {
+        config.ssl_mode(SslMode::Disable);
+        return connect(&config, CONNECT_TIMEOUT).await;
+    };
+    config.ssl_mode(if tls.verify {
+        SslMode::Require
+    } else {
+        SslMode::Prefer
+    });
+    connect_with(&config, CONNECT_TIMEOUT, tls.connector()?).await
 }
 
 /// The server as the status endpoint shows it.

@@ -198,6 +198,13 @@ pub struct RunArgs {
         value_parser = parse_duration)]
     pub restore_start_timeout: Duration,
 
+    /// How long the server and client certificates pgkube issues for each cluster's
+    /// PostgreSQL are valid. Each is renewed two thirds into it, and the servers reload it
+    /// without a restart.
+    #[arg(long, env = "PGKUBE_POSTGRES_CERTIFICATE_VALIDITY", default_value = "90d",
+        value_parser = parse_duration)]
+    pub postgres_certificate_validity: Duration,
+
     /// How long in-flight reconciles may take to finish after SIGTERM or SIGINT.
     #[arg(long, env = "PGKUBE_SHUTDOWN_GRACE_PERIOD", default_value = "30s",
         value_parser = parse_duration)]
@@ -303,6 +310,7 @@ impl RunArgs {
             restore_pending_deadline: self.restore_pending_deadline,
             restore_active_deadline: self.restore_active_deadline,
             restore_start_timeout: self.restore_start_timeout,
+            postgres_certificate_validity: self.postgres_certificate_validity,
             otel_env: otel_env(std::env::vars()),
             ..pgkube_controllers::Settings::default()
         })

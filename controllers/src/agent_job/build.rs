@@ -49,6 +49,9 @@ pub(super) const SUPERUSER_VOLUME: &str = "superuser";
 pub(super) const SUPERUSER_MOUNT: &str = "/etc/pgkube/superuser";
 pub(super) const S3_VOLUME: &str = "s3";
 pub(super) const S3_MOUNT: &str = "/etc/pgkube/s3";
+/// The cluster's CA and the client certificates the agent connects with.
+pub(super) const TLS_VOLUME: &str = "tls";
+pub(super) const TLS_MOUNT: &str = "/etc/pgkube/tls";
 pub(super) const ACCESS_KEY_ID_FILE: &str = "access-key-id";
 pub(super) const SECRET_ACCESS_KEY_FILE: &str = "secret-access-key";
 pub(super) const CA_BUNDLE_FILE: &str = "ca.crt";
@@ -343,6 +346,7 @@ fn volume_mounts(task: &Task<'_>) -> Vec<k8s_openapi::api::core::v1::VolumeMount
         mount(AGENT_VOLUME, AGENT_MOUNT, true),
         mount(SUPERUSER_VOLUME, SUPERUSER_MOUNT, true),
         mount(S3_VOLUME, S3_MOUNT, true),
+        mount(TLS_VOLUME, TLS_MOUNT, true),
     ];
     if task.physical_source().is_some() {
         mounts.push(mount(REPLICATION_VOLUME, REPLICATION_MOUNT, true));

@@ -12,11 +12,11 @@ use pgkube_crds::{PostgreSQLCluster, S3Storage};
 use super::build::{
     ACCESS_KEY_ID_FILE, AGENT_VOLUME, CA_BUNDLE_FILE, JobInput, REPLICATION_MOUNT,
     REPLICATION_VOLUME, S3_MOUNT, S3_VOLUME, SECRET_ACCESS_KEY_FILE, SUPERUSER_MOUNT,
-    SUPERUSER_VOLUME, Task,
+    SUPERUSER_VOLUME, TLS_MOUNT, TLS_VOLUME, Task,
 };
 use crate::backup::physical::Source;
 use crate::cluster::build::{
-    ChildNames, PASSWORD_KEY, POSTGRES_PORT, REPLICATION_USER, instance_host,
+    ChildNames, PASSWORD_KEY, POSTGRES_PORT, REPLICATION_USER, TlsFiles, instance_host, tls_volume,
 };
 use crate::storage::wal;
 
@@ -47,6 +47,8 @@ pub(super) fn agent_env(input: &JobInput<'_>) -> Vec<EnvVar> {
         ),
         value("PGHOST", names.rw_service),
         value("PGPORT", POSTGRES_PORT.to_string()),
+        // The cluster's CA and client certificates: every connection is verify-full.
+        value("PGKUBE_TLS_DIR", TLS_MOUNT),
         EnvVar {
             name: "PGUSER".to_owned(),
             value_from: Some(EnvVarSource {
@@ -145,7 +147,7 @@ pub(super) fn volumes(input: &JobInput<'_>) -> Vec<Volume> {
         Volume {
             name: SUPERUSER_VOLUME.to_owned(),
             secret: Some(SecretVolumeSource {
-                secret_name: Some(names.secret),
+                secret_name: Some(names.secret.clone()),
                 items: Some(vec![key_to_path("password", "password")]),
                 ..SecretVolumeSource::default()
             }),
@@ -160,6 +162,11 @@ pub(super) fn volumes(input: &JobInput<'_>) -> Vec<Volume> {
             ..Volume::default()
         },
     ];
+    let mut certificates = vec![TlsFiles::Superuser];
+    if input.task.physical_source().is_some() {
+        certificates.push(TlsFiles::Replication);
+    }
+    volumes.push(tls_volume(TLS_VOLUME, &names, &certificates));
     if input.task.physical_source().is_some() {
         volumes.push(Volume {
             name: REPLICATION_VOLUME.to_owned(),

@@ -36,6 +36,9 @@ pub use super::instances::STATUS_PORT;
 pub const POSTGRES_PORT: i32 = 5432;
 /// Annotation on the StatefulSet naming the PostgreSQL major version it runs.
 pub const VERSION_ANNOTATION: &str = "db.example.com/postgres-version";
+/// Annotation on the StatefulSet saying its pods mount the cluster's certificates (see
+/// [`super::certificates::tls_only`]).
+pub const TLS_ANNOTATION: &str = "db.example.com/tls";
 /// Pod label naming the role an instance has (`primary` or `replica`), set by the controller
 /// from what the instance manager reports; the `-rw` and `-ro` Services select on it.
 pub const ROLE_LABEL: &str = "db.example.com/role";
@@ -53,7 +56,7 @@ pub const REPLICATION_USER: &str = "streaming_replica";
 /// uid and gid of `postgres` in the official image.
 pub const POSTGRES_UID: i64 = 999;
 /// Superuser of the official image.
-const SUPERUSER: &str = "postgres";
+pub const SUPERUSER: &str = "postgres";
 const DATA_MOUNT: &str = "/var/lib/postgresql/data";
 /// Volumes and where the PostgreSQL container mounts them.
 const CONTROLLER_VOLUME: &str = "controller";
@@ -72,6 +75,11 @@ const CONTROL_MOUNT: &str = "/etc/pgkube/control";
 /// control endpoints (promote, follow).
 pub const CONTROL_TOKEN_KEY: &str = "token";
 const SHM_VOLUME: &str = "shm";
+/// The cluster's certificates (see [`super::certificates`]), as the instance manager reads them.
+pub const TLS_VOLUME: &str = "tls";
+const TLS_MOUNT: &str = "/etc/pgkube/tls";
+/// Where the instance manager copies them, readable by itself only.
+const TLS_RUNTIME_DIR: &str = "/controller/tls";
 /// The instance manager, as the init container installs it.
 const INSTANCE_MANAGER: &str = "/controller/pgkube";
 /// Seconds between two runs of the startup and readiness probes: a restarted instance is back
@@ -108,6 +116,13 @@ pub struct ChildNames {
     pub replication_secret: String,
     /// The token of the instance managers' control endpoints.
     pub control_secret: String,
+    /// The cluster's CA (`ca.crt`, `ca.key`), see [`super::certificates`].
+    pub ca_secret: String,
+    /// The server certificate, and the client certificates of the replication role and of
+    /// the superuser.
+    pub server_tls_secret: String,
+    pub replication_tls_secret: String,
+    pub superuser_tls_secret: String,
     pub pod_disruption_budget: String,
     /// Value of `app.kubernetes.io/instance`.
     pub instance_label: String,
@@ -135,6 +150,10 @@ impl ChildNames {
             secret: subdomain("-postgresql-credentials"),
             replication_secret: subdomain("-postgresql-replication"),
             control_secret: subdomain("-postgresql-control"),
+            ca_secret: subdomain("-ca"),
+            server_tls_secret: subdomain("-server-tls"),
+            replication_tls_secret: subdomain("-replication-tls"),
+            superuser_tls_secret: subdomain("-superuser-tls"),
             pod_disruption_budget: subdomain("-postgresql"),
             instance_label: names::label_value(cluster),
         }
@@ -185,6 +204,9 @@ pub struct BuildInput<'a> {
     pub control_token: &'a str,
     /// Standbys that must confirm each commit (`synchronous_standby_names`); 0: asynchronous.
     pub synchronous_standbys: u32,
+    /// Every instance has its certificates: connections without TLS are refused (see
+    /// [`super::certificates::tls_only`]).
+    pub tls_only: bool,
     /// The cluster's database, once recorded (`status.systemIdentifier`).
     pub system_identifier: Option<&'a str>,
     /// What the first instance recovers (`spec.bootstrap.recovery`), until the cluster
@@ -257,6 +279,14 @@ pub fn selector_labels(names: &ChildNames) -> BTreeMap<String, String> {
     ])
 }
 
+/// Metadata of a child that outlives the cluster (its Secrets): labels, no owner.
+pub fn kept_metadata(cluster: &ValidatedCluster, names: &ChildNames, name: &str) -> ObjectMeta {
+    ObjectMeta {
+        owner_references: None,
+        ..metadata(cluster, names, name)
+    }
+}
+
 fn metadata(cluster: &ValidatedCluster, names: &ChildNames, name: &str) -> ObjectMeta {
     ObjectMeta {
         name: Some(name.to_owned()),
@@ -273,10 +303,10 @@ fn statefulset(
     input: &BuildInput<'_>,
 ) -> StatefulSet {
     let mut meta = metadata(cluster, names, &names.statefulset);
-    meta.annotations = Some(BTreeMap::from([(
-        VERSION_ANNOTATION.to_owned(),
-        cluster.version.to_string(),
-    )]));
+    meta.annotations = Some(BTreeMap::from([
+        (VERSION_ANNOTATION.to_owned(), cluster.version.to_string()),
+        (TLS_ANNOTATION.to_owned(), "true".to_owned()),
+    ]));
     StatefulSet {
         metadata: meta,
         spec: Some(StatefulSetSpec {
@@ -396,7 +426,7 @@ fn config_map(cluster: &ValidatedCluster, names: &ChildNames, input: &BuildInput
                 CONFIG_FILE.to_owned(),
                 postgresql_conf(cluster, names, input.synchronous_standbys),
             ),
-            (HBA_FILE.to_owned(), PG_HBA.to_owned()),
+            (HBA_FILE.to_owned(), pg_hba(input.tls_only)),
             (
                 INSTANCE_FILE.to_owned(),
                 instance_json(cluster, names, input),
@@ -463,7 +493,8 @@ mod config;
 mod pod;
 mod topology;
 
-use config::{PG_HBA, postgresql_conf};
+use config::{pg_hba, postgresql_conf};
+pub use pod::{TlsFiles, tls_volume};
 use pod::{install_container, postgres_container, volumes};
 use topology::instance_json;
 pub use topology::{archive_target, instance_host, wal_archive_target};

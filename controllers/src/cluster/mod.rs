@@ -44,6 +44,7 @@ pub mod backups;
 mod bootstrap;
 pub mod build;
 mod cache;
+pub mod certificates;
 mod context;
 mod controller;
 mod drift;
@@ -112,6 +113,14 @@ pub enum Error {
     RecoverySource(String),
     #[error("internal error: {0}")]
     Invariant(&'static str),
+    #[error("cannot issue the TLS certificate of Secret {secret}: {source}")]
+    Certificate {
+        secret: String,
+        #[source]
+        source: crate::pki::PkiError,
+    },
+    #[error("Secret {secret} holds no CA certificate and key (ca.crt, ca.key)")]
+    CertificateAuthority { secret: String },
     /// A status write computed from a cluster older than the API server's: the cache lags.
     #[error("the cache of cluster {name} lags behind the API server")]
     Stale { name: String },

@@ -23,8 +23,8 @@ use super::status::{Issue, Observation};
 use super::validate::LiveFacts;
 use super::{
     Error, INSTANCE_REFRESH, SOLE_INSTANCE_REFRESH, WAIT_REQUEUE, apply, bootstrap, build,
-    failover, ha, in_place, instances, manager_upgrade, read, recovery, roles, rollout, settled,
-    validate,
+    certificates, failover, ha, in_place, instances, manager_upgrade, read, recovery, roles,
+    rollout, settled, validate,
 };
 
 /// The pipeline for a cluster that is not being deleted.
@@ -184,6 +184,10 @@ fn requeue_after(
     if let Some(held_for) = held_for {
         next = next.min(held_for);
     }
+    if let Some(renewal) = outcome.certificate_renewal {
+        // At least a second: a renewal that failed is retried by the error policy instead.
+        next = next.min(renewal.max(Duration::from_secs(1)));
+    }
     next
 }
 
@@ -297,6 +301,8 @@ pub(super) struct Outcome {
     expansion_pending: bool,
     /// Replicas the StatefulSet should have.
     desired_replicas: i32,
+    /// When the first of the cluster's certificates is due for renewal.
+    certificate_renewal: Option<Duration>,
 }
 
 /// The recovery the first instance follows, if any (see [`recovery`]). A recovery refused as
@@ -370,6 +376,7 @@ fn invalid_spec_outcome(
         held_back: false,
         expansion_pending: false,
         desired_replicas: replicas,
+        certificate_renewal: None,
     }
 }
 
@@ -394,6 +401,7 @@ fn failed_apply_outcome(
         held_back: false,
         expansion_pending: false,
         desired_replicas: replicas,
+        certificate_renewal: None,
     }
 }
 
@@ -436,6 +444,7 @@ async fn apply_validated(
         replication_password: &replication_password,
         control_token: &control_token,
         synchronous_standbys: built.synchronous_standbys,
+        tls_only: certificates::tls_only(&live),
         system_identifier: built.system_identifier,
         recovery: built.recovery,
         in_place: built.in_place,
@@ -444,6 +453,9 @@ async fn apply_validated(
     let installer_image =
         manager_upgrade::installer_image(&effective, &input, live.statefulset.as_deref());
     input.instance_manager_image = &installer_image;
+    let certificate_renewal = ensure_certificates(context, namespace, &effective, &live)
+        .instrument(info_span!("certificates"))
+        .await?;
     let key = format!("{namespace}/{}", effective.name);
     let fingerprint = settled::fingerprint(&effective, &input, &live).map_err(Error::Serialize)?;
     // Build and compare only when something the children depend on changed since they were
@@ -474,7 +486,33 @@ async fn apply_validated(
         issue: refusal.or(applied.issue),
         expansion_pending: applied.expansion_pending,
         desired_replicas: effective.replicas,
+        certificate_renewal,
     })
+}
+
+/// Issues the cluster's certificates that are due (see [`certificates`]) before the pods that
+/// mount them are applied; returns when the next one is due.
+async fn ensure_certificates(
+    context: &ClusterContext,
+    namespace: &str,
+    effective: &validate::ValidatedCluster,
+    live: &read::LiveChildren,
+) -> Result<Option<Duration>, Error> {
+    let names = ChildNames::for_cluster(&effective.name);
+    let metadata = build::kept_metadata(effective, &names, &names.ca_secret);
+    let keeping = certificates::Keeping {
+        namespace,
+        metadata: &metadata,
+        ca_secret: &names.ca_secret,
+        validity: context.base.settings.postgres_certificate_validity,
+    };
+    certificates::ensure(
+        &context.base.client,
+        &keeping,
+        &certificates::leaves(&names, namespace),
+        live,
+    )
+    .await
 }
 
 /// One issue for all refused changes: the first one's reason, every message.

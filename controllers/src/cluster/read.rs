@@ -39,6 +39,9 @@ pub struct LiveChildren {
     pub credentials_exist: bool,
     pub replication_credentials_exist: bool,
     pub control_token_exists: bool,
+    /// What the metadata of each certificate Secret that exists says, by Secret name.
+    pub certificates: BTreeMap<String, super::certificates::LeafState>,
+    pub ca_exists: bool,
     pub pod_disruption_budget: Option<Arc<Compact<PodDisruptionBudget>>>,
     /// The StatefulSet's data volume claims (`data-<statefulset>-N`), by ordinal.
     pub data_claims: Vec<Arc<PersistentVolumeClaim>>,
@@ -83,6 +86,21 @@ pub async fn read(
         (Vec::new(), Vec::new(), BTreeMap::new(), BTreeMap::new())
     };
     let secret_exists = |name| cached_text(&stores.secrets, namespace, name).is_some();
+    let certificates = [
+        &names.server_tls_secret,
+        &names.replication_tls_secret,
+        &names.superuser_tls_secret,
+    ]
+    .into_iter()
+    .filter_map(|name| {
+        let meta = cached_text(&stores.secrets, namespace, name)?.decode_or_warn()?;
+        let annotations = meta.metadata.annotations.unwrap_or_default();
+        Some((
+            name.clone(),
+            super::certificates::LeafState::from_annotations(&annotations),
+        ))
+    })
+    .collect();
     LiveChildren {
         statefulset,
         headless_service: service(&names.headless_service),
@@ -94,6 +112,8 @@ pub async fn read(
         credentials_exist: secret_exists(&names.secret),
         replication_credentials_exist: secret_exists(&names.replication_secret),
         control_token_exists: secret_exists(&names.control_secret),
+        certificates,
+        ca_exists: secret_exists(&names.ca_secret),
         pod_disruption_budget: cached_text(
             &stores.budgets,
             namespace,

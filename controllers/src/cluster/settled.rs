@@ -94,6 +94,7 @@ pub fn fingerprint(
         write_text(&mut hasher, text);
     }
     hasher.update(input.synchronous_standbys.to_le_bytes());
+    hasher.update([u8::from(input.tls_only)]);
     write_text(&mut hasher, &serde_json::to_string(&input.recovery)?);
     write_text(&mut hasher, &serde_json::to_string(&input.in_place)?);
     hasher.update([
@@ -178,6 +179,7 @@ mod tests {
             replication_password: password,
             control_token: password,
             synchronous_standbys: 0,
+            tls_only: true,
             system_identifier: None,
             recovery: None,
             in_place: None,

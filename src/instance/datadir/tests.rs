@@ -24,6 +24,7 @@ fn desired() -> Desired {
             wal_archive: None,
             in_place: None,
             recovery: None,
+            tls_only: false,
         },
         superuser: credentials("postgres", "super"),
         replication: credentials("streaming_replica", "pa:ss\\word"),
@@ -106,12 +107,13 @@ fn a_replica_config_names_the_primary_and_its_slot_but_no_password() {
         Path::new("/controller/pgpass"),
         &[],
         "",
+        None,
     );
     assert!(config.contains("work_mem = '8MB'\n"));
     assert!(config.contains(
         "primary_conninfo = 'host=''db-postgresql-0.db-postgresql-headless.ns.svc'' port=5432 \
          user=''streaming_replica'' passfile=''/controller/pgpass'' \
-         application_name=''db-postgresql-2'' sslmode=prefer'\n"
+         application_name=''db-postgresql-2'' sslmode=disable'\n"
     ));
     assert!(config.contains("primary_slot_name = 'pgkube_db_postgresql_2'\n"));
     assert!(!config.contains("pa:ss"));
@@ -126,6 +128,7 @@ fn a_primary_config_has_no_primary_conninfo() {
         Path::new("/p"),
         &[],
         "",
+        None,
     );
     assert!(config.contains("cluster_name = 'db-postgresql-0'\n"));
     assert!(!config.contains("primary_conninfo"));
@@ -142,6 +145,7 @@ fn an_archiving_instance_runs_the_managers_archive_command_whatever_the_paramete
         Path::new("/p"),
         &[],
         command,
+        None,
     );
     assert!(!config.contains("archive_command"), "{config}");
     desired
@@ -164,6 +168,7 @@ fn an_archiving_instance_runs_the_managers_archive_command_whatever_the_paramete
         Path::new("/p"),
         &[],
         command,
+        None,
     );
     let last = config
         .lines()
@@ -194,6 +199,7 @@ fn a_standby_keeps_the_primarys_higher_settings_until_it_replays_the_change() {
         Path::new("/p"),
         &floors,
         "",
+        None,
     );
     assert!(config.ends_with("max_connections = 100\n"), "{config}");
     // Once the standby replayed the primary's lower value, nothing is kept.
@@ -211,14 +217,74 @@ fn the_rewind_source_is_the_new_primary_as_the_superuser_with_a_passfile() {
         &desired().superuser,
         "db-postgresql-0",
         Path::new("/controller/pgpass-superuser"),
+        None,
     );
     assert_eq!(
         conninfo,
         "host='db-postgresql-1.h' port=5432 user='postgres' dbname=postgres \
          passfile='/controller/pgpass-superuser' application_name='db-postgresql-0-rewind' \
-         connect_timeout=10 sslmode=prefer"
+         connect_timeout=10 sslmode=disable"
     );
     assert!(!conninfo.contains("super'"));
+}
+
+#[test]
+fn with_certificates_the_server_speaks_tls_and_replicas_verify_the_primary() {
+    let mut desired = desired();
+    desired.topology.tls_only = true;
+    let tls = InstanceTls {
+        dir: Path::new("/controller/tls"),
+        digest: "0123456789abcdef0123",
+        verify: desired.topology.tls_only,
+    };
+    let config = server_config(
+        &desired,
+        "db-postgresql-2",
+        Some(&desired.topology.primary_host),
+        Path::new("/controller/pgpass"),
+        &[],
+        "",
+        Some(&tls),
+    );
+    for line in [
+        "# TLS (certificates 0123456789abcdef)\n",
+        "ssl = on\n",
+        "ssl_cert_file = '/controller/tls/tls.crt'\n",
+        "ssl_key_file = '/controller/tls/tls.key'\n",
+        "ssl_ca_file = '/controller/tls/ca.crt'\n",
+    ] {
+        assert!(config.contains(line), "{line} in {config}");
+    }
+    assert!(
+        config.contains(
+            "application_name=''db-postgresql-2'' sslmode=verify-full \
+             sslrootcert=''/controller/tls/ca.crt'' sslcert=''/controller/tls/replication.crt'' \
+             sslkey=''/controller/tls/replication.key'''\n"
+        ),
+        "{config}"
+    );
+    // While some instances have no certificates yet, TLS is used when offered.
+    let rewind = superuser_conninfo(
+        "h",
+        5432,
+        &desired.superuser,
+        "db-postgresql-0",
+        Path::new("/p"),
+        Some(
+            &InstanceTls {
+                verify: false,
+                ..tls
+            }
+            .client(ClientRole::Superuser),
+        ),
+    );
+    assert!(
+        rewind.ends_with(
+            "sslmode=prefer sslrootcert='/controller/tls/ca.crt' \
+             sslcert='/controller/tls/superuser.crt' sslkey='/controller/tls/superuser.key'"
+        ),
+        "{rewind}"
+    );
 }
 
 #[test]

@@ -22,16 +22,17 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodSpec, Secret, Toleration};
+use k8s_openapi::api::core::v1::{Pod, PodSpec, Secret, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::{Api, Client};
 use pgkube_crds::{
     ClusterPhase, PostgreSQLCluster, PostgreSQLClusterSpec, PostgresVersion, StorageSpec,
 };
-use tokio_postgres::NoTls;
 
+use crate::describe::describe_cluster;
 use crate::service::service_addresses;
+use crate::tls::{Login, connect, server_tls_secret_name, verify_full};
 use crate::{TestNamespace, wait_until};
 
 /// The test bed's real node: its pods run as local processes.
@@ -427,11 +428,17 @@ impl TestCluster {
             .address
             .with_context(|| format!("pod {pod} has no address"))?;
         let (user, password) = self.credentials().await?;
+        let host = self.pod_host(pod);
+        let login = Login {
+            host: &host,
+            user: &user,
+            password: &password,
+            database: "postgres",
+        };
         connect(
             SocketAddr::new(address, POSTGRES_PORT),
-            &user,
-            &password,
-            "postgres",
+            &login,
+            self.tls().await?,
         )
         .await
         .with_context(|| format!("connecting to pod {pod} at {address}"))
@@ -466,13 +473,66 @@ impl TestCluster {
         )
     }
 
+    /// The CA the cluster's server certificate verifies against (`ca.crt` of its
+    /// `<cluster>-server-tls` Secret).
+    pub async fn server_ca(&self) -> anyhow::Result<String> {
+        let name = server_tls_secret_name(&self.name);
+        let secret = Api::<Secret>::namespaced(self.client.clone(), &self.namespace)
+            .get(&name)
+            .await
+            .with_context(|| format!("reading Secret {name}"))?;
+        let bytes = secret
+            .data
+            .as_ref()
+            .and_then(|data| data.get("ca.crt"))
+            .with_context(|| format!("Secret {name} has no ca.crt"))?;
+        String::from_utf8(bytes.0.clone()).with_context(|| format!("ca.crt in {name}"))
+    }
+
+    /// How a connection checks the cluster's server certificate, as libpq's `verify-full`.
+    pub async fn tls(&self) -> anyhow::Result<tokio_postgres_rustls::MakeRustlsConnect> {
+        verify_full(&self.server_ca().await?)
+    }
+
+    /// Logs in as `user` with `password` to database `postgres` at `address` (behind `-rw`),
+    /// over TLS verified for the `-rw` Service's name; the server's error as it is.
+    pub async fn log_in(
+        &self,
+        address: SocketAddr,
+        user: &str,
+        password: &str,
+    ) -> anyhow::Result<Result<tokio_postgres::Client, tokio_postgres::Error>> {
+        let host = format!(
+            "{}.{}.svc",
+            ClusterService::ReadWrite.name(&self.name),
+            self.namespace
+        );
+        let login = Login {
+            host: &host,
+            user,
+            password,
+            database: "postgres",
+        };
+        Ok(connect(address, &login, self.tls().await?).await)
+    }
+
+    /// The name of pod `pod` through the headless Service, which its certificate covers.
+    pub fn pod_host(&self, pod: &str) -> String {
+        format!(
+            "{pod}.{}-postgresql-headless.{}.svc",
+            self.name, self.namespace
+        )
+    }
+
     async fn connect_via(
         &self,
         service: ClusterService,
         database: &str,
     ) -> anyhow::Result<tokio_postgres::Client> {
         let (user, password) = self.credentials().await?;
+        let tls = self.tls().await?;
         let service = service.name(&self.name);
+        let host = format!("{service}.{}.svc", self.namespace);
         let addresses = service_addresses(&self.client, &self.namespace, &service).await?;
         anyhow::ensure!(
             !addresses.is_empty(),
@@ -480,7 +540,13 @@ impl TestCluster {
         );
         let mut failures = Vec::new();
         for address in addresses {
-            match connect(address, &user, &password, database).await {
+            let login = Login {
+                host: &host,
+                user: &user,
+                password: &password,
+                database,
+            };
+            match connect(address, &login, tls.clone()).await {
                 Ok(client) => return Ok(client),
                 Err(error) => failures.push(format!("{address}: {error}")),
             }
@@ -490,30 +556,6 @@ impl TestCluster {
             failures.join("; ")
         )
     }
-}
-
-/// Connects to `database` at `address`; the connection runs in the background.
-async fn connect(
-    address: SocketAddr,
-    user: &str,
-    password: &str,
-    database: &str,
-) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
-    let mut config = tokio_postgres::Config::new();
-    config
-        .host(address.ip().to_string())
-        .port(address.port())
-        .user(user)
-        .password(password)
-        .dbname(database)
-        .connect_timeout(Duration::from_secs(10));
-    let (client, connection) = config.connect(NoTls).await?;
-    tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            eprintln!("connection to {address} ended: {error}");
-        }
-    });
-    Ok(client)
 }
 
 pub(crate) fn instance_pod(pod: &Pod) -> InstancePod {
@@ -597,125 +639,6 @@ pub async fn wait_for_cluster(
             describe_cluster(client, namespace, name).await
         )),
     }
-}
-
-/// The cluster's status and its namespace's pods, in one paragraph for a failure message.
-pub async fn describe_cluster(client: &Client, namespace: &str, name: &str) -> String {
-    let cluster = Api::<PostgreSQLCluster>::namespaced(client.clone(), namespace)
-        .get(name)
-        .await
-        .map_err(|error| error.to_string());
-    let pods = Api::<Pod>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default())
-        .await
-        .map(|list| list.items)
-        .map_err(|error| error.to_string());
-    describe(name, cluster, pods)
-}
-
-fn describe(
-    name: &str,
-    cluster: Result<PostgreSQLCluster, String>,
-    pods: Result<Vec<Pod>, String>,
-) -> String {
-    let cluster = match cluster {
-        Ok(cluster) => format!(
-            "cluster {name} status {}",
-            serde_json::to_string(&cluster.status).unwrap_or_default()
-        ),
-        Err(error) => format!("cluster {name} unreadable: {error}"),
-    };
-    let pods = match pods {
-        Ok(pods) if pods.is_empty() => "none".to_owned(),
-        Ok(pods) => pods
-            .iter()
-            .map(describe_pod)
-            .collect::<Vec<_>>()
-            .join(" | "),
-        Err(error) => format!("unreadable: {error}"),
-    };
-    format!("{cluster}; pods: {pods}")
-}
-
-/// `name phase node ip [conditions] containers: ...`.
-fn describe_pod(pod: &Pod) -> String {
-    let name = pod.metadata.name.as_deref().unwrap_or("?");
-    let node = pod
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.node_name.as_deref())
-        .unwrap_or("unscheduled");
-    let status = pod.status.clone().unwrap_or_default();
-    let conditions: Vec<String> = status
-        .conditions
-        .iter()
-        .flatten()
-        .map(|c| {
-            let message = c.message.as_deref().unwrap_or_default();
-            format!("{}={} {message}", c.type_, c.status)
-                .trim_end()
-                .to_owned()
-        })
-        .collect();
-    let containers: Vec<String> = status
-        .init_container_statuses
-        .iter()
-        .flatten()
-        .chain(status.container_statuses.iter().flatten())
-        .map(describe_container)
-        .collect();
-    format!(
-        "{name} {} on {node} ip {} [{}] containers: {}",
-        status.phase.as_deref().unwrap_or("?"),
-        status.pod_ip.as_deref().unwrap_or("-"),
-        conditions.join("; "),
-        if containers.is_empty() {
-            "none".to_owned()
-        } else {
-            containers.join(", ")
-        }
-    )
-}
-
-/// `name ready=B restarts=N <state>[, last: <state>]`.
-fn describe_container(container: &ContainerStatus) -> String {
-    let state = |state: &k8s_openapi::api::core::v1::ContainerState| {
-        if let Some(waiting) = &state.waiting {
-            format!(
-                "waiting {} {}",
-                waiting.reason.as_deref().unwrap_or_default(),
-                waiting.message.as_deref().unwrap_or_default()
-            )
-        } else if let Some(terminated) = &state.terminated {
-            format!(
-                "terminated exit {} {} {}",
-                terminated.exit_code,
-                terminated.reason.as_deref().unwrap_or_default(),
-                terminated.message.as_deref().unwrap_or_default()
-            )
-        } else if state.running.is_some() {
-            "running".to_owned()
-        } else {
-            "unknown".to_owned()
-        }
-        .trim_end()
-        .to_owned()
-    };
-    let mut text = format!(
-        "{} ready={} restarts={} {}",
-        container.name,
-        container.ready,
-        container.restart_count,
-        container.state.as_ref().map(state).unwrap_or_default()
-    );
-    if let Some(last) = container
-        .last_state
-        .as_ref()
-        .filter(|last| last.terminated.is_some())
-    {
-        text.push_str(&format!(" (last: {})", state(last)));
-    }
-    text
 }
 
 /// A JSON merge (RFC 7386, without deletion by `null`): `patch`'s objects merge into

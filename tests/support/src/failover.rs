@@ -109,9 +109,28 @@ impl TestCluster {
                     };
                     pod.ready && pod.role.as_deref() == Some(role)
                 });
-            Ok((replicas + 1 == instances && labelled).then_some(current))
+            if replicas + 1 != instances || !labelled {
+                return Ok(None);
+            }
+            // The status can lag the last write by an instance's report: the primary itself
+            // says whether every replica replayed all its WAL.
+            let caught_up = self.replicas_replayed_everything(&current).await?;
+            Ok((caught_up == instances - 1).then_some(current))
         })
         .await
+    }
+
+    /// How many replicas of `primary` replayed all the WAL it wrote, as it says now.
+    async fn replicas_replayed_everything(&self, primary: &str) -> anyhow::Result<usize> {
+        let sql = self.sql_to_pod(primary).await?;
+        let row = sql
+            .query_one(
+                "SELECT count(*) FROM pg_stat_replication \
+                 WHERE state = 'streaming' AND replay_lsn >= pg_current_wal_lsn()",
+                &[],
+            )
+            .await?;
+        Ok(usize::try_from(row.get::<_, i64>(0))?)
     }
 
     /// Waits until `status.primaryChange` is a completed change of `kind` from `from` to

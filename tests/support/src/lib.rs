@@ -103,6 +103,7 @@ mod cluster;
 mod conversion;
 mod crds;
 mod database;
+mod describe;
 mod env;
 mod failover;
 mod http;
@@ -116,6 +117,7 @@ pub mod proxy;
 mod restore;
 pub mod scratch;
 mod service;
+mod tls;
 mod volume;
 mod wait;
 pub mod wal;
@@ -131,12 +133,13 @@ pub use cluster::{
     CLUSTER_RUNNING_TIMEOUT, ClusterService, InstancePod, LOCAL_NODE, LOCAL_NODE_LABEL,
     LOCAL_NODE_LABEL_VALUE, MAX_CLUSTER_NAME, NodeScheduling, PASSWORD_KEY, POSTGRES_PORT,
     ROLE_LABEL, TestCluster, TestClusterBuilder, USERNAME_KEY, WRITE_ATTEMPT_TIMEOUT, condition,
-    credentials_secret_name, describe_cluster, local_node_scheduling, replication_secret_name,
-    wait_for_cluster, wait_for_cluster_running,
+    credentials_secret_name, local_node_scheduling, replication_secret_name, wait_for_cluster,
+    wait_for_cluster_running,
 };
 pub use conversion::{TestCa, converting_crds, converting_crds_storing};
 pub use crds::{CRD_FIELD_MANAGER, install_crds};
 pub use database::TestDatabase;
+pub use describe::describe_cluster;
 pub use env::{SKIP_ENV_VAR, TestEnv, node_pgkube_binary, testbed};
 pub use failover::{RoleSampler, SAMPLE_PERIOD, Sample};
 pub use http::http_get;
@@ -154,6 +157,7 @@ pub use restore::{
     restore_of_backup, restore_of_source, restore_reason, wait_restore, wait_restore_ended,
 };
 pub use service::{pod_addresses, service_addresses};
+pub use tls::{served_certificate, server_tls_secret_name, verify_full};
 pub use wait::wait_until;
 pub use writer::{RwWriter, WRITE_PERIOD, Written};
 

@@ -79,12 +79,27 @@ fn synchronous_standby_names(cluster: &ValidatedCluster, names: &ChildNames, cou
     )
 }
 
-/// Local connections as the matching system user (the instance manager runs as `postgres`),
-/// replication as `streaming_replica` and everything else with a SCRAM password.
-pub(super) const PG_HBA: &str = "# Managed by pgkube; edits are overwritten.\n\
-local   all          all                                peer\n\
-host    replication  streaming_replica  all             scram-sha-256\n\
-host    all          all                all             scram-sha-256\n";
+/// Local connections as the matching system user (the instance manager runs as `postgres`);
+/// remote ones over TLS only: replication as `streaming_replica` with its client certificate,
+/// everything else with a SCRAM password. Connections without TLS match no line and are
+/// refused, except while some instances still run without certificates (`tls_only` false):
+/// they then keep their SCRAM logins without TLS, as before.
+pub(super) fn pg_hba(tls_only: bool) -> String {
+    let mut hba = String::from(
+        "# Managed by pgkube; edits are overwritten.\n\
+         local      all          all                                peer\n\
+         hostssl    replication  streaming_replica  all             cert\n\
+         hostssl    all          all                all             scram-sha-256\n",
+    );
+    if !tls_only {
+        hba.push_str(
+            "# Until every instance has its certificates\n\
+             hostnossl  replication  streaming_replica  all             scram-sha-256\n\
+             hostnossl  all          all                all             scram-sha-256\n",
+        );
+    }
+    hba
+}
 
 /// The user's parameters, last, so that they take precedence over pgkube's defaults (the server
 /// takes the last setting of a name). Values are quoted, with backslashes and quotes escaped:

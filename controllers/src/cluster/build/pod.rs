@@ -4,7 +4,8 @@
 
 use k8s_openapi::api::core::v1::{
     ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    HTTPGetAction, ObjectFieldSelector, Probe, ProjectedVolumeSource, SecretVolumeSource, Volume,
+    HTTPGetAction, KeyToPath, ObjectFieldSelector, Probe, ProjectedVolumeSource, SecretProjection,
+    SecretVolumeSource, Volume, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -61,6 +62,11 @@ pub(super) fn volumes(cluster: &ValidatedCluster, names: &ChildNames) -> Vec<Vol
         // PostgreSQL's parallel queries use POSIX shared memory; a container runtime's own
         // /dev/shm is 64MB, too small for them.
         empty_dir(SHM_VOLUME, Some("Memory")),
+        tls_volume(
+            TLS_VOLUME,
+            names,
+            &[TlsFiles::Server, TlsFiles::Replication, TlsFiles::Superuser],
+        ),
     ]
     .into_iter()
     .chain(
@@ -76,6 +82,64 @@ pub(super) fn volumes(cluster: &ValidatedCluster, names: &ChildNames) -> Vec<Vol
             .map(|s| s3_volume(RECOVERY_S3_VOLUME, s)),
     )
     .collect()
+}
+
+/// Which certificates a TLS volume holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsFiles {
+    /// The server's `tls.crt` and `tls.key`.
+    Server,
+    /// The replication role's client certificate, `replication.crt` and `replication.key`.
+    Replication,
+    /// The superuser's client certificate, `superuser.crt` and `superuser.key`.
+    Superuser,
+}
+
+/// A volume of the cluster's certificates: `ca.crt` (the CA clients trust) and `files`. The
+/// Secrets are required: a pod waits for them rather than start without TLS.
+pub fn tls_volume(name: &str, names: &ChildNames, files: &[TlsFiles]) -> Volume {
+    use super::super::certificates::{CA_CERT_KEY, CERT_KEY, KEY_KEY};
+    let item = |key: &str, path: &str| KeyToPath {
+        key: key.to_owned(),
+        path: path.to_owned(),
+        mode: None,
+    };
+    let source = |secret: &str, items: Vec<KeyToPath>| VolumeProjection {
+        secret: Some(SecretProjection {
+            name: secret.to_owned(),
+            items: Some(items),
+            optional: None,
+        }),
+        ..VolumeProjection::default()
+    };
+    let mut sources = vec![source(
+        &names.server_tls_secret,
+        vec![item(CA_CERT_KEY, CA_CERT_KEY)],
+    )];
+    for files in files {
+        let (secret, stem) = match files {
+            TlsFiles::Server => (&names.server_tls_secret, None),
+            TlsFiles::Replication => (&names.replication_tls_secret, Some("replication")),
+            TlsFiles::Superuser => (&names.superuser_tls_secret, Some("superuser")),
+        };
+        let items = match stem {
+            None => vec![item(CERT_KEY, CERT_KEY), item(KEY_KEY, KEY_KEY)],
+            Some(stem) => vec![
+                item(CERT_KEY, &format!("{stem}.crt")),
+                item(KEY_KEY, &format!("{stem}.key")),
+            ],
+        };
+        sources.push(source(secret, items));
+    }
+    Volume {
+        name: name.to_owned(),
+        projected: Some(ProjectedVolumeSource {
+            sources: Some(sources),
+            // Read by the container's user through its group; it copies them for itself.
+            default_mode: Some(0o440),
+        }),
+        ..Volume::default()
+    }
 }
 
 /// The keys (and CA bundle) of the backup storage. Optional: a missing Secret must not keep
@@ -149,6 +213,7 @@ pub(super) fn postgres_container(cluster: &ValidatedCluster, image_repository: &
                 mount(REPLICATION_VOLUME, REPLICATION_MOUNT, true),
                 mount(CONTROL_VOLUME, CONTROL_MOUNT, true),
                 mount(SHM_VOLUME, "/dev/shm", false),
+                mount(TLS_VOLUME, TLS_MOUNT, true),
             ]
             .into_iter()
             .chain(
@@ -198,6 +263,8 @@ fn instance_manager_env(cluster: &ValidatedCluster) -> Vec<EnvVar> {
         value("PGKUBE_CONTROL_DIR", CONTROL_MOUNT),
         value("PGKUBE_STATUS_PORT", &STATUS_PORT.to_string()),
         value("PGKUBE_SHUTDOWN_TIMEOUT", SHUTDOWN_TIMEOUT),
+        value("PGKUBE_TLS_DIR", TLS_MOUNT),
+        value("PGKUBE_TLS_RUNTIME_DIR", TLS_RUNTIME_DIR),
     ]
     .into_iter()
     .chain(

@@ -29,6 +29,7 @@ fn input(image_repository: &str) -> BuildInput<'_> {
         replication_password: "replication secret",
         control_token: "token",
         synchronous_standbys: 0,
+        tls_only: true,
         system_identifier: None,
         recovery: None,
         in_place: None,
@@ -236,28 +237,37 @@ fn the_config_has_what_streaming_replication_needs_and_pgkube_manages_it() {
 }
 
 #[test]
-fn pg_hba_allows_local_peer_replication_and_scram_only() {
+fn pg_hba_allows_local_peer_and_remote_logins_over_tls_only() {
+    let rules = |children: &DesiredChildren| -> Vec<Vec<String>> {
+        children.config_map.data.as_ref().expect("data")[HBA_FILE]
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+            .collect()
+    };
+    let line = |words: &[&str]| words.iter().map(|w| (*w).to_owned()).collect::<Vec<_>>();
     let children = built(&validated("my-cluster", 3));
+    let tls_only = [
+        line(&["local", "all", "all", "peer"]),
+        line(&["hostssl", "replication", "streaming_replica", "all", "cert"]),
+        line(&["hostssl", "all", "all", "all", "scram-sha-256"]),
+    ];
+    assert_eq!(rules(&children), tls_only);
+    // While pods without certificates remain, they keep their logins without TLS.
+    let mut input = input("postgres");
+    input.tls_only = false;
+    let transition = build(&validated("my-cluster", 3), &input);
+    let mut expected = tls_only.to_vec();
+    expected.push(line(&[
+        "hostnossl",
+        "replication",
+        "streaming_replica",
+        "all",
+        "scram-sha-256",
+    ]));
+    expected.push(line(&["hostnossl", "all", "all", "all", "scram-sha-256"]));
+    assert_eq!(rules(&transition), expected);
     let hba = &children.config_map.data.as_ref().expect("data")[HBA_FILE];
-    let rules: Vec<Vec<&str>> = hba
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .map(|l| l.split_whitespace().collect())
-        .collect();
-    assert_eq!(
-        rules,
-        [
-            vec!["local", "all", "all", "peer"],
-            vec![
-                "host",
-                "replication",
-                "streaming_replica",
-                "all",
-                "scram-sha-256"
-            ],
-            vec!["host", "all", "all", "all", "scram-sha-256"],
-        ]
-    );
     assert!(hba.starts_with("# Managed by pgkube; edits are overwritten.\n"));
 }
 
@@ -279,6 +289,7 @@ fn instance_json_names_the_primary_its_host_and_the_instances() {
             "clusterUid": "0b5a5c2e-0000-4000-8000-000000000001",
             "restartBySwitchover": true,
             "isolationTimeoutSeconds": 3,
+            "tlsOnly": true,
             "walArchive": {
                 "bucket": "pgkube-backups", "region": "us-east-1",
                 "endpoint": "https://s3.example.com", "forcePathStyle": true,
@@ -454,6 +465,8 @@ fn the_instance_manager_gets_its_environment_from_values_and_the_downward_api() 
         ("PGKUBE_CONTROL_DIR", "/etc/pgkube/control"),
         ("PGKUBE_STATUS_PORT", "8000"),
         ("PGKUBE_SHUTDOWN_TIMEOUT", "50s"),
+        ("PGKUBE_TLS_DIR", "/etc/pgkube/tls"),
+        ("PGKUBE_TLS_RUNTIME_DIR", "/controller/tls"),
         ("PGKUBE_S3_DIR", "/etc/pgkube/s3"),
     ]
     .into_iter()
@@ -496,6 +509,7 @@ fn an_init_container_installs_the_instance_manager_into_the_shared_volume() {
             expect("replication", "/etc/pgkube/replication", Some(true)),
             expect("control", "/etc/pgkube/control", Some(true)),
             expect("shm", "/dev/shm", None),
+            expect("tls", "/etc/pgkube/tls", Some(true)),
             expect("s3", "/etc/pgkube/s3", Some(true)),
         ]
     );
@@ -536,7 +550,49 @@ fn an_init_container_installs_the_instance_manager_into_the_shared_volume() {
                 Some("secret my-cluster-postgresql-control".to_owned())
             ),
             ("shm".to_owned(), None),
+            ("tls".to_owned(), None),
             ("s3".to_owned(), None),
+        ]
+    );
+}
+
+#[test]
+fn the_pods_mount_the_clusters_certificates_and_wait_for_them() {
+    let children = built(&validated("my-cluster", 3));
+    let pod = pod_spec(&children);
+    let tls = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|volume| volume.name == "tls")
+        .and_then(|volume| volume.projected.as_ref())
+        .expect("the TLS volume");
+    let files: Vec<(String, String, String)> = tls
+        .sources
+        .iter()
+        .flatten()
+        .flat_map(|source| {
+            let secret = source.secret.as_ref().expect("a Secret");
+            assert_eq!(secret.optional, None, "a pod never starts without TLS");
+            secret
+                .items
+                .iter()
+                .flatten()
+                .map(|item| (secret.name.clone(), item.key.clone(), item.path.clone()))
+        })
+        .collect();
+    let file =
+        |secret: &str, key: &str, path: &str| (secret.to_owned(), key.to_owned(), path.to_owned());
+    assert_eq!(
+        files,
+        [
+            file("my-cluster-server-tls", "ca.crt", "ca.crt"),
+            file("my-cluster-server-tls", "tls.crt", "tls.crt"),
+            file("my-cluster-server-tls", "tls.key", "tls.key"),
+            file("my-cluster-replication-tls", "tls.crt", "replication.crt"),
+            file("my-cluster-replication-tls", "tls.key", "replication.key"),
+            file("my-cluster-superuser-tls", "tls.crt", "superuser.crt"),
+            file("my-cluster-superuser-tls", "tls.key", "superuser.key"),
         ]
     );
 }

@@ -47,6 +47,10 @@ struct InstanceTopology<'a> {
     /// An in-place recovery under way: what the instances do now.
     #[serde(skip_serializing_if = "Option::is_none")]
     in_place: Option<&'a InPlaceOrder>,
+    /// Every instance has its certificates: connections to another instance verify its
+    /// certificate (`verify-full`); before, they use TLS when offered.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    tls_only: bool,
 }
 
 /// Where `cluster` archives its WAL in `storage`.
@@ -106,6 +110,7 @@ pub(super) fn instance_json(
             .map(|storage| wal_archive_target(cluster, storage)),
         recovery: input.recovery,
         in_place: input.in_place,
+        tls_only: input.tls_only,
     };
     // Strings and integers only: serializing cannot fail.
     serde_json::to_string(&topology).unwrap_or_default()

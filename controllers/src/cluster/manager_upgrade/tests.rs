@@ -88,6 +88,7 @@ fn input(installer: &str) -> BuildInput<'_> {
         replication_password: "replication secret",
         control_token: "token",
         synchronous_standbys: 0,
+        tls_only: true,
         system_identifier: None,
         recovery: None,
         in_place: None,

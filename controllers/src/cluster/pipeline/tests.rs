@@ -9,6 +9,7 @@ fn a_cluster_with_pods_is_looked_at_again_within_the_instance_refresh() {
         held_back: false,
         expansion_pending: false,
         desired_replicas: 3,
+        certificate_renewal: None,
     };
     let running = PostgreSQLClusterStatus {
         phase: Some(ClusterPhase::Running),

@@ -1,8 +1,10 @@
 //! Unit tests of the test cluster builder and of the report a failed wait prints.
 
 use super::*;
+use crate::describe::describe;
 use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateTerminated, ContainerStateWaiting, PodCondition, PodStatus,
+    ContainerState, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus, PodCondition,
+    PodStatus,
 };
 use kube::api::ObjectMeta;
 

@@ -1,0 +1,272 @@
+//! TLS for the cluster's PostgreSQL, as the instance manager and the agents use it: the
+//! certificate files of a mounted Secret volume copied where PostgreSQL and libpq accept them,
+//! and the client settings of a connection to another instance (libpq's, and rustls' for
+//! tokio-postgres).
+//!
+//! The copy is needed because both refuse a private key that anyone but its owner may read,
+//! while a kubelet's volume files belong to root with the pod's group, or to another user.
+
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+/// Files of the TLS volume: the CA that signed the server's certificate (and the clients'),
+/// the server's certificate and key, and the client certificates.
+pub const CA_FILE: &str = "ca.crt";
+pub const SERVER_CERT_FILE: &str = "tls.crt";
+pub const SERVER_KEY_FILE: &str = "tls.key";
+
+/// Whose client certificate a connection presents: its common name is the role it logs in as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClientRole {
+    Replication,
+    Superuser,
+}
+
+impl ClientRole {
+    fn file_stem(self) -> &'static str {
+        match self {
+            ClientRole::Replication => "replication",
+            ClientRole::Superuser => "superuser",
+        }
+    }
+}
+
+/// Copies each file of `source` (a Secret volume: its dotted entries are the kubelet's) into
+/// `target`, readable by this user only, rewriting only what changed. Returns a digest of the
+/// content, which changes whenever a certificate does; `None` when `source` holds no CA, so
+/// TLS is not set up for this pod.
+pub fn copy_private(source: &Path, target: &Path) -> io::Result<Option<String>> {
+    if !source.join(CA_FILE).exists() {
+        return Ok(None);
+    }
+    fs::create_dir_all(target)?;
+    let mut names: Vec<String> = fs::read_dir(source)?
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .filter(|name| !name.starts_with('.'))
+        .collect();
+    names.sort();
+    let mut digest = Sha256::new();
+    for name in names {
+        let content = fs::read(source.join(&name))?;
+        digest.update(name.as_bytes());
+        digest.update((content.len() as u64).to_le_bytes());
+        digest.update(&content);
+        let path = target.join(&name);
+        if fs::read(&path).ok().as_deref() != Some(content.as_slice()) {
+            write_private(&path, &content)?;
+        }
+    }
+    Ok(Some(hex::encode(digest.finalize())))
+}
+
+/// Writes `content` to `path` with mode 0600, whole or not at all (a reader never sees half a
+/// key).
+fn write_private(path: &Path, content: &[u8]) -> io::Result<()> {
+    let partial = path.with_extension("partial");
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&partial)?;
+    file.write_all(content)?;
+    file.sync_all()?;
+    fs::rename(&partial, path)
+}
+
+/// How a connection to another instance uses TLS.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientTls {
+    /// Verify the server's certificate and name (`verify-full`); otherwise TLS when the server
+    /// offers it (`prefer`), while a cluster's instances are still getting their certificates.
+    pub verify: bool,
+    pub root_cert: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl ClientTls {
+    /// The settings for `role`'s certificate among the copied files in `dir`.
+    pub fn new(dir: &Path, role: ClientRole, verify: bool) -> Self {
+        let stem = role.file_stem();
+        Self {
+            verify,
+            root_cert: dir.join(CA_FILE),
+            cert: dir.join(format!("{stem}.crt")),
+            key: dir.join(format!("{stem}.key")),
+        }
+    }
+
+    fn sslmode(&self) -> &'static str {
+        if self.verify { "verify-full" } else { "prefer" }
+    }
+
+    /// libpq's environment for these settings.
+    pub fn env(&self) -> Vec<(&'static str, std::ffi::OsString)> {
+        vec![
+            ("PGSSLMODE", self.sslmode().into()),
+            ("PGSSLROOTCERT", self.root_cert.clone().into_os_string()),
+            ("PGSSLCERT", self.cert.clone().into_os_string()),
+            ("PGSSLKEY", self.key.clone().into_os_string()),
+        ]
+    }
+
+    /// The libpq connection parameters, each value quoted by `quote`.
+    pub fn conninfo(&self, quote: impl Fn(&str) -> String) -> String {
+        format!(
+            "sslmode={} sslrootcert={} sslcert={} sslkey={}",
+            self.sslmode(),
+            quote(&self.root_cert.to_string_lossy()),
+            quote(&self.cert.to_string_lossy()),
+            quote(&self.key.to_string_lossy()),
+        )
+    }
+
+    /// A tokio-postgres TLS connector that trusts the CA and presents the client certificate.
+    /// With `verify`, the server's name is checked against its certificate, as `verify-full`.
+    pub fn connector(&self) -> Result<tokio_postgres_rustls::MakeRustlsConnect, TlsError> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let read = |path: &Path| {
+            fs::read(path).map_err(|source| TlsError::Read {
+                path: path.to_owned(),
+                source,
+            })
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(&read(&self.root_cert)?) {
+            roots.add(cert.map_err(|e| TlsError::Pem(e.to_string()))?)?;
+        }
+        let chain = CertificateDer::pem_slice_iter(&read(&self.cert)?)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| TlsError::Pem(e.to_string()))?;
+        let key = PrivateKeyDer::from_pem_slice(&read(&self.key)?)
+            .map_err(|e| TlsError::Pem(e.to_string()))?;
+        let builder = rustls::ClientConfig::builder();
+        let config = if self.verify {
+            builder
+                .with_root_certificates(roots)
+                .with_client_auth_cert(chain, key)?
+        } else {
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(NoServerCheck(
+                    rustls::crypto::CryptoProvider::get_default()
+                        .cloned()
+                        .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider())),
+                )))
+                .with_client_auth_cert(chain, key)?
+        };
+        Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+    }
+}
+
+/// Why the TLS client settings could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("not a PEM certificate or key: {0}")]
+    Pem(String),
+    #[error(transparent)]
+    Rustls(#[from] rustls::Error),
+}
+
+/// `prefer`'s check of the server: none (the signatures of the handshake still are). Used only
+/// while a cluster's instances are getting their certificates, as libpq's `prefer` does.
+#[derive(Debug)]
+struct NoServerCheck(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for NoServerCheck {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn files_are_copied_private_and_the_digest_follows_their_content() {
+        let root = std::env::temp_dir().join(format!("pgkube-tls-{}", std::process::id()));
+        let (source, target) = (root.join("volume"), root.join("private"));
+        fs::create_dir_all(source.join("..2026_01_01")).expect("volume");
+        assert_eq!(copy_private(&source, &target).expect("copy"), None);
+        fs::write(source.join(CA_FILE), "ca").expect("ca");
+        fs::write(source.join(SERVER_KEY_FILE), "key").expect("key");
+        let first = copy_private(&source, &target)
+            .expect("copy")
+            .expect("digest");
+        let mode = fs::metadata(target.join(SERVER_KEY_FILE))
+            .expect("copied")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert!(!target.join("..2026_01_01").exists());
+        assert_eq!(
+            copy_private(&source, &target).expect("copy"),
+            Some(first.clone())
+        );
+        fs::write(source.join(SERVER_KEY_FILE), "renewed").expect("key");
+        let second = copy_private(&source, &target)
+            .expect("copy")
+            .expect("digest");
+        assert_ne!(first, second);
+        assert_eq!(
+            fs::read(target.join(SERVER_KEY_FILE)).expect("read"),
+            b"renewed"
+        );
+        fs::remove_dir_all(root).expect("clean up");
+    }
+}
