@@ -123,7 +123,17 @@ async fn each_reconcile_is_one_trace_with_a_span_per_step_and_the_trace_id_in_lo
         .filter(|s| s.parent_span_id == root.span_context.span_id())
         .map(|s| s.name.as_ref())
         .collect();
-    assert_eq!(children, ["read", "validate", "build", "apply", "status"]);
+    assert_eq!(
+        children,
+        [
+            "read",
+            "validate",
+            "certificates",
+            "build",
+            "apply",
+            "status"
+        ]
+    );
     assert!(
         spans
             .iter()

@@ -1,7 +1,8 @@
 //! The pipeline of one reconcile, one span per step under the root span `reconcile`: `read`
 //! the live children and what the instances report -> high availability first, apart from the
-//! children (see [`ha`](super::ha)) -> `validate` (pure) -> `build` (pure) -> `apply` what
-//! differs -> the bootstrap restore, if any -> `status` -> when to look again.
+//! children (see [`ha`](super::ha)) -> `validate` (pure) -> `certificates` that are due (see
+//! [`certificates`](super::certificates)) -> `build` (pure) -> `apply` what differs -> the
+//! bootstrap restore, if any -> `status` -> when to look again.
 
 use std::sync::Arc;
 use std::time::Duration;

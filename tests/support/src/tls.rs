@@ -13,6 +13,13 @@ pub fn server_tls_secret_name(cluster: &str) -> String {
 
 /// A TLS connector that trusts `ca_pem` only and checks the server's name, as `verify-full`.
 pub fn verify_full(ca_pem: &str) -> anyhow::Result<tokio_postgres_rustls::MakeRustlsConnect> {
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(trusting(
+        ca_pem,
+    )?))
+}
+
+/// A client configuration that trusts `ca_pem` only and presents no certificate.
+fn trusting(ca_pem: &str) -> anyhow::Result<rustls::ClientConfig> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
@@ -20,10 +27,9 @@ pub fn verify_full(ca_pem: &str) -> anyhow::Result<tokio_postgres_rustls::MakeRu
     for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(cert.context("the cluster's CA")?)?;
     }
-    let config = rustls::ClientConfig::builder()
+    Ok(rustls::ClientConfig::builder()
         .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+        .with_no_client_auth())
 }
 
 /// The certificate (DER) the PostgreSQL server at `address` presents, checked against
@@ -33,17 +39,9 @@ pub async fn served_certificate(
     host: &str,
     ca_pem: &str,
 ) -> anyhow::Result<Vec<u8>> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, ServerName};
+    use rustls::pki_types::ServerName;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert.context("the cluster's CA")?)?;
-    }
-    let config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let config = trusting(ca_pem)?;
     let mut socket = tokio::net::TcpStream::connect(address).await?;
     // SSLRequest: length 8, code 80877103; the server answers 'S' when it speaks TLS.
     socket.write_all(&[0, 0, 0, 8, 4, 210, 22, 47]).await?;
