@@ -54,17 +54,55 @@ async fn a_version_15_cluster_on_the_real_node_serves_sql_and_keeps_its_rows_acr
     assert!(version.starts_with("15"), "server_version_num {version}");
     drop(sql);
 
-    // The password is checked: the same user with another password is refused.
-    let (user, _) = cluster.credentials().await.expect("credentials");
+    // Applications get their own role and database: the application Secret's `uri` logs in
+    // (verify-full against the name it gives) and its owner can create tables there.
     let address = cluster.addresses().await.expect("addresses")[0];
+    let application = cluster.application_secret().await.expect("the app Secret");
+    assert_eq!(
+        (application.username.as_str(), application.dbname.as_str()),
+        ("app", "app")
+    );
+    let mut config: tokio_postgres::Config = application.uri.parse().expect("the uri parses");
+    let (app, connection) = config
+        .hostaddr(address.ip())
+        .ssl_mode(tokio_postgres::config::SslMode::Require)
+        .connect(cluster.tls().await.expect("the cluster's CA"))
+        .await
+        .expect("the app Secret's uri logs in");
+    tokio::spawn(connection);
+    let (user, database): (String, String) = app
+        .query_one("SELECT current_user::text, current_database()::text", &[])
+        .await
+        .map(|row| (row.get(0), row.get(1)))
+        .expect("who and where");
+    assert_eq!((user.as_str(), database.as_str()), ("app", "app"));
+    app.batch_execute("CREATE TABLE orders (id int)")
+        .await
+        .expect("the owner creates a table in its database");
+
+    // The password is checked: the same user with another password is refused.
     let refused = cluster
-        .log_in(address, &user, "not-the-password")
+        .log_in(address, "app", "not-the-password")
         .await
         .expect("the cluster's CA")
         .expect_err("a wrong password is refused");
     assert_eq!(
         refused.code(),
         Some(&tokio_postgres::error::SqlState::INVALID_PASSWORD),
+        "{refused:?}"
+    );
+
+    // The superuser's own password does not log in over the network: remote superuser logins
+    // need the client certificate the operator issued (spec.enableSuperuserAccess is off).
+    let (superuser, password) = cluster.credentials().await.expect("credentials");
+    let refused = cluster
+        .log_in(address, &superuser, &password)
+        .await
+        .expect("the cluster's CA")
+        .expect_err("a remote superuser login with its password is refused");
+    assert_eq!(
+        refused.code(),
+        Some(&tokio_postgres::error::SqlState::INVALID_AUTHORIZATION_SPECIFICATION),
         "{refused:?}"
     );
 

@@ -284,14 +284,21 @@ async fn scaling_three_to_one_to_three_keeps_the_data_and_drops_the_slots() {
 }
 
 /// Rotating a password in its Secret takes effect without restarting anything: the superuser's
-/// new password logs in, the old one no longer does, and replicas reconnect with the new
-/// replication password.
+/// new password logs in over the network (the cluster allows it, `enableSuperuserAccess`), the
+/// old one no longer does, and replicas reconnect after the rotation (they log in with their
+/// client certificate).
 #[tokio::test]
 async fn rotated_passwords_work_without_a_restart() {
     let Some(running) = Running::start("replication-rotate", RESYNC).await else {
         return;
     };
-    let cluster = start(&running, 2).await;
+    let cluster = TestCluster::builder("pg")
+        .replicas(2)
+        .spec(|spec| spec.enable_superuser_access = true)
+        .timeout(CLUSTER_TIMEOUT)
+        .start(&running.namespace)
+        .await
+        .expect("a cluster with remote superuser logins becomes Running");
     wait_replicas_caught_up(&cluster, 1).await;
     let restarts_before = restart_counts(&running, &cluster).await;
     let (user, old_password) = cluster.credentials().await.expect("credentials");
@@ -319,14 +326,19 @@ async fn rotated_passwords_work_without_a_restart() {
         "rotated-replication-password",
     )
     .await;
+    let address = cluster.addresses().await.expect("rw")[0];
     let sql = wait_until(
         "the new superuser password logs in",
         CHANGE_TIMEOUT,
-        || async { Ok(cluster.sql().await.ok()) },
+        || async {
+            let login = cluster
+                .log_in(address, &user, "rotated-superuser-password")
+                .await?;
+            Ok(login.ok())
+        },
     )
     .await
     .expect("rotation without restart");
-    let address = cluster.addresses().await.expect("rw")[0];
     let old = cluster
         .log_in(address, &user, &old_password)
         .await

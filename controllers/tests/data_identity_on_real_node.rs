@@ -221,6 +221,7 @@ async fn a_cluster_bootstrapped_again_over_its_volumes_keeps_what_was_written_si
         }),
         source: None,
         recovery: None,
+        initdb: None,
     };
     let builder = || {
         let bootstrap = bootstrap.clone();

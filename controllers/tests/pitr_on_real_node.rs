@@ -272,6 +272,7 @@ fn recovery_cluster(
                 backup: None,
                 source: None,
                 recovery: Some(recovery),
+                initdb: None,
             });
         })
         .timeout(RECOVERY_TIMEOUT)

@@ -35,9 +35,10 @@ async fn a_restore_brings_back_exactly_the_data_of_the_backup_time() {
         return;
     };
     let before = fixture.digest().await;
+    // `app` is the cluster's application database, empty.
     assert_eq!(
         before.keys().map(String::as_str).collect::<Vec<_>>(),
-        ["postgres", "shop"],
+        ["app", "postgres", "shop"],
         "{before:?}"
     );
     assert_eq!(before["postgres"]["public.items"].rows, 1000);
@@ -571,12 +572,22 @@ fn assert_bootstrapped(
 /// Whether `cluster`'s replication role logs in to its primary with its own Secret's password.
 async fn replication_role_logs_in(cluster: &TestCluster) -> anyhow::Result<()> {
     let (user, password) = cluster.replication_credentials().await?;
+    role_logs_in(cluster, &user, &password).await
+}
+
+/// Whether `cluster`'s application role logs in to its primary with its own Secret's password.
+async fn application_role_logs_in(cluster: &TestCluster) -> anyhow::Result<()> {
+    let application = cluster.application_secret().await?;
+    role_logs_in(cluster, &application.username, &application.password).await
+}
+
+async fn role_logs_in(cluster: &TestCluster, user: &str, password: &str) -> anyhow::Result<()> {
     let address = *cluster
         .addresses()
         .await?
         .first()
         .ok_or_else(|| anyhow::anyhow!("no ready primary"))?;
-    let client = cluster.log_in(address, &user, &password).await??;
+    let client = cluster.log_in(address, user, password).await??;
     client.simple_query("SELECT 1").await?;
     Ok(())
 }
@@ -591,6 +602,9 @@ async fn new_clusters_bootstrapped_from_a_backup_or_its_storage_start_with_its_d
     replication_role_logs_in(&fixture.cluster)
         .await
         .unwrap_or_else(|error| panic!("the replication role logs in: {error:#}"));
+    application_role_logs_in(&fixture.cluster)
+        .await
+        .unwrap_or_else(|error| panic!("the application role logs in: {error:#}"));
     let backup = fixture.backup("seed").await;
     let (manifest_key, _) = fixture.manifest(&backup).await;
     let from_backup = Bootstrap {
@@ -599,6 +613,7 @@ async fn new_clusters_bootstrapped_from_a_backup_or_its_storage_start_with_its_d
         }),
         source: None,
         recovery: None,
+        initdb: None,
     };
     let from_source = Bootstrap {
         backup: None,
@@ -609,6 +624,7 @@ async fn new_clusters_bootstrapped_from_a_backup_or_its_storage_start_with_its_d
             object_key: manifest_key.clone(),
         }),
         recovery: None,
+        initdb: None,
     };
     let from_nothing = Bootstrap {
         backup: Some(LocalReference {
@@ -616,6 +632,7 @@ async fn new_clusters_bootstrapped_from_a_backup_or_its_storage_start_with_its_d
         }),
         source: None,
         recovery: None,
+        initdb: None,
     };
     let mut clusters = Vec::new();
     for (name, bootstrap) in [
@@ -707,9 +724,18 @@ async fn new_clusters_bootstrapped_from_a_backup_or_its_storage_start_with_its_d
         bootstrapped.message
     );
 
-    // Restoring another cluster's globals must not take the new cluster's replication role
-    // from it: its replicas log in with its own Secret's password.
+    // Restoring another cluster's globals must not take the new cluster's replication and
+    // application roles from it: its replicas and applications log in with its own Secrets'
+    // passwords.
     for cluster in &clusters[..2] {
+        application_role_logs_in(cluster)
+            .await
+            .unwrap_or_else(|error| {
+                panic!(
+                    "{}: the application role no longer logs in with the cluster's own password                  after the bootstrap restore: {error:#}",
+                    cluster.name()
+                )
+            });
         replication_role_logs_in(cluster)
             .await
             .unwrap_or_else(|error| {

@@ -80,6 +80,12 @@ pub struct PostgreSQLClusterSpec {
     /// the restore succeeded. Immutable: it can only be set at creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<Bootstrap>,
+    /// Whether the superuser `postgres` may log in over the network with its password (from
+    /// the `<cluster>-postgresql-credentials` Secret). Off by default: applications use the
+    /// application role (the `<cluster>-app` Secret), and pgkube's own tools log in as the
+    /// superuser with the client certificate the operator issues.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub enable_superuser_access: bool,
     /// Failover and synchronous replication. Unset: automatic failover after
     /// `failoverDelaySeconds` (5), asynchronous replication.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -225,7 +231,7 @@ pub const ONE_ANTI_AFFINITY_MESSAGE: &str = "spread.nodeAntiAffinity cannot be s
 /// or a point-in-time recovery from a physical backup and the WAL archive.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("[has(self.backup), has(self.source), has(self.recovery)].filter(x, x).size() == 1").message("exactly one of backup, source and recovery must be set"))]
+#[x_kube(validation = Rule::new(BOOTSTRAP_ONE_OF_RULE).message(BOOTSTRAP_ONE_OF_MESSAGE))]
 pub struct Bootstrap {
     /// A Completed PostgreSQLBackup in the same namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -236,6 +242,49 @@ pub struct Bootstrap {
     /// Point-in-time recovery from a physical base backup and the WAL archive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery: Option<crate::recovery::Recovery>,
+    /// A new, empty database made by initdb, with an application role owning an application
+    /// database. The default when `bootstrap` is unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initdb: Option<Initdb>,
+}
+
+/// `spec.bootstrap` names exactly one way to start.
+pub const BOOTSTRAP_ONE_OF_RULE: &str = "[has(self.backup), has(self.source), has(self.recovery), has(self.initdb)].filter(x, x).size() == 1";
+pub const BOOTSTRAP_ONE_OF_MESSAGE: &str =
+    "exactly one of backup, source, recovery and initdb must be set";
+
+/// The application database and its owner, made on the primary once its database exists (by
+/// initdb or a restore); the role's password is generated into the `<cluster>-app` Secret.
+/// The same in v1alpha1 and v1beta1.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Initdb {
+    /// The application database.
+    #[serde(default = "default_application_name")]
+    #[schemars(regex(pattern = r"^[a-z_][a-z0-9_]{0,62}$"))]
+    #[x_kube(validation = Rule::new("!(self in ['postgres', 'template0', 'template1'])").message("names a database PostgreSQL makes itself; choose another"))]
+    pub database: String,
+    /// The role that owns it and that applications log in as.
+    #[serde(default = "default_application_name")]
+    #[schemars(regex(pattern = r"^[a-z_][a-z0-9_]{0,62}$"))]
+    #[x_kube(validation = Rule::new("!(self in ['postgres', 'streaming_replica']) && !self.startsWith('pg_')").message("names a role pgkube or PostgreSQL owns; choose another"))]
+    pub owner: String,
+}
+
+/// Name of the application database and of its owner unless `spec.bootstrap.initdb` says.
+pub const DEFAULT_APPLICATION_NAME: &str = "app";
+
+fn default_application_name() -> String {
+    DEFAULT_APPLICATION_NAME.to_owned()
+}
+
+impl Default for Initdb {
+    fn default() -> Self {
+        Self {
+            database: default_application_name(),
+            owner: default_application_name(),
+        }
+    }
 }
 
 /// Synchronous replication needs as many replicas as the standbys it asks for at least.
@@ -294,7 +343,7 @@ pub const DURABILITY_PARAMETERS: &[&str] = &[
     "zero_damaged_pages",
 ];
 
-/// TLS parameters that turn TLS on or name its files, which pgkube does not put in the pods yet.
+/// TLS parameters: pgkube turns TLS on and names its files itself.
 pub const TLS_PARAMETERS: &[&str] = &[
     "ssl",
     "ssl_ca_file",
@@ -320,7 +369,7 @@ pub const REFUSED_PARAMETERS: &[(&[&str], &str)] = &[
     ),
     (
         TLS_PARAMETERS,
-        "TLS needs certificate files pgkube does not put in the pods yet (with ssl = on and no certificate the server does not start)",
+        "pgkube sets up TLS itself, with the certificates it issues for the cluster",
     ),
     (
         INCLUDE_DIRECTIVES,
@@ -333,7 +382,7 @@ pub const MANAGED_PARAMETERS_MESSAGE: &str = "sets a parameter that spec.postgre
 pub const DURABILITY_PARAMETERS_RULE: &str = "self.all(name, !(name in ['fsync', 'full_page_writes', 'data_sync_retry', 'ignore_checksum_failure', 'zero_damaged_pages']))";
 pub const DURABILITY_PARAMETERS_MESSAGE: &str = "sets a parameter that spec.postgresql.parameters cannot set, since changed from their defaults they can lose or corrupt data on a crash, or hide corruption: fsync, full_page_writes, data_sync_retry, ignore_checksum_failure, zero_damaged_pages";
 pub const TLS_PARAMETERS_RULE: &str = "self.all(name, !(name in ['ssl', 'ssl_ca_file', 'ssl_cert_file', 'ssl_crl_dir', 'ssl_crl_file', 'ssl_dh_params_file', 'ssl_key_file', 'ssl_passphrase_command', 'ssl_passphrase_command_supports_reload']))";
-pub const TLS_PARAMETERS_MESSAGE: &str = "sets a parameter that spec.postgresql.parameters cannot set, since TLS needs certificate files pgkube does not put in the pods yet (with ssl = on and no certificate the server does not start): ssl, ssl_ca_file, ssl_cert_file, ssl_crl_dir, ssl_crl_file, ssl_dh_params_file, ssl_key_file, ssl_passphrase_command, ssl_passphrase_command_supports_reload";
+pub const TLS_PARAMETERS_MESSAGE: &str = "sets a parameter that spec.postgresql.parameters cannot set, since pgkube sets up TLS itself, with the certificates it issues for the cluster: ssl, ssl_ca_file, ssl_cert_file, ssl_crl_dir, ssl_crl_file, ssl_dh_params_file, ssl_key_file, ssl_passphrase_command, ssl_passphrase_command_supports_reload";
 pub const INCLUDE_DIRECTIVES_RULE: &str =
     "self.all(name, !(name in ['include', 'include_dir', 'include_if_exists']))";
 pub const INCLUDE_DIRECTIVES_MESSAGE: &str = "sets a parameter that spec.postgresql.parameters cannot set, since they read settings from files pgkube does not write: include, include_dir, include_if_exists";

@@ -1,8 +1,9 @@
 //! The globals script of a logical backup (`pg_dumpall --globals-only`: roles, tablespaces):
 //! downloaded into memory (up to [`GLOBALS_LIMIT`]) and verified with the databases before
 //! anything changes, refused if it holds a `psql` meta-command, then fed to `psql` without the
-//! statements that would reset the connecting role or the replication role, so restoring
-//! another cluster's backup does not change the passwords the operator manages for them. As
+//! statements that would reset the connecting role, the replication role or the application
+//! role, so restoring another cluster's backup does not change the passwords the operator
+//! manages for them. As
 //! `pg_dumpall` intends, errors such as "role already exists" do not stop the script.
 
 use std::process::Stdio;
@@ -82,11 +83,21 @@ fn shown(line: &str) -> String {
 
 /// Runs the script with `psql` against the maintenance database.
 #[instrument(name = "globals", skip_all)]
-pub(super) async fn restore(postgres: &Postgres, script: &[u8]) -> Result<(), AgentError> {
+pub(super) async fn restore(
+    postgres: &Postgres,
+    script: &[u8],
+    application_role: Option<&str>,
+) -> Result<(), AgentError> {
     let own_role = postgres.current_role_identifier().await?;
-    // The target cluster's replication role keeps its own password: its replicas log in with
-    // the one in the target's Secret, not the one of the cluster the backup came from.
-    let kept = [own_role.as_str(), REPLICATION_USER];
+    // The target cluster's replication and application roles keep their own passwords: its
+    // replicas and applications log in with the ones in the target's Secrets, not those of the
+    // cluster the backup came from.
+    let application_role = application_role.map(identifier_as_dumped);
+    let kept: Vec<&str> = [Some(own_role.as_str()), Some(REPLICATION_USER)]
+        .into_iter()
+        .chain([application_role.as_deref()])
+        .flatten()
+        .collect();
     let script = without_roles(&String::from_utf8_lossy(script), &kept);
     let mut command = postgres.command("psql");
     command
@@ -117,6 +128,23 @@ pub(super) async fn restore(postgres: &Postgres, script: &[u8]) -> Result<(), Ag
     }
     info!("globals restored");
     Ok(())
+}
+
+/// `name` as `pg_dumpall` writes a role's name: bare when it is a lowercase identifier (the
+/// only application role names the CRD accepts), quoted otherwise.
+fn identifier_as_dumped(name: &str) -> String {
+    let bare = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if bare {
+        name.to_owned()
+    } else {
+        format!("\"{}\"", name.replace('"', "\"\""))
+    }
 }
 
 /// The globals script without `CREATE ROLE <role>;` and `ALTER ROLE <role> WITH ...;`, the two
@@ -156,6 +184,21 @@ mod tests {
         assert_eq!(
             without_roles(replication, &["postgres", REPLICATION_USER]),
             "CREATE ROLE app;\n"
+        );
+    }
+
+    #[test]
+    fn the_application_role_is_kept_by_its_dumped_name() {
+        assert_eq!(identifier_as_dumped("app"), "app");
+        assert_eq!(identifier_as_dumped("shop_owner2"), "shop_owner2");
+        assert_eq!(identifier_as_dumped("Shop"), "\"Shop\"");
+        assert_eq!(identifier_as_dumped("a\"b"), "\"a\"\"b\"");
+        let script = "CREATE ROLE app;\nALTER ROLE app WITH LOGIN PASSWORD 'x';\n\
+                      CREATE ROLE reporting;\n";
+        let kept = identifier_as_dumped("app");
+        assert_eq!(
+            without_roles(script, &["postgres", &kept]),
+            "CREATE ROLE reporting;\n"
         );
     }
 

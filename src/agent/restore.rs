@@ -68,6 +68,11 @@ pub struct RestoreArgs {
     #[arg(long, env = "PGKUBE_SKIP_GLOBALS")]
     skip_globals: bool,
 
+    /// The target cluster's application role: like the replication role, it keeps its own
+    /// password, which its applications read from the target's Secret.
+    #[arg(long, env = "PGKUBE_APPLICATION_ROLE")]
+    application_role: Option<String>,
+
     /// Key of the backup's manifest. Default: `<prefix>/<backup-name>/manifest.json`, the layout
     /// of backups stored before their directory was named by uids.
     #[arg(long, env = "PGKUBE_MANIFEST_KEY")]
@@ -133,7 +138,7 @@ pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
 
     target::check(&postgres, expected).await?;
     if let Some(globals) = globals {
-        globals::restore(&postgres, &globals).await?;
+        globals::restore(&postgres, &globals, args.application_role.as_deref()).await?;
     }
     let run_id = replace::run_id();
     for database in &selected {

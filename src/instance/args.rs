@@ -37,6 +37,15 @@ pub struct RunArgs {
     )]
     pub(super) replication_dir: PathBuf,
 
+    /// The application role's Secret: username, password, dbname. The role and its database
+    /// are made on the primary once the Secret is there.
+    #[arg(
+        long,
+        env = "PGKUBE_APPLICATION_DIR",
+        default_value = "/etc/pgkube/application"
+    )]
+    pub(super) application_dir: PathBuf,
+
     /// The control Secret: `token`, which the operator's orders must bear. Without it the
     /// control endpoints are disabled.
     #[arg(

@@ -1,6 +1,6 @@
 //! What the operator decided for this instance, read from the files Kubernetes mounts: the
-//! cluster's ConfigMap (`postgresql.conf`, `pg_hba.conf`, `instance.json`) and the superuser and
-//! replication Secrets (`username`, `password`).
+//! cluster's ConfigMap (`postgresql.conf`, `pg_hba.conf`, `instance.json`), the superuser and
+//! replication Secrets (`username`, `password`), and the application role's (with `dbname`).
 //!
 //! Kubernetes refreshes these files in place when their sources change, so reading them again
 //! is how the instance manager learns of a new setting or a rotated password.
@@ -21,6 +21,8 @@ pub const INSTANCE_JSON: &str = "instance.json";
 /// Keys of a basic-auth Secret.
 const USERNAME: &str = "username";
 const PASSWORD: &str = "password";
+/// The application Secret's database.
+const DBNAME: &str = "dbname";
 /// PostgreSQL limits identifiers (and so slot names) to 63 bytes.
 const NAME_MAX: usize = 63;
 const SLOT_PREFIX: &str = "pgkube_";
@@ -52,6 +54,7 @@ pub struct Sources {
     pub config_dir: PathBuf,
     pub superuser_dir: PathBuf,
     pub replication_dir: PathBuf,
+    pub application_dir: PathBuf,
 }
 
 /// Everything the operator decided, as read at one moment.
@@ -63,6 +66,8 @@ pub struct Desired {
     pub topology: Topology,
     pub superuser: Credentials,
     pub replication: Credentials,
+    /// The application role, once its Secret is mounted.
+    pub application: Option<Application>,
 }
 
 impl Desired {
@@ -75,6 +80,7 @@ impl Desired {
             topology: Topology::parse(&read(&topology_path)?, &topology_path)?,
             superuser: Credentials::load(&sources.superuser_dir)?,
             replication: Credentials::load(&sources.replication_dir)?,
+            application: Application::load(&sources.application_dir),
         })
     }
 }
@@ -218,6 +224,35 @@ impl Credentials {
             username,
             password,
             password_file,
+        })
+    }
+}
+
+/// The application role and the database it owns (the database only when the Secret names it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Application {
+    pub credentials: Credentials,
+    pub database: Option<String>,
+}
+
+impl Application {
+    /// The application Secret in `dir`; none while its volume is empty (the Secret is made
+    /// after the pods, or was deleted) or when it cannot be used, which is logged.
+    fn load(dir: &Path) -> Option<Self> {
+        if !dir.join(USERNAME).exists() {
+            return None;
+        }
+        let credentials = match Credentials::load(dir) {
+            Ok(credentials) => credentials,
+            Err(error) => {
+                tracing::warn!(%error, "the application Secret cannot be used");
+                return None;
+            }
+        };
+        let database = read_value(&dir.join(DBNAME)).ok();
+        Some(Self {
+            credentials,
+            database,
         })
     }
 }

@@ -46,6 +46,7 @@ impl Instance {
         }
         if desired.superuser != self.applied.superuser
             || desired.replication != self.applied.replication
+            || desired.application != self.applied.application
         {
             self.credentials_applied = false;
         }

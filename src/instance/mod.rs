@@ -56,6 +56,7 @@
 //!    passed on (reload). If postgres exits by itself, so does the manager, with an error: the
 //!    kubelet restarts the container.
 
+mod application;
 mod archive;
 mod args;
 mod control;
@@ -220,6 +221,7 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         config_dir: args.config_dir.clone(),
         superuser_dir: args.superuser_dir.clone(),
         replication_dir: args.replication_dir.clone(),
+        application_dir: args.application_dir.clone(),
     };
     let desired = Desired::load(&sources)?;
     archiver.configure(archive::settings_of(&desired));

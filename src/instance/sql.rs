@@ -474,17 +474,17 @@ pub async fn create_slot(client: &Client, slot: &str) -> Result<(), tokio_postgr
     Ok(())
 }
 
-fn scram_verifier(password: &str) -> String {
+pub(super) fn scram_verifier(password: &str) -> String {
     postgres_protocol::password::scram_sha_256(password.as_bytes())
 }
 
 /// An SQL identifier, quoted.
-fn quote_ident(name: &str) -> String {
+pub(super) fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
 /// An SQL string literal (standard_conforming_strings is on since PostgreSQL 9.1).
-fn quote_literal(text: &str) -> String {
+pub(super) fn quote_literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 

@@ -239,6 +239,10 @@ impl Instance {
             sql::apply_credentials(client, &self.applied.superuser, &self.applied.replication)
                 .await?;
             tracing::info!("role passwords set from the Secrets");
+            if let Some(application) = &self.applied.application {
+                let outcome = super::application::apply(client, application).await?;
+                log_application_role(outcome, &application.credentials.username);
+            }
             // Once per start or promotion. The checkpointer starts while the server is still
             // starting, and then sleeps a whole checkpoint_timeout before it first looks at
             // archive_timeout: until a reload wakes it, a quiet primary's WAL would wait
@@ -279,5 +283,17 @@ impl Instance {
                 None
             }
         }
+    }
+}
+
+fn log_application_role(outcome: super::application::RoleOutcome, role: &str) {
+    use super::application::RoleOutcome;
+    match outcome {
+        RoleOutcome::Created => tracing::info!(%role, "application role created"),
+        RoleOutcome::PasswordSet => {}
+        RoleOutcome::NotManaged => tracing::warn!(
+            %role,
+            "a role of the application role's name exists that pgkube did not make; its password is left as it is, so the application Secret's does not log in"
+        ),
     }
 }

@@ -120,6 +120,7 @@ impl Bed {
             "config",
             "superuser",
             "replication",
+            "application",
             "control",
             "run",
             "socket",
@@ -220,6 +221,7 @@ impl Bed {
             .env("PGKUBE_CONFIG_DIR", instance.dir.join("config"))
             .env("PGKUBE_SUPERUSER_DIR", instance.dir.join("superuser"))
             .env("PGKUBE_REPLICATION_DIR", instance.dir.join("replication"))
+            .env("PGKUBE_APPLICATION_DIR", instance.dir.join("application"))
             .env("PGKUBE_CONTROL_DIR", instance.dir.join("control"))
             .env("PGKUBE_RUN_DIR", instance.dir.join("run"))
             .env("PGKUBE_SOCKET_DIR", instance.dir.join("socket"))

@@ -77,6 +77,10 @@ pub(super) fn agent_env(input: &JobInput<'_>) -> Vec<EnvVar> {
             format!("{S3_MOUNT}/{SECRET_ACCESS_KEY_FILE}"),
         ),
     ];
+    env.push(value(
+        "PGKUBE_APPLICATION_ROLE",
+        application_owner(input.cluster),
+    ));
     env.extend(location_env(&input.task, input.cluster));
     if let Some(source) = input.task.physical_source() {
         env.extend(physical_env(input, source));
@@ -110,6 +114,17 @@ pub(super) fn agent_env(input: &JobInput<'_>) -> Vec<EnvVar> {
             .map(|(name, setting)| value(name, setting)),
     );
     env
+}
+
+/// The role `cluster`'s applications log in as (`spec.bootstrap.initdb.owner`, or its default).
+fn application_owner(cluster: &PostgreSQLCluster) -> String {
+    cluster
+        .spec
+        .bootstrap
+        .as_ref()
+        .and_then(|bootstrap| bootstrap.initdb.clone())
+        .unwrap_or_default()
+        .owner
 }
 
 /// What a physical backup reads: the source's stable host name (a standby) or the primary's

@@ -100,6 +100,7 @@ async fn apply_children(
         config_map,
         credentials,
         replication_credentials,
+        application_credentials,
         control_token,
         pod_disruption_budget,
     } = desired;
@@ -109,6 +110,10 @@ async fn apply_children(
         (
             Some(&replication_credentials),
             live.replication_credentials_exist,
+        ),
+        (
+            Some(&application_credentials),
+            live.application_credentials_exist,
         ),
         (control_token.as_ref(), live.control_token_exists),
     ] {

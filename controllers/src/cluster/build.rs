@@ -69,6 +69,10 @@ const SUPERUSER_VOLUME: &str = "superuser";
 const SUPERUSER_MOUNT: &str = "/etc/pgkube/superuser";
 const REPLICATION_VOLUME: &str = "replication";
 const REPLICATION_MOUNT: &str = "/etc/pgkube/replication";
+/// The application role's Secret, optional: the instance manager makes the role and its
+/// database once it is there.
+const APPLICATION_VOLUME: &str = "application";
+const APPLICATION_MOUNT: &str = "/etc/pgkube/application";
 const CONTROL_VOLUME: &str = "control";
 const CONTROL_MOUNT: &str = "/etc/pgkube/control";
 /// Key of the control Secret: the token the operator presents to the instance managers'
@@ -112,6 +116,8 @@ pub struct ChildNames {
     pub config_map: String,
     /// The superuser's credentials.
     pub secret: String,
+    /// The application role's credentials and connection details (`<cluster>-app`).
+    pub application_secret: String,
     /// The replication role's credentials.
     pub replication_secret: String,
     /// The token of the instance managers' control endpoints.
@@ -148,6 +154,7 @@ impl ChildNames {
             old_client_service: label("-postgresql"),
             config_map: subdomain("-postgresql-config"),
             secret: subdomain("-postgresql-credentials"),
+            application_secret: subdomain("-app"),
             replication_secret: subdomain("-postgresql-replication"),
             control_secret: subdomain("-postgresql-control"),
             ca_secret: subdomain("-ca"),
@@ -179,6 +186,8 @@ pub struct DesiredChildren {
     pub credentials: Secret,
     /// Created once if missing, never updated: it holds the generated replication password.
     pub replication_credentials: Secret,
+    /// Created once if missing, never updated: the application role's generated password.
+    pub application_credentials: Secret,
     /// Created once if missing, never updated: the generated control token. Owned by the
     /// cluster (it guards no data). Only with more than one replica: a single instance is
     /// never switched over nor failed over, so it takes no commands (its pods mount the
@@ -200,6 +209,7 @@ pub struct BuildInput<'a> {
     /// Passwords for the Secrets, used only if they have to be created.
     pub superuser_password: &'a str,
     pub replication_password: &'a str,
+    pub application_password: &'a str,
     /// Token for the control Secret, used only if it has to be created.
     pub control_token: &'a str,
     /// Standbys that must confirm each commit (`synchronous_standby_names`); 0: asynchronous.
@@ -250,6 +260,11 @@ pub fn build(cluster: &ValidatedCluster, input: &BuildInput<'_>) -> DesiredChild
             &names.replication_secret,
             REPLICATION_USER,
             input.replication_password,
+        ),
+        application_credentials: application::application_secret(
+            cluster,
+            &names,
+            input.application_password,
         ),
         control_token: (cluster.replicas > 1)
             .then(|| control_secret(cluster, &names, input.control_token)),
@@ -426,7 +441,10 @@ fn config_map(cluster: &ValidatedCluster, names: &ChildNames, input: &BuildInput
                 CONFIG_FILE.to_owned(),
                 postgresql_conf(cluster, names, input.synchronous_standbys),
             ),
-            (HBA_FILE.to_owned(), pg_hba(input.tls_only)),
+            (
+                HBA_FILE.to_owned(),
+                pg_hba(input.tls_only, cluster.superuser_access),
+            ),
             (
                 INSTANCE_FILE.to_owned(),
                 instance_json(cluster, names, input),
@@ -489,6 +507,7 @@ fn pod_disruption_budget(cluster: &ValidatedCluster, names: &ChildNames) -> PodD
     }
 }
 
+pub mod application;
 mod config;
 mod pod;
 mod topology;

@@ -435,7 +435,11 @@ async fn apply_validated(
         tracing::warn!(reason = %refusal.reason, message = %refusal.message, "change held back; applying the rest of the spec");
     }
     let settings = &context.base.settings;
-    let (superuser_password, replication_password) = (generate_password(), generate_password());
+    let (superuser_password, replication_password, application_password) = (
+        generate_password(),
+        generate_password(),
+        generate_password(),
+    );
     let control_token = generate_token();
     let mut input = build::BuildInput {
         image_repository: &settings.postgres_image_repository,
@@ -443,6 +447,7 @@ async fn apply_validated(
         primary: built.primary,
         superuser_password: &superuser_password,
         replication_password: &replication_password,
+        application_password: &application_password,
         control_token: &control_token,
         synchronous_standbys: built.synchronous_standbys,
         tls_only: certificates::tls_only(&live),

@@ -38,6 +38,7 @@ pub struct LiveChildren {
     pub config_map: Option<Arc<Compact<ConfigMap>>>,
     pub credentials_exist: bool,
     pub replication_credentials_exist: bool,
+    pub application_credentials_exist: bool,
     pub control_token_exists: bool,
     /// What the metadata of each certificate Secret that exists says, by Secret name.
     pub certificates: BTreeMap<String, super::certificates::LeafState>,
@@ -111,6 +112,7 @@ pub async fn read(
         config_map: cached_text(&stores.config_maps, namespace, &names.config_map),
         credentials_exist: secret_exists(&names.secret),
         replication_credentials_exist: secret_exists(&names.replication_secret),
+        application_credentials_exist: secret_exists(&names.application_secret),
         control_token_exists: secret_exists(&names.control_secret),
         certificates,
         ca_exists: secret_exists(&names.ca_secret),

@@ -90,7 +90,7 @@ pub fn bootstrap_restore(
     cluster: &PostgreSQLCluster,
     system_identifier: Option<&str>,
 ) -> Option<PostgreSQLRestore> {
-    let bootstrap = cluster.spec.bootstrap.as_ref()?;
+    let bootstrap = from_backup(cluster)?;
     // A point-in-time recovery is the first instance's own work, not a restore.
     if bootstrap.recovery.is_some() {
         return None;
@@ -120,6 +120,16 @@ pub fn bootstrap_restore(
     Some(restore)
 }
 
+/// `spec.bootstrap` when it starts the cluster from a backup (restored or recovered), not
+/// with initdb.
+fn from_backup(cluster: &PostgreSQLCluster) -> Option<&pgkube_crds::Bootstrap> {
+    cluster
+        .spec
+        .bootstrap
+        .as_ref()
+        .filter(|bootstrap| bootstrap.initdb.is_none())
+}
+
 /// Where the bootstrap of `cluster` stands, from its restores, its previous status and what
 /// the primary's data says (`gate`); `None` when the cluster does not bootstrap from a backup.
 pub fn bootstrap(
@@ -128,7 +138,7 @@ pub fn bootstrap(
     previous: Option<&PostgreSQLClusterStatus>,
     gate: &BootstrapGate,
 ) -> Option<Bootstrap> {
-    let spec = cluster.spec.bootstrap.as_ref()?;
+    let spec = from_backup(cluster)?;
     let done = previous
         .into_iter()
         .flat_map(|status| &status.conditions)
@@ -331,6 +341,13 @@ mod tests {
     #[test]
     fn the_bootstrap_restore_is_owned_by_the_cluster_and_replaces_the_empty_databases() {
         assert!(bootstrap_restore(&cluster(false), Some("7")).is_none());
+        let mut initdb = cluster(false);
+        initdb.spec.bootstrap = serde_json::from_value(
+            serde_json::json!({"initdb": {"database": "shop", "owner": "shopper"}}),
+        )
+        .expect("bootstrap");
+        assert!(bootstrap_restore(&initdb, Some("7")).is_none());
+        assert!(bootstrap(&initdb, &[], None, &BootstrapGate::Proceed).is_none());
         let restore = bootstrap_restore(&cluster(true), Some("7")).expect("a restore");
         assert_eq!(restore.name_any(), "main-bootstrap");
         assert_eq!(restore.namespace().as_deref(), Some("db"));

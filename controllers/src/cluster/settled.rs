@@ -100,6 +100,7 @@ pub fn fingerprint(
     hasher.update([
         u8::from(live.credentials_exist),
         u8::from(live.replication_credentials_exist),
+        u8::from(live.application_credentials_exist),
         u8::from(live.control_token_exists),
     ]);
     write_statefulset(&mut hasher, live.statefulset.as_deref())?;
@@ -177,6 +178,7 @@ mod tests {
             primary,
             superuser_password: password,
             replication_password: password,
+            application_password: password,
             control_token: password,
             synchronous_standbys: 0,
             tls_only: true,

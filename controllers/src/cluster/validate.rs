@@ -68,6 +68,11 @@ pub struct ValidatedCluster {
     /// The storage a point-in-time recovery reads (`spec.bootstrap.recovery`): its keys are
     /// mounted in the pods. Set by the pipeline, which finds a named backup's storage.
     pub recovery_storage: Option<S3Storage>,
+    /// The application database and its owner (`spec.bootstrap.initdb`, or its defaults).
+    pub application: pgkube_crds::Initdb,
+    /// Whether the superuser may log in over the network with its password
+    /// (`spec.enableSuperuserAccess`).
+    pub superuser_access: bool,
 }
 
 /// A valid spec: what to build now, and the changes held back from it.
@@ -270,6 +275,12 @@ pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validat
         ),
         wal_archive: wal_archive_storage(spec),
         recovery_storage: None,
+        application: spec
+            .bootstrap
+            .as_ref()
+            .and_then(|bootstrap| bootstrap.initdb.clone())
+            .unwrap_or_default(),
+        superuser_access: spec.enable_superuser_access,
     };
     Ok(Validation {
         effective,

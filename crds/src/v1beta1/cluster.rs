@@ -15,9 +15,9 @@ use super::storage::{BackupStorage, RestoreSource};
 use crate::archiving::WalArchiving;
 use crate::backup::{BackupCompression, BackupMethod};
 use crate::cluster::{
-    HighAvailability, InstanceSpread, ONE_ANTI_AFFINITY_MESSAGE, ONE_ANTI_AFFINITY_RULE,
-    PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion, PrimaryUpdateStrategy,
-    SYNCHRONOUS_FITS_MESSAGE, SYNCHRONOUS_FITS_RULE,
+    BOOTSTRAP_ONE_OF_MESSAGE, BOOTSTRAP_ONE_OF_RULE, HighAvailability, InstanceSpread,
+    ONE_ANTI_AFFINITY_MESSAGE, ONE_ANTI_AFFINITY_RULE, PostgreSQLClusterStatus, PostgreSQLSettings,
+    PostgresVersion, PrimaryUpdateStrategy, SYNCHRONOUS_FITS_MESSAGE, SYNCHRONOUS_FITS_RULE,
 };
 use crate::common::LocalReference;
 
@@ -85,6 +85,12 @@ pub struct PostgreSQLClusterSpec {
     /// the restore succeeded. Immutable: it can only be set at creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<Bootstrap>,
+    /// Whether the superuser `postgres` may log in over the network with its password (from
+    /// the `<cluster>-postgresql-credentials` Secret). Off by default: applications use the
+    /// application role (the `<cluster>-app` Secret), and pgkube's own tools log in as the
+    /// superuser with the client certificate the operator issues.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub enable_superuser_access: bool,
     /// Failover and synchronous replication. Unset: automatic failover after
     /// `failoverDelaySeconds` (5), asynchronous replication.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -201,7 +207,7 @@ fn default_retention_days() -> i32 {
 /// or a point-in-time recovery from a physical backup and the WAL archive.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("[has(self.backup), has(self.source), has(self.recovery)].filter(x, x).size() == 1").message("exactly one of backup, source and recovery must be set"))]
+#[x_kube(validation = Rule::new(BOOTSTRAP_ONE_OF_RULE).message(BOOTSTRAP_ONE_OF_MESSAGE))]
 pub struct Bootstrap {
     /// A Completed PostgreSQLBackup in the same namespace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -212,4 +218,8 @@ pub struct Bootstrap {
     /// Point-in-time recovery from a physical base backup and the WAL archive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovery: Option<super::storage::Recovery>,
+    /// A new, empty database made by initdb, with an application role owning an application
+    /// database. The default when `bootstrap` is unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub initdb: Option<crate::cluster::Initdb>,
 }

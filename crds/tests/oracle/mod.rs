@@ -93,6 +93,7 @@ fn spec_to_v1beta1(spec: v1alpha1::PostgreSQLClusterSpec) -> v1beta1::PostgreSQL
         high_availability,
         spread,
         primary_update_strategy,
+        enable_superuser_access,
     } = spec;
     v1beta1::PostgreSQLClusterSpec {
         replicas,
@@ -111,6 +112,7 @@ fn spec_to_v1beta1(spec: v1alpha1::PostgreSQLClusterSpec) -> v1beta1::PostgreSQL
         high_availability,
         spread,
         primary_update_strategy,
+        enable_superuser_access,
     }
 }
 
@@ -134,6 +136,7 @@ fn spec_to_v1alpha1(spec: v1beta1::PostgreSQLClusterSpec) -> v1alpha1::PostgreSQ
         high_availability,
         spread,
         primary_update_strategy,
+        enable_superuser_access,
     } = spec;
     v1alpha1::PostgreSQLClusterSpec {
         replicas,
@@ -149,6 +152,7 @@ fn spec_to_v1alpha1(spec: v1beta1::PostgreSQLClusterSpec) -> v1alpha1::PostgreSQ
         high_availability,
         spread,
         primary_update_strategy,
+        enable_superuser_access,
     }
 }
 
@@ -210,8 +214,10 @@ fn bootstrap_to_v1beta1(bootstrap: v1alpha1::Bootstrap) -> v1beta1::Bootstrap {
         backup,
         source,
         recovery,
+        initdb,
     } = bootstrap;
     v1beta1::Bootstrap {
+        initdb,
         backup,
         source: source.map(source_to_v1beta1),
         recovery: recovery.map(|recovery| {
@@ -239,8 +245,10 @@ fn bootstrap_to_v1alpha1(bootstrap: v1beta1::Bootstrap) -> v1alpha1::Bootstrap {
         backup,
         source,
         recovery,
+        initdb,
     } = bootstrap;
     v1alpha1::Bootstrap {
+        initdb,
         backup,
         source: source.map(source_to_v1alpha1),
         recovery: recovery.map(|recovery| {

@@ -82,11 +82,21 @@ fn bootstrap() -> BoxedStrategy<Bootstrap> {
             backup,
             source,
             recovery: None,
+            initdb: None,
         }),
         recovery.prop_map(|recovery| Bootstrap {
             backup: None,
             source: None,
             recovery: Some(recovery),
+            initdb: None,
+        }),
+        ("[a-z_][a-z0-9_]{0,8}", "[a-z_][a-z0-9_]{0,8}").prop_map(|(database, owner)| {
+            Bootstrap {
+                backup: None,
+                source: None,
+                recovery: None,
+                initdb: Some(pgkube_crds::Initdb { database, owner }),
+            }
         }),
     ]
     .boxed()
@@ -109,13 +119,13 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
         postgresql_settings(),
         of(bootstrap()),
         high_availability(),
-        (spread(), primary_update_strategy()),
+        (spread(), primary_update_strategy(), any::<bool>()),
     );
     (instances, pods, data).prop_map(|(instances, pods, data)| {
         let (replicas, version, storage, resources) = instances;
         let (node_selector, tolerations, affinity) = pods;
-        let (backup, postgresql, bootstrap, high_availability, (spread, primary_update_strategy)) =
-            data;
+        let (backup, postgresql, bootstrap, high_availability, rest) = data;
+        let (spread, primary_update_strategy, enable_superuser_access) = rest;
         let spread = admissible_spread(spread, &affinity);
         PostgreSQLClusterSpec {
             replicas,
@@ -131,6 +141,7 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
             high_availability,
             spread,
             primary_update_strategy,
+            enable_superuser_access,
         }
     })
 }

@@ -28,6 +28,7 @@ fn desired() -> Desired {
         },
         superuser: credentials("postgres", "super"),
         replication: credentials("streaming_replica", "pa:ss\\word"),
+        application: None,
     }
 }
 

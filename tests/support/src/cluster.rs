@@ -22,7 +22,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::{Pod, PodSpec, Secret, Toleration};
+use k8s_openapi::api::core::v1::{Pod, PodSpec, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, PostParams};
 use kube::{Api, Client};
@@ -32,7 +32,7 @@ use pgkube_crds::{
 
 use crate::describe::describe_cluster;
 use crate::service::service_addresses;
-use crate::tls::{Login, connect, server_tls_secret_name, verify_full};
+use crate::tls::{Login, connect};
 use crate::{TestNamespace, wait_until};
 
 /// The test bed's real node: its pods run as local processes.
@@ -269,6 +269,7 @@ impl TestCluster {
             high_availability: None,
             spread: None,
             primary_update_strategy: None,
+            enable_superuser_access: false,
         };
         local_node_scheduling().apply_to_cluster(&mut spec);
         TestClusterBuilder {
@@ -334,32 +335,6 @@ impl TestCluster {
         service_addresses(&self.client, &self.namespace, &service.name(&self.name)).await
     }
 
-    /// The superuser's name and password, from the cluster's credentials Secret.
-    pub async fn credentials(&self) -> anyhow::Result<(String, String)> {
-        self.basic_auth(&credentials_secret_name(&self.name)).await
-    }
-
-    /// The replication role's name and password, from the cluster's replication Secret.
-    pub async fn replication_credentials(&self) -> anyhow::Result<(String, String)> {
-        self.basic_auth(&replication_secret_name(&self.name)).await
-    }
-
-    async fn basic_auth(&self, name: &str) -> anyhow::Result<(String, String)> {
-        let secret = Api::<Secret>::namespaced(self.client.clone(), &self.namespace)
-            .get(name)
-            .await
-            .with_context(|| format!("reading Secret {name}"))?;
-        let value = |key: &str| -> anyhow::Result<String> {
-            let bytes = secret
-                .data
-                .as_ref()
-                .and_then(|data| data.get(key))
-                .with_context(|| format!("Secret {name} has no {key}"))?;
-            String::from_utf8(bytes.0.clone()).with_context(|| format!("{key} in {name}"))
-        };
-        Ok((value(USERNAME_KEY)?, value(PASSWORD_KEY)?))
-    }
-
     /// The cluster's pods, by name, with their role labels.
     pub async fn pods(&self) -> anyhow::Result<Vec<InstancePod>> {
         let selector = format!(
@@ -399,8 +374,8 @@ impl TestCluster {
         .await
     }
 
-    /// A SQL connection, as the superuser, to database `postgres` of the primary, through the
-    /// cluster's `-rw` Service.
+    /// A SQL connection, as the superuser with the client certificate the operator issued, to
+    /// database `postgres` of the primary, through the cluster's `-rw` Service.
     pub async fn sql(&self) -> anyhow::Result<tokio_postgres::Client> {
         self.sql_via(ClusterService::ReadWrite).await
     }
@@ -438,7 +413,7 @@ impl TestCluster {
         connect(
             SocketAddr::new(address, POSTGRES_PORT),
             &login,
-            self.tls().await?,
+            self.superuser_tls().await?,
         )
         .await
         .with_context(|| format!("connecting to pod {pod} at {address}"))
@@ -471,27 +446,6 @@ impl TestCluster {
             "{statement:?} through {} did not succeed in {timeout:?}; last: {last}",
             ClusterService::ReadWrite.name(&self.name)
         )
-    }
-
-    /// The CA the cluster's server certificate verifies against (`ca.crt` of its
-    /// `<cluster>-server-tls` Secret).
-    pub async fn server_ca(&self) -> anyhow::Result<String> {
-        let name = server_tls_secret_name(&self.name);
-        let secret = Api::<Secret>::namespaced(self.client.clone(), &self.namespace)
-            .get(&name)
-            .await
-            .with_context(|| format!("reading Secret {name}"))?;
-        let bytes = secret
-            .data
-            .as_ref()
-            .and_then(|data| data.get("ca.crt"))
-            .with_context(|| format!("Secret {name} has no ca.crt"))?;
-        String::from_utf8(bytes.0.clone()).with_context(|| format!("ca.crt in {name}"))
-    }
-
-    /// How a connection checks the cluster's server certificate, as libpq's `verify-full`.
-    pub async fn tls(&self) -> anyhow::Result<tokio_postgres_rustls::MakeRustlsConnect> {
-        verify_full(&self.server_ca().await?)
     }
 
     /// Logs in as `user` with `password` to database `postgres` at `address` (behind `-rw`),
@@ -530,7 +484,7 @@ impl TestCluster {
         database: &str,
     ) -> anyhow::Result<tokio_postgres::Client> {
         let (user, password) = self.credentials().await?;
-        let tls = self.tls().await?;
+        let tls = self.superuser_tls().await?;
         let service = service.name(&self.name);
         let host = format!("{service}.{}.svc", self.namespace);
         let addresses = service_addresses(&self.client, &self.namespace, &service).await?;
@@ -663,6 +617,9 @@ fn is_dns_label(name: &str) -> bool {
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
 }
+
+mod secrets;
+pub use secrets::ApplicationSecret;
 
 #[cfg(test)]
 mod tests;

@@ -130,11 +130,11 @@ pub use backup::{
 };
 pub use bucket::TestBucket;
 pub use cluster::{
-    CLUSTER_RUNNING_TIMEOUT, ClusterService, InstancePod, LOCAL_NODE, LOCAL_NODE_LABEL,
-    LOCAL_NODE_LABEL_VALUE, MAX_CLUSTER_NAME, NodeScheduling, PASSWORD_KEY, POSTGRES_PORT,
-    ROLE_LABEL, TestCluster, TestClusterBuilder, USERNAME_KEY, WRITE_ATTEMPT_TIMEOUT, condition,
-    credentials_secret_name, local_node_scheduling, replication_secret_name, wait_for_cluster,
-    wait_for_cluster_running,
+    ApplicationSecret, CLUSTER_RUNNING_TIMEOUT, ClusterService, InstancePod, LOCAL_NODE,
+    LOCAL_NODE_LABEL, LOCAL_NODE_LABEL_VALUE, MAX_CLUSTER_NAME, NodeScheduling, PASSWORD_KEY,
+    POSTGRES_PORT, ROLE_LABEL, TestCluster, TestClusterBuilder, USERNAME_KEY,
+    WRITE_ATTEMPT_TIMEOUT, condition, credentials_secret_name, local_node_scheduling,
+    replication_secret_name, wait_for_cluster, wait_for_cluster_running,
 };
 pub use conversion::{TestCa, converting_crds, converting_crds_storing};
 pub use crds::{CRD_FIELD_MANAGER, install_crds};

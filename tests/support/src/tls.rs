@@ -18,8 +18,33 @@ pub fn verify_full(ca_pem: &str) -> anyhow::Result<tokio_postgres_rustls::MakeRu
     )?))
 }
 
+/// As [`verify_full`], presenting the client certificate `cert_pem` with its key `key_pem`
+/// (the superuser logs in over the network only with the one the operator issued).
+pub fn verify_full_with_certificate(
+    ca_pem: &str,
+    cert_pem: &str,
+    key_pem: &str,
+) -> anyhow::Result<tokio_postgres_rustls::MakeRustlsConnect> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .context("the client certificate")?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).context("the client key")?;
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots(ca_pem)?)
+        .with_client_auth_cert(chain, key)?;
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+}
+
 /// A client configuration that trusts `ca_pem` only and presents no certificate.
 fn trusting(ca_pem: &str) -> anyhow::Result<rustls::ClientConfig> {
+    Ok(rustls::ClientConfig::builder()
+        .with_root_certificates(roots(ca_pem)?)
+        .with_no_client_auth())
+}
+
+fn roots(ca_pem: &str) -> anyhow::Result<rustls::RootCertStore> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
@@ -27,9 +52,7 @@ fn trusting(ca_pem: &str) -> anyhow::Result<rustls::ClientConfig> {
     for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
         roots.add(cert.context("the cluster's CA")?)?;
     }
-    Ok(rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth())
+    Ok(roots)
 }
 
 /// The certificate (DER) the PostgreSQL server at `address` presents, checked against

@@ -285,6 +285,7 @@ fn it_connects_through_the_rw_service_with_secrets_as_files() {
     let plain = |name: &str| env.get(name).and_then(|v| v.value.clone());
     assert_eq!(plain("PGHOST").as_deref(), Some("main-rw"));
     assert_eq!(plain("PGKUBE_S3_PREFIX").as_deref(), Some("db/main"));
+    assert_eq!(plain("PGKUBE_APPLICATION_ROLE").as_deref(), Some("app"));
     // The backup's directory is named by both uids: <prefix>/<cluster-uid>/<name>/<uid>/.
     assert_eq!(plain("PGKUBE_CLUSTER_UID").as_deref(), Some("cluster-uid"));
     assert_eq!(plain("PGKUBE_BACKUP_UID").as_deref(), Some("0000-uid"));

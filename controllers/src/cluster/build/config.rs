@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use pgkube_crds::DEFAULT_ARCHIVE_TIMEOUT;
 
 use super::super::validate::ValidatedCluster;
-use super::{ChildNames, MemorySettings, POSTGRES_PORT};
+use super::{ChildNames, MemorySettings, POSTGRES_PORT, SUPERUSER};
 
 pub(super) fn postgresql_conf(
     cluster: &ValidatedCluster,
@@ -81,16 +81,23 @@ fn synchronous_standby_names(cluster: &ValidatedCluster, names: &ChildNames, cou
 
 /// Local connections as the matching system user (the instance manager runs as `postgres`);
 /// remote ones over TLS only: replication as `streaming_replica` with its client certificate,
+/// the superuser with its client certificate unless `superuser_access` lets it use its password,
 /// everything else with a SCRAM password. Connections without TLS match no line and are
 /// refused, except while some instances still run without certificates (`tls_only` false):
-/// they then keep their SCRAM logins without TLS, as before.
-pub(super) fn pg_hba(tls_only: bool) -> String {
+/// they then keep their SCRAM logins without TLS, as before, the superuser's included.
+pub(super) fn pg_hba(tls_only: bool, superuser_access: bool) -> String {
     let mut hba = String::from(
         "# Managed by pgkube; edits are overwritten.\n\
          local      all          all                                peer\n\
-         hostssl    replication  streaming_replica  all             cert\n\
-         hostssl    all          all                all             scram-sha-256\n",
+         hostssl    replication  streaming_replica  all             cert\n",
     );
+    if tls_only && !superuser_access {
+        hba.push_str(&format!(
+            "# Remote superuser logins only with the operator's certificate (spec.enableSuperuserAccess)\n\
+             hostssl    all          {SUPERUSER:<18} all             cert\n"
+        ));
+    }
+    hba.push_str("hostssl    all          all                all             scram-sha-256\n");
     if !tls_only {
         hba.push_str(
             "# Until every instance has its certificates\n\

@@ -50,15 +50,8 @@ pub(super) fn volumes(cluster: &ValidatedCluster, names: &ChildNames) -> Vec<Vol
         },
         secret(SUPERUSER_VOLUME, &names.secret),
         secret(REPLICATION_VOLUME, &names.replication_secret),
-        Volume {
-            name: CONTROL_VOLUME.to_owned(),
-            secret: Some(SecretVolumeSource {
-                secret_name: Some(names.control_secret.clone()),
-                optional: Some(true),
-                ..SecretVolumeSource::default()
-            }),
-            ..Volume::default()
-        },
+        optional_secret(CONTROL_VOLUME, &names.control_secret),
+        optional_secret(APPLICATION_VOLUME, &names.application_secret),
         // PostgreSQL's parallel queries use POSIX shared memory; a container runtime's own
         // /dev/shm is 64MB, too small for them.
         empty_dir(SHM_VOLUME, Some("Memory")),
@@ -82,6 +75,19 @@ pub(super) fn volumes(cluster: &ValidatedCluster, names: &ChildNames) -> Vec<Vol
             .map(|s| s3_volume(RECOVERY_S3_VOLUME, s)),
     )
     .collect()
+}
+
+/// A volume of Secret `secret` that may not exist (yet): the pod starts without it.
+fn optional_secret(volume: &str, secret: &str) -> Volume {
+    Volume {
+        name: volume.to_owned(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret.to_owned()),
+            optional: Some(true),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    }
 }
 
 /// Which certificates a TLS volume holds.
@@ -212,6 +218,7 @@ pub(super) fn postgres_container(cluster: &ValidatedCluster, image_repository: &
                 mount(SUPERUSER_VOLUME, SUPERUSER_MOUNT, true),
                 mount(REPLICATION_VOLUME, REPLICATION_MOUNT, true),
                 mount(CONTROL_VOLUME, CONTROL_MOUNT, true),
+                mount(APPLICATION_VOLUME, APPLICATION_MOUNT, true),
                 mount(SHM_VOLUME, "/dev/shm", false),
                 mount(TLS_VOLUME, TLS_MOUNT, true),
             ]
@@ -261,6 +268,7 @@ fn instance_manager_env(cluster: &ValidatedCluster) -> Vec<EnvVar> {
         value("PGKUBE_SUPERUSER_DIR", SUPERUSER_MOUNT),
         value("PGKUBE_REPLICATION_DIR", REPLICATION_MOUNT),
         value("PGKUBE_CONTROL_DIR", CONTROL_MOUNT),
+        value("PGKUBE_APPLICATION_DIR", APPLICATION_MOUNT),
         value("PGKUBE_STATUS_PORT", &STATUS_PORT.to_string()),
         value("PGKUBE_SHUTDOWN_TIMEOUT", SHUTDOWN_TIMEOUT),
         value("PGKUBE_TLS_DIR", TLS_MOUNT),

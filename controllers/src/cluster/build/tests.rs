@@ -27,6 +27,7 @@ fn input(image_repository: &str) -> BuildInput<'_> {
         primary: PRIMARY,
         superuser_password: "secret",
         replication_password: "replication secret",
+        application_password: "app secret",
         control_token: "token",
         synchronous_standbys: 0,
         tls_only: true,
@@ -247,13 +248,30 @@ fn pg_hba_allows_local_peer_and_remote_logins_over_tls_only() {
     };
     let line = |words: &[&str]| words.iter().map(|w| (*w).to_owned()).collect::<Vec<_>>();
     let children = built(&validated("my-cluster", 3));
-    let tls_only = [
+    let (local, replication, everyone) = (
         line(&["local", "all", "all", "peer"]),
         line(&["hostssl", "replication", "streaming_replica", "all", "cert"]),
         line(&["hostssl", "all", "all", "all", "scram-sha-256"]),
-    ];
-    assert_eq!(rules(&children), tls_only);
-    // While pods without certificates remain, they keep their logins without TLS.
+    );
+    // The superuser's password does not log in remotely: only the operator's certificate.
+    let superuser_by_certificate = line(&["hostssl", "all", "postgres", "all", "cert"]);
+    assert_eq!(
+        rules(&children),
+        [
+            local.clone(),
+            replication.clone(),
+            superuser_by_certificate,
+            everyone.clone()
+        ]
+    );
+    let superuser_access = ValidatedCluster {
+        superuser_access: true,
+        ..validated("my-cluster", 3)
+    };
+    let tls_only = [local, replication, everyone];
+    assert_eq!(rules(&built(&superuser_access)), tls_only);
+    // While pods without certificates remain, they keep their logins without TLS, the
+    // superuser's password included.
     let mut input = input("postgres");
     input.tls_only = false;
     let transition = build(&validated("my-cluster", 3), &input);
@@ -269,6 +287,45 @@ fn pg_hba_allows_local_peer_and_remote_logins_over_tls_only() {
     assert_eq!(rules(&transition), expected);
     let hba = &children.config_map.data.as_ref().expect("data")[HBA_FILE];
     assert!(hba.starts_with("# Managed by pgkube; edits are overwritten.\n"));
+}
+
+#[test]
+fn the_application_secret_connects_the_owner_to_its_database_through_rw() {
+    let mut cluster = validated("my-cluster", 3);
+    let secret = &built(&cluster).application_credentials;
+    assert_eq!(secret.metadata.name.as_deref(), Some("my-cluster-app"));
+    assert_eq!(
+        secret.metadata.owner_references, None,
+        "it outlives the cluster"
+    );
+    let data = secret.string_data.as_ref().expect("data");
+    let value = |key: &str| data.get(key).map(String::as_str);
+    assert_eq!(value("username"), Some("app"));
+    assert_eq!(value("password"), Some("app secret"));
+    assert_eq!(value("host"), Some("my-cluster-rw.team-a.svc"));
+    assert_eq!(value("port"), Some("5432"));
+    assert_eq!(value("dbname"), Some("app"));
+    cluster.application = pgkube_crds::Initdb {
+        database: "shop".to_owned(),
+        owner: "shopper".to_owned(),
+    };
+    let secret = build(
+        &cluster,
+        &BuildInput {
+            application_password: "pw1",
+            ..input("postgres")
+        },
+    )
+    .application_credentials;
+    let data = secret.string_data.expect("data");
+    assert_eq!(
+        data["uri"],
+        "postgresql://shopper:pw1@my-cluster-rw.team-a.svc:5432/shop"
+    );
+    assert_eq!(
+        data["jdbc-uri"],
+        "jdbc:postgresql://my-cluster-rw.team-a.svc:5432/shop?password=pw1&user=shopper"
+    );
 }
 
 #[test]
@@ -463,6 +520,7 @@ fn the_instance_manager_gets_its_environment_from_values_and_the_downward_api() 
         ("PGKUBE_SUPERUSER_DIR", "/etc/pgkube/superuser"),
         ("PGKUBE_REPLICATION_DIR", "/etc/pgkube/replication"),
         ("PGKUBE_CONTROL_DIR", "/etc/pgkube/control"),
+        ("PGKUBE_APPLICATION_DIR", "/etc/pgkube/application"),
         ("PGKUBE_STATUS_PORT", "8000"),
         ("PGKUBE_SHUTDOWN_TIMEOUT", "50s"),
         ("PGKUBE_TLS_DIR", "/etc/pgkube/tls"),
@@ -508,6 +566,7 @@ fn an_init_container_installs_the_instance_manager_into_the_shared_volume() {
             expect("superuser", "/etc/pgkube/superuser", Some(true)),
             expect("replication", "/etc/pgkube/replication", Some(true)),
             expect("control", "/etc/pgkube/control", Some(true)),
+            expect("application", "/etc/pgkube/application", Some(true)),
             expect("shm", "/dev/shm", None),
             expect("tls", "/etc/pgkube/tls", Some(true)),
             expect("s3", "/etc/pgkube/s3", Some(true)),
@@ -548,6 +607,10 @@ fn an_init_container_installs_the_instance_manager_into_the_shared_volume() {
             (
                 "control".to_owned(),
                 Some("secret my-cluster-postgresql-control".to_owned())
+            ),
+            (
+                "application".to_owned(),
+                Some("secret my-cluster-app".to_owned())
             ),
             ("shm".to_owned(), None),
             ("tls".to_owned(), None),

@@ -86,6 +86,7 @@ fn input(installer: &str) -> BuildInput<'_> {
         primary: "my-cluster-postgresql-0",
         superuser_password: "secret",
         replication_password: "replication secret",
+        application_password: "app secret",
         control_token: "token",
         synchronous_standbys: 0,
         tls_only: true,

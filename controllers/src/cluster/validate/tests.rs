@@ -48,7 +48,7 @@ fn parameters_pass_through_but_refused_ones_and_multi_line_values_are_invalid() 
         ("synchronous_standby_names", "pgkube sets them itself"),
         ("primary_conninfo", "pgkube sets them itself"),
         ("fsync", "lose or corrupt data on a crash"),
-        ("ssl", "TLS needs certificate files"),
+        ("ssl", "pgkube sets up TLS itself"),
         (
             "include_dir",
             "read settings from files pgkube does not write",
