@@ -1,4 +1,5 @@
-//! `deploy/rbac.yaml` grants exactly what the manager calls: a rule nobody uses fails this test
+//! `deploy/rbac.yaml` (with the manager's own namespace's rights, `deploy/manager/service-account.yaml`)
+//! grants exactly what the manager calls: a rule nobody uses fails this test
 //! as surely as a missing one.
 //!
 //! The manager runs as the `pgkube` ServiceAccount, with a token of its own and only the rights
@@ -385,7 +386,11 @@ fn kubectl_ok(env: &TestEnv, args: &[&str]) -> String {
 /// `pgkube` ServiceAccount into `dir`; returns its path and the token's JWT id.
 fn service_account_kubeconfig(env: &TestEnv, dir: &Path) -> (String, String) {
     let root = env!("CARGO_MANIFEST_DIR");
-    for file in ["namespace.yaml", "rbac.yaml"] {
+    for file in [
+        "manager/namespace.yaml",
+        "manager/service-account.yaml",
+        "rbac.yaml",
+    ] {
         kubectl_ok(env, &["apply", "-f", &format!("{root}/deploy/{file}")]);
     }
     let token = kubectl_ok(env, &["create", "token", "pgkube", "-n", DEPLOY_NAMESPACE]);
@@ -786,11 +791,13 @@ async fn deploy_rbac_grants_exactly_the_calls_the_manager_makes() {
         "no audited call with credential JTI={jti}"
     );
     let root = env!("CARGO_MANIFEST_DIR");
-    let rbac = std::fs::read_to_string(format!("{root}/deploy/rbac.yaml")).expect("rbac.yaml");
+    let rbac = ["rbac.yaml", "manager/service-account.yaml"]
+        .map(|file| std::fs::read_to_string(format!("{root}/deploy/{file}")).expect(file))
+        .join("\n---\n");
     let problems = differences(&calls, &granted_permissions(&rbac), &not_reached());
     assert!(
         problems.is_empty(),
-        "deploy/rbac.yaml is not exactly what the manager calls:\n  {}\n\ncalls (from {}):\n{}\n\n\
+        "deploy/rbac.yaml and deploy/manager/service-account.yaml are not exactly what the manager calls:\n  {}\n\ncalls (from {}):\n{}\n\n\
          manager output:\n{}",
         problems.join("\n  "),
         audit_log.display(),

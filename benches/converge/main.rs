@@ -494,7 +494,11 @@ struct Identity {
 impl Identity {
     fn create(env: &TestEnv) -> Identity {
         let root = env!("CARGO_MANIFEST_DIR");
-        for file in ["namespace.yaml", "rbac.yaml"] {
+        for file in [
+            "manager/namespace.yaml",
+            "manager/service-account.yaml",
+            "rbac.yaml",
+        ] {
             kubectl(env, &["apply", "-f", &format!("{root}/deploy/{file}")]);
         }
         let account = format!("{DEPLOY_NAMESPACE}:{SERVICE_ACCOUNT}");

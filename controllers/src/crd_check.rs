@@ -28,7 +28,7 @@ pub enum CrdCheckError {
     Missing { names: String },
     #[error(
         "the manager may not list {resource} {scope}: it needs get, list and watch on it \
-         (see deploy/rbac.yaml): {message}"
+         (see deploy/rbac.yaml, or deploy/namespaced/ for a namespaced install): {message}"
     )]
     Forbidden {
         resource: String,

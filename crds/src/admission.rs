@@ -108,7 +108,7 @@ pub fn admission_trusting(
 }
 
 /// The configuration as one YAML document, as `pgkube admission-webhook` prints it and
-/// `deploy/admission-webhook.yaml` holds it.
+/// `deploy/manager/admission-webhook.yaml` holds it.
 pub fn admission_yaml(
     configuration: &MutatingWebhookConfiguration,
 ) -> Result<String, serde_yaml::Error> {

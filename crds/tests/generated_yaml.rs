@@ -1,7 +1,7 @@
 //! The CRD YAML committed in `crds/crds.yaml` must be exactly what `pgkube crd` prints.
 //! Regenerate it with `cargo run -- crd > crds/crds.yaml`. Likewise the admission webhook's
-//! registration in `deploy/admission-webhook.yaml`, with
-//! `cargo run -- admission-webhook > deploy/admission-webhook.yaml`.
+//! registration in `deploy/manager/admission-webhook.yaml`, with
+//! `cargo run -- admission-webhook > deploy/manager/admission-webhook.yaml`.
 
 #[test]
 fn committed_crd_yaml_matches_the_types() {
@@ -15,13 +15,13 @@ fn committed_crd_yaml_matches_the_types() {
 
 #[test]
 fn committed_admission_webhook_yaml_matches_the_registration() {
-    let committed = include_str!("../../deploy/admission-webhook.yaml");
+    let committed = include_str!("../../deploy/manager/admission-webhook.yaml");
     let registration = pgkube_crds::admission_through(&pgkube_crds::ConversionWebhook::default());
     let generated = pgkube_crds::admission_yaml(&registration).expect("serializes to YAML");
     assert!(
         committed == generated,
-        "deploy/admission-webhook.yaml is out of date: run \
-         `cargo run -- admission-webhook > deploy/admission-webhook.yaml`"
+        "deploy/manager/admission-webhook.yaml is out of date: run \
+         `cargo run -- admission-webhook > deploy/manager/admission-webhook.yaml`"
     );
 }
 
