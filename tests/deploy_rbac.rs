@@ -16,6 +16,7 @@ use std::time::Duration;
 use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use kube::api::{Api, DeleteParams, PostParams};
 use manager_common::{Manager, RUNNING_TIMEOUT, create_cluster};
@@ -296,6 +297,7 @@ async fn the_manager_runs_with_only_a_role_in_the_namespace_it_watches() {
     };
     assert!(has("Role", "pgkube-manager") && has("RoleBinding", "pgkube-manager"));
     assert!(has("Deployment", "pgkube") && has("ServiceAccount", "pgkube"));
+    assert!(has("NetworkPolicy", "pgkube"));
     let cluster_roles: Vec<&str> = kinds_and_names
         .iter()
         .filter(|(kind, _)| kind == "ClusterRole")
@@ -312,6 +314,13 @@ async fn the_manager_runs_with_only_a_role_in_the_namespace_it_watches() {
     let deploy = TestNamespace::create(&client, "ns-install").await;
     let watched = TestNamespace::create(&client, "ns-watched").await;
     let cluster_scope = namespaced_install(&client, deploy.name(), watched.name()).await;
+    // The API server takes the manager's NetworkPolicy.
+    let mut policy: NetworkPolicy = the_one("manager/network-policy.yaml", "NetworkPolicy");
+    policy.metadata.namespace = Some(deploy.name().to_owned());
+    Api::<NetworkPolicy>::namespaced(client.clone(), deploy.name())
+        .create(&PostParams::default(), &policy)
+        .await
+        .expect("the manager's NetworkPolicy");
     let token = kubectl_ok(&env, &["create", "token", "pgkube", "-n", deploy.name()]);
     let dir = std::env::temp_dir().join(format!("pgkube-ns-rbac-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");

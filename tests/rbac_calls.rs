@@ -6,7 +6,7 @@
 //! of `deploy/rbac.yaml`, through a scenario that reaches its controllers' calls on the test
 //! bed's real node and Garage: a cluster comes up and its pod is labelled; an earlier version's
 //! client Service is deleted; a second replica brings a PodDisruptionBudget that goes again with
-//! it; the storage grows (StorageClass read, claim patched); an on-demand backup with
+//! it; the cluster's NetworkPolicy goes when turned off and comes back; the storage grows (StorageClass read, claim patched); an on-demand backup with
 //! `deletionPolicy: Delete` runs as a Job, its retention pass deletes an expired backup object,
 //! a restore of it runs as a Job, and its own deletion removes its data through the finalizer;
 //! a cluster bootstrapped from a missing backup gets a bootstrap restore, which is refused; a
@@ -30,6 +30,7 @@ use futures::FutureExt as _;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -516,6 +517,26 @@ async fn disruption_budget_comes_and_goes(scenario: &Scenario) {
         .await;
 }
 
+/// The cluster's NetworkPolicy goes when it is turned off, and comes back.
+async fn network_policy_goes_and_comes(scenario: &Scenario) {
+    let name = format!("{CLUSTER}-postgresql");
+    scenario
+        .wait_for::<NetworkPolicy, _>("the NetworkPolicy", &name, |p| p.is_some())
+        .await;
+    scenario
+        .patch_cluster(serde_json::json!({"networkPolicy": {"enabled": false}}))
+        .await;
+    scenario
+        .wait_for::<NetworkPolicy, _>("the NetworkPolicy to go", &name, |p| p.is_none())
+        .await;
+    scenario
+        .patch_cluster(serde_json::json!({"networkPolicy": null}))
+        .await;
+    scenario
+        .wait_for::<NetworkPolicy, _>("the NetworkPolicy back", &name, |p| p.is_some())
+        .await;
+}
+
 /// The storage grows to 2Gi: the manager reads the StorageClass and patches the data claim.
 async fn storage_grows(scenario: &Scenario) {
     scenario
@@ -744,6 +765,7 @@ async fn run_scenario(scenario: &Scenario, kubeconfig: &str, lease: &str) -> Vec
         let live = cluster.get().await.expect("cluster read");
         old_client_service_goes(scenario, &live).await;
         disruption_budget_comes_and_goes(scenario).await;
+        network_policy_goes_and_comes(scenario).await;
         storage_grows(scenario).await;
         backup_runs_prunes_and_goes(scenario).await;
         bootstrap_restore_is_made(scenario).await;

@@ -95,6 +95,9 @@ pub struct Settings {
     /// How long the clusters' server and client certificates are valid; each is renewed two
     /// thirds into it.
     pub postgres_certificate_validity: Duration,
+    /// The namespace of the manager's pod; none outside a pod. The clusters' NetworkPolicies
+    /// open the instance managers' port to it.
+    pub manager_namespace: Option<String>,
 }
 
 impl Default for Settings {
@@ -113,6 +116,7 @@ impl Default for Settings {
             restore_active_deadline: Duration::from_secs(6 * 3600),
             restore_start_timeout: Duration::from_secs(300),
             postgres_certificate_validity: cluster::certificates::DEFAULT_LEAF_VALIDITY,
+            manager_namespace: None,
             retention_interval: Duration::from_secs(3600),
             otel_env: Vec::new(),
             instance_status: Arc::new(cluster::instances::HttpInstanceStatus::default()),

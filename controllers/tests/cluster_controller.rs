@@ -12,7 +12,9 @@ use common::{Running, SimulatedInstances};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, ResourceExt};
@@ -154,6 +156,24 @@ async fn the_sample_runs_scales_up_and_down_and_keeps_its_password() {
         .get("my-cluster-postgresql")
         .await
         .expect("PDB for 3");
+    // The API server takes the NetworkPolicy: PostgreSQL's port and the instance managers'.
+    let policy = running
+        .api::<NetworkPolicy>()
+        .get("my-cluster-postgresql")
+        .await
+        .expect("NetworkPolicy");
+    let ports: Vec<Option<IntOrString>> = policy
+        .spec
+        .and_then(|spec| spec.ingress)
+        .into_iter()
+        .flatten()
+        .flat_map(|rule| rule.ports.unwrap_or_default())
+        .map(|port| port.port)
+        .collect();
+    assert_eq!(
+        ports,
+        [Some(IntOrString::Int(5432)), Some(IntOrString::Int(8000))]
+    );
     let secrets = running.api::<Secret>();
     let first_password = password(
         &secrets

@@ -86,6 +86,11 @@ pub struct PostgreSQLClusterSpec {
     /// superuser with the client certificate the operator issues.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub enable_superuser_access: bool,
+    /// The cluster's NetworkPolicy: PostgreSQL's port open to the cluster's namespace (and to
+    /// `postgresFrom`), the instance managers' port to the operator's namespace and the
+    /// cluster's own pods. Unset: made, with no other peers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<NetworkPolicySettings>,
     /// Failover and synchronous replication. Unset: automatic failover after
     /// `failoverDelaySeconds` (5), asynchronous replication.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -246,6 +251,33 @@ pub struct Bootstrap {
     /// database. The default when `bootstrap` is unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub initdb: Option<Initdb>,
+}
+
+/// Which connections reach a cluster's pods (`spec.networkPolicy`). The same in v1alpha1 and
+/// v1beta1.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkPolicySettings {
+    /// Whether pgkube makes the NetworkPolicy `<cluster>-postgresql`; false deletes it.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Who else may connect to PostgreSQL (port 5432), as NetworkPolicy peers (pods of other
+    /// namespaces, address blocks). The pods of the cluster's namespace always may.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub postgres_from: Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer>,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+impl Default for NetworkPolicySettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            postgres_from: Vec::new(),
+        }
+    }
 }
 
 /// `spec.bootstrap` names exactly one way to start.

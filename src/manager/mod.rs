@@ -65,6 +65,7 @@ async fn run_manager(args: RunArgs) -> anyhow::Result<()> {
         .instance_manager_binary()
         .context("cannot read the instance manager binary")?
         .map(Arc::new);
+    settings.manager_namespace = pod_namespace();
     // Before leader election, so that a follower fails as fast as a leader would.
     pgkube_controllers::ensure_crds_installed(&client, &settings.watch_namespaces).await?;
 
@@ -206,6 +207,17 @@ fn manager_namespace(flag: Option<&str>) -> String {
             .ok()
             .as_deref(),
     )
+}
+
+/// The namespace of the manager's pod (`POD_NAMESPACE`, else the service account's); none
+/// when it runs outside a pod.
+fn pod_namespace() -> Option<String> {
+    let from_file = std::fs::read_to_string(args::SERVICE_ACCOUNT_NAMESPACE_FILE).ok();
+    [std::env::var("POD_NAMESPACE").ok(), from_file]
+        .into_iter()
+        .flatten()
+        .map(|namespace| namespace.trim().to_owned())
+        .find(|namespace| !namespace.is_empty())
 }
 
 /// Waits for the Lease, runs the controllers while leading, and hands the Lease over on a

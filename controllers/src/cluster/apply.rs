@@ -16,7 +16,6 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, Secret, Service};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -103,6 +102,7 @@ async fn apply_children(
         application_credentials,
         control_token,
         pod_disruption_budget,
+        network_policy,
     } = desired;
     let mut writes = 0;
     for (secret, exists) in [
@@ -147,13 +147,15 @@ async fn apply_children(
         .map_err(Error::Serialize)?;
     let applied_sts = apply_child(client, namespace, &statefulset, live_sts).await?;
     writes += applied_sts.is_some() as usize;
-    writes += reconcile_disruption_budget(
+    writes += reconcile_optional_child(
         client,
         namespace,
         pod_disruption_budget,
         &live.pod_disruption_budget,
     )
     .await?;
+    writes +=
+        reconcile_optional_child(client, namespace, network_policy, &live.network_policy).await?;
     Ok((applied_sts, writes))
 }
 
@@ -265,14 +267,22 @@ async fn create_kept_secret(
     }
 }
 
-/// Applies the budget when wanted, deletes ours when not (a single replica cannot be
-/// disrupted "one at a time"). Returns the number of writes.
-async fn reconcile_disruption_budget(
+/// Applies a child when wanted, deletes ours when not: the PodDisruptionBudget (a single replica
+/// cannot be disrupted "one at a time"), the NetworkPolicy (turned off). Returns the number of
+/// writes.
+async fn reconcile_optional_child<K>(
     client: &Client,
     namespace: &str,
-    desired: Option<PodDisruptionBudget>,
-    live: &Option<Arc<Compact<PodDisruptionBudget>>>,
-) -> Result<usize, Error> {
+    desired: Option<K>,
+    live: &Option<Arc<Compact<K>>>,
+) -> Result<usize, Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + std::fmt::Debug,
+{
     if let Some(desired) = desired {
         let applied = apply_child(client, namespace, &desired, text_value(live)).await?;
         return Ok(applied.is_some() as usize);
@@ -281,13 +291,14 @@ async fn reconcile_disruption_budget(
         return Ok(0);
     };
     let name = live.name_any();
-    tracing::info!(name = %name, "deleting PodDisruptionBudget");
-    Api::<PodDisruptionBudget>::namespaced(client.clone(), namespace)
+    let kind = K::kind(&()).into_owned();
+    tracing::info!(name = %name, kind = %kind, "deleting a child no longer wanted");
+    Api::<K>::namespaced(client.clone(), namespace)
         .delete(&name, &DeleteParams::default())
         .await
         .map_err(|source| Error::Kube {
             action: "delete",
-            kind: "PodDisruptionBudget".to_owned(),
+            kind,
             name,
             source,
         })?;

@@ -130,6 +130,7 @@ pub struct ChildNames {
     pub replication_tls_secret: String,
     pub superuser_tls_secret: String,
     pub pod_disruption_budget: String,
+    pub network_policy: String,
     /// Value of `app.kubernetes.io/instance`.
     pub instance_label: String,
 }
@@ -162,6 +163,7 @@ impl ChildNames {
             replication_tls_secret: subdomain("-replication-tls"),
             superuser_tls_secret: subdomain("-superuser-tls"),
             pod_disruption_budget: subdomain("-postgresql"),
+            network_policy: subdomain("-postgresql"),
             instance_label: names::label_value(cluster),
         }
     }
@@ -195,6 +197,8 @@ pub struct DesiredChildren {
     pub control_token: Option<Secret>,
     /// Only with more than one replica; otherwise an existing one is deleted.
     pub pod_disruption_budget: Option<PodDisruptionBudget>,
+    /// Unless turned off (`spec.networkPolicy.enabled`); otherwise an existing one is deleted.
+    pub network_policy: Option<k8s_openapi::api::networking::v1::NetworkPolicy>,
 }
 
 /// What the children are built from besides the validated spec.
@@ -212,6 +216,9 @@ pub struct BuildInput<'a> {
     pub application_password: &'a str,
     /// Token for the control Secret, used only if it has to be created.
     pub control_token: &'a str,
+    /// The namespace the operator runs in, if in a pod: the NetworkPolicy opens the instance
+    /// managers' port to it.
+    pub manager_namespace: Option<&'a str>,
     /// Standbys that must confirm each commit (`synchronous_standby_names`); 0: asynchronous.
     pub synchronous_standbys: u32,
     /// Every instance has its certificates: connections without TLS are refused (see
@@ -270,6 +277,9 @@ pub fn build(cluster: &ValidatedCluster, input: &BuildInput<'_>) -> DesiredChild
             .then(|| control_secret(cluster, &names, input.control_token)),
         pod_disruption_budget: (cluster.replicas > 1)
             .then(|| pod_disruption_budget(cluster, &names)),
+        network_policy: cluster.network_policy.as_ref().map(|postgres_from| {
+            network_policy::network_policy(cluster, &names, postgres_from, input.manager_namespace)
+        }),
     }
 }
 
@@ -509,6 +519,7 @@ fn pod_disruption_budget(cluster: &ValidatedCluster, names: &ChildNames) -> PodD
 
 pub mod application;
 mod config;
+mod network_policy;
 mod pod;
 mod topology;
 

@@ -2,7 +2,7 @@
 //! by the same watches that trigger reconciles, so that a reconcile reads nothing from the API
 //! server (the watches already bring every change).
 //!
-//! - StatefulSets, Services, ConfigMaps and PodDisruptionBudgets: the whole objects (drift
+//! - StatefulSets, Services, ConfigMaps, PodDisruptionBudgets and NetworkPolicies: the whole objects (drift
 //!   detection compares them with the desired ones), without `managedFields`, which pgkube never
 //!   reads and which are the largest part of an applied object. A StatefulSet's pod spec is
 //!   kept as its JSON text in [`COMPACT_POD_SPEC_ANNOTATION`] (see [`compact_pod_spec`]):
@@ -32,6 +32,7 @@ use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Controller;
@@ -59,6 +60,7 @@ pub struct ChildStores {
     pub config_maps: Store<Compact<ConfigMap>>,
     pub secrets: Store<Compact<PartialObjectMeta<Secret>>>,
     pub budgets: Store<Compact<PodDisruptionBudget>>,
+    pub network_policies: Store<Compact<NetworkPolicy>>,
     pub pods: Store<Compact<Pod>>,
     pub claims: Store<Compact<PersistentVolumeClaim>>,
 }
@@ -92,6 +94,7 @@ struct ChildChanges {
     services: Changes<Service>,
     config_maps: Changes<ConfigMap>,
     budgets: Changes<PodDisruptionBudget>,
+    network_policies: Changes<NetworkPolicy>,
     secrets: Changes<PartialObjectMeta<Secret>>,
     pods: Changes<Pod>,
     claims: Changes<PersistentVolumeClaim>,
@@ -108,6 +111,8 @@ impl ChildStores {
         let (config_maps, config_map_changes) =
             cached::<_, WITH_SPEC>(client, namespace, keep_whole);
         let (budgets, budget_changes) = cached::<_, WITH_SPEC>(client, namespace, keep_whole);
+        let (network_policies, network_policy_changes) =
+            cached::<_, WITH_SPEC>(client, namespace, keep_whole);
         let (secrets, secret_changes) = cached::<_, WITH_SPEC>(client, namespace, keep_whole);
         let (pods, pod_changes) = cached::<_, WITHOUT_SPEC>(client, namespace, keep_whole);
         let (claims, claim_changes) = cached::<_, WITH_SPEC>(client, namespace, keep_whole);
@@ -118,6 +123,7 @@ impl ChildStores {
             config_maps,
             secrets,
             budgets,
+            network_policies,
             pods,
             claims,
         };
@@ -126,6 +132,7 @@ impl ChildStores {
             services: service_changes.boxed(),
             config_maps: config_map_changes.boxed(),
             budgets: budget_changes.boxed(),
+            network_policies: network_policy_changes.boxed(),
             secrets: secret_changes.boxed(),
             pods: pod_changes.boxed(),
             claims: claim_changes.boxed(),
@@ -146,6 +153,7 @@ impl ChildStores {
             .owns_stream(changes.services)
             .owns_stream(changes.config_maps)
             .owns_stream(changes.budgets)
+            .owns_stream(changes.network_policies)
             .owns_stream(changes.secrets)
             .watches_stream(changes.pods, |_: Pod| no_trigger())
             .watches_stream(changes.claims, |_: PersistentVolumeClaim| no_trigger());
@@ -167,6 +175,7 @@ impl ChildStores {
             changes.services.map(|_| ()).boxed(),
             changes.config_maps.map(|_| ()).boxed(),
             changes.budgets.map(|_| ()).boxed(),
+            changes.network_policies.map(|_| ()).boxed(),
             changes.secrets.map(|_| ()).boxed(),
             changes.pods.map(|_| ()).boxed(),
             changes.claims.map(|_| ()).boxed(),
@@ -188,6 +197,7 @@ impl ChildStores {
             ("ConfigMaps", is_synced(&self.config_maps).await),
             ("Secrets", is_synced(&self.secrets).await),
             ("PodDisruptionBudgets", is_synced(&self.budgets).await),
+            ("NetworkPolicies", is_synced(&self.network_policies).await),
             ("Pods", is_synced(&self.pods).await),
             ("PersistentVolumeClaims", is_synced(&self.claims).await),
         ];
@@ -208,6 +218,10 @@ impl ChildStores {
         self.config_maps.wait_until_ready().await.map_err(closed)?;
         self.secrets.wait_until_ready().await.map_err(closed)?;
         self.budgets.wait_until_ready().await.map_err(closed)?;
+        self.network_policies
+            .wait_until_ready()
+            .await
+            .map_err(closed)?;
         self.pods.wait_until_ready().await.map_err(closed)?;
         self.claims.wait_until_ready().await.map_err(closed)?;
         Ok(())

@@ -449,6 +449,7 @@ async fn apply_validated(
         replication_password: &replication_password,
         application_password: &application_password,
         control_token: &control_token,
+        manager_namespace: settings.manager_namespace.as_deref(),
         synchronous_standbys: built.synchronous_standbys,
         tls_only: certificates::tls_only(&live),
         system_identifier: built.system_identifier,

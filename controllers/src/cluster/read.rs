@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::ResourceExt;
 use pgkube_crds::MAX_REPLICAS;
@@ -44,6 +45,7 @@ pub struct LiveChildren {
     pub certificates: BTreeMap<String, super::certificates::LeafState>,
     pub ca_exists: bool,
     pub pod_disruption_budget: Option<Arc<Compact<PodDisruptionBudget>>>,
+    pub network_policy: Option<Arc<Compact<NetworkPolicy>>>,
     /// The StatefulSet's data volume claims (`data-<statefulset>-N`), by ordinal.
     pub data_claims: Vec<Arc<PersistentVolumeClaim>>,
     /// The StatefulSet's pods and what their instance managers report, by ordinal.
@@ -121,6 +123,7 @@ pub async fn read(
             namespace,
             &names.pod_disruption_budget,
         ),
+        network_policy: cached_text(&stores.network_policies, namespace, &names.network_policy),
         data_claims,
         instances,
         addresses,

@@ -90,6 +90,7 @@ pub fn fingerprint(
         input.instance_manager_image,
         input.primary,
         input.system_identifier.unwrap_or_default(),
+        input.manager_namespace.unwrap_or_default(),
     ] {
         write_text(&mut hasher, text);
     }
@@ -114,6 +115,7 @@ pub fn fingerprint(
         live.old_client_service.as_deref().map(Compact::json),
         live.config_map.as_deref().map(Compact::json),
         live.pod_disruption_budget.as_deref().map(Compact::json),
+        live.network_policy.as_deref().map(Compact::json),
     ];
     for text in texts {
         match text {
@@ -180,6 +182,7 @@ mod tests {
             replication_password: password,
             application_password: password,
             control_token: password,
+            manager_namespace: None,
             synchronous_standbys: 0,
             tls_only: true,
             system_identifier: None,

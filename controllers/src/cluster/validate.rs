@@ -73,6 +73,9 @@ pub struct ValidatedCluster {
     /// Whether the superuser may log in over the network with its password
     /// (`spec.enableSuperuserAccess`).
     pub superuser_access: bool,
+    /// The NetworkPolicy's extra PostgreSQL peers (`spec.networkPolicy.postgresFrom`); none
+    /// when it is turned off.
+    pub network_policy: Option<Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer>>,
 }
 
 /// A valid spec: what to build now, and the changes held back from it.
@@ -281,6 +284,9 @@ pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validat
             .and_then(|bootstrap| bootstrap.initdb.clone())
             .unwrap_or_default(),
         superuser_access: spec.enable_superuser_access,
+        network_policy: Some(spec.network_policy.clone().unwrap_or_default())
+            .filter(|settings| settings.enabled)
+            .map(|settings| settings.postgres_from),
     };
     Ok(Validation {
         effective,

@@ -16,8 +16,9 @@ use crate::archiving::WalArchiving;
 use crate::backup::{BackupCompression, BackupMethod};
 use crate::cluster::{
     BOOTSTRAP_ONE_OF_MESSAGE, BOOTSTRAP_ONE_OF_RULE, HighAvailability, InstanceSpread,
-    ONE_ANTI_AFFINITY_MESSAGE, ONE_ANTI_AFFINITY_RULE, PostgreSQLClusterStatus, PostgreSQLSettings,
-    PostgresVersion, PrimaryUpdateStrategy, SYNCHRONOUS_FITS_MESSAGE, SYNCHRONOUS_FITS_RULE,
+    NetworkPolicySettings, ONE_ANTI_AFFINITY_MESSAGE, ONE_ANTI_AFFINITY_RULE,
+    PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion, PrimaryUpdateStrategy,
+    SYNCHRONOUS_FITS_MESSAGE, SYNCHRONOUS_FITS_RULE,
 };
 use crate::common::LocalReference;
 
@@ -91,6 +92,11 @@ pub struct PostgreSQLClusterSpec {
     /// superuser with the client certificate the operator issues.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub enable_superuser_access: bool,
+    /// The cluster's NetworkPolicy: PostgreSQL's port open to the cluster's namespace (and to
+    /// `postgresFrom`), the instance managers' port to the operator's namespace and the
+    /// cluster's own pods. Unset: made, with no other peers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<NetworkPolicySettings>,
     /// Failover and synchronous replication. Unset: automatic failover after
     /// `failoverDelaySeconds` (5), asynchronous replication.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -94,6 +94,7 @@ fn spec_to_v1beta1(spec: v1alpha1::PostgreSQLClusterSpec) -> v1beta1::PostgreSQL
         spread,
         primary_update_strategy,
         enable_superuser_access,
+        network_policy,
     } = spec;
     v1beta1::PostgreSQLClusterSpec {
         replicas,
@@ -113,6 +114,7 @@ fn spec_to_v1beta1(spec: v1alpha1::PostgreSQLClusterSpec) -> v1beta1::PostgreSQL
         spread,
         primary_update_strategy,
         enable_superuser_access,
+        network_policy,
     }
 }
 
@@ -137,6 +139,7 @@ fn spec_to_v1alpha1(spec: v1beta1::PostgreSQLClusterSpec) -> v1alpha1::PostgreSQ
         spread,
         primary_update_strategy,
         enable_superuser_access,
+        network_policy,
     } = spec;
     v1alpha1::PostgreSQLClusterSpec {
         replicas,
@@ -153,6 +156,7 @@ fn spec_to_v1alpha1(spec: v1beta1::PostgreSQLClusterSpec) -> v1alpha1::PostgreSQ
         spread,
         primary_update_strategy,
         enable_superuser_access,
+        network_policy,
     }
 }
 

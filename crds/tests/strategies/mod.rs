@@ -394,6 +394,36 @@ pub fn primary_update_strategy() -> impl Strategy<Value = Option<PrimaryUpdateSt
     ]))
 }
 
+/// NetworkPolicy settings (the same type in both versions): peers by namespace label or by
+/// address block.
+pub fn network_policy() -> impl Strategy<Value = pgkube_crds::NetworkPolicySettings> {
+    use k8s_openapi::api::networking::v1::{IPBlock, NetworkPolicyPeer};
+    let by_namespace = "[a-z]{1,8}".prop_map(|team| NetworkPolicyPeer {
+        namespace_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([("team".to_owned(), team)])),
+            ..LabelSelector::default()
+        }),
+        ..NetworkPolicyPeer::default()
+    });
+    let by_address = (0u8..=255).prop_map(|octet| NetworkPolicyPeer {
+        ip_block: Some(IPBlock {
+            cidr: format!("10.{octet}.0.0/16"),
+            except: None,
+        }),
+        ..NetworkPolicyPeer::default()
+    });
+    (
+        any::<bool>(),
+        vec(prop_oneof![by_namespace, by_address], 0..3),
+    )
+        .prop_map(
+            |(enabled, postgres_from)| pgkube_crds::NetworkPolicySettings {
+                enabled,
+                postgres_from,
+            },
+        )
+}
+
 /// High-availability settings (the same type in both versions).
 pub fn high_availability() -> impl Strategy<Value = Option<HighAvailability>> {
     let synchronous =

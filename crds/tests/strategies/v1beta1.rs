@@ -126,13 +126,18 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
         postgresql_settings(),
         of(bootstrap()),
         high_availability(),
-        (spread(), primary_update_strategy(), any::<bool>()),
+        (
+            spread(),
+            primary_update_strategy(),
+            any::<bool>(),
+            of(network_policy()),
+        ),
     );
     (instances, pods, data).prop_map(|(instances, pods, data)| {
         let (replicas, postgres_version, storage, resources) = instances;
         let (node_selector, tolerations, affinity) = pods;
         let (backup, postgresql, bootstrap, high_availability, rest) = data;
-        let (spread, primary_update_strategy, enable_superuser_access) = rest;
+        let (spread, primary_update_strategy, enable_superuser_access, network_policy) = rest;
         let spread = admissible_spread(spread, &affinity);
         PostgreSQLClusterSpec {
             replicas,
@@ -149,6 +154,7 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
             spread,
             primary_update_strategy,
             enable_superuser_access,
+            network_policy,
         }
     })
 }

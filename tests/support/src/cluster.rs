@@ -270,6 +270,7 @@ impl TestCluster {
             spread: None,
             primary_update_strategy: None,
             enable_superuser_access: false,
+            network_policy: None,
         };
         local_node_scheduling().apply_to_cluster(&mut spec);
         TestClusterBuilder {

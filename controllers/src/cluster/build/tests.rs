@@ -29,6 +29,7 @@ fn input(image_repository: &str) -> BuildInput<'_> {
         replication_password: "replication secret",
         application_password: "app secret",
         control_token: "token",
+        manager_namespace: None,
         synchronous_standbys: 0,
         tls_only: true,
         system_identifier: None,
@@ -326,6 +327,85 @@ fn the_application_secret_connects_the_owner_to_its_database_through_rw() {
         data["jdbc-uri"],
         "jdbc:postgresql://my-cluster-rw.team-a.svc:5432/shop?password=pw1&user=shopper"
     );
+}
+
+#[test]
+fn the_network_policy_opens_postgres_to_the_namespace_and_status_to_the_cluster_and_operator() {
+    use k8s_openapi::api::networking::v1::{IPBlock, NetworkPolicyPeer};
+    let cluster = validated("my-cluster", 3);
+    let in_pod = BuildInput {
+        manager_namespace: Some("pgkube-system"),
+        ..input("postgres")
+    };
+    let policy = build(&cluster, &in_pod).network_policy.expect("a policy");
+    assert_eq!(
+        policy.metadata.name.as_deref(),
+        Some("my-cluster-postgresql")
+    );
+    let spec = policy.spec.expect("spec");
+    assert_eq!(
+        spec.pod_selector.and_then(|s| s.match_labels),
+        Some(selector_labels(&ChildNames::for_cluster("my-cluster")))
+    );
+    assert_eq!(spec.policy_types, Some(vec!["Ingress".to_owned()]));
+    let rules: Vec<(i32, serde_json::Value)> = spec
+        .ingress
+        .into_iter()
+        .flatten()
+        .map(|rule| {
+            let port = match rule.ports.as_deref() {
+                Some([port]) => port.port.clone(),
+                other => panic!("one port per rule: {other:?}"),
+            };
+            let Some(IntOrString::Int(port)) = port else {
+                panic!("a numbered port")
+            };
+            (port, serde_json::to_value(rule.from).expect("JSON"))
+        })
+        .collect();
+    let cluster_pods = serde_json::json!({"podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "postgresql", "app.kubernetes.io/instance": "my-cluster"}}});
+    let operator = serde_json::json!({"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "pgkube-system"}}});
+    assert_eq!(
+        rules,
+        [
+            (5432, serde_json::json!([{"podSelector": {}}])),
+            (8000, serde_json::json!([cluster_pods, operator])),
+        ]
+    );
+
+    // Peers of the spec are added to PostgreSQL's port; outside a pod, the operator's
+    // namespace is not named.
+    let peer = NetworkPolicyPeer {
+        ip_block: Some(IPBlock {
+            cidr: "10.1.0.0/16".to_owned(),
+            except: None,
+        }),
+        ..NetworkPolicyPeer::default()
+    };
+    let with_peer = ValidatedCluster {
+        network_policy: Some(vec![peer]),
+        ..validated("my-cluster", 3)
+    };
+    let spec = built(&with_peer)
+        .network_policy
+        .and_then(|p| p.spec)
+        .expect("spec");
+    let from = |index: usize| {
+        serde_json::to_value(&spec.ingress.as_ref().expect("rules")[index].from).expect("JSON")
+    };
+    assert_eq!(
+        from(0),
+        serde_json::json!([{"podSelector": {}}, {"ipBlock": {"cidr": "10.1.0.0/16"}}])
+    );
+    assert_eq!(from(1), serde_json::json!([cluster_pods]));
+
+    let off = ValidatedCluster {
+        network_policy: None,
+        ..validated("my-cluster", 3)
+    };
+    assert_eq!(built(&off).network_policy, None);
 }
 
 #[test]

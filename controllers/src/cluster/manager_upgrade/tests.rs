@@ -88,6 +88,7 @@ fn input(installer: &str) -> BuildInput<'_> {
         replication_password: "replication secret",
         application_password: "app secret",
         control_token: "token",
+        manager_namespace: None,
         synchronous_standbys: 0,
         tls_only: true,
         system_identifier: None,

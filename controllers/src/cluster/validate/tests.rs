@@ -27,6 +27,44 @@ fn a_new_cluster_is_valid_and_its_template_gets_the_requested_size() {
 }
 
 #[test]
+fn the_application_role_superuser_access_and_network_policy_have_their_defaults() {
+    let valid = validate(&cluster(SAMPLE), &LiveFacts::default())
+        .expect("valid")
+        .effective;
+    assert_eq!(
+        (
+            valid.application.database.as_str(),
+            valid.application.owner.as_str()
+        ),
+        ("app", "app")
+    );
+    assert!(!valid.superuser_access);
+    assert_eq!(valid.network_policy, Some(Vec::new()));
+    let mut set = cluster(SAMPLE);
+    set.spec.bootstrap = serde_json::from_value(
+        serde_json::json!({"initdb": {"database": "shop", "owner": "shopper"}}),
+    )
+    .expect("bootstrap");
+    set.spec.enable_superuser_access = true;
+    set.spec.network_policy = Some(pgkube_crds::NetworkPolicySettings {
+        enabled: false,
+        postgres_from: Vec::new(),
+    });
+    let valid = validate(&set, &LiveFacts::default())
+        .expect("valid")
+        .effective;
+    assert_eq!(
+        (
+            valid.application.database.as_str(),
+            valid.application.owner.as_str()
+        ),
+        ("shop", "shopper")
+    );
+    assert!(valid.superuser_access);
+    assert_eq!(valid.network_policy, None, "turned off");
+}
+
+#[test]
 fn parameters_pass_through_but_refused_ones_and_multi_line_values_are_invalid() {
     let with = |name: &str, value: &str| {
         let mut cluster = cluster(SAMPLE);
