@@ -10,6 +10,7 @@
 //! manager never labels a pod. That right (`patch` on pods) is checked with an access review.
 
 mod manager_common;
+mod rbac_common;
 
 use std::time::Duration;
 
@@ -17,11 +18,12 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, DeleteParams, PostParams};
 use manager_common::{Manager, RUNNING_TIMEOUT, create_cluster};
 use pgkube_crds::PostgreSQLCluster;
 use pgkube_testkit::{TestEnv, TestNamespace, install_crds, testbed, wait_for_cluster};
+use rbac_common::{Permission, granted_permissions};
 use serde::Deserialize as _;
 use serde::de::DeserializeOwned;
 
@@ -154,42 +156,16 @@ fn the_one<K: DeserializeOwned>(file: &str, kind: &str) -> K {
     objects.remove(0)
 }
 
-/// Each (group, resource, verb, resource name or "") that `rules` grant.
-fn permissions(rules: &[PolicyRule]) -> BTreeSet<(String, String, String, String)> {
-    let mut granted = BTreeSet::new();
-    for rule in rules {
-        let names = rule.resource_names.clone().unwrap_or_default();
-        let names = if names.is_empty() {
-            vec![String::new()]
-        } else {
-            names
-        };
-        for group in rule.api_groups.iter().flatten() {
-            for resource in rule.resources.iter().flatten() {
-                for verb in &rule.verbs {
-                    for name in &names {
-                        granted.insert((
-                            group.clone(),
-                            resource.clone(),
-                            verb.clone(),
-                            name.clone(),
-                        ));
-                    }
-                }
-            }
-        }
-    }
-    granted
-}
-
 #[test]
 fn the_namespaced_install_grants_the_cluster_wide_rules_split_by_scope() {
-    let cluster_wide: ClusterRole = the_one("rbac.yaml", "ClusterRole");
-    let in_namespace: Role = the_one("namespaced/watched-namespace.yaml", "Role");
-    let cluster_scope: ClusterRole = the_one("namespaced/cluster-scope.yaml", "ClusterRole");
-    let all = permissions(cluster_wide.rules.as_deref().unwrap_or_default());
-    let namespaced = permissions(in_namespace.rules.as_deref().unwrap_or_default());
-    let cluster_scoped = permissions(cluster_scope.rules.as_deref().unwrap_or_default());
+    let granted = |file: &str| -> BTreeSet<Permission> {
+        let path = format!("{}/deploy/{file}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        granted_permissions(&text).into_keys().collect()
+    };
+    let all = granted("rbac.yaml");
+    let namespaced = granted("namespaced/watched-namespace.yaml");
+    let cluster_scoped = granted("namespaced/cluster-scope.yaml");
     // tests/rbac_calls.rs shows that the cluster-wide rules are exactly what the manager calls.
     assert_eq!(
         namespaced
@@ -205,13 +181,13 @@ fn the_namespaced_install_grants_the_cluster_wide_rules_split_by_scope() {
         "customresourcedefinitions",
         "mutatingwebhookconfigurations",
     ];
-    for (_, resource, _, _) in &cluster_scoped {
+    for Permission { resource, .. } in &cluster_scoped {
         assert!(
             CLUSTER_SCOPED.contains(&resource.as_str()),
             "{resource} is not cluster-scoped: it belongs in the Role"
         );
     }
-    for (_, resource, _, _) in &namespaced {
+    for Permission { resource, .. } in &namespaced {
         assert!(
             !CLUSTER_SCOPED.contains(&resource.as_str()),
             "{resource} is cluster-scoped: a Role cannot grant it"

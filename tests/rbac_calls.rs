@@ -19,6 +19,7 @@
 //! (group, resource, verb), was used, save those in [`NOT_REACHED`].
 
 mod manager_common;
+mod rbac_common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -32,7 +33,6 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, Resource};
 use manager_common::Manager;
@@ -44,7 +44,7 @@ use pgkube_testkit::{
     create_s3_secret, describe_restore, install_crds, put_object, restore_of_backup,
     restore_reason, test_storage, testbed, wait_backup_ended, wait_restore_ended, wait_until,
 };
-use serde::Deserialize as _;
+use rbac_common::{Permission, granted_permissions};
 
 const DEPLOY_NAMESPACE: &str = "pgkube-system";
 const SERVICE_ACCOUNT: &str = "system:serviceaccount:pgkube-system:pgkube";
@@ -113,49 +113,6 @@ const NOT_REACHED: &[(&str, &str, &str, &str, &str)] = &[
 /// The Secret of the webhook's managed certificate, as deploy/ names it.
 const WEBHOOK_SECRET: &str = "pgkube-webhook-cert";
 
-/// What RBAC authorizes: a verb on a resource (with its subresource) of an API group.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Permission {
-    group: String,
-    resource: String,
-    verb: String,
-    /// The one object it is for (a rule's `resourceNames`), or any.
-    name: Option<String>,
-}
-
-impl Permission {
-    fn new(group: &str, resource: &str, verb: &str) -> Permission {
-        Permission {
-            group: group.to_owned(),
-            resource: resource.to_owned(),
-            verb: verb.to_owned(),
-            name: None,
-        }
-    }
-
-    fn named(self, name: &str) -> Permission {
-        Permission {
-            name: Some(name.to_owned()),
-            ..self
-        }
-    }
-}
-
-impl fmt::Display for Permission {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let group = if self.group.is_empty() {
-            "core"
-        } else {
-            &self.group
-        };
-        write!(f, "{} {} ({group})", self.verb, self.resource)?;
-        match &self.name {
-            Some(name) => write!(f, " named {name}"),
-            None => Ok(()),
-        }
-    }
-}
-
 /// One audited request of the manager.
 #[derive(Clone, Debug)]
 struct Call {
@@ -192,60 +149,6 @@ impl Call {
             })
             .collect()
     }
-}
-
-/// Every (group, resource, verb[, name]) the Roles and ClusterRoles of a multi-document YAML
-/// grant, with the role that grants it. Wildcards and non-resource URLs are refused: an exact
-/// policy has none.
-fn granted_permissions(yaml: &str) -> BTreeMap<Permission, String> {
-    let mut granted = BTreeMap::new();
-    for document in serde_yaml::Deserializer::from_str(yaml) {
-        let value = serde_yaml::Value::deserialize(document).expect("deploy/rbac.yaml parses");
-        let kind = value["kind"].as_str().unwrap_or_default();
-        if kind != "Role" && kind != "ClusterRole" {
-            continue;
-        }
-        let role = format!(
-            "{kind} {}",
-            value["metadata"]["name"].as_str().unwrap_or("?")
-        );
-        let rules: Vec<PolicyRule> =
-            serde_yaml::from_value(value["rules"].clone()).expect("rules are PolicyRules");
-        for rule in &rules {
-            for permission in expand(rule, &role) {
-                granted.insert(permission, role.clone());
-            }
-        }
-    }
-    granted
-}
-
-fn expand(rule: &PolicyRule, role: &str) -> Vec<Permission> {
-    assert!(
-        rule.non_resource_urls.is_none(),
-        "{role}: a rule with nonResourceURLs: {rule:?}"
-    );
-    let names = rule.resource_names.clone().unwrap_or_default();
-    let groups = rule.api_groups.clone().unwrap_or_default();
-    let resources = rule.resources.clone().unwrap_or_default();
-    let mut permissions = Vec::new();
-    for group in &groups {
-        for resource in &resources {
-            for verb in &rule.verbs {
-                assert!(
-                    ![group, resource, verb].contains(&&"*".to_owned()),
-                    "{role}: a wildcard in {rule:?}"
-                );
-                let permission = Permission::new(group, resource, verb);
-                if names.is_empty() {
-                    permissions.push(permission);
-                } else {
-                    permissions.extend(names.iter().map(|name| permission.clone().named(name)));
-                }
-            }
-        }
-    }
-    permissions
 }
 
 /// The JWT id (`jti`) of a ServiceAccount token: the audit log's credential id is `JTI=<jti>`.
