@@ -75,9 +75,10 @@ pub struct PostgreSQLClusterSpec {
     /// PostgreSQL server settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub postgresql: Option<PostgreSQLSettings>,
-    /// Start the new cluster from a backup: once its primary is up, the backup is restored
-    /// into it (replacing the databases it contains), and the cluster becomes Ready only after
-    /// the restore succeeded. Immutable: it can only be set at creation.
+    /// How the new cluster starts: an empty database with an application role and database
+    /// (`initdb`, the default when unset), or a backup: once its primary is up, the backup is
+    /// restored into it (replacing the databases it contains), and the cluster becomes Ready
+    /// only after the restore succeeded. Immutable: it can only be set at creation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<Bootstrap>,
     /// Whether the superuser `postgres` may log in over the network with its password (from
@@ -231,9 +232,10 @@ impl InstanceSpread {
 pub const ONE_ANTI_AFFINITY_RULE: &str = "!has(self.spread) || !has(self.spread.nodeAntiAffinity) || !has(self.affinity) || !has(self.affinity.podAntiAffinity)";
 pub const ONE_ANTI_AFFINITY_MESSAGE: &str = "spread.nodeAntiAffinity cannot be set with affinity.podAntiAffinity: the pod anti-affinity given replaces the default one, so set only one of them";
 
-/// The backup a new cluster starts from: a PostgreSQLBackup, or a backup given by its storage
-/// and manifest key (for example one made by another Kubernetes cluster), restored logically;
-/// or a point-in-time recovery from a physical backup and the WAL archive.
+/// How a new cluster starts: initdb, with the application role and database it names; or a
+/// backup: a PostgreSQLBackup, or a backup given by its storage and manifest key (for example
+/// one made by another Kubernetes cluster), restored logically; or a point-in-time recovery
+/// from a physical backup and the WAL archive.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new(BOOTSTRAP_ONE_OF_RULE).message(BOOTSTRAP_ONE_OF_MESSAGE))]
