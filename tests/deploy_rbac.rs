@@ -39,50 +39,46 @@ fn kubectl_ok(env: &TestEnv, args: &[&str]) -> String {
     String::from_utf8(output.stdout).expect("kubectl prints UTF-8")
 }
 
-#[tokio::test]
-async fn the_manager_runs_with_only_the_rights_of_deploy_rbac() {
-    let Some(env) = testbed() else { return };
-    let client = env.kube_client().await;
-    install_crds(&client).await;
-    let root = env!("CARGO_MANIFEST_DIR");
-    for file in [
-        "manager/namespace.yaml",
-        "manager/service-account.yaml",
-        "rbac.yaml",
-    ] {
-        kubectl_ok(&env, &["apply", "-f", &format!("{root}/deploy/{file}")]);
-    }
-    let token = kubectl_ok(&env, &["create", "token", "pgkube", "-n", DEPLOY_NAMESPACE]);
-    let dir = std::env::temp_dir().join(format!("pgkube-rbac-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+/// A manager that authenticates as ServiceAccount `pgkube` of `account_namespace` (a new
+/// token, in a kubeconfig under `dir`), watches `watched` and takes Lease `lease_id` there.
+fn start_manager_as_pgkube(
+    env: &TestEnv,
+    name: &str,
+    dir: &std::path::Path,
+    account_namespace: &str,
+    watched: &str,
+    lease_id: &str,
+) -> Manager {
+    let token = kubectl_ok(env, &["create", "token", "pgkube", "-n", account_namespace]);
+    std::fs::create_dir_all(dir).expect("temp dir");
     let kubeconfig = dir.join("kubeconfig");
     std::fs::write(&kubeconfig, env.kubeconfig_with_token(token.trim()))
         .expect("kubeconfig written");
-
-    let namespace = TestNamespace::create(&client, "deploy-rbac").await;
-    let lease_id = format!("pgkube-rbac-{}", std::process::id());
-    let mut manager = Manager::start_with_env(
-        &env,
-        "manager-rbac",
+    Manager::start_with_env(
+        env,
+        name,
         &[
             "--watch-namespaces",
-            namespace.name(),
+            watched,
             "--leader-elect",
             "--leader-elect-namespace",
-            DEPLOY_NAMESPACE,
+            account_namespace,
             "--leader-elect-id",
-            &lease_id,
+            lease_id,
         ],
         &[("KUBECONFIG", kubeconfig.to_str().expect("UTF-8 path"))],
-    );
+    )
+}
 
-    let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), namespace.name());
+/// Creates a 2-replica cluster in `namespace` and waits until both pods are ready and reported
+/// (unreachable instance managers): every step ran, the status write included, and the manager
+/// was refused nothing.
+async fn a_cluster_comes_up_unrefused(client: &kube::Client, manager: &Manager, namespace: &str) {
+    let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), namespace);
     create_cluster(&clusters, "rbac", 2).await;
-    // Both pods ready and reported (unreachable instance managers): every step ran, the status
-    // write included.
     let reached = wait_for_cluster(
-        &client,
-        namespace.name(),
+        client,
+        namespace,
         "rbac",
         "2 ready replicas, both instances reported",
         RUNNING_TIMEOUT,
@@ -100,6 +96,33 @@ async fn the_manager_runs_with_only_the_rights_of_deploy_rbac() {
         !output.to_lowercase().contains("forbidden"),
         "the manager was refused something:\n{output}"
     );
+}
+
+#[tokio::test]
+async fn the_manager_runs_with_only_the_rights_of_deploy_rbac() {
+    let Some(env) = testbed() else { return };
+    let client = env.kube_client().await;
+    install_crds(&client).await;
+    let root = env!("CARGO_MANIFEST_DIR");
+    for file in [
+        "manager/namespace.yaml",
+        "manager/service-account.yaml",
+        "rbac.yaml",
+    ] {
+        kubectl_ok(&env, &["apply", "-f", &format!("{root}/deploy/{file}")]);
+    }
+    let dir = std::env::temp_dir().join(format!("pgkube-rbac-{}", std::process::id()));
+    let namespace = TestNamespace::create(&client, "deploy-rbac").await;
+    let lease_id = format!("pgkube-rbac-{}", std::process::id());
+    let mut manager = start_manager_as_pgkube(
+        &env,
+        "manager-rbac",
+        &dir,
+        DEPLOY_NAMESPACE,
+        namespace.name(),
+        &lease_id,
+    );
+    a_cluster_comes_up_unrefused(&client, &manager, namespace.name()).await;
     let service_account = format!("system:serviceaccount:{DEPLOY_NAMESPACE}:pgkube");
     for (verb, resource) in [
         ("patch", "pods"),
@@ -297,49 +320,16 @@ async fn the_manager_runs_with_only_a_role_in_the_namespace_it_watches() {
         .create(&PostParams::default(), &policy)
         .await
         .expect("the manager's NetworkPolicy");
-    let token = kubectl_ok(&env, &["create", "token", "pgkube", "-n", deploy.name()]);
     let dir = std::env::temp_dir().join(format!("pgkube-ns-rbac-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(&kubeconfig, env.kubeconfig_with_token(token.trim()))
-        .expect("kubeconfig written");
-    let mut manager = Manager::start_with_env(
+    let mut manager = start_manager_as_pgkube(
         &env,
         "manager-ns-rbac",
-        &[
-            "--watch-namespaces",
-            watched.name(),
-            "--leader-elect",
-            "--leader-elect-namespace",
-            deploy.name(),
-            "--leader-elect-id",
-            "pgkube-leader",
-        ],
-        &[("KUBECONFIG", kubeconfig.to_str().expect("UTF-8 path"))],
-    );
-
-    let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), watched.name());
-    create_cluster(&clusters, "rbac", 2).await;
-    let reached = wait_for_cluster(
-        &client,
+        &dir,
+        deploy.name(),
         watched.name(),
-        "rbac",
-        "2 ready replicas, both instances reported",
-        RUNNING_TIMEOUT,
-        |cluster| {
-            cluster
-                .status
-                .as_ref()
-                .is_some_and(|s| s.ready_replicas == 2 && s.instances.len() == 2)
-        },
-    )
-    .await;
-    let output = manager.output().join("\n");
-    reached.unwrap_or_else(|error| panic!("{error}\nmanager output:\n{output}"));
-    assert!(
-        !output.to_lowercase().contains("forbidden"),
-        "the manager was refused something:\n{output}"
+        "pgkube-leader",
     );
+    a_cluster_comes_up_unrefused(&client, &manager, watched.name()).await;
     // Its rights end at the namespace it watches.
     let account = format!("system:serviceaccount:{}:pgkube", deploy.name());
     let can = |verb: &str, resource: &str, scope: &[&str]| {

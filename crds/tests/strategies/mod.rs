@@ -394,6 +394,12 @@ pub fn primary_update_strategy() -> impl Strategy<Value = Option<PrimaryUpdateSt
     ]))
 }
 
+/// An application database and owner (the same type in both versions).
+pub fn initdb() -> impl Strategy<Value = pgkube_crds::Initdb> {
+    ("[a-z_][a-z0-9_]{0,8}", "[a-z_][a-z0-9_]{0,8}")
+        .prop_map(|(database, owner)| pgkube_crds::Initdb { database, owner })
+}
+
 /// NetworkPolicy settings (the same type in both versions): peers by namespace label or by
 /// address block.
 pub fn network_policy() -> impl Strategy<Value = pgkube_crds::NetworkPolicySettings> {

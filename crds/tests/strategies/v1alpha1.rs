@@ -90,13 +90,11 @@ fn bootstrap() -> BoxedStrategy<Bootstrap> {
             recovery: Some(recovery),
             initdb: None,
         }),
-        ("[a-z_][a-z0-9_]{0,8}", "[a-z_][a-z0-9_]{0,8}").prop_map(|(database, owner)| {
-            Bootstrap {
-                backup: None,
-                source: None,
-                recovery: None,
-                initdb: Some(pgkube_crds::Initdb { database, owner }),
-            }
+        initdb().prop_map(|initdb| Bootstrap {
+            backup: None,
+            source: None,
+            recovery: None,
+            initdb: Some(initdb),
         }),
     ]
     .boxed()
