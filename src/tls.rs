@@ -5,6 +5,11 @@
 //!
 //! The copy is needed because both refuse a private key that anyone but its owner may read,
 //! while a kubelet's volume files belong to root with the pod's group, or to another user.
+//!
+//! [`serving`] is the other side: a server certificate read from files and read again when they
+//! change, for the servers pgkube runs itself over rustls.
+
+pub mod serving;
 
 use std::fs;
 use std::io::{self, Write};

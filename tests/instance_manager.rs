@@ -203,6 +203,21 @@ async fn control_needs_the_mounted_token() {
         let (code, body) = post(instance, "/control/follow", Some(TOKEN), bad).await;
         assert_eq!(code, 400, "{bad}: {body}");
     }
+    // A primary outside the cluster, by host or by name, is never followed.
+    for elsewhere in [
+        r#"{"primary":"it-1","primaryHost":"192.0.2.10"}"#,
+        r#"{"primary":"other-1","primaryHost":"127.0.0.2"}"#,
+        r#"{"primary":"it-x","primaryHost":"127.0.0.2"}"#,
+    ] {
+        let (code, body) = post(instance, "/control/follow", Some(TOKEN), elsewhere).await;
+        assert_eq!(code, 400, "{elsewhere}: {body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .is_some_and(|text| text.contains("not an instance of this cluster")),
+            "{body}"
+        );
+    }
     // No token mounted: control is disabled.
     std::fs::remove_file(instance.dir.join("control/token")).expect("token removed");
     let (code, body) = post(instance, "/control/promote", Some(TOKEN), "{}").await;

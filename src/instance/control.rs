@@ -128,6 +128,8 @@ fn term_of(headers: &HeaderMap) -> Result<i64, (StatusCode, &'static str)> {
 #[derive(Debug)]
 pub struct Control {
     pub token_file: PathBuf,
+    /// The operator's `instance.json`, which names the cluster's instances and their hosts.
+    pub topology_file: PathBuf,
     pub pod: String,
     pub requests: mpsc::Sender<Order>,
 }
@@ -198,6 +200,9 @@ pub async fn follow(control: &Control, headers: &HeaderMap, body: &[u8]) -> Resp
             "an instance cannot follow itself; /control/promote makes it the primary",
         );
     }
+    if let Err((code, why)) = check_same_cluster(&control.topology_file, &body) {
+        return message(code, &why);
+    }
     let target = Target {
         pod: body.primary,
         host: body.primary_host,
@@ -214,6 +219,30 @@ pub async fn follow(control: &Control, headers: &HeaderMap, body: &[u8]) -> Resp
             "the instance manager is busy",
         ),
     }
+}
+
+/// Refuses a primary that is not an instance of this cluster at its host name: whoever holds
+/// the token cannot point a standby (and its replication credentials) at a server of theirs.
+fn check_same_cluster(topology_file: &Path, body: &FollowBody) -> Result<(), (StatusCode, String)> {
+    let topology = std::fs::read_to_string(topology_file)
+        .map_err(|error| error.to_string())
+        .and_then(|text| {
+            super::desired::Topology::parse(&text, topology_file).map_err(|e| e.to_string())
+        })
+        .map_err(|why| {
+            let why = format!("cannot tell this cluster's instances: {why}");
+            (StatusCode::SERVICE_UNAVAILABLE, why)
+        })?;
+    if topology.is_instance_host(&body.primary, &body.primary_host) {
+        return Ok(());
+    }
+    Err((
+        StatusCode::BAD_REQUEST,
+        format!(
+            "{} at {} is not an instance of this cluster: only its own instances are followed",
+            body.primary, body.primary_host
+        ),
+    ))
 }
 
 /// Whether the request carries the mounted token; the code and message to answer when not.

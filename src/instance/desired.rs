@@ -155,6 +155,18 @@ impl Topology {
         (0..self.replicas).map(|ordinal| format!("{}-{ordinal}", self.statefulset))
     }
 
+    /// Whether `pod` is named as this cluster's instances are (`<statefulset>-<ordinal>`, of any
+    /// ordinal: the instance count read here may lag a scale-up) and `host` is its host name.
+    pub fn is_instance_host(&self, pod: &str, host: &str) -> bool {
+        let sibling = pod
+            .strip_prefix(self.statefulset.as_str())
+            .and_then(|rest| rest.strip_prefix('-'))
+            .is_some_and(|ordinal| {
+                !ordinal.is_empty() && ordinal.bytes().all(|byte| byte.is_ascii_digit())
+            });
+        sibling && self.host_of(pod).as_deref() == Some(host)
+    }
+
     /// The host name of instance `pod`: from [`Self::hosts`], else derived from the primary's
     /// (`<primary>.<headless service>.<namespace>.svc` becomes `<pod>.<...>`).
     pub fn host_of(&self, pod: &str) -> Option<String> {
@@ -294,6 +306,24 @@ mod tests {
             topology.slots_kept_by(&topology.primary),
             ["pgkube_db_postgresql_0", "pgkube_db_postgresql_2"]
         );
+    }
+
+    #[test]
+    fn only_the_clusters_own_instances_at_their_hosts_are_instance_hosts() {
+        let topology = topology(
+            r#"{"primary":"db-postgresql-1","primaryHost":"db-postgresql-1.db-postgresql-headless.ns.svc",
+                "port":5432,"replicas":2,"statefulset":"db-postgresql"}"#,
+        )
+        .expect("valid");
+        let host = |pod: &str| format!("{pod}.db-postgresql-headless.ns.svc");
+        assert!(topology.is_instance_host("db-postgresql-0", &host("db-postgresql-0")));
+        // Beyond the instance count read here: a scale-up the ConfigMap does not show yet.
+        assert!(topology.is_instance_host("db-postgresql-7", &host("db-postgresql-7")));
+        assert!(!topology.is_instance_host("db-postgresql-0", "evil.example.com"));
+        assert!(!topology.is_instance_host("db-postgresql-0", &host("db-postgresql-1")));
+        assert!(!topology.is_instance_host("other-0", &host("other-0")));
+        assert!(!topology.is_instance_host("db-postgresql-", &host("db-postgresql-")));
+        assert!(!topology.is_instance_host("db-postgresql-x", &host("db-postgresql-x")));
     }
 
     #[test]

@@ -14,9 +14,28 @@
 //! - `POST /control/promote`, `POST /control/follow`: the operator's orders ([`super::control`]).
 //! - `POST /control/upgrade`: a new instance manager binary ([`super::handover`]).
 //!
+//! One port serves plain HTTP and TLS ([`listener`]: the first byte of a connection tells),
+//! TLS with the pod's server certificate (the copy in the TLS runtime directory, read again
+//! when renewed). Who may read what ([`access`]):
+//!
+//! - `/healthz`, `/readyz`, `/metrics`: anyone, plain or TLS, without a token (the kubelet's
+//!   probes and scrapers stay plain HTTP).
+//! - In a pod with certificates (`ca.crt` mounted): `/status` and `/control/*` over TLS only,
+//!   403 over plain HTTP; `/status` then needs the control token as `/control/*` do (401 without
+//!   it or with another, 403 when none is mounted).
+//! - In a pod without certificates (a cluster without TLS): everything plain, `/status` without
+//!   a token, as before.
+//!
 //! No Service exposes the port: it is reached at the pod's address, from inside the cluster.
 
+mod access;
+mod listener;
+pub(super) mod peer;
+#[cfg(test)]
+mod tls_tests;
+
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -199,6 +218,15 @@ struct Shared {
     control: Arc<Control>,
     archiver: Arc<Archiver>,
     binary: Arc<ManagerBinary>,
+    /// The mounted certificates: the pod has some when `ca.crt` is there.
+    tls_dir: Arc<PathBuf>,
+}
+
+/// The pod's certificates: where they are mounted, and where the manager copies them (the
+/// server's `tls.crt` and `tls.key` are served from there).
+pub struct EndpointTls {
+    pub mounted: PathBuf,
+    pub runtime: PathBuf,
 }
 
 /// Serves the endpoint on `address` until the task is dropped.
@@ -208,6 +236,7 @@ pub async fn serve(
     control: Control,
     archiver: Arc<Archiver>,
     binary: Arc<ManagerBinary>,
+    tls: EndpointTls,
 ) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(address).await?;
     tracing::info!(%address, "status endpoint listening");
@@ -216,8 +245,11 @@ pub async fn serve(
         control: Arc::new(control),
         archiver,
         binary,
+        tls_dir: Arc::new(tls.mounted),
     };
-    axum::serve(listener, router(shared)).await
+    let certificates = crate::tls::serving::CertificateFiles::new(&tls.runtime);
+    listener::serve(listener, router(shared), Arc::new(certificates)).await;
+    Ok(())
 }
 
 fn router(shared: Shared) -> Router {
@@ -233,6 +265,10 @@ fn router(shared: Shared) -> Router {
             // The body is a binary, streamed to a file with a limit of its own.
             post(upgrade).layer(DefaultBodyLimit::disable()),
         )
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            access::guard,
+        ))
         .with_state(shared)
 }
 

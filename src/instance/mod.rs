@@ -206,6 +206,7 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
     let (requests, orders) = tokio::sync::mpsc::channel(control::QUEUE);
     let control = control::Control {
         token_file: args.control_dir.join("token"),
+        topology_file: args.config_dir.join(desired::INSTANCE_JSON),
         pod: args.pod_name.clone(),
         requests,
     };
@@ -216,6 +217,10 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         control,
         archiver.clone(),
         binary.clone(),
+        endpoint::EndpointTls {
+            mounted: args.tls_dir.clone(),
+            runtime: args.tls_runtime_dir.clone(),
+        },
     ));
     let sources = Sources {
         config_dir: args.config_dir.clone(),

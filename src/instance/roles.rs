@@ -26,6 +26,7 @@ use super::control::Target;
 use super::datadir::{self, DataState, Role, StartPlan};
 use super::desired::slot_name;
 use super::endpoint::InstanceStatus;
+use super::endpoint::peer::PeerStatus;
 use super::ha::{self, Rejoin, Wait};
 use super::identity;
 use super::server::{Server, Shutdown};
@@ -263,10 +264,15 @@ impl Instance {
     }
 
     /// The other instances that answer `GET /status`, with their answers (each asked for at
-    /// most [`PEER_TIMEOUT`]).
+    /// most [`PEER_TIMEOUT`]; over TLS with the control token when this pod has certificates,
+    /// as theirs then require: [`PeerStatus`]).
     pub(super) async fn peer_statuses(&self) -> Vec<(Target, String)> {
-        let Ok(client) = reqwest::Client::builder().timeout(PEER_TIMEOUT).build() else {
-            tracing::warn!("cannot make an HTTP client");
+        let Some(client) = PeerStatus::new(
+            &self.args.tls_dir,
+            &self.args.control_dir.join("token"),
+            self.args.status_port,
+            PEER_TIMEOUT,
+        ) else {
             return Vec::new();
         };
         let topology = &self.applied.topology;
@@ -279,12 +285,8 @@ impl Instance {
                 tracing::warn!(%pod, "cannot tell this instance's host; not asking it");
                 continue;
             };
-            let url = format!("http://{host}:{}/status", self.args.status_port);
-            match client.get(&url).send().await {
-                Ok(response) => {
-                    let body = response.text().await.unwrap_or_default();
-                    answers.push((Target { pod, host }, body));
-                }
+            match client.get(&host).await {
+                Ok(body) => answers.push((Target { pod, host }, body)),
                 Err(error) => tracing::info!(%pod, %error, "no status from this instance"),
             }
         }

@@ -191,7 +191,8 @@ async fn start_webhook(
         );
         return Ok(());
     }
-    let certificates = webhook::CertificateFiles::load(cert_dir)?;
+    let certificates =
+        webhook::CertificateFiles::load(cert_dir).map_err(webhook::WebhookError::from)?;
     let router = webhook::router(args.webhook_max_body_bytes);
     webhook::serve_tls(address, router, certificates, stop.clone()).await?;
     Ok(())

@@ -13,12 +13,10 @@ pub mod certificates;
 pub mod managed;
 pub mod serve;
 
+pub use pgkube::tls::serving::CertificateFiles;
 pub use serve::serve_tls;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -27,10 +25,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use kube::core::Status;
 use kube::core::conversion::{ConversionRequest, ConversionResponse, ConversionReview};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::{ClientHello, ResolvesServerCert};
-use rustls::sign::CertifiedKey;
 
 /// The path the CRDs' conversion stanza names.
 pub const CONVERT_PATH: &str = "/convert";
@@ -47,7 +41,7 @@ pub enum WebhookError {
         error: std::io::Error,
     },
     #[error("the webhook's certificate: {0}")]
-    Certificate(String),
+    Certificate(#[from] pgkube::tls::serving::CertificateError),
 }
 
 /// The router of [`CONVERT_PATH`] and [`pgkube_crds::ADMISSION_PATH`], with bodies of at most
@@ -132,98 +126,13 @@ fn describe(object: &serde_json::Value) -> String {
     )
 }
 
-/// The serving certificate, read from `tls.crt` and `tls.key` in a directory and read again
-/// when either file changes.
-#[derive(Debug)]
-pub struct CertificateFiles {
-    directory: PathBuf,
-    loaded: Mutex<Option<Loaded>>,
-}
-
-#[derive(Debug)]
-struct Loaded {
-    modified: (SystemTime, SystemTime),
-    key: Arc<CertifiedKey>,
-}
-
-impl CertificateFiles {
-    /// Reads the certificate in `directory` now, so that a missing or bad one stops the start.
-    pub fn load(directory: &Path) -> Result<Self, WebhookError> {
-        let files = Self {
-            directory: directory.to_owned(),
-            loaded: Mutex::new(None),
-        };
-        files.current()?;
-        Ok(files)
-    }
-
-    fn path(&self, file: &str) -> PathBuf {
-        self.directory.join(file)
-    }
-
-    /// The certificate as the files are now.
-    fn current(&self) -> Result<Arc<CertifiedKey>, WebhookError> {
-        let modified = (self.modified("tls.crt")?, self.modified("tls.key")?);
-        let mut loaded = self
-            .loaded
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(loaded) = loaded.as_ref().filter(|l| l.modified == modified) {
-            return Ok(loaded.key.clone());
-        }
-        let key = Arc::new(self.read()?);
-        if loaded.is_some() {
-            tracing::info!(directory = %self.directory.display(), "serving a new webhook certificate");
-        }
-        *loaded = Some(Loaded {
-            modified,
-            key: key.clone(),
-        });
-        Ok(key)
-    }
-
-    fn modified(&self, file: &str) -> Result<SystemTime, WebhookError> {
-        let path = self.path(file);
-        std::fs::metadata(&path)
-            .and_then(|m| m.modified())
-            .map_err(|error| WebhookError::Certificate(format!("{}: {error}", path.display())))
-    }
-
-    fn read(&self) -> Result<CertifiedKey, WebhookError> {
-        let (crt, key) = (self.path("tls.crt"), self.path("tls.key"));
-        let problem = |path: &Path, error: &dyn std::fmt::Display| {
-            WebhookError::Certificate(format!("{}: {error}", path.display()))
-        };
-        let chain = CertificateDer::pem_file_iter(&crt)
-            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-            .map_err(|error| problem(&crt, &error))?;
-        if chain.is_empty() {
-            return Err(problem(&crt, &"no certificate in the file"));
-        }
-        let private = PrivateKeyDer::from_pem_file(&key).map_err(|error| problem(&key, &error))?;
-        let provider = rustls::crypto::CryptoProvider::get_default()
-            .cloned()
-            .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()));
-        CertifiedKey::from_der(chain, private, &provider).map_err(|error| problem(&key, &error))
-    }
-}
-
-impl ResolvesServerCert for CertificateFiles {
-    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        match self.current() {
-            Ok(key) => Some(key),
-            Err(error) => {
-                tracing::error!(%error, "no webhook certificate to serve");
-                None
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustls::pki_types::CertificateDer;
     use serde_json::json;
+    use std::path::Path;
+    use std::sync::Arc;
     use tokio::net::TcpStream;
     use tokio_util::sync::CancellationToken;
 
@@ -397,11 +306,12 @@ mod tests {
     fn a_missing_or_unreadable_certificate_is_a_clear_error() {
         let dir = std::env::temp_dir().join(format!("pgkube-webhook-bad-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
-        let missing = CertificateFiles::load(&dir).expect_err("no files");
+        let load = |dir: &Path| CertificateFiles::load(dir).map_err(WebhookError::from);
+        let missing = load(&dir).expect_err("no files");
         assert!(missing.to_string().contains("tls.crt"), "{missing}");
         std::fs::write(dir.join("tls.crt"), "not a certificate").expect("write");
         std::fs::write(dir.join("tls.key"), "not a key").expect("write");
-        let unreadable = CertificateFiles::load(&dir).expect_err("bad files");
+        let unreadable = load(&dir).expect_err("bad files");
         assert!(
             unreadable
                 .to_string()
