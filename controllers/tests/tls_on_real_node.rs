@@ -1,19 +1,23 @@
 //! TLS on the test bed's real node: a two-instance cluster refuses a connection without TLS,
 //! serves `verify-full` clients through `-rw` with a certificate from its own CA (and fails one
 //! that expects another name), streams to its replica over TLS with the replication role's
-//! client certificate, and renews its certificates, here valid for 45 s, while clients keep
+//! client certificate, answers `/status` on its instance managers' port only over TLS and to the
+//! control token, and renews its certificates, here valid for 45 s, while clients keep
 //! connecting and no server restarts.
 
 mod common;
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::Running;
 use k8s_openapi::api::core::v1::Secret;
+use pgkube_controllers::cluster::build::STATUS_PORT;
 use pgkube_testkit::tokio_postgres::{self, NoTls};
 use pgkube_testkit::{
-    TestCluster, served_certificate, server_tls_secret_name, verify_full, wait_until,
+    TestCluster, served_certificate, server_tls_secret_name, status_port_answer, verify_full,
+    wait_until,
 };
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
@@ -76,6 +80,8 @@ async fn a_cluster_speaks_tls_only_replicates_with_certificates_and_renews_them_
         elsewhere.is_err(),
         "the certificate does not cover another name"
     );
+
+    status_port_is_tls_and_token_only(&running, &cluster, &ca).await;
 
     wait_until(
         "the replica streams over TLS with the replication role's certificate",
@@ -141,6 +147,42 @@ async fn a_cluster_speaks_tls_only_replicates_with_certificates_and_renews_them_
     .await
     .expect("replication after the renewal");
     running.stop().await;
+}
+
+/// Each pod's status port: `/status` refused in plain HTTP (403), and over TLS (the pod's
+/// certificate verified against the cluster's CA) refused without the control token (401),
+/// answered with it.
+async fn status_port_is_tls_and_token_only(running: &Running, cluster: &TestCluster, ca: &str) {
+    let secrets = running.api::<Secret>();
+    let control = secrets
+        .get("tls-postgresql-control")
+        .await
+        .expect("the control Secret");
+    let token = control
+        .data
+        .as_ref()
+        .and_then(|data| data.get("token"))
+        .map(|token| String::from_utf8_lossy(&token.0).into_owned())
+        .expect("a token");
+    for pod in cluster.pods().await.expect("pods") {
+        let address = SocketAddr::new(pod.address.expect("an address"), STATUS_PORT);
+        let host = format!(
+            "{}.tls-postgresql-headless.{}.svc",
+            pod.name,
+            cluster.namespace()
+        );
+        let tls = Some((host.as_str(), ca));
+        let answers = (
+            status_port_answer(address, None, None)
+                .await
+                .expect("plain"),
+            status_port_answer(address, tls, None).await.expect("TLS"),
+            status_port_answer(address, tls, Some(&token))
+                .await
+                .expect("TLS"),
+        );
+        assert_eq!(answers, (403, 401, 200), "{}", pod.name);
+    }
 }
 
 /// Whether the primary's replication connection is TLS, authenticated as `streaming_replica`.

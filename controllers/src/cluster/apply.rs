@@ -115,7 +115,7 @@ async fn apply_children(
             Some(&application_credentials),
             live.application_credentials_exist,
         ),
-        (control_token.as_ref(), live.control_token_exists),
+        (Some(&control_token), live.control_token_exists),
     ] {
         if let Some(secret) = secret
             && !exists

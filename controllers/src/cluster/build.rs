@@ -191,10 +191,9 @@ pub struct DesiredChildren {
     /// Created once if missing, never updated: the application role's generated password.
     pub application_credentials: Secret,
     /// Created once if missing, never updated: the generated control token. Owned by the
-    /// cluster (it guards no data). Only with more than one replica: a single instance is
-    /// never switched over nor failed over, so it takes no commands (its pods mount the
-    /// Secret as optional, and a kubelet fills the volume once a scale-up makes it).
-    pub control_token: Option<Secret>,
+    /// cluster (it guards no data). Every cluster has one: the instance managers answer
+    /// `/status` only to its bearer.
+    pub control_token: Secret,
     /// Only with more than one replica; otherwise an existing one is deleted.
     pub pod_disruption_budget: Option<PodDisruptionBudget>,
     /// Unless turned off (`spec.networkPolicy.enabled`); otherwise an existing one is deleted.
@@ -273,8 +272,7 @@ pub fn build(cluster: &ValidatedCluster, input: &BuildInput<'_>) -> DesiredChild
             &names,
             input.application_password,
         ),
-        control_token: (cluster.replicas > 1)
-            .then(|| control_secret(cluster, &names, input.control_token)),
+        control_token: control_secret(cluster, &names, input.control_token),
         pod_disruption_budget: (cluster.replicas > 1)
             .then(|| pod_disruption_budget(cluster, &names)),
         network_policy: cluster.network_policy.as_ref().map(|postgres_from| {

@@ -188,15 +188,23 @@ pub struct Keeping<'a> {
     pub validity: Duration,
 }
 
+/// What [`ensure`] did.
+#[derive(Debug, Default)]
+pub struct Ensured {
+    /// How long until the next renewal.
+    pub next_renewal: Option<Duration>,
+    /// The certificate (PEM) of a CA made now.
+    pub new_ca: Option<String>,
+}
+
 /// Makes the cluster's certificates that are due: the CA if it is missing, then each due leaf
-/// of `leaves`, judged from the `live` Secrets' metadata. Returns how long until the next
-/// renewal.
+/// of `leaves`, judged from the `live` Secrets' metadata.
 pub async fn ensure(
     client: &kube::Client,
     keeping: &Keeping<'_>,
     leaves: &[Leaf],
     live: &LiveChildren,
-) -> Result<Option<Duration>, Error> {
+) -> Result<Ensured, Error> {
     let Keeping {
         namespace,
         metadata,
@@ -216,9 +224,12 @@ pub async fn ensure(
         .filter_map(|leaf| live_states.get(&leaf.secret).cloned())
         .collect();
     if due.is_empty() {
-        return Ok(next_renewal(&states, now.unix_timestamp()));
+        return Ok(Ensured {
+            next_renewal: next_renewal(&states, now.unix_timestamp()),
+            new_ca: None,
+        });
     }
-    let ca = cluster_ca(&api, metadata, ca_secret, live.ca_exists, now).await?;
+    let (ca, made) = cluster_ca(&api, metadata, ca_secret, live.ca_exists, now).await?;
     for leaf in due {
         let IssuedSecret { data, annotations } =
             issue(leaf, &ca, now, validity).map_err(|source| Error::Certificate {
@@ -230,29 +241,35 @@ pub async fn ensure(
         apply_secret(&api, &secret).await?;
         states.push(LeafState::from_annotations(&annotations));
     }
-    Ok(next_renewal(&states, now.unix_timestamp()))
+    Ok(Ensured {
+        next_renewal: next_renewal(&states, now.unix_timestamp()),
+        new_ca: made.then_some(ca.cert_pem),
+    })
 }
 
 /// The cluster's CA, read from its Secret, or made and stored if the cache knows none (one the
-/// cache has not seen yet makes the create fail, and that one is read instead).
+/// cache has not seen yet makes the create fail, and that one is read instead); and whether it
+/// was made now.
 async fn cluster_ca(
     api: &Api<Secret>,
     metadata: &ObjectMeta,
     name: &str,
     exists: bool,
     now: OffsetDateTime,
-) -> Result<Issued, Error> {
+) -> Result<(Issued, bool), Error> {
     let kube_error = |action, source| Error::Kube {
         action,
         kind: "Secret".to_owned(),
         name: name.to_owned(),
         source,
     };
+    let unreadable = || Error::CertificateAuthority {
+        secret: name.to_owned(),
+    };
     if exists {
         let secret = api.get(name).await.map_err(|e| kube_error("get", e))?;
-        return ca_from_secret(&secret).ok_or_else(|| Error::CertificateAuthority {
-            secret: name.to_owned(),
-        });
+        let ca = ca_from_secret(&secret).ok_or_else(unreadable)?;
+        return Ok((ca, false));
     }
     let common_name = format!(
         "pgkube CA {}/{}",
@@ -276,13 +293,12 @@ async fn cluster_ca(
         ..PostParams::default()
     };
     match api.create(&params, &secret).await {
-        Ok(_) => Ok(ca),
+        Ok(_) => Ok((ca, true)),
         // Made by a reconcile that raced with ours: sign with that one.
         Err(kube::Error::Api(status)) if status.is_already_exists() => {
             let secret = api.get(name).await.map_err(|e| kube_error("get", e))?;
-            ca_from_secret(&secret).ok_or_else(|| Error::CertificateAuthority {
-                secret: name.to_owned(),
-            })
+            let ca = ca_from_secret(&secret).ok_or_else(unreadable)?;
+            Ok((ca, false))
         }
         Err(source) => Err(kube_error("create", source)),
     }

@@ -41,6 +41,8 @@ pub struct ClusterContext {
     pub(super) echoes: Arc<echoes::StatusEchoes>,
     /// What recovering clusters recover, read from storage once each.
     pub(super) recovery_orders: super::recovery::Orders,
+    /// How each cluster's instance managers are reached over TLS.
+    pub(super) instance_access: super::instances::AccessCache,
 }
 
 impl ClusterContext {
@@ -58,6 +60,7 @@ impl ClusterContext {
             settled: settled::SettledClusters::default(),
             echoes: Arc::default(),
             recovery_orders: super::recovery::Orders::default(),
+            instance_access: super::instances::AccessCache::default(),
         }
     }
 

@@ -127,7 +127,7 @@ pub(super) async fn step(
     }
     let commands = failover::commands(&situation);
     if !commands.is_empty() {
-        let promoted = send_commands(context, cluster, names, &live.addresses, &commands)
+        let promoted = send_commands(context, cluster, names, live, &commands)
             .instrument(info_span!("commands", count = commands.len()))
             .await?;
         // A promotion answered: rw routes to the new primary now, not at the next look.
@@ -277,7 +277,7 @@ async fn send_commands(
     context: &ClusterContext,
     cluster: &PostgreSQLCluster,
     names: &ChildNames,
-    addresses: &std::collections::BTreeMap<String, std::net::IpAddr>,
+    live: &read::LiveChildren,
     commands: &[failover::Command],
 ) -> Result<Vec<String>, Error> {
     let mut promoted = Vec::new();
@@ -290,12 +290,13 @@ async fn send_commands(
     let term = failover::current_term(cluster.status.as_ref());
     for command in commands {
         let pod = command.pod();
-        let Some(ip) = addresses.get(pod) else {
+        let Some(ip) = live.addresses.get(pod) else {
             continue;
         };
         let address = instances::InstanceAddress {
             pod: pod.to_owned(),
             ip: *ip,
+            access: live.access.clone(),
         };
         let control = match command {
             failover::Command::Promote { .. } => instances::ControlCommand::Promote { term },

@@ -1,7 +1,8 @@
 //! Instances: what each PostgreSQL pod's instance manager (`pgkube instance run`, PID 1 of the
 //! container) reports about its server, read during the `read` step.
 //!
-//! Every pod with an address is asked `GET http://<pod IP>:8000/status` at once, each with a
+//! Every pod with an address is asked `GET /status` on port 8000 of its IP at once (over TLS
+//! with the cluster's token, see [`access`] and [`transport`]), each with a
 //! short timeout ([`STATUS_TIMEOUT`]), so a reconcile waits at most that long for them. The
 //! answer is an [`InstanceReport`]. A pod that cannot be asked, or does not answer as expected,
 //! is [`Unavailable`] for a reason from a short fixed list: the raw error only goes to the debug
@@ -19,16 +20,12 @@
 //! that never run (simulated nodes).
 
 use std::fmt;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures::future::BoxFuture;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use serde::{Deserialize, Deserializer};
@@ -37,8 +34,6 @@ use serde::{Deserialize, Deserializer};
 pub const STATUS_PORT: u16 = 8000;
 /// How long one instance may take to answer, connection included.
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
-/// Largest `/status` body read; a real one is a few hundred bytes.
-const MAX_BODY_BYTES: usize = 64 * 1024;
 /// The oldest report believed: a few of the instance manager's watch periods (2 s), above its
 /// longest tick (9 s). Its `/readyz` fails beyond the same age.
 pub const STALE_AFTER: Duration = Duration::from_secs(10);
@@ -167,6 +162,9 @@ pub enum Unavailable {
     BadAnswer,
     /// A report older than [`STALE_AFTER`]: the instance manager's supervisor hangs.
     Stale,
+    /// The instance manager refused the operator's token, or its certificate did not verify
+    /// against the cluster's CA.
+    Refused,
 }
 
 impl fmt::Display for Unavailable {
@@ -176,15 +174,18 @@ impl fmt::Display for Unavailable {
             Self::Unreachable => "instance manager unreachable",
             Self::BadAnswer => "unexpected answer from the instance manager",
             Self::Stale => "the instance manager's status is stale",
+            Self::Refused => "the instance manager and the operator do not trust each other",
         })
     }
 }
 
 /// Where to ask an instance manager.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct InstanceAddress {
     pub pod: String,
     pub ip: IpAddr,
+    /// How to reach it over TLS; none for a cluster without certificates.
+    pub access: Option<Arc<ClusterAccess>>,
 }
 
 /// How the controller reaches instance managers.
@@ -284,6 +285,8 @@ pub enum FetchError {
     BadAnswer(String),
     #[error("stale: {0}")]
     Stale(String),
+    #[error("refused: {0}")]
+    Refused(String),
 }
 
 impl FetchError {
@@ -292,184 +295,8 @@ impl FetchError {
             Self::Unreachable(_) => Unavailable::Unreachable,
             Self::BadAnswer(_) => Unavailable::BadAnswer,
             Self::Stale(_) => Unavailable::Stale,
+            Self::Refused(_) => Unavailable::Refused,
         }
-    }
-}
-
-/// The body of `/status`: the report, and its age when it was served.
-#[derive(Deserialize)]
-struct Served {
-    #[serde(flatten)]
-    report: InstanceReport,
-    #[serde(default, rename = "ageSeconds")]
-    age_seconds: Option<f64>,
-}
-
-impl Served {
-    /// The report, if it is not older than [`STALE_AFTER`]; one without an age is current.
-    fn current(self) -> Result<InstanceReport, FetchError> {
-        match self.age_seconds {
-            None => Ok(self.report),
-            Some(age) if !(age.is_finite() && age >= 0.0) => {
-                Err(FetchError::BadAnswer(format!("ageSeconds {age}")))
-            }
-            Some(age) if age > STALE_AFTER.as_secs_f64() => Err(FetchError::Stale(format!(
-                "a report {age} s old (more than {STALE_AFTER:?})"
-            ))),
-            Some(_) => Ok(self.report),
-        }
-    }
-}
-
-/// Asks instance managers over plain HTTP on [`STATUS_PORT`] (cluster-internal traffic, as the
-/// kubelet's probes of the same endpoint), on a new connection each time, as those probes do.
-/// Why not keep connections: a reconcile asks each instance once, the next ask comes a refresh
-/// later, and an idle connection held for every pod cost about 19 KiB each (heaptrack at 500
-/// clusters: 9.7 of the manager's 51 MB peak heap); a new plain connection costs a handshake.
-#[derive(Clone)]
-pub struct HttpInstanceStatus {
-    client: Client<HttpConnector, Full<Bytes>>,
-    port: u16,
-    timeout: Duration,
-}
-
-impl fmt::Debug for HttpInstanceStatus {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("HttpInstanceStatus")
-            .field("port", &self.port)
-            .field("timeout", &self.timeout)
-            .finish()
-    }
-}
-
-impl Default for HttpInstanceStatus {
-    fn default() -> Self {
-        Self::new(STATUS_PORT, STATUS_TIMEOUT)
-    }
-}
-
-impl HttpInstanceStatus {
-    /// Asks on `port`, each answer within `timeout`.
-    pub fn new(port: u16, timeout: Duration) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(timeout));
-        connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_max_idle_per_host(0)
-            .build(connector);
-        Self {
-            client,
-            port,
-            timeout,
-        }
-    }
-
-    async fn get(&self, address: &InstanceAddress) -> Result<InstanceReport, FetchError> {
-        let socket = SocketAddr::new(address.ip, self.port);
-        let request = http::Request::get(format!("http://{socket}/status"))
-            .body(Full::default())
-            .map_err(|error| FetchError::BadAnswer(format!("address {socket}: {error}")))?;
-        let (status, body) = self.send(request).await?;
-        if !status.is_success() {
-            return Err(FetchError::BadAnswer(format!("HTTP {status}")));
-        }
-        serde_json::from_slice::<Served>(&body)
-            .map_err(|error| FetchError::BadAnswer(error.to_string()))?
-            .current()
-    }
-}
-
-impl HttpInstanceStatus {
-    /// `POST`s `command` with the bearer `token`; any 2xx answer is success.
-    async fn post(
-        &self,
-        address: &InstanceAddress,
-        token: &str,
-        command: &ControlCommand,
-    ) -> Result<(), FetchError> {
-        let socket = SocketAddr::new(address.ip, self.port);
-        let request = http::Request::post(format!("http://{socket}{}", command.path()))
-            .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header(TERM_HEADER, command.term())
-            .body(Full::new(Bytes::from(command.body().to_string())))
-            .map_err(|error| FetchError::BadAnswer(format!("request to {socket}: {error}")))?;
-        let (status, body) = self.send(request).await?;
-        if status.is_success() {
-            return Ok(());
-        }
-        Err(FetchError::BadAnswer(format!(
-            "HTTP {status}: {}",
-            String::from_utf8_lossy(&body).trim()
-        )))
-    }
-
-    /// Sends `request` and reads the answer's body, at most [`MAX_BODY_BYTES`].
-    async fn send(
-        &self,
-        request: http::Request<Full<Bytes>>,
-    ) -> Result<(http::StatusCode, Bytes), FetchError> {
-        let response = self
-            .client
-            .request(request)
-            .await
-            .map_err(|error| FetchError::Unreachable(error.to_string()))?;
-        let status = response.status();
-        let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
-            .collect()
-            .await
-            .map_err(|error| FetchError::Unreachable(format!("reading the body: {error}")))?
-            .to_bytes();
-        Ok((status, body))
-    }
-}
-
-/// How long a command may take: the instance manager answers a promotion once the server left
-/// recovery, waiting up to 90 s for it.
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(95);
-
-impl InstanceStatusSource for HttpInstanceStatus {
-    fn upgrade<'a>(
-        &'a self,
-        address: &'a InstanceAddress,
-        token: &'a str,
-        binary: &'a super::manager_upgrade::OwnBinary,
-    ) -> BoxFuture<'a, Result<(), FetchError>> {
-        let socket = SocketAddr::new(address.ip, self.port);
-        Box::pin(super::manager_upgrade::upload(socket, token, binary))
-    }
-
-    fn command<'a>(
-        &'a self,
-        address: &'a InstanceAddress,
-        token: &'a str,
-        command: &'a ControlCommand,
-    ) -> BoxFuture<'a, Result<(), FetchError>> {
-        Box::pin(async move {
-            tokio::time::timeout(COMMAND_TIMEOUT, self.post(address, token, command))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(FetchError::Unreachable(format!(
-                        "no answer within {COMMAND_TIMEOUT:?}"
-                    )))
-                })
-        })
-    }
-
-    fn fetch<'a>(
-        &'a self,
-        address: &'a InstanceAddress,
-    ) -> BoxFuture<'a, Result<InstanceReport, FetchError>> {
-        Box::pin(async move {
-            tokio::time::timeout(self.timeout, self.get(address))
-                .await
-                .unwrap_or_else(|_| {
-                    Err(FetchError::Unreachable(format!(
-                        "no answer within {:?}",
-                        self.timeout
-                    )))
-                })
-        })
     }
 }
 
@@ -503,8 +330,9 @@ impl ObservedInstance {
 pub async fn observe<'a>(
     pods: impl IntoIterator<Item = &'a Pod>,
     source: &dyn InstanceStatusSource,
+    access: Option<&Arc<ClusterAccess>>,
 ) -> Vec<ObservedInstance> {
-    let asks = pods.into_iter().map(|pod| observe_one(pod, source));
+    let asks = pods.into_iter().map(|pod| observe_one(pod, source, access));
     futures::future::join_all(asks).await
 }
 
@@ -514,7 +342,11 @@ pub fn pod_address(pod: &Pod) -> Option<(String, IpAddr)> {
     Some((pod.name_any(), ip))
 }
 
-async fn observe_one(pod: &Pod, source: &dyn InstanceStatusSource) -> ObservedInstance {
+async fn observe_one(
+    pod: &Pod,
+    source: &dyn InstanceStatusSource,
+    access: Option<&Arc<ClusterAccess>>,
+) -> ObservedInstance {
     let name = pod.name_any();
     let ip = pod_address(pod).map(|(_, ip)| ip);
     let report = match ip {
@@ -523,6 +355,7 @@ async fn observe_one(pod: &Pod, source: &dyn InstanceStatusSource) -> ObservedIn
             let address = InstanceAddress {
                 pod: name.clone(),
                 ip,
+                access: access.cloned(),
             };
             source
                 .fetch(&address)
@@ -554,6 +387,13 @@ fn check_pod(report: InstanceReport, pod: &str) -> Result<InstanceReport, FetchE
         )))
     }
 }
+
+mod access;
+mod http;
+pub(super) mod transport;
+
+pub use access::{AccessCache, ClusterAccess};
+pub use http::HttpInstanceStatus;
 
 #[cfg(test)]
 mod tests;

@@ -21,9 +21,6 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use http_body_util::{BodyExt, Limited, StreamBody};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt as _;
 use tracing::Instrument as _;
@@ -137,6 +134,7 @@ pub(super) async fn step(
     let address = InstanceAddress {
         pod: pod.to_owned(),
         ip: *ip,
+        access: live.access.clone(),
     };
     let source = context.base.settings.instance_status.as_ref();
     // A span of its own only when there is something to send: a settled reconcile's trace
@@ -208,10 +206,15 @@ fn installer_image_of(sts: &StatefulSet) -> Option<String> {
     image_in(pod.init_containers.as_deref().unwrap_or_default())
 }
 
-/// Sends `binary` to the instance manager at `socket`; any 2xx answer is success (202: it
-/// execs it now; 200: it runs it already).
-pub async fn upload(socket: SocketAddr, token: &str, binary: &OwnBinary) -> Result<(), FetchError> {
-    tokio::time::timeout(UPLOAD_TIMEOUT, send(socket, token, binary))
+/// Sends `binary` to the instance manager of `address` at `socket`; any 2xx answer is success
+/// (202: it execs it now; 200: it runs it already).
+pub async fn upload(
+    socket: SocketAddr,
+    address: &InstanceAddress,
+    token: &str,
+    binary: &OwnBinary,
+) -> Result<(), FetchError> {
+    tokio::time::timeout(UPLOAD_TIMEOUT, send(socket, address, token, binary))
         .await
         .unwrap_or_else(|_| {
             Err(FetchError::Unreachable(format!(
@@ -220,36 +223,44 @@ pub async fn upload(socket: SocketAddr, token: &str, binary: &OwnBinary) -> Resu
         })
 }
 
-async fn send(socket: SocketAddr, token: &str, binary: &OwnBinary) -> Result<(), FetchError> {
+async fn send(
+    socket: SocketAddr,
+    address: &InstanceAddress,
+    token: &str,
+    binary: &OwnBinary,
+) -> Result<(), FetchError> {
     let unreadable = |error: std::io::Error| {
         FetchError::Unreachable(format!("cannot read {}: {error}", binary.path.display()))
     };
-    let file = tokio::fs::File::open(&binary.path)
-        .await
-        .map_err(unreadable)?;
-    let length = file.metadata().await.map_err(unreadable)?.len();
-    let chunks = futures::stream::try_unfold(file, |mut file| async move {
-        let mut chunk = BytesMut::with_capacity(CHUNK_BYTES);
-        let read = file.read_buf(&mut chunk).await?;
-        Ok::<_, std::io::Error>((read > 0).then(|| (http_body::Frame::data(chunk.freeze()), file)))
-    });
-    let body = StreamBody::new(chunks).boxed();
-    let request = http::Request::post(format!("http://{socket}/control/upgrade"))
-        .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
-        .header(http::header::CONTENT_TYPE, "application/octet-stream")
-        .header(http::header::CONTENT_LENGTH, length)
-        .header(DIGEST_HEADER, &binary.digest)
-        .body(body)
-        .map_err(|error| FetchError::BadAnswer(format!("request to {socket}: {error}")))?;
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(super::instances::STATUS_TIMEOUT));
-    let client = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(0)
-        .build(connector);
-    let response = client
-        .request(request)
-        .await
-        .map_err(|error| FetchError::Unreachable(error.to_string()))?;
+    let length = std::fs::metadata(&binary.path).map_err(unreadable)?.len();
+    let build = |_, host: &str| {
+        let file = std::fs::File::open(&binary.path).map_err(unreadable)?;
+        let chunks =
+            futures::stream::try_unfold(tokio::fs::File::from_std(file), |mut file| async move {
+                let mut chunk = BytesMut::with_capacity(CHUNK_BYTES);
+                let read = file.read_buf(&mut chunk).await?;
+                Ok::<_, std::io::Error>(
+                    (read > 0).then(|| (http_body::Frame::data(chunk.freeze()), file)),
+                )
+            });
+        http::Request::post("/control/upgrade")
+            .header(http::header::HOST, host)
+            .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(http::header::CONTENT_TYPE, "application/octet-stream")
+            .header(http::header::CONTENT_LENGTH, length)
+            .header(DIGEST_HEADER, &binary.digest)
+            .body(StreamBody::new(chunks).boxed())
+            .map_err(|error| FetchError::BadAnswer(format!("request to {socket}: {error}")))
+    };
+    let access = address.access.as_deref();
+    let response = super::instances::transport::send(
+        socket,
+        &address.pod,
+        access,
+        super::instances::STATUS_TIMEOUT,
+        build,
+    )
+    .await?;
     let status = response.status();
     let answer = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
         .collect()

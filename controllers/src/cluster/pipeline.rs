@@ -18,6 +18,7 @@ use rand::distr::Alphanumeric;
 use tracing::{Instrument, field, info_span};
 
 use super::build::ChildNames;
+use super::cache::{ChildStores, cached_text};
 use super::context::ClusterContext;
 use super::report::{StatusStep, write_status};
 use super::status::{Issue, Observation};
@@ -124,7 +125,41 @@ async fn read_live(
         .children_in(namespace)
         .ok_or(Error::Invariant("no cache of the cluster's namespace"))?;
     stores.ready().await?;
-    Ok(read::read(stores, namespace, names, source).await)
+    let access = instance_access(context, stores, namespace, names).await?;
+    let live = read::read(stores, namespace, names, source, access).await;
+    if live
+        .instances
+        .iter()
+        .any(|instance| instance.report == Err(instances::Unavailable::Refused))
+    {
+        // A CA or token replaced since it was read: read them again next time.
+        context.instance_access.forget(namespace, names);
+    }
+    Ok(live)
+}
+
+/// How to reach the cluster's instance managers over TLS, once its CA and control Secrets
+/// exist (the cache says so, and only then are they read).
+async fn instance_access(
+    context: &ClusterContext,
+    stores: &ChildStores,
+    namespace: &str,
+    names: &ChildNames,
+) -> Result<Option<Arc<instances::ClusterAccess>>, Error> {
+    let exists = |name| cached_text(&stores.secrets, namespace, name).is_some();
+    if !(exists(&names.ca_secret) && exists(&names.control_secret)) {
+        return Ok(None);
+    }
+    context
+        .instance_access
+        .get(&context.base.client, namespace, names)
+        .await
+        .map_err(|source| Error::Kube {
+            action: "read",
+            kind: "Secret".to_owned(),
+            name: names.ca_secret.clone(),
+            source,
+        })
 }
 
 /// The rollout's step for the live children: why it replaces no pod now, if it does not.
@@ -471,6 +506,7 @@ async fn apply_validated(
         .then(|| info_span!("build").in_scope(|| build::build(&effective, &input)));
     let compared = desired.is_some();
     let apply_span = info_span!("apply", writes = field::Empty, settled = !compared);
+    let makes_token = !live.control_token_exists;
     let applied = Box::pin(apply::apply(
         &context.base.client,
         namespace,
@@ -480,6 +516,12 @@ async fn apply_validated(
     ))
     .instrument(apply_span.clone())
     .await?;
+    if makes_token && compared {
+        let names = ChildNames::for_cluster(&effective.name);
+        context
+            .instance_access
+            .seed_token(namespace, &names, &control_token);
+    }
     if compared {
         context
             .settled
@@ -513,13 +555,17 @@ async fn ensure_certificates(
         ca_secret: &names.ca_secret,
         validity: context.base.settings.postgres_certificate_validity,
     };
-    certificates::ensure(
+    let ensured = certificates::ensure(
         &context.base.client,
         &keeping,
         &certificates::leaves(&names, namespace),
         live,
     )
-    .await
+    .await?;
+    if let Some(ca_pem) = &ensured.new_ca {
+        context.instance_access.seed_ca(namespace, &names, ca_pem);
+    }
+    Ok(ensured.next_renewal)
 }
 
 /// One issue for all refused changes: the first one's reason, every message.

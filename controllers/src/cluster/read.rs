@@ -16,7 +16,7 @@ use tracing::{Instrument, info_span};
 
 use super::build::{ChildNames, DATA_VOLUME, VERSION_ANNOTATION, selector_labels};
 use super::cache::{ChildStores, cached_object, cached_text};
-use super::instances::{self, InstanceStatusSource, ObservedInstance};
+use super::instances::{self, ClusterAccess, InstanceStatusSource, ObservedInstance};
 use super::roles;
 use super::validate::LiveFacts;
 use crate::compact::Compact;
@@ -52,17 +52,20 @@ pub struct LiveChildren {
     pub instances: Vec<ObservedInstance>,
     /// The pods' addresses, by pod name, for commands to their instance managers.
     pub addresses: BTreeMap<String, IpAddr>,
+    /// How to reach the instance managers over TLS, once the cluster has its CA and token.
+    pub access: Option<Arc<ClusterAccess>>,
     /// The template revision each pod was made from, by pod name, for the rollout.
     pub pods: BTreeMap<String, super::rollout::LivePod>,
 }
 
 /// Reads the children named by `names` in `namespace` from `stores`, and asks the instance
-/// manager of each of the cluster's pods through `source`.
+/// manager of each of the cluster's pods through `source`, with `access`.
 pub async fn read(
     stores: &ChildStores,
     namespace: &str,
     names: &ChildNames,
     source: &dyn InstanceStatusSource,
+    access: Option<Arc<ClusterAccess>>,
 ) -> LiveChildren {
     let statefulset = cached_object(&stores.statefulsets, namespace, &names.statefulset);
     let service = |name| cached_text(&stores.services, namespace, name);
@@ -72,7 +75,7 @@ pub async fn read(
             .iter()
             .map(|pod| (pod.name_any(), super::rollout::LivePod::of(pod)))
             .collect();
-        let instances = instances::observe(pods.iter().map(AsRef::as_ref), source)
+        let instances = instances::observe(pods.iter().map(AsRef::as_ref), source, access.as_ref())
             .instrument(info_span!("instances", pods = pods.len()))
             .await;
         let addresses = pods
@@ -127,6 +130,7 @@ pub async fn read(
         data_claims,
         instances,
         addresses,
+        access,
         pods: live_pods,
     }
 }

@@ -84,6 +84,45 @@ pub async fn served_certificate(
     Ok(presented.to_vec())
 }
 
+/// How an instance manager's status port at `address` answers `GET /status`: its HTTP status
+/// code. Over TLS when `tls` gives the name the pod's certificate must cover and the CA, with
+/// `token` as the bearer when given.
+pub async fn status_port_answer(
+    address: SocketAddr,
+    tls: Option<(&str, &str)>,
+    token: Option<&str>,
+) -> anyhow::Result<u16> {
+    use rustls::pki_types::ServerName;
+    use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+    async fn exchange(
+        mut stream: impl AsyncRead + AsyncWrite + Unpin,
+        request: &str,
+    ) -> anyhow::Result<u16> {
+        stream.write_all(request.as_bytes()).await?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await?;
+        let text = String::from_utf8_lossy(&answer);
+        let code = text.split(' ').nth(1).context("no status line")?;
+        Ok(code.parse()?)
+    }
+    let authorization = token
+        .map(|token| format!("Authorization: Bearer {token}\r\n"))
+        .unwrap_or_default();
+    let request =
+        format!("GET /status HTTP/1.1\r\nHost: pod\r\n{authorization}Connection: close\r\n\r\n");
+    let socket = tokio::net::TcpStream::connect(address).await?;
+    match tls {
+        None => exchange(socket, &request).await,
+        Some((host, ca_pem)) => {
+            let name = ServerName::try_from(host.to_owned())?;
+            let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(trusting(ca_pem)?))
+                .connect(name, socket)
+                .await?;
+            exchange(stream, &request).await
+        }
+    }
+}
+
 /// Who logs in where: `host` is the name the server's certificate must cover.
 pub(crate) struct Login<'a> {
     pub host: &'a str,

@@ -610,10 +610,10 @@ fn a_cluster_archives_wal_to_its_backup_storage_unless_told_not_to() {
 }
 
 #[test]
-fn a_cluster_with_replicas_gets_a_control_token_secret_it_owns() {
-    assert_eq!(built(&validated("my-cluster", 1)).control_token, None);
-    let children = built(&validated("my-cluster", 3));
-    let secret = children.control_token.as_ref().expect("with replicas");
+fn every_cluster_gets_a_control_token_secret_it_owns() {
+    let sole = built(&validated("my-cluster", 1)).control_token;
+    assert_eq!(sole, built(&validated("my-cluster", 3)).control_token);
+    let secret = &sole;
     assert_eq!(
         secret.metadata.name.as_deref(),
         Some("my-cluster-postgresql-control")

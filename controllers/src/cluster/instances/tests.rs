@@ -1,5 +1,6 @@
 //! Unit tests of the instance reports: parsing, staleness, and asking pods over HTTP.
 
+use super::http::Served;
 use super::*;
 use k8s_openapi::api::core::v1::PodStatus;
 use std::collections::BTreeMap;
@@ -164,7 +165,7 @@ async fn every_pod_is_observed_in_order_with_a_stable_reason_when_it_has_no_repo
         pod("db-2", Some("10.0.0.3"), None),
         pod("db-3", None, None),
     ];
-    let observed = observe(&pods, &source).await;
+    let observed = observe(&pods, &source, None).await;
     let summary: Vec<_> = observed
         .iter()
         .map(|o| {
@@ -226,6 +227,7 @@ async fn ask(port: u16) -> Result<InstanceReport, FetchError> {
     let address = InstanceAddress {
         pod: "db-0".to_owned(),
         ip: IpAddr::from([127, 0, 0, 1]),
+        access: None,
     };
     source.fetch(&address).await
 }

@@ -1,0 +1,191 @@
+//! What the operator needs to reach a cluster's instance managers over TLS: the cluster's CA,
+//! against which it verifies each pod's certificate under the pod's host name, and the control
+//! token, which `/status` and the control endpoints ask for.
+//!
+//! Both are read from their Secrets once and kept per cluster ([`AccessCache`]), until an
+//! instance refuses them (a Secret replaced by hand): the reads of a reconcile come from the
+//! watch caches, which keep no Secret's data. What this operator made itself (a new cluster's
+//! CA and token) is kept as it makes it, and not read back.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+
+use super::FetchError;
+use crate::cluster::build::{self, ChildNames};
+use crate::cluster::certificates::CA_CERT_KEY;
+
+/// How to reach one cluster's instance managers over TLS.
+pub struct ClusterAccess {
+    tls: Arc<rustls::ClientConfig>,
+    token: String,
+    /// `.<headless Service>.<namespace>.svc`: a pod's host name is its name and this.
+    host_suffix: String,
+}
+
+impl std::fmt::Debug for ClusterAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The token stays out of logs.
+        f.debug_struct("ClusterAccess")
+            .field("host_suffix", &self.host_suffix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterAccess {
+    /// Access that trusts the CA certificates in `ca_pem` and presents `token`, to pods named
+    /// `<pod><host_suffix>`.
+    pub fn new(ca_pem: &[u8], token: String, host_suffix: String) -> Result<Self, String> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca_pem) {
+            let cert = cert.map_err(|error| format!("the CA is not PEM: {error}"))?;
+            roots
+                .add(cert)
+                .map_err(|error| format!("the CA is not a certificate: {error}"))?;
+        }
+        if roots.is_empty() {
+            return Err("the CA Secret holds no certificate".to_owned());
+        }
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|error| error.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        // One connection per request: no session to resume, and no cache to keep per cluster.
+        config.resumption = rustls::client::Resumption::disabled();
+        Ok(Self {
+            tls: Arc::new(config),
+            token,
+            host_suffix,
+        })
+    }
+
+    /// The cluster's control token.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// The name `pod`'s certificate must carry.
+    pub(super) fn server_name(&self, pod: &str) -> Result<ServerName<'static>, FetchError> {
+        ServerName::try_from(format!("{pod}{}", self.host_suffix))
+            .map_err(|error| FetchError::BadAnswer(format!("pod {pod}: {error}")))
+    }
+
+    pub(super) fn connector(&self) -> tokio_rustls::TlsConnector {
+        tokio_rustls::TlsConnector::from(Arc::clone(&self.tls))
+    }
+}
+
+/// Each cluster's [`ClusterAccess`], by namespace and CA Secret.
+#[derive(Debug, Default)]
+pub struct AccessCache {
+    entries: Mutex<HashMap<String, Arc<ClusterAccess>>>,
+    /// What this operator wrote in the Secrets of clusters not reached yet.
+    seeds: Mutex<HashMap<String, Seed>>,
+}
+
+#[derive(Debug, Default)]
+struct Seed {
+    ca_pem: Option<Vec<u8>>,
+    token: Option<String>,
+}
+
+fn key(namespace: &str, names: &ChildNames) -> String {
+    format!("{namespace}/{}", names.ca_secret)
+}
+
+impl AccessCache {
+    /// The cluster's access, read from its CA and control Secrets when not kept; none while
+    /// either is missing or unusable (the instance managers are then asked in plain HTTP).
+    pub async fn get(
+        &self,
+        client: &kube::Client,
+        namespace: &str,
+        names: &ChildNames,
+    ) -> Result<Option<Arc<ClusterAccess>>, kube::Error> {
+        let key = key(namespace, names);
+        if let Some(access) = self.kept(&key) {
+            return Ok(Some(access));
+        }
+        let seed = self
+            .seeds
+            .lock()
+            .ok()
+            .and_then(|mut seeds| seeds.remove(&key))
+            .unwrap_or_default();
+        let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
+        let ca_pem = match seed.ca_pem {
+            Some(pem) => Some(pem),
+            None => read(&secrets, &names.ca_secret, CA_CERT_KEY).await?,
+        };
+        let token = match seed.token {
+            Some(token) => Some(token.into_bytes()),
+            None => read(&secrets, &names.control_secret, build::CONTROL_TOKEN_KEY).await?,
+        };
+        let (Some(ca_pem), Some(token)) = (ca_pem, token) else {
+            return Ok(None);
+        };
+        let host_suffix = format!(".{}.{namespace}.svc", names.headless_service);
+        let token = String::from_utf8_lossy(&token).trim().to_owned();
+        match ClusterAccess::new(&ca_pem, token, host_suffix) {
+            Ok(access) => {
+                let access = Arc::new(access);
+                if let Ok(mut entries) = self.entries.lock() {
+                    entries.insert(key, Arc::clone(&access));
+                }
+                Ok(Some(access))
+            }
+            Err(why) => {
+                tracing::warn!(secret = %names.ca_secret, %why, "the cluster's CA is unusable");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Keeps the CA this operator just made for the cluster.
+    pub fn seed_ca(&self, namespace: &str, names: &ChildNames, ca_pem: &str) {
+        self.seed(namespace, names, |seed| {
+            seed.ca_pem = Some(ca_pem.as_bytes().to_vec());
+        });
+    }
+
+    /// Keeps the control token this operator just wrote for the cluster.
+    pub fn seed_token(&self, namespace: &str, names: &ChildNames, token: &str) {
+        self.seed(namespace, names, |seed| seed.token = Some(token.to_owned()));
+    }
+
+    fn seed(&self, namespace: &str, names: &ChildNames, set: impl FnOnce(&mut Seed)) {
+        if let Ok(mut seeds) = self.seeds.lock() {
+            set(seeds.entry(key(namespace, names)).or_default());
+        }
+    }
+
+    fn kept(&self, key: &str) -> Option<Arc<ClusterAccess>> {
+        self.entries.lock().ok()?.get(key).cloned()
+    }
+
+    /// Forgets the cluster's access, to read its Secrets again next time.
+    pub fn forget(&self, namespace: &str, names: &ChildNames) {
+        if let Ok(mut entries) = self.entries.lock() {
+            entries.remove(&key(namespace, names));
+        }
+    }
+}
+
+/// The value of `key` in Secret `name`, if both exist.
+async fn read(
+    secrets: &Api<Secret>,
+    name: &str,
+    key: &str,
+) -> Result<Option<Vec<u8>>, kube::Error> {
+    let secret = secrets.get_opt(name).await?;
+    Ok(secret
+        .and_then(|secret| secret.data)
+        .and_then(|mut data| data.remove(key))
+        .map(|value| value.0))
+}
