@@ -5,7 +5,9 @@
 //! from its node's loopback pod CIDR ([`super::nodes`]); for each pod that has one, this binds
 //! `<pod IP>:8000` (that address alone, never 0.0.0.0) and answers every request with the report
 //! of a healthy primary of that pod, as `pgkube instance` would. A deleted pod's listener goes
-//! with it, so that kwok may hand its address to another pod.
+//! with it, so that kwok may hand its address to another pod. It speaks no TLS: it answers a
+//! handshake as an instance manager without certificates does (in plain HTTP), so the
+//! operator's TLS attempt and its plain retry are both in the figures.
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -23,6 +25,8 @@ use tokio::task::{AbortHandle, JoinHandle};
 const STATUS_PORT: u16 = 8000;
 /// Largest request head read; the controller's GETs are a few hundred bytes.
 const MAX_HEAD: usize = 16 * 1024;
+/// The first byte of a TLS connection.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
 
 /// Answers for the pods of one namespace on the given nodes, until dropped.
 pub struct FakeInstances {
@@ -143,6 +147,13 @@ async fn answer(mut stream: TcpStream, body: String) {
     loop {
         match stream.read(&mut buffer).await {
             Ok(0) | Err(_) => return,
+            // A TLS handshake: these pods have no certificates, and an instance manager without
+            // them answers in plain HTTP, after which the operator asks in plain HTTP.
+            Ok(_) if head.is_empty() && buffer[0] == TLS_HANDSHAKE_RECORD => {
+                let refusal = "HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n";
+                let _ = stream.write_all(refusal.as_bytes()).await;
+                return;
+            }
             Ok(read) => head.extend_from_slice(&buffer[..read]),
         }
         while let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {

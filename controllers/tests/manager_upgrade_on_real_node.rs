@@ -27,8 +27,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use pgkube_controllers::cluster::manager_upgrade::OwnBinary;
 use pgkube_testkit::{
-    RwWriter, TestCluster, http_get, instance_manager_of, node_pgkube_binary, postmaster_of,
-    wait_until,
+    RwWriter, TestCluster, instance_manager_of, node_pgkube_binary, postmaster_of, wait_until,
 };
 
 const RESYNC: Duration = Duration::from_secs(30);
@@ -89,10 +88,10 @@ async fn digests(cluster: &TestCluster) -> BTreeMap<String, Option<String>> {
     let mut digests = BTreeMap::new();
     for pod in cluster.pods().await.expect("pods") {
         let digest = match pod.address {
-            Some(ip) => http_get((ip, 8000).into(), "/status")
+            Some(ip) => cluster
+                .instance_status(&pod.name, ip)
                 .await
                 .ok()
-                .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
                 .and_then(|status| status["managerDigest"].as_str().map(str::to_owned)),
             None => None,
         };

@@ -81,7 +81,7 @@ async fn a_cluster_speaks_tls_only_replicates_with_certificates_and_renews_them_
         "the certificate does not cover another name"
     );
 
-    status_port_is_tls_and_token_only(&running, &cluster, &ca).await;
+    status_port_is_tls_and_token_only(&cluster, &ca).await;
 
     wait_until(
         "the replica streams over TLS with the replication role's certificate",
@@ -152,18 +152,8 @@ async fn a_cluster_speaks_tls_only_replicates_with_certificates_and_renews_them_
 /// Each pod's status port: `/status` refused in plain HTTP (403), and over TLS (the pod's
 /// certificate verified against the cluster's CA) refused without the control token (401),
 /// answered with it.
-async fn status_port_is_tls_and_token_only(running: &Running, cluster: &TestCluster, ca: &str) {
-    let secrets = running.api::<Secret>();
-    let control = secrets
-        .get("tls-postgresql-control")
-        .await
-        .expect("the control Secret");
-    let token = control
-        .data
-        .as_ref()
-        .and_then(|data| data.get("token"))
-        .map(|token| String::from_utf8_lossy(&token.0).into_owned())
-        .expect("a token");
+async fn status_port_is_tls_and_token_only(cluster: &TestCluster, ca: &str) {
+    let token = cluster.control_token().await.expect("the control token");
     for pod in cluster.pods().await.expect("pods") {
         let address = SocketAddr::new(pod.address.expect("an address"), STATUS_PORT);
         let host = format!(
@@ -172,14 +162,11 @@ async fn status_port_is_tls_and_token_only(running: &Running, cluster: &TestClus
             cluster.namespace()
         );
         let tls = Some((host.as_str(), ca));
+        let code = |answer: anyhow::Result<(u16, String)>| answer.expect("an answer").0;
         let answers = (
-            status_port_answer(address, None, None)
-                .await
-                .expect("plain"),
-            status_port_answer(address, tls, None).await.expect("TLS"),
-            status_port_answer(address, tls, Some(&token))
-                .await
-                .expect("TLS"),
+            code(status_port_answer(address, None, None).await),
+            code(status_port_answer(address, tls, None).await),
+            code(status_port_answer(address, tls, Some(&token)).await),
         );
         assert_eq!(answers, (403, 401, 200), "{}", pod.name);
     }

@@ -85,25 +85,26 @@ pub async fn served_certificate(
 }
 
 /// How an instance manager's status port at `address` answers `GET /status`: its HTTP status
-/// code. Over TLS when `tls` gives the name the pod's certificate must cover and the CA, with
-/// `token` as the bearer when given.
+/// code and body. Over TLS when `tls` gives the name the pod's certificate must cover and the
+/// CA, with `token` as the bearer when given.
 pub async fn status_port_answer(
     address: SocketAddr,
     tls: Option<(&str, &str)>,
     token: Option<&str>,
-) -> anyhow::Result<u16> {
+) -> anyhow::Result<(u16, String)> {
     use rustls::pki_types::ServerName;
     use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
     async fn exchange(
         mut stream: impl AsyncRead + AsyncWrite + Unpin,
         request: &str,
-    ) -> anyhow::Result<u16> {
+    ) -> anyhow::Result<(u16, String)> {
         stream.write_all(request.as_bytes()).await?;
         let mut answer = Vec::new();
         stream.read_to_end(&mut answer).await?;
         let text = String::from_utf8_lossy(&answer);
         let code = text.split(' ').nth(1).context("no status line")?;
-        Ok(code.parse()?)
+        let body = text.split_once("\r\n\r\n").map(|(_, body)| body);
+        Ok((code.parse()?, body.unwrap_or_default().to_owned()))
     }
     let authorization = token
         .map(|token| format!("Authorization: Bearer {token}\r\n"))

@@ -69,6 +69,33 @@ impl TestCluster {
         )
     }
 
+    /// The control token, with which the operator asks the instance managers
+    /// (`<cluster>-postgresql-control`).
+    pub async fn control_token(&self) -> anyhow::Result<String> {
+        self.secret(&format!("{}-postgresql-control", self.name))
+            .await?
+            .value("token")
+    }
+
+    /// The `/status` of the instance manager of `pod` at `address`, asked as the operator asks:
+    /// over TLS, its certificate checked for the pod's name, with the control token.
+    pub async fn instance_status(
+        &self,
+        pod: &str,
+        address: std::net::IpAddr,
+    ) -> anyhow::Result<serde_json::Value> {
+        let host = format!(
+            "{pod}.{}-postgresql-headless.{}.svc",
+            self.name, self.namespace
+        );
+        let (ca, token) = (self.server_ca().await?, self.control_token().await?);
+        let status_port = std::net::SocketAddr::new(address, 8000);
+        let (code, body) =
+            crate::tls::status_port_answer(status_port, Some((&host, &ca)), Some(&token)).await?;
+        anyhow::ensure!(code == 200, "HTTP {code} from {pod}: {body}");
+        Ok(serde_json::from_str(&body)?)
+    }
+
     async fn basic_auth(&self, name: &str) -> anyhow::Result<(String, String)> {
         let secret = self.secret(name).await?;
         Ok((secret.value(USERNAME_KEY)?, secret.value(PASSWORD_KEY)?))
