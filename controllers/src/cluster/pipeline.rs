@@ -18,7 +18,6 @@ use rand::distr::Alphanumeric;
 use tracing::{Instrument, field, info_span};
 
 use super::build::ChildNames;
-use super::cache::{ChildStores, cached_text};
 use super::context::ClusterContext;
 use super::report::{StatusStep, write_status};
 use super::status::{Issue, Observation};
@@ -125,41 +124,15 @@ async fn read_live(
         .children_in(namespace)
         .ok_or(Error::Invariant("no cache of the cluster's namespace"))?;
     stores.ready().await?;
-    let access = instance_access(context, stores, namespace, names).await?;
-    let live = read::read(stores, namespace, names, source, access).await;
-    if live
-        .instances
-        .iter()
-        .any(|instance| instance.report == Err(instances::Unavailable::Refused))
-    {
-        // A CA or token replaced since it was read: read them again next time.
-        context.instance_access.forget(namespace, names);
-    }
-    Ok(live)
-}
-
-/// How to reach the cluster's instance managers over TLS, once its CA and control Secrets
-/// exist (the cache says so, and only then are they read).
-async fn instance_access(
-    context: &ClusterContext,
-    stores: &ChildStores,
-    namespace: &str,
-    names: &ChildNames,
-) -> Result<Option<Arc<instances::ClusterAccess>>, Error> {
-    let exists = |name| cached_text(&stores.secrets, namespace, name).is_some();
-    if !(exists(&names.ca_secret) && exists(&names.control_secret)) {
-        return Ok(None);
-    }
+    let access =
+        context
+            .instance_access
+            .for_cluster(&context.base.client, stores, namespace, names);
+    let live = read::read(stores, namespace, names, source, access.await?).await;
     context
         .instance_access
-        .get(&context.base.client, namespace, names)
-        .await
-        .map_err(|source| Error::Kube {
-            action: "read",
-            kind: "Secret".to_owned(),
-            name: names.ca_secret.clone(),
-            source,
-        })
+        .after_read(namespace, names, &live.instances);
+    Ok(live)
 }
 
 /// The rollout's step for the live children: why it replaces no pod now, if it does not.

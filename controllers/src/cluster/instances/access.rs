@@ -15,8 +15,10 @@ use kube::Api;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 
-use super::FetchError;
+use super::{FetchError, ObservedInstance, Unavailable};
+use crate::cluster::Error;
 use crate::cluster::build::{self, ChildNames};
+use crate::cluster::cache::{ChildStores, cached_text};
 use crate::cluster::certificates::CA_CERT_KEY;
 
 /// How to reach one cluster's instance managers over TLS.
@@ -100,6 +102,38 @@ fn key(namespace: &str, names: &ChildNames) -> String {
 }
 
 impl AccessCache {
+    /// The cluster's access once its CA and control Secrets exist (the watch cache says so, and
+    /// only then are they read).
+    pub async fn for_cluster(
+        &self,
+        client: &kube::Client,
+        stores: &ChildStores,
+        namespace: &str,
+        names: &ChildNames,
+    ) -> Result<Option<Arc<ClusterAccess>>, Error> {
+        let exists = |name| cached_text(&stores.secrets, namespace, name).is_some();
+        if !(exists(&names.ca_secret) && exists(&names.control_secret)) {
+            return Ok(None);
+        }
+        self.get(client, namespace, names)
+            .await
+            .map_err(|source| Error::Kube {
+                action: "read",
+                kind: "Secret".to_owned(),
+                name: names.ca_secret.clone(),
+                source,
+            })
+    }
+
+    /// Forgets the cluster's access when an instance refused it (a CA or token replaced since
+    /// it was read), to read it again next time.
+    pub fn after_read(&self, namespace: &str, names: &ChildNames, instances: &[ObservedInstance]) {
+        let refused = |instance: &ObservedInstance| instance.report == Err(Unavailable::Refused);
+        if instances.iter().any(refused) {
+            self.forget(namespace, names);
+        }
+    }
+
     /// The cluster's access, read from its CA and control Secrets when not kept; none while
     /// either is missing or unusable (the instance managers are then asked in plain HTTP).
     pub async fn get(
@@ -170,7 +204,7 @@ impl AccessCache {
     }
 
     /// Forgets the cluster's access, to read its Secrets again next time.
-    pub fn forget(&self, namespace: &str, names: &ChildNames) {
+    fn forget(&self, namespace: &str, names: &ChildNames) {
         if let Ok(mut entries) = self.entries.lock() {
             entries.remove(&key(namespace, names));
         }
