@@ -290,13 +290,8 @@ async fn send_commands(
     let term = failover::current_term(cluster.status.as_ref());
     for command in commands {
         let pod = command.pod();
-        let Some(ip) = live.addresses.get(pod) else {
+        let Some(address) = live.instance_address(pod) else {
             continue;
-        };
-        let address = instances::InstanceAddress {
-            pod: pod.to_owned(),
-            ip: *ip,
-            access: live.access.clone(),
         };
         let control = match command {
             failover::Command::Promote { .. } => instances::ControlCommand::Promote { term },

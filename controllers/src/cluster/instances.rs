@@ -184,6 +184,8 @@ impl fmt::Display for Unavailable {
 pub struct InstanceAddress {
     pub pod: String,
     pub ip: IpAddr,
+    /// The pod's uid, if known: a pod that spoke TLS is never asked in plain HTTP again.
+    pub uid: Option<String>,
     /// How to reach it over TLS; none for a cluster without certificates.
     pub access: Option<Arc<ClusterAccess>>,
 }
@@ -355,6 +357,7 @@ async fn observe_one(
             let address = InstanceAddress {
                 pod: name.clone(),
                 ip,
+                uid: pod.metadata.uid.clone(),
                 access: access.cloned(),
             };
             source

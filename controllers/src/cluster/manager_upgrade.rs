@@ -126,16 +126,11 @@ pub(super) async fn step(
     let Some(pod) = quiet.then(|| next(&own.digest, &live.instances)).flatten() else {
         return Ok(());
     };
-    let Some(ip) = live.addresses.get(pod) else {
+    let Some(address) = live.instance_address(pod) else {
         return Ok(());
     };
     let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
     let token = ha::control_token(context, &namespace, names).await?;
-    let address = InstanceAddress {
-        pod: pod.to_owned(),
-        ip: *ip,
-        access: live.access.clone(),
-    };
     let source = context.base.settings.instance_status.as_ref();
     // A span of its own only when there is something to send: a settled reconcile's trace
     // keeps its steps.
@@ -206,15 +201,18 @@ fn installer_image_of(sts: &StatefulSet) -> Option<String> {
     image_in(pod.init_containers.as_deref().unwrap_or_default())
 }
 
-/// Sends `binary` to the instance manager of `address` at `socket`; any 2xx answer is success
-/// (202: it execs it now; 200: it runs it already).
+/// Sends `binary` to the instance manager of `address` at `socket` (in plain HTTP after a TLS
+/// handshake only if `plain_allowed`); any 2xx answer is success (202: it execs it now; 200: it
+/// runs it already).
 pub async fn upload(
     socket: SocketAddr,
     address: &InstanceAddress,
+    plain_allowed: bool,
     token: &str,
     binary: &OwnBinary,
 ) -> Result<(), FetchError> {
-    tokio::time::timeout(UPLOAD_TIMEOUT, send(socket, address, token, binary))
+    let sent = send(socket, address, plain_allowed, token, binary);
+    tokio::time::timeout(UPLOAD_TIMEOUT, sent)
         .await
         .unwrap_or_else(|_| {
             Err(FetchError::Unreachable(format!(
@@ -226,6 +224,7 @@ pub async fn upload(
 async fn send(
     socket: SocketAddr,
     address: &InstanceAddress,
+    plain_allowed: bool,
     token: &str,
     binary: &OwnBinary,
 ) -> Result<(), FetchError> {
@@ -253,11 +252,12 @@ async fn send(
             .map_err(|error| FetchError::BadAnswer(format!("request to {socket}: {error}")))
     };
     let access = address.access.as_deref();
-    let response = super::instances::transport::send(
+    let (_, response) = super::instances::transport::send(
         socket,
         &address.pod,
         access,
         super::instances::STATUS_TIMEOUT,
+        plain_allowed,
         build,
     )
     .await?;

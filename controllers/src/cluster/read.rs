@@ -136,6 +136,22 @@ pub async fn read(
 }
 
 impl LiveChildren {
+    /// Where to ask the instance manager of `pod`, once the pod has an address.
+    pub fn instance_address(&self, pod: &str) -> Option<instances::InstanceAddress> {
+        let ip = *self.addresses.get(pod)?;
+        let uid = self
+            .instances
+            .iter()
+            .find(|instance| instance.pod == pod)
+            .and_then(|instance| instance.uid.clone());
+        Some(instances::InstanceAddress {
+            pod: pod.to_owned(),
+            ip,
+            uid,
+            access: self.access.clone(),
+        })
+    }
+
     /// What validation needs to know about the live state.
     pub fn facts(&self) -> LiveFacts {
         let running_version = self

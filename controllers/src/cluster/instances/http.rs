@@ -1,8 +1,10 @@
 //! [`HttpInstanceStatus`]: the operator's client of the instance managers' port, one
 //! connection per request ([`super::transport`]), over TLS with the cluster's access.
 
+use std::collections::HashSet;
 use std::fmt;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -18,6 +20,8 @@ use super::{
 
 /// Largest `/status` body read; a real one is a few hundred bytes.
 const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Pods remembered as speaking TLS; beyond, the memory starts again (pods come and go).
+const MAX_REMEMBERED_PODS: usize = 65_536;
 
 /// The body of `/status`: the report, and its age when it was served.
 #[derive(Deserialize)]
@@ -48,10 +52,14 @@ impl Served {
 /// probes do. Why not keep connections: a reconcile asks each instance once, the next ask comes
 /// a refresh later, and an idle connection held for every pod cost about 19 KiB each; a new
 /// connection costs a handshake.
+///
+/// A pod that answered over TLS once (by uid) is never asked in plain HTTP again: whoever
+/// intercepts the connections to it cannot make the operator send the token in clear.
 #[derive(Clone)]
 pub struct HttpInstanceStatus {
     port: u16,
     timeout: Duration,
+    spoke_tls: Arc<Mutex<HashSet<String>>>,
 }
 
 impl fmt::Debug for HttpInstanceStatus {
@@ -72,7 +80,31 @@ impl Default for HttpInstanceStatus {
 impl HttpInstanceStatus {
     /// Asks on `port`, each answer within `timeout`.
     pub fn new(port: u16, timeout: Duration) -> Self {
-        Self { port, timeout }
+        Self {
+            port,
+            timeout,
+            spoke_tls: Arc::default(),
+        }
+    }
+
+    /// Whether `address` may be asked in plain HTTP: not once its pod spoke TLS.
+    fn plain_allowed(&self, address: &InstanceAddress) -> bool {
+        let Some(uid) = &address.uid else {
+            return true;
+        };
+        self.spoke_tls
+            .lock()
+            .map_or(true, |spoke_tls| !spoke_tls.contains(uid))
+    }
+
+    fn remember_tls(&self, address: &InstanceAddress) {
+        let (Some(uid), Ok(mut spoke_tls)) = (&address.uid, self.spoke_tls.lock()) else {
+            return;
+        };
+        if spoke_tls.len() >= MAX_REMEMBERED_PODS {
+            spoke_tls.clear();
+        }
+        spoke_tls.insert(uid.clone());
     }
 
     /// Sends the request `build` makes for a scheme and host to `address`, and reads the
@@ -89,7 +121,19 @@ impl HttpInstanceStatus {
     {
         let socket = SocketAddr::new(address.ip, self.port);
         let access = address.access.as_deref();
-        let response = transport::send(socket, &address.pod, access, self.timeout, build).await?;
+        let plain_allowed = self.plain_allowed(address);
+        let (scheme, response) = transport::send(
+            socket,
+            &address.pod,
+            access,
+            self.timeout,
+            plain_allowed,
+            build,
+        )
+        .await?;
+        if scheme == Scheme::Tls {
+            self.remember_tls(address);
+        }
         let status = response.status();
         let body = Limited::new(response.into_body(), MAX_BODY_BYTES)
             .collect()
@@ -170,7 +214,11 @@ impl InstanceStatusSource for HttpInstanceStatus {
     ) -> BoxFuture<'a, Result<(), FetchError>> {
         let socket = SocketAddr::new(address.ip, self.port);
         Box::pin(super::super::manager_upgrade::upload(
-            socket, address, token, binary,
+            socket,
+            address,
+            self.plain_allowed(address),
+            token,
+            binary,
         ))
     }
 

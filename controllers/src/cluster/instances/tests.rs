@@ -227,6 +227,7 @@ async fn ask(port: u16) -> Result<InstanceReport, FetchError> {
     let address = InstanceAddress {
         pod: "db-0".to_owned(),
         ip: IpAddr::from([127, 0, 0, 1]),
+        uid: None,
         access: None,
     };
     source.fetch(&address).await

@@ -4,8 +4,9 @@
 //!
 //! An instance manager that answers the TLS handshake in plain HTTP is one of an older pgkube
 //! (until the operator replaces it in place) or of a pod without certificates: the request is
-//! made again in plain HTTP, as those managers expect. A certificate that does not verify is
-//! never passed over: the request fails as [`FetchError::Refused`].
+//! made again in plain HTTP, as those managers expect, unless the caller knows the pod speaks
+//! TLS (then it is refused). A certificate that does not verify is never passed over: the
+//! request fails as [`FetchError::Refused`].
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -27,31 +28,43 @@ pub enum Scheme {
 }
 
 /// Sends the request `build` makes for the scheme used to `pod`'s instance manager at
-/// `socket`, connecting within `connect_timeout`.
+/// `socket`, connecting within `connect_timeout`, and in plain HTTP after a TLS handshake only
+/// if `plain_allowed`. Returns the scheme used and the response.
 pub async fn send<B>(
     socket: SocketAddr,
     pod: &str,
     access: Option<&ClusterAccess>,
     connect_timeout: Duration,
+    plain_allowed: bool,
     build: impl Fn(Scheme, &str) -> Result<http::Request<B>, FetchError>,
-) -> Result<http::Response<Incoming>, FetchError>
+) -> Result<(Scheme, http::Response<Incoming>), FetchError>
 where
     B: Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let stream = connect(socket, connect_timeout).await?;
+    let build = &build;
+    let plain = |stream| async move {
+        let response = exchange(stream, build(Scheme::Plain, &socket.to_string())?).await?;
+        Ok((Scheme::Plain, response))
+    };
     let Some(access) = access else {
-        return exchange(stream, build(Scheme::Plain, &socket.to_string())?).await;
+        return plain(stream).await;
     };
     let name = access.server_name(pod)?;
     let host = name.to_str().into_owned();
     match access.connector().connect(name, stream).await {
-        Ok(tls) => exchange(tls, build(Scheme::Tls, &host)?).await,
+        Ok(tls) => Ok((
+            Scheme::Tls,
+            exchange(tls, build(Scheme::Tls, &host)?).await?,
+        )),
+        Err(error) if answered_in_plain(&error) && !plain_allowed => Err(FetchError::Refused(
+            format!("{pod} answered in plain HTTP after it spoke TLS"),
+        )),
         Err(error) if answered_in_plain(&error) => {
             tracing::debug!(%pod, "the instance manager does not speak TLS; asked in plain HTTP");
-            let stream = connect(socket, connect_timeout).await?;
-            exchange(stream, build(Scheme::Plain, &socket.to_string())?).await
+            plain(connect(socket, connect_timeout).await?).await
         }
         Err(error) if certificate_refused(&error) => Err(FetchError::Refused(format!(
             "the certificate of {pod}: {error}"

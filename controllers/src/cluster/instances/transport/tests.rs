@@ -94,10 +94,9 @@ fn access(ca: &Issued) -> ClusterAccess {
 async fn ask(
     socket: SocketAddr,
     access: Option<&ClusterAccess>,
+    plain_allowed: bool,
 ) -> Result<(Scheme, String), FetchError> {
-    let used = std::sync::Mutex::new(None);
     let build = |scheme, host: &str| {
-        *used.lock().expect("lock") = Some(scheme);
         let mut request = http::Request::get("/status").header(http::header::HOST, host);
         if scheme == Scheme::Tls {
             request = request.header(http::header::AUTHORIZATION, "Bearer t0ken");
@@ -106,14 +105,14 @@ async fn ask(
             .body(Full::<bytes::Bytes>::default())
             .expect("request"))
     };
-    let response = send(socket, POD, access, Duration::from_secs(2), build).await?;
+    let timeout = Duration::from_secs(2);
+    let (scheme, response) = send(socket, POD, access, timeout, plain_allowed, build).await?;
     let body = response
         .into_body()
         .collect()
         .await
         .expect("body")
         .to_bytes();
-    let scheme = used.lock().expect("lock").expect("a request was made");
     Ok((scheme, String::from_utf8_lossy(&body).into_owned()))
 }
 
@@ -121,14 +120,16 @@ async fn ask(
 async fn a_pod_whose_certificate_the_clusters_ca_signed_is_asked_over_tls_with_the_token() {
     let ca = ca("cluster CA");
     let socket = server(Some(server_config(&ca))).await;
-    let answer = ask(socket, Some(&access(&ca))).await.expect("answered");
+    let answer = ask(socket, Some(&access(&ca)), true)
+        .await
+        .expect("answered");
     assert_eq!(answer, (Scheme::Tls, "Bearer t0ken".to_owned()));
 }
 
 #[tokio::test]
 async fn a_certificate_of_another_ca_is_refused() {
     let socket = server(Some(server_config(&ca("an impostor's CA")))).await;
-    let refused = ask(socket, Some(&access(&ca("cluster CA")))).await;
+    let refused = ask(socket, Some(&access(&ca("cluster CA"))), true).await;
     assert!(
         matches!(&refused, Err(FetchError::Refused(why)) if why.contains(POD)),
         "{refused:?}"
@@ -138,10 +139,49 @@ async fn a_certificate_of_another_ca_is_refused() {
 #[tokio::test]
 async fn a_manager_that_answers_in_plain_http_is_asked_again_in_plain_without_the_token() {
     let socket = server(None).await;
-    let answer = ask(socket, Some(&access(&ca("cluster CA"))))
+    let answer = ask(socket, Some(&access(&ca("cluster CA"))), true)
         .await
         .expect("answered");
     assert_eq!(answer, (Scheme::Plain, "none".to_owned()));
-    let without_access = ask(socket, None).await.expect("answered");
+    let without_access = ask(socket, None, true).await.expect("answered");
     assert_eq!(without_access, (Scheme::Plain, "none".to_owned()));
+    let pinned = ask(socket, Some(&access(&ca("cluster CA"))), false).await;
+    assert!(
+        matches!(&pinned, Err(FetchError::Refused(why)) if why.contains("plain HTTP")),
+        "{pinned:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_pod_that_spoke_tls_is_never_asked_in_plain_http_again() {
+    use crate::cluster::instances::{HttpInstanceStatus, InstanceAddress, InstanceStatusSource};
+    let ca = ca("cluster CA");
+    let genuine = server(Some(server_config(&ca))).await;
+    // An impostor in plain HTTP, on the same port of another loopback address.
+    let impostor = TcpListener::bind((std::net::Ipv4Addr::new(127, 0, 0, 2), genuine.port()))
+        .await
+        .expect("bind the impostor");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = impostor.accept().await {
+            tokio::spawn(answer(stream));
+        }
+    });
+    let source = HttpInstanceStatus::new(genuine.port(), Duration::from_secs(2));
+    let address = |ip: [u8; 4], uid: &str| InstanceAddress {
+        pod: POD.to_owned(),
+        ip: ip.into(),
+        uid: Some(uid.to_owned()),
+        access: Some(Arc::new(access(&ca))),
+    };
+    // The genuine pod speaks TLS (its answer is no status: that it was TLS is what counts).
+    let over_tls = source.fetch(&address([127, 0, 0, 1], "pod-a")).await;
+    assert!(
+        matches!(over_tls, Err(FetchError::BadAnswer(_))),
+        "{over_tls:?}"
+    );
+    let pinned = source.fetch(&address([127, 0, 0, 2], "pod-a")).await;
+    assert!(matches!(pinned, Err(FetchError::Refused(_))), "{pinned:?}");
+    // Another pod, never seen over TLS, is asked in plain HTTP (an older instance manager).
+    let other = source.fetch(&address([127, 0, 0, 2], "pod-b")).await;
+    assert!(matches!(other, Err(FetchError::BadAnswer(_))), "{other:?}");
 }
