@@ -91,7 +91,7 @@ pub struct AccessCache {
     seeds: Mutex<HashMap<String, Seed>>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Seed {
     ca_pem: Option<Vec<u8>>,
     token: Option<String>,
@@ -146,11 +146,12 @@ impl AccessCache {
         if let Some(access) = self.kept(&key) {
             return Ok(Some(access));
         }
+        // Taken only once the access is made: a failed read keeps what was seeded.
         let seed = self
             .seeds
             .lock()
             .ok()
-            .and_then(|mut seeds| seeds.remove(&key))
+            .and_then(|seeds| seeds.get(&key).cloned())
             .unwrap_or_default();
         let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
         let ca_pem = match seed.ca_pem {
@@ -169,6 +170,9 @@ impl AccessCache {
         match ClusterAccess::new(&ca_pem, token, host_suffix) {
             Ok(access) => {
                 let access = Arc::new(access);
+                if let Ok(mut seeds) = self.seeds.lock() {
+                    seeds.remove(&key);
+                }
                 if let Ok(mut entries) = self.entries.lock() {
                     entries.insert(key, Arc::clone(&access));
                 }
@@ -193,9 +197,22 @@ impl AccessCache {
         self.seed(namespace, names, |seed| seed.token = Some(token.to_owned()));
     }
 
+    /// A seed replaces what is kept: a cluster made again under the same name has a new token.
     fn seed(&self, namespace: &str, names: &ChildNames, set: impl FnOnce(&mut Seed)) {
+        let key = key(namespace, names);
+        if let Ok(mut entries) = self.entries.lock() {
+            entries.remove(&key);
+        }
         if let Ok(mut seeds) = self.seeds.lock() {
-            set(seeds.entry(key(namespace, names)).or_default());
+            set(seeds.entry(key).or_default());
+        }
+    }
+
+    /// Forgets everything about a deleted cluster.
+    pub fn forget_cluster(&self, namespace: &str, names: &ChildNames) {
+        self.forget(namespace, names);
+        if let Ok(mut seeds) = self.seeds.lock() {
+            seeds.remove(&key(namespace, names));
         }
     }
 
@@ -222,4 +239,55 @@ async fn read(
         .and_then(|secret| secret.data)
         .and_then(|mut data| data.remove(key))
         .map(|value| value.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// A client whose every request fails, counting them.
+    fn failing_client(requests: Arc<AtomicUsize>) -> kube::Client {
+        let service = tower::service_fn(move |_: http::Request<kube::client::Body>| {
+            requests.fetch_add(1, Ordering::SeqCst);
+            async {
+                Err::<http::Response<kube::client::Body>, _>(std::io::Error::other(
+                    "no API server in a unit test",
+                ))
+            }
+        });
+        kube::Client::new(service, "default")
+    }
+
+    #[tokio::test]
+    async fn what_the_operator_made_is_kept_without_reading_it_back_until_the_cluster_goes() {
+        let requests = Arc::new(AtomicUsize::new(0));
+        let client = failing_client(Arc::clone(&requests));
+        let names = ChildNames::for_cluster("db");
+        let now = time::OffsetDateTime::now_utc();
+        let ca = crate::pki::new_ca("test CA", now, time::Duration::days(1)).expect("CA");
+        let cache = AccessCache::default();
+        cache.seed_ca("ns", &names, &ca.cert_pem);
+        cache.seed_token("ns", &names, "t0ken");
+        let access = cache.get(&client, "ns", &names).await.expect("no read");
+        assert_eq!(access.expect("access").token(), "t0ken");
+        assert!(cache.get(&client, "ns", &names).await.is_ok(), "kept");
+        assert_eq!(requests.load(Ordering::SeqCst), 0, "nothing read");
+        // A cluster made again under the same name: its new token replaces the kept one.
+        cache.seed_token("ns", &names, "n3w");
+        assert!(
+            cache.get(&client, "ns", &names).await.is_err(),
+            "the CA is read"
+        );
+        cache.seed_ca("ns", &names, &ca.cert_pem);
+        let access = cache.get(&client, "ns", &names).await.expect("seeded");
+        assert_eq!(access.expect("access").token(), "n3w");
+        cache.forget_cluster("ns", &names);
+        assert!(
+            cache.get(&client, "ns", &names).await.is_err(),
+            "read again"
+        );
+        assert!(requests.load(Ordering::SeqCst) > 0);
+    }
 }
