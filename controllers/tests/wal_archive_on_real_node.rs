@@ -18,7 +18,7 @@ use pgkube_testkit::wal::{
 };
 use pgkube_testkit::{
     TestBucket, TestCluster, backup_config, condition, create_s3_secret, http_get,
-    instance_manager_of, send_signal, test_storage, wait_until,
+    instance_manager_of, send_signal, server_started_at, test_storage, wait_until,
 };
 use sha2::{Digest, Sha256};
 
@@ -38,13 +38,19 @@ async fn a_burst_of_wal_reaches_the_archive_without_a_gap_though_the_manager_is_
     let root = default_root(fixture.namespace());
     let sql = fixture.cluster.sql().await.expect("SQL");
     finish_segments(&sql, 120).await.expect("first half");
+    let started = server_started_at(&sql).await.expect("the start time");
     // Killed while it uploads what the first half finished: its children go with it.
     let primary = primary_of(&fixture.cluster).await;
     let manager = instance_manager_of(fixture.namespace(), &primary).expect("the manager runs");
     send_signal(manager, "KILL").expect("killed");
     drop(sql);
-    let sql = wait_until("the primary is back", CLUSTER_TIMEOUT, || async {
-        Ok(fixture.cluster.sql().await.ok())
+    // The old server may still accept a connection for a moment before the kill reaches it.
+    let sql = wait_until("a new server is the primary", CLUSTER_TIMEOUT, || async {
+        let Ok(sql) = fixture.cluster.sql().await else {
+            return Ok(None);
+        };
+        let restarted = server_started_at(&sql).await.is_ok_and(|at| at != started);
+        Ok(restarted.then_some(sql))
     })
     .await
     .expect("the primary is back");

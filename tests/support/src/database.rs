@@ -118,6 +118,16 @@ fn with_database(url: &str, database: &str) -> String {
     out
 }
 
+/// When the server behind `sql` started (`pg_postmaster_start_time()`, as text): a new value
+/// means a new postmaster, as after a restart.
+pub async fn server_started_at(sql: &Client) -> anyhow::Result<String> {
+    let row = sql
+        .query_one("SELECT pg_postmaster_start_time()::text", &[])
+        .await
+        .context("reading the server's start time")?;
+    Ok(row.get(0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

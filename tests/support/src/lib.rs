@@ -138,7 +138,7 @@ pub use cluster::{
 };
 pub use conversion::{TestCa, converting_crds, converting_crds_storing};
 pub use crds::{CRD_FIELD_MANAGER, install_crds};
-pub use database::TestDatabase;
+pub use database::{TestDatabase, server_started_at};
 pub use describe::describe_cluster;
 pub use env::{SKIP_ENV_VAR, TestEnv, node_pgkube_binary, testbed};
 pub use failover::{RoleSampler, SAMPLE_PERIOD, Sample};
