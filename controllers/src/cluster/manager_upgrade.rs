@@ -15,12 +15,11 @@
 //! ([`install_image`]): the template keeps the image its pods were made with until something
 //! else in it changes, so that an operator upgrade rolls no pod.
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::BytesMut;
-use http_body_util::{BodyExt, Limited, StreamBody};
+use http_body_util::{BodyExt, StreamBody};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt as _;
 use tracing::Instrument as _;
@@ -32,7 +31,8 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 
 use super::build::{self, BuildInput, ChildNames};
 use super::context::ClusterContext;
-use super::instances::{FetchError, InstanceAddress, ObservedInstance, ReportedRole};
+use super::instances::transport::Scheme;
+use super::instances::{FetchError, ObservedInstance, ReportedRole};
 use super::report::publish_event;
 use super::validate::ValidatedCluster;
 use super::{Error, apply, failover, ha, read, rollout};
@@ -40,11 +40,9 @@ use super::{Error, apply, failover, ha, read, rollout};
 /// The header with the SHA-256 of the binary sent (the instance manager checks it).
 pub const DIGEST_HEADER: &str = "pgkube-binary-sha256";
 /// How long an upload and the instance manager's checks may take.
-const UPLOAD_TIMEOUT: Duration = Duration::from_secs(120);
+pub const UPLOAD_TIMEOUT: Duration = Duration::from_secs(120);
 /// The chunks the binary is read and sent in.
 const CHUNK_BYTES: usize = 256 * 1024;
-/// The largest answer read.
-const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 /// The binary the instance managers should run: the operator's own.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -201,38 +199,22 @@ fn installer_image_of(sts: &StatefulSet) -> Option<String> {
     image_in(pod.init_containers.as_deref().unwrap_or_default())
 }
 
-/// Sends `binary` to the instance manager of `address` at `socket` (in plain HTTP after a TLS
-/// handshake only if `plain_allowed`); any 2xx answer is success (202: it execs it now; 200: it
-/// runs it already).
-pub async fn upload(
-    socket: SocketAddr,
-    address: &InstanceAddress,
-    plain_allowed: bool,
-    token: &str,
-    binary: &OwnBinary,
-) -> Result<(), FetchError> {
-    let sent = send(socket, address, plain_allowed, token, binary);
-    tokio::time::timeout(UPLOAD_TIMEOUT, sent)
-        .await
-        .unwrap_or_else(|_| {
-            Err(FetchError::Unreachable(format!(
-                "no answer within {UPLOAD_TIMEOUT:?}"
-            )))
-        })
-}
+/// The body of an upload: the binary, read in chunks as it is sent.
+pub type UploadBody = http_body_util::combinators::BoxBody<bytes::Bytes, std::io::Error>;
 
-async fn send(
-    socket: SocketAddr,
-    address: &InstanceAddress,
-    plain_allowed: bool,
-    token: &str,
-    binary: &OwnBinary,
-) -> Result<(), FetchError> {
+/// The request that sends `binary` to an instance manager with the bearer `token`, built for
+/// the host it is sent to; any 2xx answer is success (202: it execs it now; 200: it runs it
+/// already).
+pub fn upload_request<'a>(
+    binary: &'a OwnBinary,
+    token: &'a str,
+) -> Result<impl Fn(Scheme, &str) -> Result<http::Request<UploadBody>, FetchError> + 'a, FetchError>
+{
     let unreadable = |error: std::io::Error| {
         FetchError::Unreachable(format!("cannot read {}: {error}", binary.path.display()))
     };
     let length = std::fs::metadata(&binary.path).map_err(unreadable)?.len();
-    let build = |_, host: &str| {
+    Ok(move |_, host: &str| {
         let file = std::fs::File::open(&binary.path).map_err(unreadable)?;
         let chunks =
             futures::stream::try_unfold(tokio::fs::File::from_std(file), |mut file| async move {
@@ -249,31 +231,8 @@ async fn send(
             .header(http::header::CONTENT_LENGTH, length)
             .header(DIGEST_HEADER, &binary.digest)
             .body(StreamBody::new(chunks).boxed())
-            .map_err(|error| FetchError::BadAnswer(format!("request to {socket}: {error}")))
-    };
-    let access = address.access.as_deref();
-    let (_, response) = super::instances::transport::send(
-        socket,
-        &address.pod,
-        access,
-        super::instances::STATUS_TIMEOUT,
-        plain_allowed,
-        build,
-    )
-    .await?;
-    let status = response.status();
-    let answer = Limited::new(response.into_body(), MAX_ANSWER_BYTES)
-        .collect()
-        .await
-        .map(|body| body.to_bytes())
-        .unwrap_or_default();
-    if status.is_success() {
-        return Ok(());
-    }
-    Err(FetchError::BadAnswer(format!(
-        "HTTP {status}: {}",
-        String::from_utf8_lossy(&answer).trim()
-    )))
+            .map_err(|error| FetchError::BadAnswer(format!("request to {host}: {error}")))
+    })
 }
 
 #[cfg(test)]

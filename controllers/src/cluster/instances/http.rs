@@ -12,6 +12,7 @@ use futures::future::BoxFuture;
 use http_body_util::{BodyExt, Full, Limited};
 use serde::Deserialize;
 
+use super::super::manager_upgrade;
 use super::transport::{self, Scheme};
 use super::{
     ControlCommand, FetchError, InstanceAddress, InstanceReport, InstanceStatusSource, STALE_AFTER,
@@ -190,15 +191,19 @@ impl HttpInstanceStatus {
                 .body(Full::new(Bytes::from(command.body().to_string())))
                 .map_err(|error| FetchError::BadAnswer(format!("request: {error}")))
         };
-        let (status, body) = self.send(address, build).await?;
-        if status.is_success() {
-            return Ok(());
-        }
-        Err(FetchError::BadAnswer(format!(
-            "HTTP {status}: {}",
-            String::from_utf8_lossy(&body).trim()
-        )))
+        success(self.send(address, build).await?)
     }
+}
+
+/// Any 2xx answer is success; another says why in its body.
+fn success((status, body): (http::StatusCode, Bytes)) -> Result<(), FetchError> {
+    if status.is_success() {
+        return Ok(());
+    }
+    Err(FetchError::BadAnswer(format!(
+        "HTTP {status}: {}",
+        String::from_utf8_lossy(&body).trim()
+    )))
 }
 
 /// How long a command may take: the instance manager answers a promotion once the server left
@@ -210,16 +215,20 @@ impl InstanceStatusSource for HttpInstanceStatus {
         &'a self,
         address: &'a InstanceAddress,
         token: &'a str,
-        binary: &'a super::super::manager_upgrade::OwnBinary,
+        binary: &'a manager_upgrade::OwnBinary,
     ) -> BoxFuture<'a, Result<(), FetchError>> {
-        let socket = SocketAddr::new(address.ip, self.port);
-        Box::pin(super::super::manager_upgrade::upload(
-            socket,
-            address,
-            self.plain_allowed(address),
-            token,
-            binary,
-        ))
+        Box::pin(async move {
+            let build = manager_upgrade::upload_request(binary, token)?;
+            let sent = async { success(self.send(address, build).await?) };
+            tokio::time::timeout(manager_upgrade::UPLOAD_TIMEOUT, sent)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(FetchError::Unreachable(format!(
+                        "no answer within {:?}",
+                        manager_upgrade::UPLOAD_TIMEOUT
+                    )))
+                })
+        })
     }
 
     fn command<'a>(
