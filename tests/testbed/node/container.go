@@ -249,7 +249,7 @@ func (c *containerRuntime) start() (*process, error) {
 	spec := containerSpec{
 		Argv: argv, Env: env, WorkDir: workDir, Hostname: c.pod.hostname(),
 		UID: user.uid, GID: user.gid, Groups: user.groups, Mounts: mounts,
-		NoNewPrivileges: noNewPrivileges(c.spec),
+		NoNewPrivileges: noNewPrivileges(c.spec), ReadOnlyRoot: readOnlyRoot(c.spec),
 	}
 	proc, err := startProcess(spec, logFile, c.spec.Stdin)
 	if err != nil {
@@ -292,6 +292,11 @@ func containerArgv(spec corev1.Container, image imageConfig, env []string) []str
 func noNewPrivileges(spec corev1.Container) bool {
 	sc := spec.SecurityContext
 	return sc != nil && sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation
+}
+
+func readOnlyRoot(spec corev1.Container) bool {
+	sc := spec.SecurityContext
+	return sc != nil && sc.ReadOnlyRootFilesystem != nil && *sc.ReadOnlyRootFilesystem
 }
 
 // stop sends SIGTERM, then SIGKILL after the grace period, to the running process if any.

@@ -39,6 +39,11 @@ func containerInit() {
 	if err := setUpMounts(spec.Mounts); err != nil {
 		fail("%v", err)
 	}
+	if spec.ReadOnlyRoot {
+		if err := makeRootReadOnly(spec.Mounts); err != nil {
+			fail("%v", err)
+		}
+	}
 	if spec.Hostname != "" {
 		if err := syscall.Sethostname([]byte(spec.Hostname)); err != nil {
 			fail("setting the hostname: %v", err)
@@ -93,6 +98,28 @@ func setUpMounts(mounts []mountSpec) error {
 		if err := bindMount(source, mounts[i]); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// makeRootReadOnly makes the root and the image's own directories read-only; the volumes
+// mounted in them are mounts of their own and keep their flags.
+func makeRootReadOnly(mounts []mountSpec) error {
+	flags := uintptr(syscall.MS_BIND | syscall.MS_REMOUNT | syscall.MS_RDONLY)
+	covered := map[string]int{}
+	for _, m := range mounts {
+		covered[filepath.Clean(m.Target)]++
+	}
+	for _, m := range mounts {
+		// A volume mounted over the directory itself is what a remount would reach.
+		if m.ImageRoot && covered[filepath.Clean(m.Target)] == 1 {
+			if err := syscall.Mount("", m.Target, "", flags, ""); err != nil {
+				return fmt.Errorf("making %s read-only: %w", m.Target, err)
+			}
+		}
+	}
+	if err := syscall.Mount("", "/", "", flags, ""); err != nil {
+		return fmt.Errorf("making the root filesystem read-only: %w", err)
 	}
 	return nil
 }

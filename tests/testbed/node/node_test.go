@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -296,5 +297,53 @@ func TestThePodsOfPeerNodesResolveByTheirAddresses(t *testing.T) {
 	got := entries[0]
 	if got.ip != "127.88.0.2" || !got.ready || got.hostname != "db-1" || got.subdomain != "db-headless" {
 		t.Errorf("entry %+v", got)
+	}
+}
+
+func TestAReadOnlyRootLeavesOnlyTheVolumesWritable(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (namespaces and mounts)")
+	}
+	dir := t.TempDir()
+	var rootStat, dirStat syscall.Stat_t
+	if syscall.Stat("/", &rootStat) != nil || syscall.Stat(dir, &dirStat) != nil || rootStat.Dev != dirStat.Dev {
+		t.Skip("the temporary directory is not on the root filesystem")
+	}
+	path := func(name string) string { return filepath.Join(dir, name) }
+	// image-run: an image directory with a volume inside it (its mount point made in it);
+	// image-tmp: an image directory with a volume over it.
+	for _, name := range []string{"volume", "image-run", "image-tmp", "volume-tmp"} {
+		if err := os.Mkdir(path(name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	log, err := os.Create(path("log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer log.Close()
+	// As root, so that only the mounts' flags can refuse a write.
+	try := func(file string) string {
+		return `touch ` + file + ` 2>/dev/null && echo ` + filepath.Base(file) + `; `
+	}
+	script := try(path("on-root")) + try(path("image-run/in-image")) +
+		try(path("image-run/volume/in-volume")) + try(path("image-tmp/in-tmp-volume"))
+	proc, err := startProcess(containerSpec{
+		Argv: []string{"sh", "-c", script}, Env: []string{"PATH=" + standardPath},
+		WorkDir: "/", Hostname: "pod-ro", ReadOnlyRoot: true,
+		Mounts: []mountSpec{
+			{Source: path("image-run"), Target: path("image-run"), ImageRoot: true},
+			{Source: path("volume"), Target: path("image-run/volume")},
+			{Source: path("image-tmp"), Target: path("image-tmp"), ImageRoot: true},
+			{Source: path("volume-tmp"), Target: path("image-tmp")},
+		},
+	}, log, false)
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	proc.wait()
+	output, _ := os.ReadFile(log.Name())
+	if string(output) != "in-volume\nin-tmp-volume\n" {
+		t.Errorf("written: %q", output)
 	}
 }

@@ -32,12 +32,17 @@ type containerSpec struct {
 	Groups          []uint32
 	Mounts          []mountSpec
 	NoNewPrivileges bool
+	// ReadOnlyRoot makes everything but the volumes, /proc, /dev and the pod's files
+	// read-only, as readOnlyRootFilesystem does to an image's root.
+	ReadOnlyRoot bool
 }
 
-// mountSpec is a bind mount into the container; File mounts a single file.
+// mountSpec is a bind mount into the container; File mounts a single file. ImageRoot marks a
+// directory of the image's own root filesystem: ReadOnlyRoot makes it read-only once every
+// mount point in it is made.
 type mountSpec struct {
-	Source, Target string
-	ReadOnly, File bool
+	Source, Target            string
+	ReadOnly, File, ImageRoot bool
 }
 
 type process struct {

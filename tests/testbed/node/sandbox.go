@@ -22,6 +22,10 @@ var podPrivateDirs = map[string]os.FileMode{
 	"/run":     0o755,
 }
 
+// The private directories that belong to the image's root filesystem, read-only under
+// readOnlyRootFilesystem; /dev/shm is the runtime's own tmpfs and stays writable.
+var imageRootDirs = map[string]bool{"/tmp": true, "/run": true}
+
 // prepareSandbox makes the pod's directories and volumes, retrying (as a kubelet does with
 // FailedMount) until it works or the pod is deleted. It errs only when the pod stops first.
 func (r *podRuntime) prepareSandbox() error {
@@ -115,7 +119,7 @@ func (r *podRuntime) hostname() string {
 func (r *podRuntime) containerMounts(spec corev1.Container, image imageConfig, termination string) ([]mountSpec, error) {
 	var mounts []mountSpec
 	for target := range podPrivateDirs {
-		mounts = append(mounts, mountSpec{Source: filepath.Join(r.dir, strings.TrimPrefix(target, "/")), Target: target})
+		mounts = append(mounts, mountSpec{Source: filepath.Join(r.dir, strings.TrimPrefix(target, "/")), Target: target, ImageRoot: imageRootDirs[target]})
 	}
 	for _, name := range []string{"hosts", "hostname", "passwd", "group"} {
 		mounts = append(mounts, mountSpec{Source: filepath.Join(r.dir, "etc", name), Target: "/etc/" + name, File: true, ReadOnly: name != "hosts"})
