@@ -14,10 +14,12 @@ pub fn runtime_default_seccomp() -> SeccompProfile {
     }
 }
 
-/// Restricted: no privilege escalation, no capability, not root, the runtime's seccomp profile.
+/// Restricted: no privilege escalation, no capability, not root, the runtime's seccomp profile,
+/// and a read-only root filesystem (writes go to volumes).
 pub fn restricted_security_context() -> SecurityContext {
     SecurityContext {
         allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
         run_as_non_root: Some(true),
         capabilities: Some(Capabilities {
             drop: Some(vec!["ALL".to_owned()]),

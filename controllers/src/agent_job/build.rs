@@ -58,6 +58,9 @@ pub(super) const CA_BUNDLE_FILE: &str = "ca.crt";
 /// The replication role's Secret, for the base backup of a physical backup.
 pub(super) const REPLICATION_VOLUME: &str = "replication";
 pub(super) const REPLICATION_MOUNT: &str = "/etc/pgkube/replication";
+/// The root filesystem is read-only: the agent's own copy of its certificates goes to /tmp.
+pub(super) const TMP_VOLUME: &str = "tmp";
+const TMP_MOUNT: &str = "/tmp";
 /// A failed backup or restore is not retried by the Job: the agent starts from scratch anyway,
 /// and a new run (scheduled, or a new object) is the retry, with the failure on record.
 const BACKOFF_LIMIT: i32 = 0;
@@ -347,6 +350,7 @@ fn volume_mounts(task: &Task<'_>) -> Vec<k8s_openapi::api::core::v1::VolumeMount
         mount(SUPERUSER_VOLUME, SUPERUSER_MOUNT, true),
         mount(S3_VOLUME, S3_MOUNT, true),
         mount(TLS_VOLUME, TLS_MOUNT, true),
+        mount(TMP_VOLUME, TMP_MOUNT, false),
     ];
     if task.physical_source().is_some() {
         mounts.push(mount(REPLICATION_VOLUME, REPLICATION_MOUNT, true));

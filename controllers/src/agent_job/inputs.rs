@@ -12,7 +12,7 @@ use pgkube_crds::{PostgreSQLCluster, S3Storage};
 use super::build::{
     ACCESS_KEY_ID_FILE, AGENT_VOLUME, CA_BUNDLE_FILE, JobInput, REPLICATION_MOUNT,
     REPLICATION_VOLUME, S3_MOUNT, S3_VOLUME, SECRET_ACCESS_KEY_FILE, SUPERUSER_MOUNT,
-    SUPERUSER_VOLUME, TLS_MOUNT, TLS_VOLUME, Task,
+    SUPERUSER_VOLUME, TLS_MOUNT, TLS_VOLUME, TMP_VOLUME, Task,
 };
 use crate::backup::physical::Source;
 use crate::cluster::build::{
@@ -156,6 +156,11 @@ pub(super) fn volumes(input: &JobInput<'_>) -> Vec<Volume> {
     let mut volumes = vec![
         Volume {
             name: AGENT_VOLUME.to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        },
+        Volume {
+            name: TMP_VOLUME.to_owned(),
             empty_dir: Some(EmptyDirVolumeSource::default()),
             ..Volume::default()
         },

@@ -79,6 +79,12 @@ const CONTROL_MOUNT: &str = "/etc/pgkube/control";
 /// control endpoints (promote, follow).
 pub const CONTROL_TOKEN_KEY: &str = "token";
 const SHM_VOLUME: &str = "shm";
+/// The root filesystem is read-only: PostgreSQL's socket and lock file, and whatever a tool
+/// writes to /tmp, go to emptyDirs.
+const SOCKET_VOLUME: &str = "socket";
+const SOCKET_MOUNT: &str = "/var/run/postgresql";
+const TMP_VOLUME: &str = "tmp";
+const TMP_MOUNT: &str = "/tmp";
 /// The cluster's certificates (see [`super::certificates`]), as the instance manager reads them.
 pub const TLS_VOLUME: &str = "tls";
 const TLS_MOUNT: &str = "/etc/pgkube/tls";

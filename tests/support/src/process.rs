@@ -106,6 +106,21 @@ pub fn instance_manager_of(namespace: &str, pod: &str) -> Option<u32> {
         .map(|(pid, _)| pid)
 }
 
+/// The options of the mount at `mount_point` as process `pid` sees it (the topmost one, from
+/// `/proc/<pid>/mountinfo`): `ro` or `rw` first; `None` if nothing is mounted there.
+pub fn mount_options(pid: u32, mount_point: &str) -> Option<Vec<String>> {
+    let mountinfo = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).ok()?;
+    // Fields: id, parent, major:minor, root, mount point, options, ...
+    mountinfo
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            (fields.get(4) == Some(&mount_point)).then(|| fields.get(5).copied())?
+        })
+        .next_back()
+        .map(|options| options.split(',').map(str::to_owned).collect())
+}
+
 /// Sends `signal` (`KILL`, `STOP`, `CONT`, ...) to process `pid`, with `kill -s`.
 pub fn send_signal(pid: u32, signal: &str) -> anyhow::Result<()> {
     let status = std::process::Command::new("kill")

@@ -208,7 +208,24 @@ fn every_container_is_restricted() {
             Some(vec!["ALL".to_owned()])
         );
         assert_eq!(context.run_as_non_root, Some(true));
+        assert_eq!(context.read_only_root_filesystem, Some(true));
     }
+    // What the agent writes (its copy of the certificates) goes to a volume.
+    let agent = &pod.containers[0];
+    let tmp = agent
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.mount_path == "/tmp")
+        .expect("/tmp is a volume");
+    assert_eq!(tmp.read_only, None);
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == tmp.name)
+        .expect("its volume");
+    assert!(volume.empty_dir.is_some(), "{volume:?}");
 }
 
 #[test]

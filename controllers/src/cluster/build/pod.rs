@@ -55,6 +55,8 @@ pub(super) fn volumes(cluster: &ValidatedCluster, names: &ChildNames) -> Vec<Vol
         // PostgreSQL's parallel queries use POSIX shared memory; a container runtime's own
         // /dev/shm is 64MB, too small for them.
         empty_dir(SHM_VOLUME, Some("Memory")),
+        empty_dir(SOCKET_VOLUME, None),
+        empty_dir(TMP_VOLUME, None),
         tls_volume(
             TLS_VOLUME,
             names,
@@ -220,6 +222,8 @@ pub(super) fn postgres_container(cluster: &ValidatedCluster, image_repository: &
                 mount(CONTROL_VOLUME, CONTROL_MOUNT, true),
                 mount(APPLICATION_VOLUME, APPLICATION_MOUNT, true),
                 mount(SHM_VOLUME, "/dev/shm", false),
+                mount(SOCKET_VOLUME, SOCKET_MOUNT, false),
+                mount(TMP_VOLUME, TMP_MOUNT, false),
                 mount(TLS_VOLUME, TLS_MOUNT, true),
             ]
             .into_iter()

@@ -478,6 +478,8 @@ fn an_init_container_installs_the_instance_manager_into_the_shared_volume() {
             expect("control", "/etc/pgkube/control", Some(true)),
             expect("application", "/etc/pgkube/application", Some(true)),
             expect("shm", "/dev/shm", None),
+            expect("socket", "/var/run/postgresql", None),
+            expect("tmp", "/tmp", None),
             expect("tls", "/etc/pgkube/tls", Some(true)),
             expect("s3", "/etc/pgkube/s3", Some(true)),
         ]
@@ -523,6 +525,8 @@ fn an_init_container_installs_the_instance_manager_into_the_shared_volume() {
                 Some("secret my-cluster-app".to_owned())
             ),
             ("shm".to_owned(), None),
+            ("socket".to_owned(), None),
+            ("tmp".to_owned(), None),
             ("tls".to_owned(), None),
             ("s3".to_owned(), None),
         ]
@@ -662,6 +666,7 @@ fn pods_meet_the_restricted_pod_security_standard() {
             .expect("container security");
         assert_eq!(security.allow_privilege_escalation, Some(false));
         assert_eq!(security.run_as_non_root, Some(true));
+        assert_eq!(security.read_only_root_filesystem, Some(true));
         assert_eq!(
             security.capabilities.and_then(|c| c.drop),
             Some(vec!["ALL".to_owned()])
