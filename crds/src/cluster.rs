@@ -92,6 +92,10 @@ pub struct PostgreSQLClusterSpec {
     /// cluster's own pods. Unset: made, with no other peers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<NetworkPolicySettings>,
+    /// A server certificate of one's own (for example from cert-manager) instead of the one
+    /// pgkube issues. Unset: pgkube issues and renews it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificates: Option<ServerCertificates>,
     /// Failover and synchronous replication. Unset: automatic failover after
     /// `failoverDelaySeconds` (5), asynchronous replication.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -267,6 +271,31 @@ pub struct NetworkPolicySettings {
     /// namespaces, address blocks). The pods of the cluster's namespace always may.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub postgres_from: Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer>,
+}
+
+/// A server certificate of one's own, in Secrets of the cluster's namespace. The same in
+/// v1alpha1 and v1beta1.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerCertificates {
+    /// A `kubernetes.io/tls` Secret with the server's `tls.crt` and `tls.key`. The certificate
+    /// must name the cluster's Services (`<cluster>-rw`, `<cluster>-ro`, `<cluster>-r`, as
+    /// `<service>.<namespace>.svc`) and its pods (`*.<cluster>-postgresql-headless.<namespace>.svc`),
+    /// or replicas, Jobs and the operator refuse it. A new content of the Secret (a renewal) is
+    /// loaded without a restart.
+    #[serde(rename = "serverTLSSecret")]
+    #[schemars(length(min = 1, max = 253))]
+    pub server_tls_secret: String,
+    /// A Secret with the `ca.crt` that signed it, with which clients, replicas, backup Jobs and
+    /// the operator verify the server. Unset: the `ca.crt` of `serverTLSSecret`, where
+    /// cert-manager writes it.
+    #[serde(
+        rename = "serverCASecret",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(min = 1, max = 253))]
+    pub server_ca_secret: Option<String>,
 }
 
 fn default_true() -> bool {

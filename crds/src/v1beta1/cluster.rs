@@ -18,7 +18,7 @@ use crate::cluster::{
     BOOTSTRAP_ONE_OF_MESSAGE, BOOTSTRAP_ONE_OF_RULE, HighAvailability, InstanceSpread,
     NetworkPolicySettings, ONE_ANTI_AFFINITY_MESSAGE, ONE_ANTI_AFFINITY_RULE,
     PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion, PrimaryUpdateStrategy,
-    SYNCHRONOUS_FITS_MESSAGE, SYNCHRONOUS_FITS_RULE,
+    SYNCHRONOUS_FITS_MESSAGE, SYNCHRONOUS_FITS_RULE, ServerCertificates,
 };
 use crate::common::LocalReference;
 
@@ -98,6 +98,10 @@ pub struct PostgreSQLClusterSpec {
     /// cluster's own pods. Unset: made, with no other peers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<NetworkPolicySettings>,
+    /// A server certificate of one's own (for example from cert-manager) instead of the one
+    /// pgkube issues. Unset: pgkube issues and renews it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificates: Option<ServerCertificates>,
     /// Failover and synchronous replication. Unset: automatic failover after
     /// `failoverDelaySeconds` (5), asynchronous replication.
     #[serde(default, skip_serializing_if = "Option::is_none")]

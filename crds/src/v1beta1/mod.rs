@@ -49,7 +49,7 @@ pub use crate::cluster::{
     NodeAntiAffinity, ONE_ANTI_AFFINITY_MESSAGE, ONE_ANTI_AFFINITY_RULE, PostgreSQLClusterStatus,
     PostgreSQLSettings, PostgresVersion, PrimaryChange, PrimaryChangeKind, PrimaryUpdateStrategy,
     REFUSED_PARAMETERS, Recoverability, SYNCHRONOUS_FITS_MESSAGE, SYNCHRONOUS_FITS_RULE,
-    SynchronousReplication,
+    ServerCertificates, SynchronousReplication,
 };
 pub use crate::common::{
     LocalReference, S3Credentials, S3Storage, ServerSideEncryption, conditions_schema,

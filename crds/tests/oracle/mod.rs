@@ -95,6 +95,7 @@ fn spec_to_v1beta1(spec: v1alpha1::PostgreSQLClusterSpec) -> v1beta1::PostgreSQL
         primary_update_strategy,
         enable_superuser_access,
         network_policy,
+        certificates,
     } = spec;
     v1beta1::PostgreSQLClusterSpec {
         replicas,
@@ -115,6 +116,7 @@ fn spec_to_v1beta1(spec: v1alpha1::PostgreSQLClusterSpec) -> v1beta1::PostgreSQL
         primary_update_strategy,
         enable_superuser_access,
         network_policy,
+        certificates,
     }
 }
 
@@ -140,6 +142,7 @@ fn spec_to_v1alpha1(spec: v1beta1::PostgreSQLClusterSpec) -> v1alpha1::PostgreSQ
         primary_update_strategy,
         enable_superuser_access,
         network_policy,
+        certificates,
     } = spec;
     v1alpha1::PostgreSQLClusterSpec {
         replicas,
@@ -157,6 +160,7 @@ fn spec_to_v1alpha1(spec: v1beta1::PostgreSQLClusterSpec) -> v1alpha1::PostgreSQ
         primary_update_strategy,
         enable_superuser_access,
         network_policy,
+        certificates,
     }
 }
 

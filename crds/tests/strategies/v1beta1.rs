@@ -129,13 +129,20 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
             primary_update_strategy(),
             any::<bool>(),
             of(network_policy()),
+            of(server_certificates()),
         ),
     );
     (instances, pods, data).prop_map(|(instances, pods, data)| {
         let (replicas, postgres_version, storage, resources) = instances;
         let (node_selector, tolerations, affinity) = pods;
         let (backup, postgresql, bootstrap, high_availability, rest) = data;
-        let (spread, primary_update_strategy, enable_superuser_access, network_policy) = rest;
+        let (
+            spread,
+            primary_update_strategy,
+            enable_superuser_access,
+            network_policy,
+            certificates,
+        ) = rest;
         let spread = admissible_spread(spread, &affinity);
         PostgreSQLClusterSpec {
             replicas,
@@ -153,6 +160,7 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
             primary_update_strategy,
             enable_superuser_access,
             network_policy,
+            certificates,
         }
     })
 }

@@ -271,6 +271,7 @@ impl TestCluster {
             primary_update_strategy: None,
             enable_superuser_access: false,
             network_policy: None,
+            certificates: None,
         };
         local_node_scheduling().apply_to_cluster(&mut spec);
         TestClusterBuilder {
