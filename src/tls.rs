@@ -19,9 +19,12 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-/// Files of the TLS volume: the CA that signed the server's certificate (and the clients'),
-/// the server's certificate and key, and the client certificates.
+/// Files of the TLS volume: the CA that signed the server's certificate (what clients verify
+/// a server with), the server's certificate and key, and the client certificates.
 pub const CA_FILE: &str = "ca.crt";
+/// The CA that signed the client certificates, what the server verifies them with; without
+/// it (a pod made by an older pgkube), `ca.crt`, which then signed both.
+pub const CLIENT_CA_FILE: &str = "client-ca.crt";
 pub const SERVER_CERT_FILE: &str = "tls.crt";
 pub const SERVER_KEY_FILE: &str = "tls.key";
 

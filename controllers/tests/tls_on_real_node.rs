@@ -3,7 +3,10 @@
 //! that expects another name), streams to its replica over TLS with the replication role's
 //! client certificate, answers `/status` on its instance managers' port only over TLS and to the
 //! control token, and renews its certificates, here valid for 45 s, while clients keep
-//! connecting and no server restarts.
+//! connecting and no server restarts. A cluster with a server certificate of its own
+//! (`spec.certificates`) serves it, verified with its own CA by clients, replicas and the
+//! operator, and loads a new one put in its Secret without a restart; one that does not name
+//! the cluster's hosts is refused before any pod is made.
 
 mod common;
 
@@ -13,11 +16,12 @@ use std::time::Duration;
 
 use common::Running;
 use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Patch, PatchParams};
 use pgkube_controllers::cluster::build::STATUS_PORT;
 use pgkube_testkit::tokio_postgres::{self, NoTls};
 use pgkube_testkit::{
-    TestCluster, served_certificate, server_tls_secret_name, status_port_answer, verify_full,
-    wait_until,
+    TestCa, TestCluster, served_certificate, server_tls_secret_name, status_port_answer,
+    verify_full, wait_until,
 };
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
@@ -149,6 +153,156 @@ async fn a_cluster_speaks_tls_only_replicates_with_certificates_and_renews_them_
     running.stop().await;
 }
 
+#[tokio::test]
+async fn a_cluster_serves_its_own_certificate_and_loads_a_new_one_without_restarts() {
+    let Some(running) = Running::start("tls-own", RESYNC).await else {
+        return;
+    };
+    let namespace = running.namespace.name().to_owned();
+    let secrets = running.api::<Secret>();
+    let ca = TestCa::new();
+    // As cert-manager writes it: the CA beside the certificate and its key.
+    let hosts = own_hosts(&namespace);
+    put_tls_secret(&secrets, "own-server", &ca, &hosts).await;
+    refuses_a_certificate_without_the_clusters_names(&running, &ca).await;
+
+    let cluster = TestCluster::builder("own")
+        .replicas(2)
+        .spec(|spec| {
+            spec.certificates = Some(pgkube_crds::ServerCertificates {
+                server_tls_secret: "own-server".to_owned(),
+                server_ca_secret: None,
+            });
+        })
+        .start(&running.namespace)
+        .await
+        .expect("Running: the operator reads the instances over TLS with the user's CA");
+    let ca_pem = ca.pem();
+    assert_eq!(cluster.server_ca().await.expect("the CA"), ca_pem);
+    let sql = cluster
+        .sql()
+        .await
+        .expect("verify-full through rw, the user's CA");
+    let address = cluster.addresses().await.expect("rw")[0];
+    let rw_host = format!("own-rw.{namespace}.svc");
+    let own = secret_certificate(&secrets, "own-server").await;
+    assert_eq!(
+        served_certificate(address, &rw_host, &ca_pem)
+            .await
+            .expect("the served certificate"),
+        own
+    );
+    assert!(
+        secrets
+            .get_opt(&server_tls_secret_name("own"))
+            .await
+            .expect("a lookup")
+            .is_none(),
+        "pgkube issues no server certificate of its own"
+    );
+    status_port_is_tls_and_token_only(&cluster, &ca_pem).await;
+    // The replica verifies the primary with the user's CA; the primary verifies the
+    // replication role's certificate with pgkube's.
+    wait_until("the replica streams over TLS", STREAM_TIMEOUT, || async {
+        Ok(streaming_over_tls(&sql).await?.then_some(()))
+    })
+    .await
+    .expect("replication over TLS");
+
+    let started = start_times(&cluster).await.expect("start times");
+    put_tls_secret(&secrets, "own-server", &ca, &hosts).await;
+    let renewed = secret_certificate(&secrets, "own-server").await;
+    assert_ne!(renewed, own);
+    wait_until(
+        "the server presents the new certificate",
+        RENEWAL_TIMEOUT,
+        || async {
+            let served = served_certificate(address, &rw_host, &ca_pem).await?;
+            Ok((served == renewed).then_some(()))
+        },
+    )
+    .await
+    .expect("the new certificate served");
+    assert_eq!(
+        start_times(&cluster).await.expect("start times"),
+        started,
+        "no server restarted"
+    );
+    running.stop().await;
+}
+
+/// How long a certificate put in a Secret may take to be served: the kubelet's sync of the
+/// volume, then the instance manager's look.
+const RENEWAL_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// The names of cluster `own` in `namespace`: its Services and its pods.
+fn own_hosts(namespace: &str) -> Vec<String> {
+    let mut hosts: Vec<String> = ["rw", "ro", "r"]
+        .iter()
+        .map(|service| format!("own-{service}.{namespace}.svc"))
+        .collect();
+    hosts.push(format!("*.own-postgresql-headless.{namespace}.svc"));
+    hosts
+}
+
+/// Creates or replaces the `kubernetes.io/tls` Secret `name` with a new certificate of `ca`
+/// for `hosts`, and the CA.
+async fn put_tls_secret(secrets: &kube::Api<Secret>, name: &str, ca: &TestCa, hosts: &[String]) {
+    let (certificate, key) = ca.server_certificate(hosts);
+    let secret: Secret = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name},
+        "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": certificate, "tls.key": key, "ca.crt": ca.pem()},
+    }))
+    .expect("a Secret");
+    let params = PatchParams::apply("tls-on-real-node").force();
+    secrets
+        .patch(name, &params, &Patch::Apply(&secret))
+        .await
+        .expect("the Secret is written");
+}
+
+/// A cluster whose certificate names only its -rw Service is refused with the reason, and
+/// none of its pods is made.
+async fn refuses_a_certificate_without_the_clusters_names(running: &Running, ca: &TestCa) {
+    let namespace = running.namespace.name();
+    let secrets = running.api::<Secret>();
+    put_tls_secret(
+        &secrets,
+        "narrow",
+        ca,
+        &[format!("narrow-rw.{namespace}.svc")],
+    )
+    .await;
+    TestCluster::builder("narrow")
+        .spec(|spec| {
+            spec.certificates = Some(pgkube_crds::ServerCertificates {
+                server_tls_secret: "narrow".to_owned(),
+                server_ca_secret: None,
+            });
+        })
+        .create(&running.namespace)
+        .await
+        .expect("the cluster is created");
+    let events = common::events_with_reason(running, "narrow", "ReconcileFailed").await;
+    let note = events[0].note.clone().unwrap_or_default();
+    assert!(
+        note.contains("Secret narrow (spec.certificates) cannot be used: not valid for narrow-ro"),
+        "{note}"
+    );
+    let statefulsets = running.api::<k8s_openapi::api::apps::v1::StatefulSet>();
+    assert!(
+        statefulsets
+            .get_opt("narrow-postgresql")
+            .await
+            .expect("a lookup")
+            .is_none(),
+        "no pod is made to mount it"
+    );
+}
+
 /// Each pod's status port: `/status` refused in plain HTTP (403), and over TLS (the pod's
 /// certificate verified against the cluster's CA) refused without the control token (401),
 /// answered with it.
@@ -156,11 +310,7 @@ async fn status_port_is_tls_and_token_only(cluster: &TestCluster, ca: &str) {
     let token = cluster.control_token().await.expect("the control token");
     for pod in cluster.pods().await.expect("pods") {
         let address = SocketAddr::new(pod.address.expect("an address"), STATUS_PORT);
-        let host = format!(
-            "{}.tls-postgresql-headless.{}.svc",
-            pod.name,
-            cluster.namespace()
-        );
+        let host = cluster.pod_host(&pod.name);
         let tls = Some((host.as_str(), ca));
         let code = |answer: anyhow::Result<(u16, String)>| answer.expect("an answer").0;
         let answers = (

@@ -34,10 +34,17 @@ impl Instance {
 
     /// The server's and clients' TLS settings under `desired`, once certificates are installed.
     pub(super) fn server_tls<'a>(&'a self, desired: &Desired) -> Option<InstanceTls<'a>> {
+        let dir = &self.args.tls_runtime_dir;
+        let client_ca_file = if dir.join(crate::tls::CLIENT_CA_FILE).exists() {
+            crate::tls::CLIENT_CA_FILE
+        } else {
+            crate::tls::CA_FILE
+        };
         Some(InstanceTls {
-            dir: &self.args.tls_runtime_dir,
+            dir,
             digest: self.tls.as_deref()?,
             verify: desired.topology.tls_only,
+            client_ca_file,
         })
     }
 

@@ -16,7 +16,8 @@ use super::build::{
 };
 use crate::backup::physical::Source;
 use crate::cluster::build::{
-    ChildNames, PASSWORD_KEY, POSTGRES_PORT, REPLICATION_USER, TlsFiles, instance_host, tls_volume,
+    ChildNames, PASSWORD_KEY, POSTGRES_PORT, REPLICATION_USER, TlsFiles, TlsSources, instance_host,
+    tls_volume,
 };
 use crate::storage::wal;
 
@@ -186,7 +187,8 @@ pub(super) fn volumes(input: &JobInput<'_>) -> Vec<Volume> {
     if input.task.physical_source().is_some() {
         certificates.push(TlsFiles::Replication);
     }
-    volumes.push(tls_volume(TLS_VOLUME, &names, &certificates));
+    let sources = TlsSources::new(&names, input.cluster.spec.certificates.as_ref());
+    volumes.push(tls_volume(TLS_VOLUME, &sources, &certificates));
     if input.task.physical_source().is_some() {
         volumes.push(Volume {
             name: REPLICATION_VOLUME.to_owned(),

@@ -528,7 +528,7 @@ mod pod;
 mod topology;
 
 use config::{pg_hba, postgresql_conf};
-pub use pod::{TlsFiles, tls_volume};
+pub use pod::{TlsFiles, TlsSources, tls_volume};
 use pod::{install_container, postgres_container, volumes};
 use topology::instance_json;
 pub use topology::{archive_target, instance_host, wal_archive_target};

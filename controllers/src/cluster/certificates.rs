@@ -35,6 +35,9 @@ pub const HOSTS_ANNOTATION: &str = "db.example.com/tls-hosts";
 pub const CERT_KEY: &str = "tls.crt";
 pub const KEY_KEY: &str = "tls.key";
 pub const CA_CERT_KEY: &str = "ca.crt";
+/// The file of the pods' TLS volume with pgkube's CA, which signs the client certificates
+/// (`ca.crt` there is the CA of the server's certificate, which may be the user's).
+pub const CLIENT_CA_FILE: &str = "client-ca.crt";
 const CA_KEY_KEY: &str = "ca.key";
 const CA_VALIDITY: time::Duration = time::Duration::days(3650);
 /// Server and client certificates last this long unless the manager is told otherwise.
@@ -53,15 +56,16 @@ pub enum LeafKind {
     Client { user: &'static str },
 }
 
-/// The leaves of a cluster: its server certificate and the two client certificates.
-pub fn leaves(names: &ChildNames, namespace: &str) -> Vec<Leaf> {
-    vec![
-        Leaf {
-            secret: names.server_tls_secret.clone(),
-            kind: LeafKind::Server {
-                hosts: server_hosts(names, namespace),
-            },
+/// The leaves of a cluster: its server certificate (unless the cluster brings its own, not
+/// `issue_server`) and the two client certificates.
+pub fn leaves(names: &ChildNames, namespace: &str, issue_server: bool) -> Vec<Leaf> {
+    let server = Leaf {
+        secret: names.server_tls_secret.clone(),
+        kind: LeafKind::Server {
+            hosts: server_hosts(names, namespace),
         },
+    };
+    let clients = [
         Leaf {
             secret: names.replication_tls_secret.clone(),
             kind: LeafKind::Client {
@@ -72,7 +76,12 @@ pub fn leaves(names: &ChildNames, namespace: &str) -> Vec<Leaf> {
             secret: names.superuser_tls_secret.clone(),
             kind: LeafKind::Client { user: SUPERUSER },
         },
-    ]
+    ];
+    issue_server
+        .then_some(server)
+        .into_iter()
+        .chain(clients)
+        .collect()
 }
 
 /// The names clients reach the cluster by: its three Services and, through the headless
@@ -434,7 +443,14 @@ mod tests {
 
     #[test]
     fn a_leaf_is_due_when_missing_renewable_or_its_hosts_changed() {
-        let leaves = leaves(&names(), "ns");
+        let own_server = leaves(&names(), "ns", false);
+        assert!(
+            own_server
+                .iter()
+                .all(|leaf| matches!(leaf.kind, LeafKind::Client { .. })),
+            "a server certificate of one's own is not issued"
+        );
+        let leaves = leaves(&names(), "ns", true);
         let server = &leaves[0];
         let client = &leaves[1];
         assert!(is_due(server, None, 100));
@@ -463,7 +479,7 @@ mod tests {
     fn a_leaf_is_renewed_two_thirds_into_its_validity_and_the_next_look_is_then() {
         let now = OffsetDateTime::now_utc();
         let ca = pki::new_ca("test", now, time::Duration::days(10)).expect("CA");
-        let leaf = &leaves(&names(), "ns")[1];
+        let leaf = &leaves(&names(), "ns", true)[1];
         let issued = issue(leaf, &ca, now, Duration::from_secs(90)).expect("leaf");
         assert!(issued.data.contains_key(CERT_KEY) && issued.data.contains_key(KEY_KEY));
         let state = LeafState::from_annotations(&issued.annotations);

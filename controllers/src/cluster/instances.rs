@@ -395,7 +395,7 @@ mod access;
 mod http;
 pub(super) mod transport;
 
-pub use access::{AccessCache, ClusterAccess};
+pub use access::{AccessCache, ClusterAccess, ServerCa};
 pub use http::HttpInstanceStatus;
 
 #[cfg(test)]

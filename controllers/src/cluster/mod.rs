@@ -56,6 +56,7 @@ mod in_place;
 pub mod instances;
 pub mod manager_upgrade;
 mod memory;
+pub mod own_certificate;
 mod pipeline;
 mod read;
 mod recovery;
@@ -121,6 +122,9 @@ pub enum Error {
     },
     #[error("Secret {secret} holds no CA certificate and key (ca.crt, ca.key)")]
     CertificateAuthority { secret: String },
+    /// The server certificate of `spec.certificates` cannot serve the cluster.
+    #[error("the server certificate of Secret {secret} (spec.certificates) cannot be used: {why}")]
+    OwnCertificate { secret: String, why: String },
     /// A status write computed from a cluster older than the API server's: the cache lags.
     #[error("the cache of cluster {name} lags behind the API server")]
     Stale { name: String },

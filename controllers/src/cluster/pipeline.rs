@@ -36,7 +36,8 @@ pub(super) async fn reconcile_cluster(
     let namespace = cluster.namespace().ok_or(Error::MissingNamespace)?;
     let names = ChildNames::for_cluster(&cluster.name_any());
     let primary = roles::designated_primary(cluster.status.as_ref(), &names);
-    let live = read_live(context, &namespace, &names)
+    let server_ca = instances::ServerCa::of(cluster.spec.certificates.as_ref());
+    let live = read_live(context, &namespace, &names, server_ca)
         .instrument(info_span!("read"))
         .await?;
     let restores = context.restores_of(cluster);
@@ -118,16 +119,20 @@ async fn read_live(
     context: &ClusterContext,
     namespace: &str,
     names: &ChildNames,
+    server_ca: instances::ServerCa<'_>,
 ) -> Result<read::LiveChildren, Error> {
     let source = context.base.settings.instance_status.as_ref();
     let stores = context
         .children_in(namespace)
         .ok_or(Error::Invariant("no cache of the cluster's namespace"))?;
     stores.ready().await?;
-    let access =
-        context
-            .instance_access
-            .for_cluster(&context.base.client, stores, namespace, names);
+    let access = context.instance_access.for_cluster(
+        &context.base.client,
+        stores,
+        namespace,
+        names,
+        server_ca,
+    );
     let live = read::read(stores, namespace, names, source, access.await?).await;
     context
         .instance_access
@@ -521,6 +526,11 @@ async fn ensure_certificates(
     live: &read::LiveChildren,
 ) -> Result<Option<Duration>, Error> {
     let names = ChildNames::for_cluster(&effective.name);
+    let own = effective.server_certificates.as_ref();
+    if let Some(own) = own {
+        let hosts = super::own_certificate::required_hosts(&names, namespace, effective.replicas);
+        super::own_certificate::check(&context.base.client, namespace, own, &hosts).await?;
+    }
     let metadata = build::kept_metadata(effective, &names, &names.ca_secret);
     let keeping = certificates::Keeping {
         namespace,
@@ -531,11 +541,11 @@ async fn ensure_certificates(
     let ensured = certificates::ensure(
         &context.base.client,
         &keeping,
-        &certificates::leaves(&names, namespace),
+        &certificates::leaves(&names, namespace, own.is_none()),
         live,
     )
     .await?;
-    if let Some(ca_pem) = &ensured.new_ca {
+    if let (Some(ca_pem), None) = (&ensured.new_ca, own) {
         context.instance_access.seed_ca(namespace, &names, ca_pem);
     }
     Ok(ensured.next_renewal)

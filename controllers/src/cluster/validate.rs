@@ -76,6 +76,8 @@ pub struct ValidatedCluster {
     /// The NetworkPolicy's extra PostgreSQL peers (`spec.networkPolicy.postgresFrom`); none
     /// when it is turned off.
     pub network_policy: Option<Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer>>,
+    /// The user's own server certificate (`spec.certificates`); none: pgkube issues it.
+    pub server_certificates: Option<pgkube_crds::ServerCertificates>,
 }
 
 /// A valid spec: what to build now, and the changes held back from it.
@@ -287,6 +289,7 @@ pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validat
         network_policy: Some(spec.network_policy.clone().unwrap_or_default())
             .filter(|settings| settings.enabled)
             .map(|settings| settings.postgres_from),
+        server_certificates: spec.certificates.clone(),
     };
     Ok(Validation {
         effective,

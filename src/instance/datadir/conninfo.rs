@@ -17,6 +17,8 @@ pub struct InstanceTls<'a> {
     pub digest: &'a str,
     /// Connections to other instances verify their certificate (`verify-full`).
     pub verify: bool,
+    /// The file of the CA the server verifies client certificates with.
+    pub client_ca_file: &'static str,
 }
 
 impl InstanceTls<'_> {
@@ -37,7 +39,7 @@ pub(super) fn server_tls(tls: &InstanceTls<'_>) -> String {
         tls.digest.get(..16).unwrap_or(tls.digest),
         file(crate::tls::SERVER_CERT_FILE),
         file(crate::tls::SERVER_KEY_FILE),
-        file(crate::tls::CA_FILE),
+        file(tls.client_ca_file),
     )
 }
 

@@ -237,6 +237,7 @@ fn with_certificates_the_server_speaks_tls_and_replicas_verify_the_primary() {
         dir: Path::new("/controller/tls"),
         digest: "0123456789abcdef0123",
         verify: desired.topology.tls_only,
+        client_ca_file: crate::tls::CLIENT_CA_FILE,
     };
     let config = server_config(
         &desired,
@@ -252,7 +253,8 @@ fn with_certificates_the_server_speaks_tls_and_replicas_verify_the_primary() {
         "ssl = on\n",
         "ssl_cert_file = '/controller/tls/tls.crt'\n",
         "ssl_key_file = '/controller/tls/tls.key'\n",
-        "ssl_ca_file = '/controller/tls/ca.crt'\n",
+        // Client certificates are verified with pgkube's CA, the server's with its own.
+        "ssl_ca_file = '/controller/tls/client-ca.crt'\n",
     ] {
         assert!(config.contains(line), "{line} in {config}");
     }

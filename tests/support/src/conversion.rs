@@ -36,7 +36,13 @@ impl TestCa {
 
     /// A new serving certificate for 127.0.0.1 and its key, PEM.
     pub fn serving_certificate(&self) -> (String, String) {
-        let params = CertificateParams::new(vec!["127.0.0.1".to_owned()]).expect("parameters");
+        self.server_certificate(&["127.0.0.1".to_owned()])
+    }
+
+    /// A new server certificate for `hosts` (names or addresses, `*.` wildcards) and its key,
+    /// PEM.
+    pub fn server_certificate(&self, hosts: &[String]) -> (String, String) {
+        let params = CertificateParams::new(hosts.to_vec()).expect("parameters");
         let key = KeyPair::generate().expect("key");
         let certificate = params.signed_by(&key, &self.issuer).expect("certificate");
         (certificate.pem(), key.serialize_pem())

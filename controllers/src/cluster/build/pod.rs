@@ -59,7 +59,7 @@ pub(super) fn volumes(cluster: &ValidatedCluster, names: &ChildNames) -> Vec<Vol
         empty_dir(TMP_VOLUME, None),
         tls_volume(
             TLS_VOLUME,
-            names,
+            &TlsSources::new(names, cluster.server_certificates.as_ref()),
             &[TlsFiles::Server, TlsFiles::Replication, TlsFiles::Superuser],
         ),
     ]
@@ -103,10 +103,49 @@ pub enum TlsFiles {
     Superuser,
 }
 
-/// A volume of the cluster's certificates: `ca.crt` (the CA clients trust) and `files`. The
-/// Secrets are required: a pod waits for them rather than start without TLS.
-pub fn tls_volume(name: &str, names: &ChildNames, files: &[TlsFiles]) -> Volume {
-    use super::super::certificates::{CA_CERT_KEY, CERT_KEY, KEY_KEY};
+/// The Secrets a TLS volume's files come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsSources {
+    /// The server's `tls.crt` and `tls.key`.
+    pub server: String,
+    /// The `ca.crt` clients verify the server with.
+    pub server_ca: String,
+    /// The client certificates pgkube issues; their `ca.crt` is pgkube's CA, with which the
+    /// server verifies client certificates.
+    pub replication: String,
+    pub superuser: String,
+}
+
+impl TlsSources {
+    /// The cluster's own (`spec.certificates`) server certificate and CA, or the ones pgkube
+    /// issues.
+    pub fn new(names: &ChildNames, own: Option<&pgkube_crds::ServerCertificates>) -> Self {
+        let (server, server_ca) = match own {
+            Some(own) => (
+                own.server_tls_secret.clone(),
+                own.server_ca_secret
+                    .clone()
+                    .unwrap_or_else(|| own.server_tls_secret.clone()),
+            ),
+            None => (
+                names.server_tls_secret.clone(),
+                names.server_tls_secret.clone(),
+            ),
+        };
+        Self {
+            server,
+            server_ca,
+            replication: names.replication_tls_secret.clone(),
+            superuser: names.superuser_tls_secret.clone(),
+        }
+    }
+}
+
+/// A volume of the cluster's certificates: `ca.crt` (the CA clients verify the server with),
+/// `client-ca.crt` (pgkube's, which the server verifies client certificates with) and `files`.
+/// The Secrets are required: a pod waits for them rather than start without TLS.
+pub fn tls_volume(name: &str, from: &TlsSources, files: &[TlsFiles]) -> Volume {
+    use super::super::certificates::{CA_CERT_KEY, CERT_KEY, CLIENT_CA_FILE, KEY_KEY};
     let item = |key: &str, path: &str| KeyToPath {
         key: key.to_owned(),
         path: path.to_owned(),
@@ -120,15 +159,15 @@ pub fn tls_volume(name: &str, names: &ChildNames, files: &[TlsFiles]) -> Volume 
         }),
         ..VolumeProjection::default()
     };
-    let mut sources = vec![source(
-        &names.server_tls_secret,
-        vec![item(CA_CERT_KEY, CA_CERT_KEY)],
-    )];
+    let mut sources = vec![
+        source(&from.server_ca, vec![item(CA_CERT_KEY, CA_CERT_KEY)]),
+        source(&from.replication, vec![item(CA_CERT_KEY, CLIENT_CA_FILE)]),
+    ];
     for files in files {
         let (secret, stem) = match files {
-            TlsFiles::Server => (&names.server_tls_secret, None),
-            TlsFiles::Replication => (&names.replication_tls_secret, Some("replication")),
-            TlsFiles::Superuser => (&names.superuser_tls_secret, Some("superuser")),
+            TlsFiles::Server => (&from.server, None),
+            TlsFiles::Replication => (&from.replication, Some("replication")),
+            TlsFiles::Superuser => (&from.superuser, Some("superuser")),
         };
         let items = match stem {
             None => vec![item(CERT_KEY, CERT_KEY), item(KEY_KEY, KEY_KEY)],

@@ -533,10 +533,9 @@ fn an_init_container_installs_the_instance_manager_into_the_shared_volume() {
     );
 }
 
-#[test]
-fn the_pods_mount_the_clusters_certificates_and_wait_for_them() {
-    let children = built(&validated("my-cluster", 3));
-    let pod = pod_spec(&children);
+/// The TLS volume's files: (Secret, key, path).
+fn tls_files(children: &DesiredChildren) -> Vec<(String, String, String)> {
+    let pod = pod_spec(children);
     let tls = pod
         .volumes
         .iter()
@@ -544,8 +543,7 @@ fn the_pods_mount_the_clusters_certificates_and_wait_for_them() {
         .find(|volume| volume.name == "tls")
         .and_then(|volume| volume.projected.as_ref())
         .expect("the TLS volume");
-    let files: Vec<(String, String, String)> = tls
-        .sources
+    tls.sources
         .iter()
         .flatten()
         .flat_map(|source| {
@@ -557,13 +555,21 @@ fn the_pods_mount_the_clusters_certificates_and_wait_for_them() {
                 .flatten()
                 .map(|item| (secret.name.clone(), item.key.clone(), item.path.clone()))
         })
-        .collect();
-    let file =
-        |secret: &str, key: &str, path: &str| (secret.to_owned(), key.to_owned(), path.to_owned());
+        .collect()
+}
+
+fn file(secret: &str, key: &str, path: &str) -> (String, String, String) {
+    (secret.to_owned(), key.to_owned(), path.to_owned())
+}
+
+#[test]
+fn the_pods_mount_the_clusters_certificates_and_wait_for_them() {
+    let children = built(&validated("my-cluster", 3));
     assert_eq!(
-        files,
+        tls_files(&children),
         [
             file("my-cluster-server-tls", "ca.crt", "ca.crt"),
+            file("my-cluster-replication-tls", "ca.crt", "client-ca.crt"),
             file("my-cluster-server-tls", "tls.crt", "tls.crt"),
             file("my-cluster-server-tls", "tls.key", "tls.key"),
             file("my-cluster-replication-tls", "tls.crt", "replication.crt"),
@@ -571,6 +577,34 @@ fn the_pods_mount_the_clusters_certificates_and_wait_for_them() {
             file("my-cluster-superuser-tls", "tls.crt", "superuser.crt"),
             file("my-cluster-superuser-tls", "tls.key", "superuser.key"),
         ]
+    );
+}
+
+#[test]
+fn a_server_certificate_of_ones_own_is_mounted_with_its_ca_and_pgkubes_client_ca() {
+    let mut own = validated("my-cluster", 3);
+    own.server_certificates = Some(pgkube_crds::ServerCertificates {
+        server_tls_secret: "my-cert".to_owned(),
+        server_ca_secret: Some("my-ca".to_owned()),
+    });
+    let files = tls_files(&built(&own));
+    assert_eq!(
+        files[..4],
+        [
+            file("my-ca", "ca.crt", "ca.crt"),
+            file("my-cluster-replication-tls", "ca.crt", "client-ca.crt"),
+            file("my-cert", "tls.crt", "tls.crt"),
+            file("my-cert", "tls.key", "tls.key"),
+        ]
+    );
+    // Without a CA Secret of its own, the CA is the one cert-manager writes beside the key.
+    own.server_certificates = Some(pgkube_crds::ServerCertificates {
+        server_tls_secret: "my-cert".to_owned(),
+        server_ca_secret: None,
+    });
+    assert_eq!(
+        tls_files(&built(&own))[0],
+        file("my-cert", "ca.crt", "ca.crt")
     );
 }
 

@@ -101,6 +101,35 @@ fn key(namespace: &str, names: &ChildNames) -> String {
     format!("{namespace}/{}", names.ca_secret)
 }
 
+/// The Secret with the `ca.crt` the pods' certificates are verified with: the cluster's own
+/// CA's, or the user's (`spec.certificates`), which the watch cache does not keep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerCa<'a> {
+    Issued,
+    Own(&'a str),
+}
+
+impl<'a> ServerCa<'a> {
+    /// The server CA of a cluster with `certificates` in its spec.
+    pub fn of(certificates: Option<&'a pgkube_crds::ServerCertificates>) -> Self {
+        match certificates {
+            Some(own) => ServerCa::Own(
+                own.server_ca_secret
+                    .as_deref()
+                    .unwrap_or(&own.server_tls_secret),
+            ),
+            None => ServerCa::Issued,
+        }
+    }
+
+    fn secret(self, names: &'a ChildNames) -> &'a str {
+        match self {
+            ServerCa::Issued => &names.ca_secret,
+            ServerCa::Own(secret) => secret,
+        }
+    }
+}
+
 impl AccessCache {
     /// The cluster's access once its CA and control Secrets exist (the watch cache says so, and
     /// only then are they read).
@@ -110,17 +139,19 @@ impl AccessCache {
         stores: &ChildStores,
         namespace: &str,
         names: &ChildNames,
+        server_ca: ServerCa<'_>,
     ) -> Result<Option<Arc<ClusterAccess>>, Error> {
         let exists = |name| cached_text(&stores.secrets, namespace, name).is_some();
-        if !(exists(&names.ca_secret) && exists(&names.control_secret)) {
+        let ca_known = server_ca != ServerCa::Issued || exists(&names.ca_secret);
+        if !(ca_known && exists(&names.control_secret)) {
             return Ok(None);
         }
-        self.get(client, namespace, names)
+        self.get(client, namespace, names, server_ca)
             .await
             .map_err(|source| Error::Kube {
                 action: "read",
                 kind: "Secret".to_owned(),
-                name: names.ca_secret.clone(),
+                name: server_ca.secret(names).to_owned(),
                 source,
             })
     }
@@ -141,6 +172,7 @@ impl AccessCache {
         client: &kube::Client,
         namespace: &str,
         names: &ChildNames,
+        server_ca: ServerCa<'_>,
     ) -> Result<Option<Arc<ClusterAccess>>, kube::Error> {
         let key = key(namespace, names);
         if let Some(access) = self.kept(&key) {
@@ -154,9 +186,10 @@ impl AccessCache {
             .and_then(|seeds| seeds.get(&key).cloned())
             .unwrap_or_default();
         let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
-        let ca_pem = match seed.ca_pem {
-            Some(pem) => Some(pem),
-            None => read(&secrets, &names.ca_secret, CA_CERT_KEY).await?,
+        // A seeded CA is the one pgkube made, which signs no server certificate of one's own.
+        let ca_pem = match (seed.ca_pem, server_ca) {
+            (Some(pem), ServerCa::Issued) => Some(pem),
+            _ => read(&secrets, server_ca.secret(names), CA_CERT_KEY).await?,
         };
         let token = match seed.token {
             Some(token) => Some(token.into_bytes()),
@@ -179,7 +212,8 @@ impl AccessCache {
                 Ok(Some(access))
             }
             Err(why) => {
-                tracing::warn!(secret = %names.ca_secret, %why, "the cluster's CA is unusable");
+                let secret = server_ca.secret(names);
+                tracing::warn!(%secret, %why, "the cluster's server CA is unusable");
                 Ok(None)
             }
         }
@@ -270,24 +304,65 @@ mod tests {
         let cache = AccessCache::default();
         cache.seed_ca("ns", &names, &ca.cert_pem);
         cache.seed_token("ns", &names, "t0ken");
-        let access = cache.get(&client, "ns", &names).await.expect("no read");
+        let access = cache
+            .get(&client, "ns", &names, ServerCa::Issued)
+            .await
+            .expect("no read");
         assert_eq!(access.expect("access").token(), "t0ken");
-        assert!(cache.get(&client, "ns", &names).await.is_ok(), "kept");
+        assert!(
+            cache
+                .get(&client, "ns", &names, ServerCa::Issued)
+                .await
+                .is_ok(),
+            "kept"
+        );
         assert_eq!(requests.load(Ordering::SeqCst), 0, "nothing read");
         // A cluster made again under the same name: its new token replaces the kept one.
         cache.seed_token("ns", &names, "n3w");
         assert!(
-            cache.get(&client, "ns", &names).await.is_err(),
+            cache
+                .get(&client, "ns", &names, ServerCa::Issued)
+                .await
+                .is_err(),
             "the CA is read"
         );
         cache.seed_ca("ns", &names, &ca.cert_pem);
-        let access = cache.get(&client, "ns", &names).await.expect("seeded");
+        let access = cache
+            .get(&client, "ns", &names, ServerCa::Issued)
+            .await
+            .expect("seeded");
         assert_eq!(access.expect("access").token(), "n3w");
         cache.forget_cluster("ns", &names);
         assert!(
-            cache.get(&client, "ns", &names).await.is_err(),
+            cache
+                .get(&client, "ns", &names, ServerCa::Issued)
+                .await
+                .is_err(),
             "read again"
         );
         assert!(requests.load(Ordering::SeqCst) > 0);
+    }
+
+    #[tokio::test]
+    async fn a_cluster_with_its_own_server_certificate_is_verified_with_its_own_ca() {
+        let requests = Arc::new(AtomicUsize::new(0));
+        let client = failing_client(Arc::clone(&requests));
+        let names = ChildNames::for_cluster("db");
+        let now = time::OffsetDateTime::now_utc();
+        let ca = crate::pki::new_ca("test CA", now, time::Duration::days(1)).expect("CA");
+        let cache = AccessCache::default();
+        cache.seed_ca("ns", &names, &ca.cert_pem);
+        cache.seed_token("ns", &names, "t0ken");
+        let own = pgkube_crds::ServerCertificates {
+            server_tls_secret: "db-cert".to_owned(),
+            server_ca_secret: None,
+        };
+        assert_eq!(ServerCa::of(Some(&own)), ServerCa::Own("db-cert"));
+        // pgkube's CA signs no certificate of one's own: the user's Secret is read instead.
+        let read = cache
+            .get(&client, "ns", &names, ServerCa::of(Some(&own)))
+            .await;
+        assert!(read.is_err(), "the user's CA Secret is read");
+        assert_eq!(requests.load(Ordering::SeqCst), 1);
     }
 }

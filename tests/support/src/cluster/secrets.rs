@@ -46,12 +46,15 @@ impl TestCluster {
         })
     }
 
-    /// The CA the cluster's server certificate verifies against (`ca.crt` of its
-    /// `<cluster>-server-tls` Secret).
+    /// The CA the cluster's server certificate verifies against: `ca.crt` of its
+    /// `<cluster>-server-tls` Secret, or of the Secrets its `spec.certificates` names.
     pub async fn server_ca(&self) -> anyhow::Result<String> {
-        self.secret(&server_tls_secret_name(&self.name))
-            .await?
-            .value("ca.crt")
+        let own = self.get().await?.spec.certificates;
+        let secret = match own {
+            Some(own) => own.server_ca_secret.unwrap_or(own.server_tls_secret),
+            None => server_tls_secret_name(&self.name),
+        };
+        self.secret(&secret).await?.value("ca.crt")
     }
 
     /// How a connection checks the cluster's server certificate, as libpq's `verify-full`.
