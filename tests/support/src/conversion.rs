@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::ByteString;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use pgkube_crds::{ConversionWebhook, StorageVersion};
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 
 /// A CA, and serving certificates for 127.0.0.1 that it signs.
 pub struct TestCa {
@@ -18,6 +18,9 @@ impl TestCa {
     pub fn new() -> TestCa {
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "pgkube test CA");
         let key = KeyPair::generate().expect("CA key");
         TestCa {
             issuer: CertifiedIssuer::self_signed(params, key).expect("CA certificate"),
@@ -42,7 +45,10 @@ impl TestCa {
     /// A new server certificate for `hosts` (names or addresses, `*.` wildcards) and its key,
     /// PEM.
     pub fn server_certificate(&self, hosts: &[String]) -> (String, String) {
-        let params = CertificateParams::new(hosts.to_vec()).expect("parameters");
+        let mut params = CertificateParams::new(hosts.to_vec()).expect("parameters");
+        // A subject of its own: OpenSSL takes a leaf named as its issuer for self-signed.
+        let name = hosts.first().map_or("server", String::as_str);
+        params.distinguished_name.push(DnType::CommonName, name);
         let key = KeyPair::generate().expect("key");
         let certificate = params.signed_by(&key, &self.issuer).expect("certificate");
         (certificate.pem(), key.serialize_pem())
