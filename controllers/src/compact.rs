@@ -5,9 +5,9 @@
 //! bytes before its first string, a StatefulSet 2,560, a Pod 2,248) and allocate each string,
 //! label and map node apart, each with the allocator's own overhead. Held by the thousand in the
 //! watch caches, the typed objects were most of the manager's heap: at 1,000 clusters, about
-//! 50 of its 54 MB (heaptrack, README "Convergence at scale"). As text, the same objects take a
-//! fraction of that, in one allocation each. The price is a decode per read, and a reconcile
-//! reads only its own cluster's few children.
+//! 50 of its 54 MB (heaptrack, docs/benchmarks.md "Convergence at scale"). As text, the same
+//! objects take a fraction of that, in one allocation each. The price is a decode per read, and
+//! a reconcile reads only its own cluster's few children.
 //!
 //! The store's key is the name and namespace alone: a compact object reports no resource
 //! version or uid to the store, which keys objects by name and namespace and only copies them.

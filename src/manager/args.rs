@@ -125,7 +125,7 @@ pub struct RunArgs {
     ///
     /// A reconcile sends its requests one after the other, so it takes 8 at once to use the
     /// whole default QPS (50) while the API server answers within 160 ms on average, which a
-    /// busy one does not always do (see the README's "Convergence at scale"). The client
+    /// busy one does not always do (see docs/benchmarks.md, "Convergence at scale"). The client
     /// limit, not this, bounds the load on the API server.
     #[arg(long, env = "PGKUBE_MAX_CONCURRENT_RECONCILES",
         default_value_t = pgkube_controllers::DEFAULT_MAX_CONCURRENT_RECONCILES,

@@ -244,9 +244,9 @@ pub const COMPACT_POD_SPEC_ANNOTATION: &str = "pgkube.internal/cached-pod-spec";
 /// Why: k8s-openapi's structs hold every optional field inline and allocate each string, so a
 /// pod spec takes far more memory as structs than as text, and only drift detection reads it
 /// (after [`expand_compacted`]); at 1,000 clusters this cut the manager's peak RSS from 172 to
-/// 144 MiB (README, "Convergence at scale"). Now that the store keeps the whole StatefulSet as
-/// text, it still spares each read of the cache the decoding of the pod spec: code reading the
-/// cache sees a template without a spec.
+/// 144 MiB (docs/benchmarks.md, "Convergence at scale"). Now that the store keeps the whole
+/// StatefulSet as text, it still spares each read of the cache the decoding of the pod spec:
+/// code reading the cache sees a template without a spec.
 fn compact_pod_spec(statefulset: &mut StatefulSet) {
     let Some(template) = statefulset.spec.as_mut().map(|spec| &mut spec.template) else {
         return;
