@@ -23,14 +23,10 @@ use clap::{Args, ValueEnum};
 
 use super::error::AgentError;
 
-/// zstd's level when `--compression-level` is not given, from `cargo bench --bench
-/// agent_throughput` (README). On its random data, where compressing costs time, level 1 is both
-/// the fastest (3.2x pg_dump's own compression, against 2.5x for level 3 and 1.8x for level 6,
-/// both cores shared by pg_dump and zstd) and the smallest (0.85 of pg_dump's size, against 0.94
-/// and 0.97). On its pgbench data level 3 stores a fifth less (0.35 against 0.44) at the same
-/// speed, but both are far under the 0.8 target there. On its mixed data (the stand-in for the
-/// table issue 15 measured), level 1 meets every target at every size, while level 3 stores 11%
-/// less but restores too slowly (0.78-0.80 of `pg_restore`) from 1.25 GB up.
+/// zstd's level when `--compression-level` is not given. In `cargo bench --bench
+/// agent_throughput` (figures in docs/benchmarks.md), level 1 is both the fastest and the
+/// smallest where compressing costs time, and meets every target on the mixed data set, where
+/// level 3 stores a little less but restores too slowly from 1.25 GB up.
 pub const DEFAULT_ZSTD_LEVEL: i32 = 1;
 /// Largest level accepted: zstd's 20-22 ("ultra") need windows of 32 MiB and more per worker.
 pub const MAX_ZSTD_LEVEL: i64 = 19;
@@ -60,7 +56,7 @@ pub struct CompressionArgs {
     compression: Method,
 
     /// Compression level: 1 (fastest) to 19 (smallest) for zstd, 1 to 9 for gzip, none for
-    /// `none`. Default: 1 for zstd (see the README's agent figures), pg_dump's for gzip.
+    /// `none`. Default: 1 for zstd (see docs/benchmarks.md), pg_dump's for gzip.
     #[arg(long, env = "PGKUBE_COMPRESSION_LEVEL", value_name = "LEVEL",
           value_parser = clap::value_parser!(i64).range(1..=MAX_ZSTD_LEVEL),
           conflicts_with = "dump_compression")]
