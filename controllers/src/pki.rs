@@ -1,6 +1,7 @@
 //! Certificates pgkube makes for a cluster's PostgreSQL (pure): a CA, the server certificate it
 //! signs for the cluster's host names, and client certificates whose common name is the role
-//! they log in as (PostgreSQL's `cert` authentication). Made with rcgen; each comes as PEM.
+//! they log in as (PostgreSQL's `cert` authentication). Made with rcgen; each comes as PEM. And
+//! the other way: a `ca.crt` read into what a TLS client trusts.
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
@@ -15,6 +16,23 @@ pub enum PkiError {
     Generate(#[from] rcgen::Error),
     #[error("the CA's certificate or key cannot be read: {0}")]
     Ca(rcgen::Error),
+}
+
+/// The CA certificates of `ca_pem` (a `ca.crt`), as what a TLS client trusts.
+pub fn root_store(ca_pem: &[u8]) -> Result<rustls::RootCertStore, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem) {
+        let cert = cert.map_err(|error| format!("ca.crt is not PEM: {error}"))?;
+        roots
+            .add(cert)
+            .map_err(|error| format!("ca.crt is not a CA certificate: {error}"))?;
+    }
+    if roots.is_empty() {
+        return Err("ca.crt holds no certificate".to_owned());
+    }
+    Ok(roots)
 }
 
 /// A certificate, its private key (PEM) and when it expires (Unix seconds).

@@ -110,16 +110,7 @@ pub fn verify(
     CertifiedKey::new(chain.clone(), signing_key)
         .keys_match()
         .map_err(|error| format!("tls.key is not the key of tls.crt: {error}"))?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem) {
-        let cert = cert.map_err(|error| format!("ca.crt is not PEM: {error}"))?;
-        roots
-            .add(cert)
-            .map_err(|error| format!("ca.crt is not a CA certificate: {error}"))?;
-    }
-    if roots.is_empty() {
-        return Err("ca.crt holds no certificate".to_owned());
-    }
+    let roots = crate::pki::root_store(ca_pem)?;
     let verifier =
         rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
             .build()

@@ -12,8 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::ServerName;
 
 use super::{FetchError, ObservedInstance, Unavailable};
 use crate::cluster::Error;
@@ -42,16 +41,7 @@ impl ClusterAccess {
     /// Access that trusts the CA certificates in `ca_pem` and presents `token`, to pods named
     /// `<pod><host_suffix>`.
     pub fn new(ca_pem: &[u8], token: String, host_suffix: String) -> Result<Self, String> {
-        let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_slice_iter(ca_pem) {
-            let cert = cert.map_err(|error| format!("the CA is not PEM: {error}"))?;
-            roots
-                .add(cert)
-                .map_err(|error| format!("the CA is not a certificate: {error}"))?;
-        }
-        if roots.is_empty() {
-            return Err("the CA Secret holds no certificate".to_owned());
-        }
+        let roots = crate::pki::root_store(ca_pem)?;
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
