@@ -396,6 +396,12 @@ fn pod_template(
     PodTemplateSpec {
         metadata: Some(ObjectMeta {
             labels: Some(labels(names)),
+            // Each pod says it mounts the certificates, so that a roll from one template with
+            // them to another stays TLS-only (see `certificates::tls_only`).
+            annotations: Some(BTreeMap::from([(
+                TLS_ANNOTATION.to_owned(),
+                "true".to_owned(),
+            )])),
             ..ObjectMeta::default()
         }),
         spec: Some(pod),

@@ -365,6 +365,9 @@ async fn apply_secret(api: &Api<Secret>, secret: &Secret) -> Result<(), Error> {
 /// Whether the cluster may refuse connections without TLS: every instance runs with the
 /// certificates mounted. True before the StatefulSet exists (its pods will have them); false
 /// while pods made before pgkube managed certificates remain, so that they keep replicating.
+/// A pod says so by its TLS annotation, or by its revision being the current template's: a
+/// roll between two templates with certificates (new resources, a certificate of one's own)
+/// never opens plain logins.
 pub fn tls_only(live: &LiveChildren) -> bool {
     let Some(statefulset) = live.statefulset.as_deref() else {
         return true;
@@ -381,7 +384,7 @@ pub fn tls_only(live: &LiveChildren) -> bool {
         && live
             .pods
             .values()
-            .all(|pod| pod.revision.as_deref() == revision)
+            .all(|pod| pod.tls || pod.revision.as_deref() == revision)
 }
 
 #[cfg(test)]
@@ -397,9 +400,8 @@ mod tests {
         use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetStatus};
         use std::sync::Arc;
         let pod = |revision: &str| super::super::rollout::LivePod {
-            uid: None,
             revision: Some(revision.to_owned()),
-            terminating: false,
+            ..super::super::rollout::LivePod::default()
         };
         let statefulset = |annotated: bool| StatefulSet {
             metadata: ObjectMeta {
@@ -424,7 +426,19 @@ mod tests {
         live.statefulset = Some(Arc::new(statefulset(true)));
         assert!(tls_only(&live));
         live.pods.insert("db-1".to_owned(), pod("old"));
-        assert!(!tls_only(&live), "a pod of the earlier template remains");
+        assert!(
+            !tls_only(&live),
+            "a pod of an earlier template without them remains"
+        );
+        let with_tls = super::super::rollout::LivePod {
+            tls: true,
+            ..pod("old")
+        };
+        live.pods.insert("db-1".to_owned(), with_tls);
+        assert!(
+            tls_only(&live),
+            "a pod of an earlier template with them: a roll stays TLS-only"
+        );
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub struct LivePod {
     pub revision: Option<String>,
     /// Being deleted: it is replaced already.
     pub terminating: bool,
+    /// Made from a template that mounts the certificates (its TLS annotation).
+    pub tls: bool,
 }
 
 impl LivePod {
@@ -43,6 +45,7 @@ impl LivePod {
             uid: pod.metadata.uid.clone(),
             revision: pod.labels().get(REVISION_LABEL).cloned(),
             terminating: pod.metadata.deletion_timestamp.is_some(),
+            tls: pod.annotations().contains_key(super::build::TLS_ANNOTATION),
         }
     }
 }

@@ -203,7 +203,9 @@ fn user_parameters_come_last_quoted_and_a_change_leaves_the_pods_alone() {
         .metadata
         .as_ref()
         .and_then(|m| m.annotations.clone());
-    assert_eq!(annotations, None);
+    // No hash of the configuration: only the certificates' mark.
+    let tls_only = BTreeMap::from([(TLS_ANNOTATION.to_owned(), "true".to_owned())]);
+    assert_eq!(annotations, Some(tls_only));
 }
 
 #[test]
@@ -578,6 +580,19 @@ fn the_pods_mount_the_clusters_certificates_and_wait_for_them() {
             file("my-cluster-superuser-tls", "tls.key", "superuser.key"),
         ]
     );
+    // Each pod says so, for the rollout's TLS-only check.
+    let template = children
+        .statefulset
+        .spec
+        .as_ref()
+        .expect("spec")
+        .template
+        .clone();
+    let pod = k8s_openapi::api::core::v1::Pod {
+        metadata: template.metadata.expect("template metadata"),
+        ..k8s_openapi::api::core::v1::Pod::default()
+    };
+    assert!(crate::cluster::rollout::LivePod::of(&pod).tls);
 }
 
 #[test]

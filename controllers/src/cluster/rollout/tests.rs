@@ -49,6 +49,7 @@ fn pods(revisions: [&str; 3]) -> BTreeMap<String, LivePod> {
                 uid: Some(format!("uid-{ordinal}")),
                 revision: Some(revisions[ordinal as usize].to_owned()),
                 terminating: false,
+                tls: true,
             };
             (pod(ordinal), live)
         })
