@@ -25,6 +25,9 @@ pub const CA_FILE: &str = "ca.crt";
 /// The CA that signed the client certificates, what the server verifies them with; without
 /// it (a pod made by an older pgkube), `ca.crt`, which then signed both.
 pub const CLIENT_CA_FILE: &str = "client-ca.crt";
+/// What clients verify the cluster's servers with, written beside the copies: `ca.crt` and
+/// `client-ca.crt` together ([`servers_ca`]).
+pub const SERVERS_CA_FILE: &str = "servers-ca.crt";
 pub const SERVER_CERT_FILE: &str = "tls.crt";
 pub const SERVER_KEY_FILE: &str = "tls.key";
 
@@ -66,11 +69,39 @@ pub fn copy_private(source: &Path, target: &Path) -> io::Result<Option<String>> 
         digest.update((content.len() as u64).to_le_bytes());
         digest.update(&content);
         let path = target.join(&name);
-        if fs::read(&path).ok().as_deref() != Some(content.as_slice()) {
-            write_private(&path, &content)?;
-        }
+        write_if_changed(&path, &content)?;
     }
+    write_if_changed(&target.join(SERVERS_CA_FILE), &servers_ca(source)?)?;
     Ok(Some(hex::encode(digest.finalize())))
+}
+
+/// The CAs a client of the cluster's servers trusts, from the certificates in `dir`: `ca.crt`
+/// (what signed the servers' certificates) and `client-ca.crt` (pgkube's CA) when it is
+/// another. pgkube's CA signs only this cluster's certificates; trusting it as well lets the
+/// pods made before and after a certificate of one's own was added (`spec.certificates`)
+/// verify each other while they are replaced, as each side trusts the other's CA.
+pub fn servers_ca(dir: &Path) -> io::Result<Vec<u8>> {
+    let mut bundle = fs::read(dir.join(CA_FILE))?;
+    let client_ca = match fs::read(dir.join(CLIENT_CA_FILE)) {
+        Ok(content) => content,
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(bundle),
+        Err(error) => return Err(error),
+    };
+    if client_ca != bundle {
+        if !bundle.ends_with(b"\n") {
+            bundle.push(b'\n');
+        }
+        bundle.extend_from_slice(&client_ca);
+    }
+    Ok(bundle)
+}
+
+/// Writes `content` to `path` unless it holds it already.
+fn write_if_changed(path: &Path, content: &[u8]) -> io::Result<()> {
+    if fs::read(path).ok().as_deref() == Some(content) {
+        return Ok(());
+    }
+    write_private(path, content)
 }
 
 /// Writes `content` to `path` with mode 0600, whole or not at all (a reader never sees half a
@@ -100,12 +131,13 @@ pub struct ClientTls {
 }
 
 impl ClientTls {
-    /// The settings for `role`'s certificate among the copied files in `dir`.
+    /// The settings for `role`'s certificate among the copied files in `dir`
+    /// ([`copy_private`]'s target).
     pub fn new(dir: &Path, role: ClientRole, verify: bool) -> Self {
         let stem = role.file_stem();
         Self {
             verify,
-            root_cert: dir.join(CA_FILE),
+            root_cert: dir.join(SERVERS_CA_FILE),
             cert: dir.join(format!("{stem}.crt")),
             key: dir.join(format!("{stem}.key")),
         }
@@ -275,6 +307,22 @@ mod tests {
             fs::read(target.join(SERVER_KEY_FILE)).expect("read"),
             b"renewed"
         );
+        assert_eq!(fs::read(target.join(SERVERS_CA_FILE)).expect("read"), b"ca");
         fs::remove_dir_all(root).expect("clean up");
+    }
+
+    #[test]
+    fn clients_trust_the_server_ca_and_pgkubes_once_each() {
+        let dir = std::env::temp_dir().join(format!("pgkube-tls-bundle-{}", std::process::id()));
+        fs::create_dir_all(&dir).expect("dir");
+        fs::write(dir.join(CA_FILE), "own CA").expect("ca");
+        assert_eq!(servers_ca(&dir).expect("bundle"), b"own CA");
+        fs::write(dir.join(CLIENT_CA_FILE), "pgkube CA\n").expect("client ca");
+        assert_eq!(servers_ca(&dir).expect("bundle"), b"own CA\npgkube CA\n");
+        fs::write(dir.join(CA_FILE), "pgkube CA\n").expect("ca");
+        assert_eq!(servers_ca(&dir).expect("bundle"), b"pgkube CA\n");
+        let client = ClientTls::new(&dir, ClientRole::Replication, true);
+        assert_eq!(client.root_cert, dir.join(SERVERS_CA_FILE));
+        fs::remove_dir_all(dir).expect("clean up");
     }
 }

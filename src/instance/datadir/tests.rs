@@ -261,7 +261,7 @@ fn with_certificates_the_server_speaks_tls_and_replicas_verify_the_primary() {
     assert!(
         config.contains(
             "application_name=''db-postgresql-2'' sslmode=verify-full \
-             sslrootcert=''/controller/tls/ca.crt'' sslcert=''/controller/tls/replication.crt'' \
+             sslrootcert=''/controller/tls/servers-ca.crt'' sslcert=''/controller/tls/replication.crt'' \
              sslkey=''/controller/tls/replication.key'''\n"
         ),
         "{config}"
@@ -283,7 +283,7 @@ fn with_certificates_the_server_speaks_tls_and_replicas_verify_the_primary() {
     );
     assert!(
         rewind.ends_with(
-            "sslmode=prefer sslrootcert='/controller/tls/ca.crt' \
+            "sslmode=prefer sslrootcert='/controller/tls/servers-ca.crt' \
              sslcert='/controller/tls/superuser.crt' sslkey='/controller/tls/superuser.key'"
         ),
         "{rewind}"

@@ -1,7 +1,8 @@
 //! How an instance manager asks another instance for its `/status`, as the access rules let it
-//! ([`super::access`]): in a pod with certificates, over TLS verified against the cluster's CA
-//! and with the control token; without, plain HTTP. A peer that does not answer TLS on the
-//! port (a manager from before TLS came to it) is asked again in plain HTTP.
+//! ([`super::access`]): in a pod with certificates, over TLS verified against the cluster's CAs
+//! ([`crate::tls::servers_ca`]) and with the control token; without, plain HTTP. A peer that
+//! does not answer TLS on the port (a manager from before TLS came to it) is asked again in
+//! plain HTTP.
 
 use std::path::Path;
 use std::time::Duration;
@@ -21,8 +22,8 @@ impl PeerStatus {
     /// when `tls_dir` (the mounted certificates) has the CA, with the token of `token_file`.
     pub fn new(tls_dir: &Path, token_file: &Path, port: u16, timeout: Duration) -> Option<Self> {
         let builder = reqwest::Client::builder().timeout(timeout);
-        let ca = std::fs::read(tls_dir.join(crate::tls::CA_FILE)).ok();
-        // Every CA of the file, should it hold more than one.
+        let ca = crate::tls::servers_ca(tls_dir).ok();
+        // Every CA of the bundle: the server CA and pgkube's.
         let roots = ca.and_then(|pem| reqwest::Certificate::from_pem_bundle(&pem).ok());
         let (builder, token) = match roots.filter(|roots| !roots.is_empty()) {
             Some(roots) => {

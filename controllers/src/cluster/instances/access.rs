@@ -1,6 +1,7 @@
-//! What the operator needs to reach a cluster's instance managers over TLS: the cluster's CA,
-//! against which it verifies each pod's certificate under the pod's host name, and the control
-//! token, which `/status` and the control endpoints ask for.
+//! What the operator needs to reach a cluster's instance managers over TLS: the cluster's CA
+//! (and the user's, with a server certificate of one's own), against which it verifies each
+//! pod's certificate under the pod's host name, and the control token, which `/status` and the
+//! control endpoints ask for.
 //!
 //! Both are read from their Secrets once and kept per cluster ([`AccessCache`]), until an
 //! instance refuses them (a Secret replaced by hand): the reads of a reconcile come from the
@@ -73,7 +74,7 @@ impl ClusterAccess {
     }
 }
 
-/// Each cluster's [`ClusterAccess`], by namespace and CA Secret.
+/// Each cluster's [`ClusterAccess`], by namespace, CA Secret and server CA Secret.
 #[derive(Debug, Default)]
 pub struct AccessCache {
     entries: Mutex<HashMap<String, Arc<ClusterAccess>>>,
@@ -89,6 +90,12 @@ struct Seed {
 
 fn key(namespace: &str, names: &ChildNames) -> String {
     format!("{namespace}/{}", names.ca_secret)
+}
+
+/// What an access is kept under: the cluster and its server CA, so that adding a certificate
+/// of one's own is followed at once, not after an instance refuses the access kept before.
+fn entry_key(cluster_key: &str, server_ca: ServerCa<'_>, names: &ChildNames) -> String {
+    format!("{cluster_key}/{}", server_ca.secret(names))
 }
 
 /// The Secret with the `ca.crt` the pods' certificates are verified with: the cluster's own
@@ -165,7 +172,8 @@ impl AccessCache {
         server_ca: ServerCa<'_>,
     ) -> Result<Option<Arc<ClusterAccess>>, kube::Error> {
         let key = key(namespace, names);
-        if let Some(access) = self.kept(&key) {
+        let entry = entry_key(&key, server_ca, names);
+        if let Some(access) = self.kept(&entry) {
             return Ok(Some(access));
         }
         // Taken only once the access is made: a failed read keeps what was seeded.
@@ -176,11 +184,7 @@ impl AccessCache {
             .and_then(|seeds| seeds.get(&key).cloned())
             .unwrap_or_default();
         let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
-        // A seeded CA is the one pgkube made, which signs no server certificate of one's own.
-        let ca_pem = match (seed.ca_pem, server_ca) {
-            (Some(pem), ServerCa::Issued) => Some(pem),
-            _ => read(&secrets, server_ca.secret(names), CA_CERT_KEY).await?,
-        };
+        let ca_pem = server_ca_bundle(&secrets, names, server_ca, seed.ca_pem).await?;
         let token = match seed.token {
             Some(token) => Some(token.into_bytes()),
             None => read(&secrets, &names.control_secret, build::CONTROL_TOKEN_KEY).await?,
@@ -197,7 +201,7 @@ impl AccessCache {
                     seeds.remove(&key);
                 }
                 if let Ok(mut entries) = self.entries.lock() {
-                    entries.insert(key, Arc::clone(&access));
+                    entries.insert(entry, Arc::clone(&access));
                 }
                 Ok(Some(access))
             }
@@ -223,12 +227,9 @@ impl AccessCache {
 
     /// A seed replaces what is kept: a cluster made again under the same name has a new token.
     fn seed(&self, namespace: &str, names: &ChildNames, set: impl FnOnce(&mut Seed)) {
-        let key = key(namespace, names);
-        if let Ok(mut entries) = self.entries.lock() {
-            entries.remove(&key);
-        }
+        self.forget(namespace, names);
         if let Ok(mut seeds) = self.seeds.lock() {
-            set(seeds.entry(key).or_default());
+            set(seeds.entry(key(namespace, names)).or_default());
         }
     }
 
@@ -244,12 +245,40 @@ impl AccessCache {
         self.entries.lock().ok()?.get(key).cloned()
     }
 
-    /// Forgets the cluster's access, to read its Secrets again next time.
+    /// Forgets the cluster's access (under any server CA), to read its Secrets again next time.
     fn forget(&self, namespace: &str, names: &ChildNames) {
+        let prefix = format!("{}/", key(namespace, names));
         if let Ok(mut entries) = self.entries.lock() {
-            entries.remove(&key(namespace, names));
+            entries.retain(|entry, _| !entry.starts_with(&prefix));
         }
     }
+}
+
+/// The CAs the pods' certificates are verified with: pgkube's (`seeded`, as this operator made
+/// it, or read) and, with a certificate of one's own, the user's as well, as the pods trust
+/// both while they are replaced after `spec.certificates` is added
+/// (`pgkube::tls::servers_ca`). None while the server CA is missing.
+async fn server_ca_bundle(
+    secrets: &Api<Secret>,
+    names: &ChildNames,
+    server_ca: ServerCa<'_>,
+    seeded: Option<Vec<u8>>,
+) -> Result<Option<Vec<u8>>, kube::Error> {
+    let issued = match seeded {
+        Some(pem) => Some(pem),
+        None => read(secrets, &names.ca_secret, CA_CERT_KEY).await?,
+    };
+    let ServerCa::Own(secret) = server_ca else {
+        return Ok(issued);
+    };
+    let Some(mut bundle) = read(secrets, secret, CA_CERT_KEY).await? else {
+        return Ok(None);
+    };
+    if let Some(issued) = issued {
+        bundle.push(b'\n');
+        bundle.extend_from_slice(&issued);
+    }
+    Ok(Some(bundle))
 }
 
 /// The value of `key` in Secret `name`, if both exist.
@@ -348,7 +377,10 @@ mod tests {
             server_ca_secret: None,
         };
         assert_eq!(ServerCa::of(Some(&own)), ServerCa::Own("db-cert"));
-        // pgkube's CA signs no certificate of one's own: the user's Secret is read instead.
+        let issued = cache.get(&client, "ns", &names, ServerCa::Issued).await;
+        assert!(issued.expect("seeded").is_some());
+        // The access kept for pgkube's certificates is not the one for the user's: the
+        // user's CA Secret is read, to be trusted beside pgkube's.
         let read = cache
             .get(&client, "ns", &names, ServerCa::of(Some(&own)))
             .await;
