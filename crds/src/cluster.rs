@@ -40,6 +40,7 @@ use crate::restore::RestoreSource;
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.bootstrap) == has(oldSelf.bootstrap) && (!has(self.bootstrap) || self.bootstrap == oldSelf.bootstrap)").message("bootstrap is immutable: it can only be set when the cluster is created"))]
 #[x_kube(validation = Rule::new(SYNCHRONOUS_FITS_RULE).message(SYNCHRONOUS_FITS_MESSAGE))]
+#[x_kube(validation = Rule::new(CERTIFICATES_KEPT_RULE).message(CERTIFICATES_KEPT_MESSAGE))]
 #[x_kube(validation = Rule::new(ONE_ANTI_AFFINITY_RULE).message(ONE_ANTI_AFFINITY_MESSAGE))]
 pub struct PostgreSQLClusterSpec {
     /// Number of PostgreSQL instances.
@@ -93,7 +94,9 @@ pub struct PostgreSQLClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<NetworkPolicySettings>,
     /// A server certificate of one's own (for example from cert-manager) instead of the one
-    /// pgkube issues. Unset: pgkube issues and renews it.
+    /// pgkube issues. Unset: pgkube issues and renews it. It may be added to a running cluster
+    /// (its pods are replaced, the primary last, after a switchover), but not changed or
+    /// removed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificates: Option<ServerCertificates>,
     /// Failover and synchronous replication. Unset: automatic failover after
@@ -349,6 +352,12 @@ impl Default for Initdb {
         }
     }
 }
+
+/// A certificate of one's own may be added to a running cluster, whose pods trust both pgkube's
+/// CA and the user's while they are replaced, but neither changed nor removed: the pods made
+/// after would not trust the CA of the certificate the primary still serves.
+pub const CERTIFICATES_KEPT_RULE: &str = "!has(oldSelf.certificates) || (has(self.certificates) && self.certificates == oldSelf.certificates)";
+pub const CERTIFICATES_KEPT_MESSAGE: &str = "certificates can be added to a running cluster but not changed or removed: its running pods trust only the CA they were made with. Put a renewed certificate in the same Secret instead, as cert-manager does";
 
 /// Synchronous replication needs as many replicas as the standbys it asks for at least.
 pub const SYNCHRONOUS_FITS_RULE: &str = "!has(self.highAvailability) || !has(self.highAvailability.synchronous) || self.highAvailability.synchronous.minStandbys < self.replicas";

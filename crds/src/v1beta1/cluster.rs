@@ -15,10 +15,11 @@ use super::storage::{BackupStorage, RestoreSource};
 use crate::archiving::WalArchiving;
 use crate::backup::{BackupCompression, BackupMethod};
 use crate::cluster::{
-    BOOTSTRAP_ONE_OF_MESSAGE, BOOTSTRAP_ONE_OF_RULE, HighAvailability, InstanceSpread,
-    NetworkPolicySettings, ONE_ANTI_AFFINITY_MESSAGE, ONE_ANTI_AFFINITY_RULE,
-    PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion, PrimaryUpdateStrategy,
-    SYNCHRONOUS_FITS_MESSAGE, SYNCHRONOUS_FITS_RULE, ServerCertificates,
+    BOOTSTRAP_ONE_OF_MESSAGE, BOOTSTRAP_ONE_OF_RULE, CERTIFICATES_KEPT_MESSAGE,
+    CERTIFICATES_KEPT_RULE, HighAvailability, InstanceSpread, NetworkPolicySettings,
+    ONE_ANTI_AFFINITY_MESSAGE, ONE_ANTI_AFFINITY_RULE, PostgreSQLClusterStatus, PostgreSQLSettings,
+    PostgresVersion, PrimaryUpdateStrategy, SYNCHRONOUS_FITS_MESSAGE, SYNCHRONOUS_FITS_RULE,
+    ServerCertificates,
 };
 use crate::common::LocalReference;
 
@@ -47,6 +48,7 @@ use crate::common::LocalReference;
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.bootstrap) == has(oldSelf.bootstrap) && (!has(self.bootstrap) || self.bootstrap == oldSelf.bootstrap)").message("bootstrap is immutable: it can only be set when the cluster is created"))]
 #[x_kube(validation = Rule::new(SYNCHRONOUS_FITS_RULE).message(SYNCHRONOUS_FITS_MESSAGE))]
+#[x_kube(validation = Rule::new(CERTIFICATES_KEPT_RULE).message(CERTIFICATES_KEPT_MESSAGE))]
 #[x_kube(validation = Rule::new(ONE_ANTI_AFFINITY_RULE).message(ONE_ANTI_AFFINITY_MESSAGE))]
 pub struct PostgreSQLClusterSpec {
     /// Number of PostgreSQL instances: one primary and `replicas - 1` streaming replicas.
@@ -99,7 +101,9 @@ pub struct PostgreSQLClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network_policy: Option<NetworkPolicySettings>,
     /// A server certificate of one's own (for example from cert-manager) instead of the one
-    /// pgkube issues. Unset: pgkube issues and renews it.
+    /// pgkube issues. Unset: pgkube issues and renews it. It may be added to a running cluster
+    /// (its pods are replaced, the primary last, after a switchover), but not changed or
+    /// removed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub certificates: Option<ServerCertificates>,
     /// Failover and synchronous replication. Unset: automatic failover after
