@@ -96,6 +96,41 @@ pub fn servers_ca(dir: &Path) -> io::Result<Vec<u8>> {
     Ok(bundle)
 }
 
+/// The CAs of a pod's certificates, each as the SHA-256 (hex) of its DER form: those that
+/// signed its server certificate (`ca.crt`) and those it verifies other servers with
+/// ([`servers_ca`]). The operator moves the primary to an updated replica only when the
+/// primary, which rejoins as its standby, trusts the replica's server CA.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CaDigests {
+    pub server_cas: Vec<String>,
+    pub trusted_cas: Vec<String>,
+}
+
+/// The CA digests of the certificates mounted in `dir`; none without a `ca.crt`.
+pub fn ca_digests(dir: &Path) -> Option<CaDigests> {
+    let server = fs::read(dir.join(CA_FILE)).ok()?;
+    let trusted = servers_ca(dir).ok()?;
+    Some(CaDigests {
+        server_cas: pem_digests(&server),
+        trusted_cas: pem_digests(&trusted),
+    })
+}
+
+/// The SHA-256 (hex) of each certificate of a PEM bundle, in order, once each.
+pub fn pem_digests(pem: &[u8]) -> Vec<String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut digests: Vec<String> = Vec::new();
+    for certificate in CertificateDer::pem_slice_iter(pem).filter_map(Result::ok) {
+        let digest = hex::encode(Sha256::digest(certificate.as_ref()));
+        if !digests.contains(&digest) {
+            digests.push(digest);
+        }
+    }
+    digests
+}
+
 /// Writes `content` to `path` unless it holds it already.
 fn write_if_changed(path: &Path, content: &[u8]) -> io::Result<()> {
     if fs::read(path).ok().as_deref() == Some(content) {
@@ -323,6 +358,32 @@ mod tests {
         assert_eq!(servers_ca(&dir).expect("bundle"), b"pgkube CA\n");
         let client = ClientTls::new(&dir, ClientRole::Replication, true);
         assert_eq!(client.root_cert, dir.join(SERVERS_CA_FILE));
+        fs::remove_dir_all(dir).expect("clean up");
+    }
+
+    #[test]
+    fn a_pod_reports_the_digests_of_its_server_ca_and_of_the_cas_it_trusts() {
+        let dir = std::env::temp_dir().join(format!("pgkube-tls-digests-{}", std::process::id()));
+        fs::create_dir_all(&dir).expect("dir");
+        assert_eq!(ca_digests(&dir), None, "no certificates");
+        let now = time::OffsetDateTime::now_utc();
+        let ca = |name| {
+            pgkube_controllers::pki::new_ca(name, now, time::Duration::days(1))
+                .expect("CA")
+                .cert_pem
+        };
+        let (own, pgkube) = (ca("own CA"), ca("pgkube CA"));
+        let digest = |pem: &str| pem_digests(pem.as_bytes()).remove(0);
+        fs::write(dir.join(CA_FILE), &own).expect("ca");
+        fs::write(dir.join(CLIENT_CA_FILE), &pgkube).expect("client ca");
+        let reported = ca_digests(&dir).expect("digests");
+        assert_eq!(reported.server_cas, [digest(&own)]);
+        assert_eq!(reported.trusted_cas, [digest(&own), digest(&pgkube)]);
+        // The issued Secret's ca.crt once a CA of one's own was added to it.
+        fs::write(dir.join(CA_FILE), format!("{pgkube}{own}")).expect("ca");
+        let reported = ca_digests(&dir).expect("digests");
+        assert_eq!(reported.server_cas, [digest(&pgkube), digest(&own)]);
+        assert_eq!(reported.trusted_cas, reported.server_cas, "each once");
         fs::remove_dir_all(dir).expect("clean up");
     }
 }

@@ -6,7 +6,8 @@
 //! connecting and no server restarts. A cluster with a server certificate of its own
 //! (`spec.certificates`) serves it, verified with its own CA by clients, replicas and the
 //! operator, and loads a new one put in its Secret without a restart; one that does not name
-//! the cluster's hosts is refused before any pod is made.
+//! the cluster's hosts is refused before any pod is made. One added to a running cluster is
+//! rolled out (replicas first, then a switchover) and cannot be removed.
 
 mod common;
 
@@ -18,6 +19,7 @@ use common::Running;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Patch, PatchParams};
 use pgkube_controllers::cluster::build::STATUS_PORT;
+use pgkube_crds::PrimaryChangeKind;
 use pgkube_testkit::tokio_postgres::{self, NoTls};
 use pgkube_testkit::{
     TestCa, TestCluster, served_certificate, server_tls_secret_name, status_port_answer,
@@ -25,6 +27,7 @@ use pgkube_testkit::{
 };
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
+use serde_json::json;
 
 const RESYNC: Duration = Duration::from_secs(30);
 /// Renewed two thirds in: every 30 s.
@@ -229,6 +232,169 @@ async fn a_cluster_serves_its_own_certificate_and_loads_a_new_one_without_restar
         "no server restarted"
     );
     running.stop().await;
+}
+
+/// Adding a certificate of one's own to a running cluster replaces its pods, the primary last
+/// after a switchover: the first new replica (the user's certificate, both CAs trusted)
+/// streams from the old primary (pgkube's certificate), which a replica trusting only the
+/// user's CA refused, stalling the roll. Then the cluster serves the user's certificate, keeps
+/// its data, and refuses to have it removed.
+#[tokio::test]
+async fn a_certificate_of_ones_own_added_to_a_running_cluster_is_rolled_out() {
+    let Some(running) = Running::start("tls-add", RESYNC).await else {
+        return;
+    };
+    let namespace = running.namespace.name().to_owned();
+    let secrets = running.api::<Secret>();
+    let cluster = TestCluster::builder("own")
+        .replicas(2)
+        .start(&running.namespace)
+        .await
+        .expect("Running with pgkube's certificates");
+    let old_primary = cluster
+        .wait_healthy(None, ROLL_TIMEOUT)
+        .await
+        .expect("healthy");
+    cluster
+        .sql()
+        .await
+        .expect("verify-full with pgkube's CA")
+        .batch_execute("CREATE TABLE kept (id int); INSERT INTO kept VALUES (1)")
+        .await
+        .expect("a row");
+    let before = pod_uids(&cluster).await;
+    let plain_logins = PlainLogins::watch(&cluster).await;
+
+    let ca = TestCa::new();
+    put_tls_secret(&secrets, "own-server", &ca, &own_hosts(&namespace)).await;
+    let own = json!({"serverTLSSecret": "own-server"});
+    set_certificates(&cluster, own)
+        .await
+        .expect("certificates may be added");
+    let change = cluster
+        .wait_primary_change(PrimaryChangeKind::Switchover, &old_primary, ROLL_TIMEOUT)
+        .await
+        .unwrap_or_else(|error| panic!("the primary moves by a switchover: {error:#}"));
+    wait_until("every pod to be replaced", ROLL_TIMEOUT, || async {
+        let now = pod_uids(&cluster).await;
+        let replaced = now.len() == before.len()
+            && now.iter().all(|(name, uid)| before.get(name) != Some(uid));
+        Ok(replaced.then_some(()))
+    })
+    .await
+    .expect("every pod replaced");
+    cluster
+        .wait_healthy(Some(&change.to), ROLL_TIMEOUT)
+        .await
+        .expect("healthy on the new template");
+    let (tries, accepted) = plain_logins.stop().await;
+    assert!(tries > 0, "plain logins were tried during the roll");
+    assert_eq!(
+        accepted,
+        Vec::<String>::new(),
+        "no plain login during the roll"
+    );
+
+    let ca_pem = ca.pem();
+    assert_eq!(cluster.server_ca().await.expect("the CA"), ca_pem);
+    let address = cluster.addresses().await.expect("rw")[0];
+    let served = served_certificate(address, &format!("own-rw.{namespace}.svc"), &ca_pem)
+        .await
+        .expect("the served certificate, verified with the user's CA");
+    assert_eq!(served, secret_certificate(&secrets, "own-server").await);
+    let sql = cluster.sql().await.expect("verify-full with the user's CA");
+    let kept: i64 = sql
+        .query_one("SELECT count(*) FROM kept", &[])
+        .await
+        .expect("the table")
+        .get(0);
+    assert_eq!(kept, 1, "the data survives the roll");
+    wait_until("the replica streams over TLS", STREAM_TIMEOUT, || async {
+        Ok(streaming_over_tls(&sql).await?.then_some(()))
+    })
+    .await
+    .expect("replication over TLS");
+    status_port_is_tls_and_token_only(&cluster, &ca_pem).await;
+
+    let refused = set_certificates(&cluster, serde_json::Value::Null)
+        .await
+        .expect_err("certificates may not be removed");
+    assert!(
+        refused
+            .to_string()
+            .contains("certificates can be added to a running cluster but not changed or removed"),
+        "{refused}"
+    );
+    running.stop().await;
+}
+
+/// Logins without TLS as the superuser, to every pod in turn, while a roll goes on.
+struct PlainLogins {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<(usize, Vec<String>)>,
+}
+
+impl PlainLogins {
+    async fn watch(cluster: &TestCluster) -> Self {
+        let (user, password) = cluster.credentials().await.expect("credentials");
+        let cluster = cluster.clone();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let (mut tries, mut accepted) = (0, Vec::new());
+            while stopped.try_recv().is_err() {
+                for pod in cluster.pods().await.unwrap_or_default() {
+                    let Some(address) = pod.address else { continue };
+                    tries += 1;
+                    let login = tokio_postgres::Config::new()
+                        .host(address.to_string())
+                        .user(&user)
+                        .password(&password)
+                        .dbname("postgres")
+                        .ssl_mode(tokio_postgres::config::SslMode::Disable)
+                        .connect_timeout(Duration::from_secs(2))
+                        .connect(NoTls)
+                        .await;
+                    if login.is_ok() {
+                        accepted.push(pod.name);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            (tries, accepted)
+        });
+        Self { stop, task }
+    }
+
+    /// How many logins were tried, and the pods that accepted one.
+    async fn stop(self) -> (usize, Vec<String>) {
+        let _ = self.stop.send(());
+        self.task.await.expect("the watch ends")
+    }
+}
+
+/// How long a roll of two pods with a switchover may take.
+const ROLL_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Sets (or, with null, removes) the cluster's `spec.certificates`.
+async fn set_certificates(
+    cluster: &TestCluster,
+    certificates: serde_json::Value,
+) -> kube::Result<pgkube_crds::PostgreSQLCluster> {
+    let patch = json!({"spec": {"certificates": certificates}});
+    cluster
+        .api()
+        .patch(
+            cluster.name(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+}
+
+/// Each instance pod's uid, by name.
+async fn pod_uids(cluster: &TestCluster) -> BTreeMap<String, String> {
+    let pods = cluster.pods().await.expect("pods");
+    pods.into_iter().map(|pod| (pod.name, pod.uid)).collect()
 }
 
 /// How long a certificate put in a Secret may take to be served: the kubelet's sync of the

@@ -195,6 +195,9 @@ struct Served<'a> {
     /// manager whose binary is not its own ([`super::handover`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     manager_digest: Option<String>,
+    /// The CAs of the mounted certificates, read now (the kubelet refreshes them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    certificate_authorities: Option<crate::tls::CaDigests>,
 }
 
 impl<'a> Served<'a> {
@@ -207,6 +210,7 @@ impl<'a> Served<'a> {
             age_seconds: (age.as_secs_f64() * 1000.0).round() / 1000.0,
             wal_archive: None,
             manager_digest: None,
+            certificate_authorities: None,
         }
     }
 }
@@ -307,6 +311,7 @@ async fn status_json(State(shared): State<Shared>) -> impl IntoResponse {
     let served = Served {
         wal_archive: shared.archiver.report(),
         manager_digest: shared.binary.digest.get().cloned(),
+        certificate_authorities: crate::tls::ca_digests(&shared.tls_dir),
         ..Served::new(&status, age, SystemTime::now())
     };
     match serde_json::to_string(&served) {

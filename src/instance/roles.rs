@@ -301,6 +301,10 @@ impl Instance {
         self.slot_on_upstream = false;
         let mut attempts: u64 = 0;
         let path = loop {
+            // The mounted CAs may be newer than the last tick's copy, and verify the new primary.
+            if let Err(error) = self.install_tls() {
+                tracing::warn!(%error, "keeping the certificates last installed");
+            }
             let answer = self.target_in_recovery(&target).await;
             if let Some(path) = ha::rejoin_path(answer, wait) {
                 break path;

@@ -31,6 +31,9 @@ pub const NOT_AFTER_ANNOTATION: &str = "db.example.com/tls-not-after";
 pub const RENEW_AT_ANNOTATION: &str = "db.example.com/tls-renew-at";
 /// Annotation: the server certificate's host names, comma-separated.
 pub const HOSTS_ANNOTATION: &str = "db.example.com/tls-hosts";
+/// On the issued server certificate's Secret: the SHA-256 of the CA of one's own its `ca.crt`
+/// holds besides pgkube's (see `own_certificate::trust_in_issued_secret`).
+pub const TRUSTED_CA_ANNOTATION: &str = "db.example.com/tls-trusted-ca";
 /// Keys of the certificate Secrets (`kubernetes.io/tls`, plus the CA that clients trust).
 pub const CERT_KEY: &str = "tls.crt";
 pub const KEY_KEY: &str = "tls.key";
@@ -105,6 +108,7 @@ pub fn server_hosts(names: &ChildNames, namespace: &str) -> Vec<String> {
 pub struct LeafState {
     pub renew_at: Option<i64>,
     pub hosts: Option<String>,
+    pub trusted_ca: Option<String>,
 }
 
 impl LeafState {
@@ -114,6 +118,7 @@ impl LeafState {
                 .get(RENEW_AT_ANNOTATION)
                 .and_then(|text| text.parse().ok()),
             hosts: annotations.get(HOSTS_ANNOTATION).cloned(),
+            trusted_ca: annotations.get(TRUSTED_CA_ANNOTATION).cloned(),
         }
     }
 }
@@ -472,6 +477,7 @@ mod tests {
         let fresh = LeafState {
             renew_at: Some(200),
             hosts: Some(hosts.clone()),
+            trusted_ca: None,
         };
         assert!(!is_due(server, Some(&fresh), 100));
         assert!(is_due(server, Some(&fresh), 200));
@@ -483,7 +489,7 @@ mod tests {
         // A client certificate has no hosts.
         let client_state = LeafState {
             renew_at: Some(200),
-            hosts: None,
+            ..LeafState::default()
         };
         assert!(!is_due(client, Some(&client_state), 199));
         assert!(is_due(client, Some(&LeafState::default()), 0));

@@ -87,6 +87,7 @@ mod tests {
             wal_archive: None,
             in_place: None,
             manager_digest: None,
+            certificate_authorities: None,
         }
     }
 

@@ -147,6 +147,41 @@ pub struct InstanceReport {
     /// instance managers do not say.
     #[serde(default)]
     pub manager_digest: Option<String>,
+    /// The CAs of the pod's mounted certificates; older instance managers do not say.
+    #[serde(default)]
+    pub certificate_authorities: Option<CaReport>,
+}
+
+/// The CAs of a pod's certificates, each the SHA-256 (hex) of its DER form.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CaReport {
+    /// What signed its server certificate (its `ca.crt`).
+    #[serde(default)]
+    pub server_cas: Vec<String>,
+    /// What it verifies the servers it connects to with.
+    #[serde(default)]
+    pub trusted_cas: Vec<String>,
+}
+
+impl InstanceReport {
+    /// Whether this instance verifies `server`'s certificate: it trusts one of the CAs that
+    /// signed it. Assumed when either does not say (an older instance manager).
+    pub fn trusts_server_of(&self, server: &InstanceReport) -> bool {
+        match (
+            &self.certificate_authorities,
+            &server.certificate_authorities,
+        ) {
+            (Some(own), Some(theirs)) => {
+                theirs.server_cas.is_empty()
+                    || theirs
+                        .server_cas
+                        .iter()
+                        .any(|ca| own.trusted_cas.contains(ca))
+            }
+            _ => true,
+        }
+    }
 }
 
 /// Why an instance has no report. Each reason has one fixed description, stable from one

@@ -5,6 +5,9 @@
 //! the operator verify it with, is valid now, and names every host clients reach the cluster
 //! by. Otherwise the reconcile stops with the reason, so that no pod is made or replaced to
 //! mount a certificate its peers would refuse.
+//!
+//! Added to a running cluster, the CA is also added to the `ca.crt` of the server certificate
+//! pgkube issued, which the pods made before mount ([`trust_in_issued_secret`]).
 
 use std::sync::Arc;
 
@@ -15,9 +18,14 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::sign::CertifiedKey;
 
+use k8s_openapi::ByteString;
+use kube::api::{Patch, PatchParams};
+use sha2::{Digest, Sha256};
+
 use super::Error;
 use super::build::ChildNames;
-use super::certificates::{CA_CERT_KEY, CERT_KEY, KEY_KEY};
+use super::certificates::{CA_CERT_KEY, CERT_KEY, KEY_KEY, TRUSTED_CA_ANNOTATION};
+use super::read::LiveChildren;
 
 /// The host names the certificate must be valid for: the three Services, qualified with the
 /// namespace as libpq's clients reach them, and each pod by its stable name.
@@ -35,13 +43,14 @@ pub fn required_hosts(names: &ChildNames, namespace: &str, replicas: i32) -> Vec
     hosts
 }
 
-/// Reads the user's Secrets and checks the certificate (see the module documentation).
+/// Reads the user's Secrets and checks the certificate (see the module documentation);
+/// returns the CA (PEM).
 pub async fn check(
     client: &kube::Client,
     namespace: &str,
     own: &pgkube_crds::ServerCertificates,
     hosts: &[String],
-) -> Result<(), Error> {
+) -> Result<Vec<u8>, Error> {
     let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
     let server = read(&secrets, &own.server_tls_secret).await?;
     let ca_secret = own
@@ -54,7 +63,66 @@ pub async fn check(
     let key = value(&server, KEY_KEY).map_err(|why| unusable(server_name, why))?;
     let ca_pem = value(&ca, CA_CERT_KEY).map_err(|why| unusable(ca_secret, why))?;
     verify(&cert, &key, &ca_pem, hosts, UnixTime::now())
-        .map_err(|why| unusable(&own.server_tls_secret, why))
+        .map_err(|why| unusable(&own.server_tls_secret, why))?;
+    Ok(ca_pem)
+}
+
+/// Adds the CA of one's own (`ca_pem`) to the `ca.crt` of the server certificate pgkube issued
+/// before, if the cluster has one: the pods made before `spec.certificates` was added mount it,
+/// and their kubelets refresh it, so that they verify the pods made after, which serve the
+/// user's certificate, while the pods are replaced. Written once per CA (an annotation keeps
+/// its digest): the watch cache keeps no Secret's data.
+pub async fn trust_in_issued_secret(
+    client: &kube::Client,
+    namespace: &str,
+    names: &ChildNames,
+    live: &LiveChildren,
+    ca_pem: &[u8],
+) -> Result<(), Error> {
+    let Some(state) = live.certificates.get(&names.server_tls_secret) else {
+        return Ok(());
+    };
+    let digest = hex::encode(Sha256::digest(ca_pem));
+    if state.trusted_ca.as_deref() == Some(digest.as_str()) {
+        return Ok(());
+    }
+    let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
+    let issued = read(&secrets, &names.ca_secret).await?;
+    let issued_pem = value(&issued, CA_CERT_KEY).map_err(|why| unusable(&names.ca_secret, why))?;
+    let patch = trust_patch(&digest, ca_bundle(&issued_pem, ca_pem));
+    tracing::info!(secret = %names.server_tls_secret, "adding the CA of one's own to the issued server certificate's");
+    secrets
+        .patch(
+            &names.server_tls_secret,
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await
+        .map(drop)
+        .map_err(|source| Error::Kube {
+            action: "patch",
+            kind: "Secret".to_owned(),
+            name: names.server_tls_secret.clone(),
+            source,
+        })
+}
+
+/// The merge patch that puts `bundle` in a Secret's `ca.crt`, and `digest` in its annotation.
+fn trust_patch(digest: &str, bundle: Vec<u8>) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {"annotations": {TRUSTED_CA_ANNOTATION: digest}},
+        "data": {CA_CERT_KEY: ByteString(bundle)},
+    })
+}
+
+/// `first` then `second`, two PEM bundles as one.
+fn ca_bundle(first: &[u8], second: &[u8]) -> Vec<u8> {
+    let mut bundle = first.to_vec();
+    if !bundle.ends_with(b"\n") {
+        bundle.push(b'\n');
+    }
+    bundle.extend_from_slice(second);
+    bundle
 }
 
 /// The value of `key` in `secret`.

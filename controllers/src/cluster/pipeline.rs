@@ -529,7 +529,10 @@ async fn ensure_certificates(
     let own = effective.server_certificates.as_ref();
     if let Some(own) = own {
         let hosts = super::own_certificate::required_hosts(&names, namespace, effective.replicas);
-        super::own_certificate::check(&context.base.client, namespace, own, &hosts).await?;
+        let client = &context.base.client;
+        let ca_pem = super::own_certificate::check(client, namespace, own, &hosts).await?;
+        super::own_certificate::trust_in_issued_secret(client, namespace, &names, live, &ca_pem)
+            .await?;
     }
     let metadata = build::kept_metadata(effective, &names, &names.ca_secret);
     let keeping = certificates::Keeping {

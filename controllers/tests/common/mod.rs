@@ -155,6 +155,7 @@ impl SimulatedInstances {
             wal_archive: None,
             in_place: None,
             manager_digest: None,
+            certificate_authorities: None,
         }
     }
 

@@ -141,8 +141,25 @@ pub(super) fn rolling_update(situation: &Situation<'_>) -> Result<Option<Primary
     if missing {
         return Err("the primary's update waits for every replica's pod to exist again".to_owned());
     }
-    let Some(target) = best(situation, others.iter().copied(), |_| true) else {
-        return Err("the primary's update waits for a replica".to_owned());
+    // The old primary rejoins as the target's standby: it must verify the target's server
+    // certificate, whose CA may be new (a certificate of one's own was added), until the
+    // kubelet refreshes the primary's mounted CAs.
+    let primary = find(situation.instances, situation.primary).and_then(ObservedInstance::reported);
+    let trusted = |instance: &ObservedInstance| {
+        let target = instance.reported();
+        primary
+            .zip(target)
+            .is_none_or(|(primary, target)| primary.trusts_server_of(target))
+    };
+    let Some(target) = best(situation, others.iter().copied(), trusted) else {
+        return Err(if others.is_empty() {
+            "the primary's update waits for a replica".to_owned()
+        } else {
+            format!(
+                "the primary's update waits for the primary {} to trust the CA of the updated replicas' server certificates (the kubelet refreshes its mounted Secrets)",
+                situation.primary
+            )
+        });
     };
     Ok(Some(PrimaryChange {
         kind: PrimaryChangeKind::Switchover,

@@ -50,6 +50,7 @@ fn reporting(
             wal_archive: None,
             in_place: None,
             manager_digest: None,
+            certificate_authorities: None,
         }),
     }
 }

@@ -39,6 +39,7 @@ fn instance(
                 InPlaceReport::new(UID, state, message)
             }),
             manager_digest: None,
+            certificate_authorities: None,
         }),
     }
 }

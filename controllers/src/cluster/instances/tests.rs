@@ -149,6 +149,7 @@ fn report(pod: &str, role: ReportedRole) -> InstanceReport {
         wal_archive: None,
         in_place: None,
         manager_digest: None,
+        certificate_authorities: None,
     }
 }
 

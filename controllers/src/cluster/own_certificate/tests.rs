@@ -75,3 +75,17 @@ fn a_certificate_of_another_ca_or_with_another_key_is_refused() {
     let why = check_now(&cert, "", &ca, &hosts).expect_err("no key");
     assert!(why.starts_with("tls.key holds no private key"), "{why}");
 }
+
+#[test]
+fn the_issued_secret_gets_both_cas_and_the_digest_of_the_added_one() {
+    let patch = trust_patch("d1gest", ca_bundle(b"pgkube CA", b"own CA\n"));
+    assert_eq!(
+        patch,
+        serde_json::json!({
+            "metadata": {"annotations": {"db.example.com/tls-trusted-ca": "d1gest"}},
+            // base64 of "pgkube CA\nown CA\n"
+            "data": {"ca.crt": "cGdrdWJlIENBCm93biBDQQo="},
+        })
+    );
+    assert_eq!(ca_bundle(b"a\n", b"b"), b"a\nb");
+}

@@ -96,6 +96,7 @@ fn commits_wait_for_the_streaming_replicas_within_the_bounds() {
             wal_archive: None,
             in_place: None,
             manager_digest: None,
+            certificate_authorities: None,
         }),
     };
     let primary = "db-postgresql-0";

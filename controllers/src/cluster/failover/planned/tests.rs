@@ -45,6 +45,7 @@ fn instance(ordinal: i32, role: ReportedRole, lsn: u64, digest: &str) -> Observe
             wal_archive: None,
             in_place: None,
             manager_digest: None,
+            certificate_authorities: None,
         }),
     }
 }
@@ -375,4 +376,35 @@ fn an_outdated_primary_waits_for_every_replica_and_for_the_user_when_supervised(
             .is_some_and(|why| why.contains("supervised") && why.contains("switchover-to")),
         "{supervised:?}"
     );
+}
+
+#[test]
+fn an_outdated_primary_waits_to_trust_the_ca_of_the_updated_replicas() {
+    use crate::cluster::instances::CaReport;
+    let cas = |server: &str, trusted: &[&str]| CaReport {
+        server_cas: vec![server.to_owned()],
+        trusted_cas: trusted.iter().map(|ca| (*ca).to_owned()).collect(),
+    };
+    let mut instances = streaming_replicas();
+    // A certificate of one's own was added: the updated replicas serve one of the user's CA
+    // and trust both; the primary, made before, trusts pgkube's only.
+    report(&mut instances[0]).certificate_authorities = Some(cas("pgkube", &["pgkube"]));
+    for replica in &mut instances[1..] {
+        report(replica).certificate_authorities = Some(cas("own", &["own", "pgkube"]));
+    }
+    let waiting = rolling_plan(&instances, &[pod(0)], false);
+    assert_eq!(waiting.designate, None);
+    assert!(
+        waiting
+            .waiting
+            .as_deref()
+            .is_some_and(|why| why.contains("to trust the CA")),
+        "{waiting:?}"
+    );
+    // Its mounted Secret refreshed, the primary trusts the user's CA too.
+    report(&mut instances[0]).certificate_authorities = Some(cas("pgkube", &["pgkube", "own"]));
+    let change = rolling_plan(&instances, &[pod(0)], false)
+        .designate
+        .expect("a switchover");
+    assert_eq!(change.to, pod(2));
 }
