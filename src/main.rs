@@ -36,6 +36,8 @@ enum Command {
     /// the cleanup finalizer on PostgreSQLClusters as they are created (failures ignored: the
     /// controller adds it then).
     AdmissionWebhook(AdmissionArgs),
+    /// Print the API reference (Markdown) rendered from the CRD schemas, as docs/api.md holds it.
+    ApiDocs,
     /// Rewrite every stored pgkube object in its CRD's storage version, then leave only that
     /// version in the CRD's status.storedVersions (needs the conversion webhook serving).
     MigrateStorage,
@@ -53,6 +55,10 @@ fn main() -> ExitCode {
         Command::Run(args) => manager::run(*args),
         Command::Crd(args) => print_crds(&args),
         Command::AdmissionWebhook(args) => print_admission(&args),
+        Command::ApiDocs => {
+            print!("{}", pgkube_crds::api_markdown(&pgkube_crds::crds()));
+            Ok(())
+        }
         Command::MigrateStorage => migrate_storage::run(),
         Command::Agent(command) => agent::run(command),
         Command::Instance(command) => instance::run(command),

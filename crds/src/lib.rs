@@ -14,6 +14,7 @@
 //! as conditions.
 
 mod admission;
+mod api_docs;
 mod archiving;
 mod backup;
 mod cluster;
@@ -28,6 +29,7 @@ pub use admission::{
     ADMISSION_PATH, ADMISSION_WEBHOOK, admission_in_namespaces, admission_through,
     admission_trusting, admission_yaml,
 };
+pub use api_docs::api_markdown;
 pub use v1beta1::*;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{

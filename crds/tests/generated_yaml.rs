@@ -1,7 +1,8 @@
 //! The CRD YAML committed in `crds/crds.yaml` must be exactly what `pgkube crd` prints.
 //! Regenerate it with `cargo run -- crd > crds/crds.yaml`. Likewise the admission webhook's
 //! registration in `deploy/manager/admission-webhook.yaml`, with
-//! `cargo run -- admission-webhook > deploy/manager/admission-webhook.yaml`.
+//! `cargo run -- admission-webhook > deploy/manager/admission-webhook.yaml`, and the API
+//! reference in `docs/api.md`, with `cargo run -- api-docs > docs/api.md`.
 
 #[test]
 fn committed_crd_yaml_matches_the_types() {
@@ -22,6 +23,16 @@ fn committed_admission_webhook_yaml_matches_the_registration() {
         committed == generated,
         "deploy/manager/admission-webhook.yaml is out of date: run \
          `cargo run -- admission-webhook > deploy/manager/admission-webhook.yaml`"
+    );
+}
+
+#[test]
+fn committed_api_reference_matches_the_types() {
+    let committed = include_str!("../../docs/api.md");
+    let generated = pgkube_crds::api_markdown(&pgkube_crds::crds());
+    assert!(
+        committed == generated,
+        "docs/api.md is out of date with the API types: run `cargo run -- api-docs > docs/api.md`"
     );
 }
 
