@@ -109,6 +109,11 @@ pub struct RunArgs {
     #[arg(long, env = "PGKUBE_STATUS_PORT", default_value_t = 8000)]
     pub(super) status_port: u16,
 
+    /// Port of PostgreSQL's metrics for Prometheus (`/metrics`), on the status endpoint's
+    /// address.
+    #[arg(long, env = "PGKUBE_METRICS_PORT", default_value_t = 9187)]
+    pub(super) metrics_port: u16,
+
     /// How long a fast shutdown may take before it becomes immediate. Keep it below the pod's
     /// termination grace period.
     #[arg(long, env = "PGKUBE_SHUTDOWN_TIMEOUT", default_value = "50s",

@@ -71,6 +71,7 @@ mod health;
 mod identity;
 mod isolation;
 mod memory;
+mod metrics;
 mod planned;
 pub mod recover;
 mod repair;
@@ -234,6 +235,18 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         args.run_dir.join(archive::socket::SOCKET_NAME),
         archiver.clone(),
     ));
+    let postgres_metrics = Arc::new(metrics::PostgresMetrics::new(
+        args.socket_dir.clone(),
+        args.port,
+        desired.superuser.username.clone(),
+        archiver.clone(),
+    ));
+    let metrics_address = SocketAddr::new(args.status_address, args.metrics_port);
+    tokio::spawn(async move {
+        if let Err(error) = metrics::serve(metrics_address, postgres_metrics).await {
+            tracing::warn!(%error, address = %metrics_address, "cannot serve PostgreSQL's metrics");
+        }
+    });
     let isolation = isolation::Isolation::new(&args.run_dir, &args.pgdata);
     isolation::spawn(
         &isolation,

@@ -71,6 +71,8 @@ pub struct Bed {
     pub port: u16,
     /// The status and control endpoint's port, the same on every instance.
     pub status_port: u16,
+    /// The PostgreSQL metrics' port, the same on every instance.
+    pub metrics_port: u16,
     pub instances: Vec<Instance>,
 }
 
@@ -81,6 +83,7 @@ pub struct Instance {
     pub address: std::net::Ipv4Addr,
     pub pg_port: u16,
     pub status: SocketAddr,
+    pub metrics: SocketAddr,
     pub child: Option<Child>,
 }
 
@@ -93,6 +96,7 @@ impl Bed {
             superuser: os_user(),
             port: free_port(),
             status_port: free_port(),
+            metrics_port: free_port(),
             instances: Vec::new(),
         };
         bed.give_to_os_user(&bed.root);
@@ -136,6 +140,7 @@ impl Bed {
             address,
             pg_port: self.port,
             status: SocketAddr::from((address, self.status_port)),
+            metrics: SocketAddr::from((address, self.metrics_port)),
             child: None,
         };
         std::fs::write(
@@ -228,6 +233,7 @@ impl Bed {
             .env("PGKUBE_PORT", instance.pg_port.to_string())
             .env("PGKUBE_STATUS_ADDRESS", instance.address.to_string())
             .env("PGKUBE_STATUS_PORT", instance.status.port().to_string())
+            .env("PGKUBE_METRICS_PORT", instance.metrics.port().to_string())
             .env("PGKUBE_SHUTDOWN_TIMEOUT", "20s")
             .env("PGKUBE_WATCH_PERIOD", "500ms")
             .env("PGKUBE_SLOT_DROP_GRACE", "1s")

@@ -1,0 +1,223 @@
+//! PostgreSQL's metrics for Prometheus, served by the instance manager on a port of their own
+//! (9187, postgres_exporter's usual one) at `/metrics`: replication lag by replica and the
+//! replica's own delay, replication slots and the WAL they retain, connections by state,
+//! database sizes, transactions and deadlocks, checkpoints, the age of the oldest transaction
+//! ID, and the WAL archiver's metrics (the same as the status port's).
+//!
+//! Each scrape reads the server through one kept connection over the local socket, every query
+//! of it within [`SCRAPE_TIMEOUT`]; a scrape that fails or times out says `pgkube_postgres_up 0`
+//! and drops the connection, to make a new one next time. Scraping is cheap by design: a few
+//! catalog and statistics views, no table is read.
+
+mod render;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio::sync::Mutex;
+use tokio_postgres::Client;
+
+use super::archive::Archiver;
+use super::sql;
+
+pub use render::{DatabaseStats, ReplicaLag, Sample, render};
+
+/// How long one scrape's queries may take together.
+pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a scrape reads the server through.
+pub struct PostgresMetrics {
+    pub socket_dir: PathBuf,
+    pub port: u16,
+    pub superuser: String,
+    pub archiver: Arc<Archiver>,
+    client: Mutex<Option<Client>>,
+}
+
+impl PostgresMetrics {
+    pub fn new(socket_dir: PathBuf, port: u16, superuser: String, archiver: Arc<Archiver>) -> Self {
+        Self {
+            socket_dir,
+            port,
+            superuser,
+            archiver,
+            client: Mutex::new(None),
+        }
+    }
+
+    /// The metrics text: the server's sample (none when it could not be read in time) and the
+    /// archiver's.
+    pub async fn scrape(&self) -> Result<String, std::fmt::Error> {
+        let mut kept = self.client.lock().await;
+        let sampled = tokio::time::timeout(SCRAPE_TIMEOUT, self.sample_with(&mut kept)).await;
+        let sample = match sampled {
+            Ok(Ok(sample)) => Some(sample),
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "no PostgreSQL metrics this scrape");
+                *kept = None;
+                None
+            }
+            Err(_) => {
+                tracing::debug!("the PostgreSQL metrics' queries timed out");
+                *kept = None;
+                None
+            }
+        };
+        drop(kept);
+        let mut text = render(sample.as_ref())?;
+        // Both are OpenMetrics text: one `# EOF` at the very end.
+        let archiver = self.archiver.metrics()?;
+        if !archiver.is_empty() {
+            text = text.trim_end_matches("# EOF\n").to_owned() + &archiver;
+        }
+        Ok(text)
+    }
+
+    async fn sample_with(&self, kept: &mut Option<Client>) -> anyhow::Result<Sample> {
+        if kept.as_ref().is_none_or(Client::is_closed) {
+            let client = sql::connect_local(&self.socket_dir, self.port, &self.superuser).await?;
+            *kept = Some(client);
+        }
+        let client = kept
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("no connection"))?;
+        sample(client).await
+    }
+}
+
+/// Reads the sample from the server.
+async fn sample(client: &Client) -> anyhow::Result<Sample> {
+    let in_recovery: bool = client
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await?
+        .get(0);
+    let replicas = if in_recovery {
+        Vec::new()
+    } else {
+        client
+            .query(
+                "SELECT application_name, \
+                 COALESCE(pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn), 0)::bigint, \
+                 COALESCE(EXTRACT(EPOCH FROM replay_lag), 0)::float8 \
+                 FROM pg_stat_replication",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|row| ReplicaLag {
+                name: row.get(0),
+                bytes: row.get(1),
+                seconds: row.get(2),
+            })
+            .collect()
+    };
+    let replay_delay_seconds: Option<f64> = if in_recovery {
+        client
+            .query_one(
+                "SELECT CASE WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0 \
+                 ELSE EXTRACT(EPOCH FROM now() - pg_last_xact_replay_timestamp()) END::float8",
+                &[],
+            )
+            .await?
+            .get(0)
+    } else {
+        None
+    };
+    let slots = client
+        .query(
+            "SELECT slot_name::text, pg_wal_lsn_diff(CASE WHEN pg_is_in_recovery() \
+             THEN pg_last_wal_receive_lsn() ELSE pg_current_wal_lsn() END, restart_lsn)::bigint \
+             FROM pg_replication_slots",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let connections = client
+        .query(
+            "SELECT COALESCE(state, 'unknown'), count(*) FROM pg_stat_activity \
+             WHERE backend_type = 'client backend' GROUP BY 1",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect();
+    let databases = client
+        .query(
+            "SELECT d.datname::text, pg_database_size(d.oid), s.xact_commit, s.xact_rollback, \
+             s.deadlocks FROM pg_database d JOIN pg_stat_database s ON s.datid = d.oid \
+             WHERE d.datallowconn AND NOT d.datistemplate",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|row| DatabaseStats {
+            name: row.get(0),
+            size_bytes: row.get(1),
+            commits: row.get(2),
+            rollbacks: row.get(3),
+            deadlocks: row.get(4),
+        })
+        .collect();
+    let checkpoints = client
+        .query_one(
+            "SELECT checkpoints_timed, checkpoints_req FROM pg_stat_bgwriter",
+            &[],
+        )
+        .await?;
+    let oldest_xid_age: i64 = client
+        .query_one(
+            "SELECT max(age(datfrozenxid))::bigint FROM pg_database",
+            &[],
+        )
+        .await?
+        .get(0);
+    Ok(Sample {
+        in_recovery,
+        replicas,
+        replay_delay_seconds,
+        slots,
+        connections,
+        databases,
+        checkpoints_timed: checkpoints.get(0),
+        checkpoints_requested: checkpoints.get(1),
+        oldest_xid_age,
+    })
+}
+
+/// Serves `/metrics` on `address` until the task is dropped.
+pub async fn serve(address: SocketAddr, metrics: Arc<PostgresMetrics>) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    tracing::info!(%address, "PostgreSQL metrics listening");
+    let router = Router::new()
+        .route("/metrics", get(metrics_text))
+        .with_state(metrics);
+    axum::serve(listener, router).await
+}
+
+async fn metrics_text(State(metrics): State<Arc<PostgresMetrics>>) -> impl IntoResponse {
+    match metrics.scrape().await {
+        Ok(text) => (
+            StatusCode::OK,
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        ),
+        Err(error) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain")],
+            error.to_string(),
+        ),
+    }
+}

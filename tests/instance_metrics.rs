@@ -1,0 +1,86 @@
+//! PostgreSQL's metrics on the instance manager's metrics port, with `pgkube instance run` as
+//! real processes on this machine and PostgreSQL 15, no Kubernetes (the beds of
+//! `instance_manager.rs`): the primary reports its streaming replica's lag, the replica's slot
+//! and the WAL it retains, its connections, databases and checkpoints; the replica reports
+//! itself in recovery with its replay delay.
+
+mod instance_common;
+
+use std::collections::BTreeMap;
+
+use instance_common::*;
+use pgkube_testkit::http_get;
+
+/// The samples of `/metrics` at `instance`, by series (name and labels).
+async fn scrape(instance: &Instance) -> BTreeMap<String, f64> {
+    let (code, body) = http_get(instance.metrics, "/metrics")
+        .await
+        .expect("the metrics port answers");
+    assert_eq!(code, 200, "{body}");
+    let text = body.split("\r\n\r\n").nth(1).unwrap_or(&body);
+    text.lines()
+        .filter(|line| !line.starts_with('#') && !line.is_empty())
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            Some((series.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_primary_and_its_replica_serve_their_postgresql_metrics() {
+    let mut bed = Bed::new();
+    let (primary, writer) = primary_with_kept_rows(&mut bed, 2).await;
+    let replica = bed.start(1, 2);
+    wait_replica_of(&bed, replica, primary, 100).await;
+
+    let replica_pod = bed.instances[replica].pod.clone();
+    let lag = format!("pgkube_postgres_replication_lag_bytes{{replica=\"{replica_pod}\"}}");
+    let samples = eventually("the primary reports its replica", || async {
+        let samples = scrape(&bed.instances[primary]).await;
+        Ok(samples.contains_key(&lag).then_some(samples))
+    })
+    .await;
+    let value = |name: &str| {
+        *samples
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} in {samples:#?}"))
+    };
+    assert_eq!(value("pgkube_postgres_up"), 1.0);
+    assert_eq!(value("pgkube_postgres_in_recovery"), 0.0);
+    assert!(value(&lag) >= 0.0);
+    let slot = "pgkube_postgres_slot_retained_wal_bytes{slot=\"pgkube_it_1\"}";
+    assert!(value(slot) >= 0.0, "the replica's slot");
+    assert!(
+        value("pgkube_postgres_database_size_bytes{database=\"postgres\"}") > 1_000_000.0,
+        "an initdb'd database is megabytes"
+    );
+    assert!(value("pgkube_postgres_transactions_committed_total{database=\"postgres\"}") > 0.0);
+    assert!(value("pgkube_postgres_oldest_xid_age") > 0.0);
+    // The test's own connection, at least: idle between its queries.
+    let connections: f64 = samples
+        .iter()
+        .filter(|(series, _)| series.starts_with("pgkube_postgres_connections{"))
+        .map(|(_, count)| count)
+        .sum();
+    assert!(connections >= 1.0, "{samples:#?}");
+    drop(writer);
+
+    let samples = scrape(&bed.instances[replica]).await;
+    assert_eq!(samples.get("pgkube_postgres_up"), Some(&1.0));
+    assert_eq!(samples.get("pgkube_postgres_in_recovery"), Some(&1.0));
+    assert!(
+        samples
+            .get("pgkube_postgres_replay_delay_seconds")
+            .is_some_and(|delay| *delay >= 0.0),
+        "{samples:#?}"
+    );
+    assert!(
+        !samples
+            .keys()
+            .any(|series| series.contains("replication_lag"))
+    );
+
+    terminate(&mut bed, replica);
+    terminate(&mut bed, primary);
+}
