@@ -172,7 +172,7 @@ async fn the_sample_runs_scales_up_and_down_and_keeps_its_password() {
         .collect();
     assert_eq!(
         ports,
-        [Some(IntOrString::Int(5432)), Some(IntOrString::Int(8000))]
+        [5432, 8000, 9187].map(|port| Some(IntOrString::Int(port)))
     );
     let secrets = running.api::<Secret>();
     let first_password = password(

@@ -30,7 +30,7 @@ use super::validate::ValidatedCluster;
 use crate::names::{self, DNS_LABEL_MAX, DNS_SUBDOMAIN_MAX, NameKind, STATEFULSET_NAME_MAX};
 use crate::pod::runtime_default_seccomp;
 
-pub use super::instances::STATUS_PORT;
+pub use super::instances::{METRICS_PORT, STATUS_PORT};
 
 /// PostgreSQL's port.
 pub const POSTGRES_PORT: i32 = 5432;

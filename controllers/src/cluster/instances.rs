@@ -32,6 +32,8 @@ use serde::{Deserialize, Deserializer};
 
 /// Port of the instance manager's status endpoint (`PGKUBE_STATUS_PORT` in the pod).
 pub const STATUS_PORT: u16 = 8000;
+/// Port of the instance manager's PostgreSQL metrics (`/metrics`, for Prometheus).
+pub const METRICS_PORT: u16 = 9187;
 /// How long one instance may take to answer, connection included.
 pub const STATUS_TIMEOUT: Duration = Duration::from_secs(2);
 /// The oldest report believed: a few of the instance manager's watch periods (2 s), above its

@@ -5,6 +5,8 @@
 //! - The instance managers' port: the cluster's own pods (they read each other's status) and
 //!   the operator's namespace, when the operator runs in one. The kubelet's probes come from the
 //!   node, which NetworkPolicies do not restrict.
+//! - The PostgreSQL metrics' port: the same peers as PostgreSQL's (a Prometheus in another
+//!   namespace is one of `postgresFrom`).
 //!
 //! Other ports are closed to everyone.
 
@@ -55,7 +57,7 @@ pub(super) fn network_policy(
         }]),
         from: Some(from),
     };
-    let postgres = std::iter::once(same_namespace)
+    let postgres: Vec<NetworkPolicyPeer> = std::iter::once(same_namespace)
         .chain(postgres_from.iter().cloned())
         .collect();
     let status = std::iter::once(cluster_pods).chain(manager).collect();
@@ -68,8 +70,9 @@ pub(super) fn network_policy(
             }),
             policy_types: Some(vec!["Ingress".to_owned()]),
             ingress: Some(vec![
-                rule(POSTGRES_PORT, postgres),
+                rule(POSTGRES_PORT, postgres.clone()),
                 rule(i32::from(STATUS_PORT), status),
+                rule(i32::from(METRICS_PORT), postgres),
             ]),
             egress: None,
         }),

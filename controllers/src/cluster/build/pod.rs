@@ -237,6 +237,7 @@ pub(super) fn postgres_container(cluster: &ValidatedCluster, image_repository: &
         ports: Some(vec![
             port("postgresql", POSTGRES_PORT),
             port("status", i32::from(STATUS_PORT)),
+            port("metrics", i32::from(METRICS_PORT)),
         ]),
         env: Some(instance_manager_env(cluster)),
         resources: cluster.resources.clone(),

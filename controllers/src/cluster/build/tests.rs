@@ -357,7 +357,10 @@ fn the_statefulset_runs_the_instance_manager_with_probes_storage_and_resources()
         .flatten()
         .map(|p| (p.name.as_deref().unwrap_or_default(), p.container_port))
         .collect();
-    assert_eq!(ports, [("postgresql", 5432), ("status", 8000)]);
+    assert_eq!(
+        ports,
+        [("postgresql", 5432), ("status", 8000), ("metrics", 9187)]
+    );
     // Every probe asks the instance manager; the startup probe allows an hour of crash
     // recovery or cloning, so the others need no initial delay.
     let probes = [

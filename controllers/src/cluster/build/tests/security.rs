@@ -136,6 +136,7 @@ fn the_network_policy_opens_postgres_to_the_namespace_and_status_to_the_cluster_
         [
             (5432, serde_json::json!([{"podSelector": {}}])),
             (8000, serde_json::json!([cluster_pods, operator])),
+            (9187, serde_json::json!([{"podSelector": {}}])),
         ]
     );
 
@@ -164,6 +165,7 @@ fn the_network_policy_opens_postgres_to_the_namespace_and_status_to_the_cluster_
         serde_json::json!([{"podSelector": {}}, {"ipBlock": {"cidr": "10.1.0.0/16"}}])
     );
     assert_eq!(from(1), serde_json::json!([cluster_pods]));
+    assert_eq!(from(2), from(0), "metrics: the same peers as PostgreSQL");
 
     let off = ValidatedCluster {
         network_policy: None,

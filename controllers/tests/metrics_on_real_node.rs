@@ -1,0 +1,88 @@
+//! PostgreSQL's metrics on the test bed's real node: each pod of a two-instance cluster serves
+//! `/metrics` on its metrics port (9187) from the instance manager, the primary with its
+//! replica's lag and the replica's slot, the replica as in recovery.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::Running;
+use pgkube_controllers::cluster::build::METRICS_PORT;
+use pgkube_testkit::{TestCluster, http_get, wait_until};
+
+const RESYNC: Duration = Duration::from_secs(30);
+const METRICS_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The samples of `/metrics` at `address`, by series (name and labels).
+async fn scrape(address: SocketAddr) -> anyhow::Result<BTreeMap<String, f64>> {
+    let (code, body) = http_get(address, "/metrics").await?;
+    anyhow::ensure!(code == 200, "HTTP {code}: {body}");
+    let text = body.split("\r\n\r\n").nth(1).unwrap_or(&body);
+    Ok(text
+        .lines()
+        .filter(|line| !line.starts_with('#') && !line.is_empty())
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            Some((series.to_owned(), value.parse().ok()?))
+        })
+        .collect())
+}
+
+#[tokio::test]
+async fn each_instance_serves_its_postgresql_metrics() {
+    let Some(running) = Running::start("metrics", RESYNC).await else {
+        return;
+    };
+    let cluster = TestCluster::builder("pg")
+        .replicas(2)
+        .start(&running.namespace)
+        .await
+        .expect("the cluster becomes Running");
+    let primary = cluster
+        .wait_healthy(None, METRICS_TIMEOUT)
+        .await
+        .expect("healthy");
+    let pods = cluster.pods().await.expect("pods");
+    let address = |name: &str| {
+        let pod = pods.iter().find(|pod| pod.name == name).expect("the pod");
+        SocketAddr::new(pod.address.expect("an address"), METRICS_PORT)
+    };
+    let replica = pods
+        .iter()
+        .map(|pod| pod.name.clone())
+        .find(|name| *name != primary)
+        .expect("a replica");
+    let lag = format!("pgkube_postgres_replication_lag_bytes{{replica=\"{replica}\"}}");
+    let samples = wait_until(
+        "the primary reports its replica",
+        METRICS_TIMEOUT,
+        || async {
+            let samples = scrape(address(&primary)).await?;
+            Ok(samples.contains_key(&lag).then_some(samples))
+        },
+    )
+    .await
+    .expect("the primary's metrics");
+    assert_eq!(samples.get("pgkube_postgres_up"), Some(&1.0));
+    assert_eq!(samples.get("pgkube_postgres_in_recovery"), Some(&0.0));
+    assert!(
+        samples
+            .keys()
+            .any(|series| series.starts_with("pgkube_postgres_slot_retained_wal_bytes{")),
+        "the replica's slot: {samples:#?}"
+    );
+    assert!(
+        samples
+            .get("pgkube_postgres_database_size_bytes{database=\"app\"}")
+            .is_some_and(|size| *size > 0.0),
+        "the application database: {samples:#?}"
+    );
+    let samples = scrape(address(&replica))
+        .await
+        .expect("the replica's metrics");
+    assert_eq!(samples.get("pgkube_postgres_up"), Some(&1.0));
+    assert_eq!(samples.get("pgkube_postgres_in_recovery"), Some(&1.0));
+    running.stop().await;
+}
