@@ -10,5 +10,6 @@
 
 pub mod agent;
 pub mod instance;
+pub mod plugin;
 pub mod telemetry;
 pub mod tls;

@@ -50,6 +50,10 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Linked as `kubectl-pgkube`, the binary is the kubectl plugin.
+    if pgkube::plugin::invoked_as_plugin() {
+        return pgkube::plugin::main();
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => manager::run(*args),

@@ -1,0 +1,154 @@
+//! `kubectl pgkube` on the test bed: the pgkube binary, linked as `kubectl-pgkube` on the
+//! `PATH`, is found by the test bed's real kubectl as a plugin. Against a two-instance cluster
+//! on the real node (run by a manager process): `status` shows it at a glance, plain through a
+//! pipe, and `-o json` gives the object; a switchover to the primary itself is refused with the
+//! replicas named; `switchover --wait` without a pod moves the primary to the replica and
+//! returns once it serves; `backup --wait` shows the phases and ends with the backup's size;
+//! an unknown cluster is a clear error.
+
+mod manager_common;
+
+use std::path::PathBuf;
+use std::process::Output;
+use std::time::Duration;
+
+use manager_common::Manager;
+use pgkube_testkit::{
+    TestBucket, TestCluster, TestEnv, TestNamespace, backup_config, create_s3_secret, install_crds,
+    test_storage, testbed,
+};
+
+const TIMEOUT: Duration = Duration::from_secs(180);
+
+/// A directory holding `kubectl-pgkube`, a link to the built binary.
+fn plugin_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("pgkube-plugin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let link = dir.join("kubectl-pgkube");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_pgkube"), &link).expect("the link");
+    dir
+}
+
+/// `kubectl pgkube <args>` in `namespace`, the plugin found on the `PATH`.
+fn kubectl_pgkube(env: &TestEnv, dir: &std::path::Path, namespace: &str, args: &[&str]) -> Output {
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    env.kubectl()
+        .env("PATH", path)
+        .arg("pgkube")
+        .args(args)
+        .args(["-n", namespace])
+        .output()
+        .expect("kubectl runs")
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[tokio::test]
+async fn kubectl_pgkube_shows_a_cluster_and_switches_it_over() {
+    let Some(env) = testbed() else { return };
+    let client = env.kube_client().await;
+    install_crds(&client).await;
+    let namespace = TestNamespace::create(&client, "plugin").await;
+    let ns = namespace.name().to_owned();
+    let manager = Manager::start(&env, "plugin", &["--watch-namespaces", &ns]);
+    let bucket = TestBucket::create(&env, "plugin").await;
+    create_s3_secret(&client, &env, &ns, "s3-keys", None)
+        .await
+        .expect("S3 Secret");
+    let storage = test_storage(&env, bucket.name(), "s3-keys");
+    let cluster = TestCluster::builder("pg")
+        .replicas(2)
+        // Storage for the backup below; the schedule's own backups are a year away.
+        .spec(|spec| spec.backup = Some(backup_config(storage, "0 3 1 1 *")))
+        .start(&namespace)
+        .await
+        .expect("the cluster becomes Running");
+    let primary = cluster.wait_healthy(None, TIMEOUT).await.expect("healthy");
+    let replica = if primary == "pg-postgresql-0" {
+        "pg-postgresql-1"
+    } else {
+        "pg-postgresql-0"
+    };
+    let dir = plugin_dir();
+
+    let status = kubectl_pgkube(&env, &dir, &ns, &["status", "pg"]);
+    let shown = text(&status);
+    assert!(status.status.success(), "{shown}");
+    assert!(
+        shown.starts_with(&format!(
+            "Cluster {ns}/pg: Running, PostgreSQL 15, 2/2 ready\n"
+        )),
+        "{shown}"
+    );
+    assert!(shown.contains(&format!("Primary {primary}\n")), "{shown}");
+    let replica_line = shown
+        .lines()
+        .find(|line| line.trim_start().starts_with(replica))
+        .unwrap_or_else(|| panic!("a line for {replica}: {shown}"));
+    assert!(replica_line.contains(" replica  yes"), "{replica_line}");
+    assert!(!shown.contains('\x1b'), "no colours through a pipe");
+
+    let json = kubectl_pgkube(&env, &dir, &ns, &["status", "pg", "-o", "json"]);
+    let object: serde_json::Value =
+        serde_json::from_slice(&json.stdout).unwrap_or_else(|_| panic!("JSON: {}", text(&json)));
+    assert_eq!(object["status"]["currentPrimary"], primary.as_str());
+    assert_eq!(
+        object["status"]["instances"].as_array().map(Vec::len),
+        Some(2)
+    );
+
+    let refused = kubectl_pgkube(&env, &dir, &ns, &["switchover", "pg", &primary]);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused).contains(&format!(
+            "{primary} is not a replica of this cluster; its replicas: {replica}"
+        )),
+        "{}",
+        text(&refused)
+    );
+    let moved = kubectl_pgkube(&env, &dir, &ns, &["switchover", "pg", "--wait"]);
+    let said = text(&moved);
+    assert!(moved.status.success(), "{said}");
+    assert!(
+        said.contains(&format!("asked for a switchover of {ns}/pg to {replica}"))
+            && said.contains(&format!("{replica} is the primary")),
+        "{said}"
+    );
+    assert_eq!(
+        cluster.current_primary().await.expect("status").as_deref(),
+        Some(replica)
+    );
+
+    let backup = kubectl_pgkube(&env, &dir, &ns, &["backup", "pg", "--wait"]);
+    let said = text(&backup);
+    assert!(backup.status.success(), "{said}");
+    assert!(
+        said.contains("Running") && said.contains("Completed") && said.contains("completed, "),
+        "the phases, then the size and key: {said}"
+    );
+
+    let unknown = kubectl_pgkube(&env, &dir, &ns, &["status", "nothing"]);
+    assert!(!unknown.status.success());
+    assert!(
+        text(&unknown).contains(&format!("no PostgreSQLCluster nothing in namespace {ns}")),
+        "{}",
+        text(&unknown)
+    );
+
+    let _ = std::fs::remove_dir_all(&dir);
+    cluster.delete(TIMEOUT).await.expect("the cluster goes");
+    manager.terminate();
+    namespace.cleanup().await;
+    bucket.cleanup().await;
+}
