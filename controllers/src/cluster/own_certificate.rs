@@ -11,15 +11,14 @@
 
 use std::sync::Arc;
 
+use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
+use kube::api::{Patch, PatchParams};
 use rustls::client::danger::ServerCertVerifier as _;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::sign::CertifiedKey;
-
-use k8s_openapi::ByteString;
-use kube::api::{Patch, PatchParams};
 use sha2::{Digest, Sha256};
 
 use super::Error;
