@@ -43,6 +43,27 @@ fn install_tls() -> Result<Option<std::path::PathBuf>, AgentError> {
     }
 }
 
+/// How long [`Postgres::query`] waits out a server it could not reach.
+const CONNECT_RETRY: Duration = Duration::from_secs(60);
+
+/// Whether `psql` failed before it reached the server: libpq's words for a host name that does
+/// not resolve and for a connection that could not be made. A refused login (a wrong password)
+/// reached it, and is not one of them.
+fn never_connected(error: &AgentError) -> bool {
+    let AgentError::Tool { program, reason } = error else {
+        return false;
+    };
+    program == "psql"
+        && reason.starts_with("exit status 2:")
+        && [
+            "could not translate host name",
+            "Connection refused",
+            "No route to host",
+        ]
+        .iter()
+        .any(|words| reason.contains(words))
+}
+
 /// How many bytes of a tool's stderr are kept for the error message.
 const STDERR_TAIL_BYTES: usize = 2048;
 
@@ -121,7 +142,24 @@ impl Postgres {
     }
 
     /// Runs one SQL statement with `psql` against `database` and returns its unaligned output.
+    /// A `psql` that never reached the server (its name did not resolve, the connection was
+    /// refused: a Service whose primary is not ready for a moment) ran nothing, so it runs
+    /// again once the server accepts connections, for up to [`CONNECT_RETRY`].
     pub async fn query(&self, database: &str, sql: &str) -> Result<String, AgentError> {
+        let deadline = Instant::now() + CONNECT_RETRY;
+        loop {
+            match self.query_once(database, sql).await {
+                Err(error) if never_connected(&error) && Instant::now() < deadline => {
+                    tracing::info!(%error, "psql did not reach the server; waiting for it");
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    self.wait_until_accepting(left).await?;
+                }
+                answer => return answer,
+            }
+        }
+    }
+
+    async fn query_once(&self, database: &str, sql: &str) -> Result<String, AgentError> {
         let mut command = self.command("psql");
         command
             .args(["--no-psqlrc", "--no-align", "--tuples-only", "--quiet"])
@@ -354,6 +392,35 @@ mod tests {
         assert_eq!(conninfo_for("app"), "dbname='app'");
         assert_eq!(conninfo_for("host=evil' x"), "dbname='host=evil\\' x'");
         assert_eq!(conninfo_for("a\\b"), "dbname='a\\\\b'");
+    }
+
+    #[test]
+    fn only_a_psql_that_never_reached_the_server_runs_again() {
+        let failed = |program: &str, reason: &str| AgentError::Tool {
+            program: program.to_owned(),
+            reason: reason.to_owned(),
+        };
+        assert!(never_connected(&failed(
+            "psql",
+            "exit status 2: psql: error: could not translate host name \"pg-rw\" to address: Name or service not known"
+        )));
+        assert!(never_connected(&failed(
+            "psql",
+            "exit status 2: psql: error: connection to server at \"pg-rw\" (10.0.0.7), port 5432 failed: Connection refused"
+        )));
+        for (program, reason) in [
+            (
+                "psql",
+                "exit status 2: psql: error: connection to server at \"pg-rw\" (10.0.0.7), port 5432 failed: FATAL:  password authentication failed for user \"postgres\"",
+            ),
+            (
+                "psql",
+                "exit status 3: ERROR:  relation \"t\" does not exist",
+            ),
+            ("pg_restore", "exit status 2: could not translate host name"),
+        ] {
+            assert!(!never_connected(&failed(program, reason)), "{reason}");
+        }
     }
 
     #[test]
