@@ -6,26 +6,8 @@
 
 mod instance_common;
 
-use std::collections::BTreeMap;
-
 use instance_common::*;
-use pgkube_testkit::http_get;
-
-/// The samples of `/metrics` at `instance`, by series (name and labels).
-async fn scrape(instance: &Instance) -> BTreeMap<String, f64> {
-    let (code, body) = http_get(instance.metrics, "/metrics")
-        .await
-        .expect("the metrics port answers");
-    assert_eq!(code, 200, "{body}");
-    let text = body.split("\r\n\r\n").nth(1).unwrap_or(&body);
-    text.lines()
-        .filter(|line| !line.starts_with('#') && !line.is_empty())
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            Some((series.to_owned(), value.parse().ok()?))
-        })
-        .collect()
-}
+use pgkube_testkit::metric_samples;
 
 #[tokio::test]
 async fn the_primary_and_its_replica_serve_their_postgresql_metrics() {
@@ -37,7 +19,7 @@ async fn the_primary_and_its_replica_serve_their_postgresql_metrics() {
     let replica_pod = bed.instances[replica].pod.clone();
     let lag = format!("pgkube_postgres_replication_lag_bytes{{replica=\"{replica_pod}\"}}");
     let samples = eventually("the primary reports its replica", || async {
-        let samples = scrape(&bed.instances[primary]).await;
+        let samples = metric_samples(bed.instances[primary].metrics).await?;
         Ok(samples.contains_key(&lag).then_some(samples))
     })
     .await;
@@ -66,7 +48,9 @@ async fn the_primary_and_its_replica_serve_their_postgresql_metrics() {
     assert!(connections >= 1.0, "{samples:#?}");
     drop(writer);
 
-    let samples = scrape(&bed.instances[replica]).await;
+    let samples = metric_samples(bed.instances[replica].metrics)
+        .await
+        .expect("the replica's metrics");
     assert_eq!(samples.get("pgkube_postgres_up"), Some(&1.0));
     assert_eq!(samples.get("pgkube_postgres_in_recovery"), Some(&1.0));
     assert!(

@@ -4,31 +4,15 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::Running;
 use pgkube_controllers::cluster::build::METRICS_PORT;
-use pgkube_testkit::{TestCluster, http_get, wait_until};
+use pgkube_testkit::{TestCluster, metric_samples, wait_until};
 
 const RESYNC: Duration = Duration::from_secs(30);
 const METRICS_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// The samples of `/metrics` at `address`, by series (name and labels).
-async fn scrape(address: SocketAddr) -> anyhow::Result<BTreeMap<String, f64>> {
-    let (code, body) = http_get(address, "/metrics").await?;
-    anyhow::ensure!(code == 200, "HTTP {code}: {body}");
-    let text = body.split("\r\n\r\n").nth(1).unwrap_or(&body);
-    Ok(text
-        .lines()
-        .filter(|line| !line.starts_with('#') && !line.is_empty())
-        .filter_map(|line| {
-            let (series, value) = line.rsplit_once(' ')?;
-            Some((series.to_owned(), value.parse().ok()?))
-        })
-        .collect())
-}
 
 #[tokio::test]
 async fn each_instance_serves_its_postgresql_metrics() {
@@ -59,7 +43,7 @@ async fn each_instance_serves_its_postgresql_metrics() {
         "the primary reports its replica",
         METRICS_TIMEOUT,
         || async {
-            let samples = scrape(address(&primary)).await?;
+            let samples = metric_samples(address(&primary)).await?;
             Ok(samples.contains_key(&lag).then_some(samples))
         },
     )
@@ -79,7 +63,7 @@ async fn each_instance_serves_its_postgresql_metrics() {
             .is_some_and(|size| *size > 0.0),
         "the application database: {samples:#?}"
     );
-    let samples = scrape(address(&replica))
+    let samples = metric_samples(address(&replica))
         .await
         .expect("the replica's metrics");
     assert_eq!(samples.get("pgkube_postgres_up"), Some(&1.0));

@@ -329,7 +329,12 @@ async fn status_json(State(shared): State<Shared>) -> impl IntoResponse {
 }
 
 async fn metrics(State(shared): State<Shared>) -> impl IntoResponse {
-    match shared.archiver.metrics() {
+    openmetrics(shared.archiver.metrics())
+}
+
+/// A `/metrics` answer: the OpenMetrics text, or why it could not be written.
+pub(super) fn openmetrics(text: Result<String, std::fmt::Error>) -> impl IntoResponse {
+    match text {
         Ok(text) => (
             StatusCode::OK,
             [(

@@ -18,7 +18,6 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio::sync::Mutex;
@@ -205,19 +204,5 @@ pub async fn serve(address: SocketAddr, metrics: Arc<PostgresMetrics>) -> std::i
 }
 
 async fn metrics_text(State(metrics): State<Arc<PostgresMetrics>>) -> impl IntoResponse {
-    match metrics.scrape().await {
-        Ok(text) => (
-            StatusCode::OK,
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            text,
-        ),
-        Err(error) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            [(header::CONTENT_TYPE, "text/plain")],
-            error.to_string(),
-        ),
-    }
+    super::endpoint::openmetrics(metrics.scrape().await)
 }

@@ -142,7 +142,7 @@ pub use database::{TestDatabase, server_started_at};
 pub use describe::describe_cluster;
 pub use env::{SKIP_ENV_VAR, TestEnv, node_pgkube_binary, testbed};
 pub use failover::{RoleSampler, SAMPLE_PERIOD, Sample};
-pub use http::http_get;
+pub use http::{http_get, metric_samples};
 pub use names::unique_name;
 pub use namespace::TestNamespace;
 pub use node::{FrozenNode, LostNode, SECOND_NODE, SECOND_NODE_TAINT, second_node_toleration};
