@@ -56,6 +56,7 @@ pub async fn order_of(env: &TestEnv, bucket: &TestBucket, root: &str) -> Order {
             root: root.to_owned(),
             cluster: "bench/bench".to_owned(),
             ca_bundle: false,
+            keys: true,
             server_side_encryption: None,
         },
         backup: key,

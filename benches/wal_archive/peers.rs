@@ -39,6 +39,7 @@ pub async fn pgkube(env: &TestEnv, bucket: &TestBucket, dir: &Path) -> Started {
         root: root.clone(),
         cluster: "bench/bench".to_owned(),
         ca_bundle: false,
+        keys: true,
         server_side_encryption: None,
     };
     let topology = serde_json::json!({

@@ -539,3 +539,68 @@ async fn a_primary_that_just_started_archives_its_first_file_within_archive_time
     running.stop().await;
     bucket.cleanup().await;
 }
+
+/// Storage without keys: the pods run as the cluster's ServiceAccount, get no key files, and
+/// archive with their identity. The test bed gives pods no identity (no AWS), so the archiver
+/// finds no credentials and the status says so, while the database runs on.
+#[tokio::test]
+async fn a_cluster_without_keys_runs_as_its_account_and_says_it_has_no_credentials() {
+    use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+    use kube::api::{Api, PostParams};
+    let Some(running) = Running::start("wal-identity", RESYNC).await else {
+        return;
+    };
+    let env = pgkube_testkit::testbed().expect("the test bed");
+    let bucket = TestBucket::create(&env, "identity").await;
+    let namespace = running.namespace.name();
+    let account: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "wal-writer"}}))
+            .expect("a ServiceAccount");
+    Api::<ServiceAccount>::namespaced(running.client.clone(), namespace)
+        .create(&PostParams::default(), &account)
+        .await
+        .expect("the ServiceAccount");
+    let storage = S3Storage {
+        credentials: None,
+        ..test_storage(&env, bucket.name(), S3_SECRET)
+    };
+    let cluster = TestCluster::builder("pg")
+        .spec(|spec| {
+            spec.backup = Some(backup_config(storage, NEVER));
+            spec.service_account_name = Some("wal-writer".to_owned());
+        })
+        .timeout(CLUSTER_TIMEOUT)
+        .start(&running.namespace)
+        .await
+        .expect("the cluster runs without keys");
+    let pods = Api::<Pod>::namespaced(running.client.clone(), namespace);
+    for instance in cluster.pods().await.expect("the pods") {
+        let pod = pods.get(&instance.name).await.expect("the pod");
+        let spec = pod.spec.expect("a pod spec");
+        assert_eq!(spec.service_account_name.as_deref(), Some("wal-writer"));
+        let s3 = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find(|volume| volume.name == "s3")
+            .and_then(|volume| volume.projected.clone())
+            .expect("the S3 volume");
+        assert_eq!(s3.sources.unwrap_or_default(), [], "no key files");
+    }
+    let sql = cluster.sql().await.expect("SQL");
+    finish_segments(&sql, 1).await.expect("a segment");
+    let refused = wait_for_archiving(&cluster, "False").await;
+    assert!(
+        refused.message.to_ascii_lowercase().contains("credential"),
+        "{refused:?}"
+    );
+    sql.batch_execute("CREATE TABLE still_writable (id int)")
+        .await
+        .expect("the primary takes writes");
+    cluster
+        .delete(Duration::from_secs(120))
+        .await
+        .expect("cluster deleted");
+    running.stop().await;
+    bucket.cleanup().await;
+}

@@ -113,6 +113,13 @@ pub struct PostgreSQLClusterSpec {
     /// `db.example.com/switchover-to` annotation), which the Progressing condition waits for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub primary_update_strategy: Option<PrimaryUpdateStrategy>,
+    /// The Kubernetes ServiceAccount this cluster's pods run as (the instances, and the
+    /// cluster's backup and restore Jobs), for storage credentials that come from the pod's
+    /// identity (IAM roles for service accounts, EKS Pod Identity) rather than key Secrets.
+    /// pgkube does not create it. Unset: the namespace's `default`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$') && size(self) <= 253").message("must be a ServiceAccount name: lowercase letters, digits, '-' and '.', at most 253 characters"))]
+    pub service_account_name: Option<String>,
 }
 
 /// How the operator keeps a cluster of several instances writable, and what a failover may

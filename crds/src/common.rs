@@ -42,8 +42,14 @@ pub struct S3Storage {
     /// PEM bundle of the certificate authorities that sign the endpoint's certificate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_bundle: Option<SecretKeySelector>,
-    /// Access key id and secret access key, as Secret references.
-    pub credentials: S3Credentials,
+    /// Access key id and secret access key, as Secret references. Unset: the credentials come
+    /// from the identity of the pod that reads or writes (the AWS SDK's default chain: web
+    /// identity as set up by IAM roles for service accounts, EKS Pod Identity's container
+    /// credentials, instance metadata). The instance pods, the backup and restore Jobs and
+    /// pgkube's manager (retention, verification) each need that identity then: see the
+    /// cluster's `serviceAccountName`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<S3Credentials>,
     /// Server-side encryption to request for uploaded objects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_side_encryption: Option<ServerSideEncryption>,

@@ -78,7 +78,7 @@ pub fn clear_trace_variables(command: &mut tokio::process::Command) {
 }
 
 /// How the agent is given its S3 keys.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KeysVia {
     /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` (and `AWS_SESSION_TOKEN`).
     Env,
@@ -88,6 +88,10 @@ pub enum KeysVia {
     /// No key for the agent at all: the AWS SDK's default chain finds them in a shared
     /// credentials file (`AWS_SHARED_CREDENTIALS_FILE`, profile `default`).
     Profile,
+    /// No key for the agent at all: the default chain asks a container credentials endpoint,
+    /// as EKS Pod Identity's webhook sets a pod up to (`AWS_CONTAINER_CREDENTIALS_FULL_URI` and
+    /// the token file named by `AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE`).
+    ContainerEndpoint { uri: String, authorization: String },
 }
 
 /// Every variable through which the SDK's default chain could find credentials on the machine
@@ -103,6 +107,8 @@ const AMBIENT_CREDENTIAL_VARIABLES: &[&str] = &[
     "AWS_ROLE_ARN",
     "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
     "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
     "PGKUBE_S3_ACCESS_KEY_ID_FILE",
     "PGKUBE_S3_SECRET_ACCESS_KEY_FILE",
     "PGKUBE_S3_SESSION_TOKEN_FILE",
@@ -314,7 +320,7 @@ impl Agent {
         }
         command.env("AWS_EC2_METADATA_DISABLED", "true");
         let token = self.session_token.as_deref();
-        match self.keys_via {
+        match &self.keys_via {
             KeysVia::Env => {
                 command
                     .env("AWS_ACCESS_KEY_ID", &self.access_key)
@@ -354,6 +360,15 @@ impl Agent {
                 std::fs::write(&credentials, profile).expect("writing the credentials file");
                 command
                     .env("AWS_SHARED_CREDENTIALS_FILE", credentials)
+                    .env("AWS_CONFIG_FILE", self.work_dir.join("no-aws-config"));
+            }
+            KeysVia::ContainerEndpoint { uri, authorization } => {
+                let token_file = self.work_dir.join("pod-identity-token");
+                std::fs::write(&token_file, authorization).expect("writing the token file");
+                command
+                    .env("AWS_CONTAINER_CREDENTIALS_FULL_URI", uri.as_str())
+                    .env("AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE", token_file)
+                    .env("AWS_SHARED_CREDENTIALS_FILE", self.work_dir.join("none"))
                     .env("AWS_CONFIG_FILE", self.work_dir.join("no-aws-config"));
             }
         }

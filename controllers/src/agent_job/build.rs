@@ -241,8 +241,10 @@ pub fn build(input: &JobInput<'_>) -> Job {
             seccomp_profile: Some(runtime_default_seccomp()),
             ..PodSecurityContext::default()
         }),
-        // The Job's pods need no API access.
+        // The Job's pods need no API access; their account may still give them the identity
+        // their storage credentials come from.
         automount_service_account_token: Some(false),
+        service_account_name: input.cluster.spec.service_account_name.clone(),
         init_containers: Some(vec![Container {
             resources: resources(input),
             ..install_pgkube_container(

@@ -69,15 +69,17 @@ pub(super) fn agent_env(input: &JobInput<'_>) -> Vec<EnvVar> {
         value("PGKUBE_S3_BUCKET", &storage.bucket),
         value("PGKUBE_S3_PREFIX", input.prefix),
         value("PGKUBE_S3_REGION", &storage.region),
-        value(
+    ];
+    if storage.credentials.is_some() {
+        env.push(value(
             "PGKUBE_S3_ACCESS_KEY_ID_FILE",
             format!("{S3_MOUNT}/{ACCESS_KEY_ID_FILE}"),
-        ),
-        value(
+        ));
+        env.push(value(
             "PGKUBE_S3_SECRET_ACCESS_KEY_FILE",
             format!("{S3_MOUNT}/{SECRET_ACCESS_KEY_FILE}"),
-        ),
-    ];
+        ));
+    }
     env.push(value(
         "PGKUBE_APPLICATION_ROLE",
         application_owner(input.cluster),
@@ -211,7 +213,8 @@ fn key_to_path(key: &str, path: &str) -> KeyToPath {
     }
 }
 
-/// The S3 keys (and CA bundle) as files, each from the Secret key the storage names.
+/// The S3 keys (and CA bundle) as files, each from the Secret key the storage names; none for
+/// storage whose credentials come from the pod's identity.
 pub fn s3_sources(storage: &S3Storage) -> Vec<VolumeProjection> {
     let from = |selector: &SecretKeySelector, path: &str| VolumeProjection {
         secret: Some(SecretProjection {
@@ -221,11 +224,11 @@ pub fn s3_sources(storage: &S3Storage) -> Vec<VolumeProjection> {
         }),
         ..VolumeProjection::default()
     };
-    let credentials = &storage.credentials;
-    let mut sources = vec![
-        from(&credentials.access_key_id, ACCESS_KEY_ID_FILE),
-        from(&credentials.secret_access_key, SECRET_ACCESS_KEY_FILE),
-    ];
+    let mut sources = Vec::new();
+    if let Some(credentials) = &storage.credentials {
+        sources.push(from(&credentials.access_key_id, ACCESS_KEY_ID_FILE));
+        sources.push(from(&credentials.secret_access_key, SECRET_ACCESS_KEY_FILE));
+    }
     if let Some(ca_bundle) = &storage.ca_bundle {
         sources.push(from(ca_bundle, CA_BUNDLE_FILE));
     }

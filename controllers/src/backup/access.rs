@@ -1,5 +1,6 @@
 //! Reaching a backup's storage from the manager: the S3 client options of an [`S3Storage`],
-//! with the keys (and CA bundle) read from the Secrets it references.
+//! with the keys (and CA bundle) read from the Secrets it references, or without keys the
+//! manager's own identity.
 
 use k8s_openapi::api::core::v1::{Secret, SecretKeySelector};
 use kube::{Api, Client};
@@ -35,11 +36,14 @@ pub async fn connect(
     storage: &S3Storage,
 ) -> Result<S3Bucket, AccessError> {
     let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
-    let credentials = &storage.credentials;
-    let keys = StaticKeys {
-        access_key_id: secret_value(&secrets, &credentials.access_key_id).await?,
-        secret_access_key: secret_value(&secrets, &credentials.secret_access_key).await?,
-        session_token: None,
+    let credentials = match &storage.credentials {
+        Some(keys) => CredentialSource::Static(StaticKeys {
+            access_key_id: secret_value(&secrets, &keys.access_key_id).await?,
+            secret_access_key: secret_value(&secrets, &keys.secret_access_key).await?,
+            session_token: None,
+        }),
+        // The manager's own identity: the AWS SDK's default chain in this process.
+        None => CredentialSource::DefaultChain,
     };
     let ca_bundle = match &storage.ca_bundle {
         Some(selector) => Some(CaBundle::from_pem(
@@ -56,7 +60,7 @@ pub async fn connect(
         ca_bundle,
         encryption: encryption(storage.server_side_encryption),
         max_attempts: MAX_ATTEMPTS,
-        credentials: CredentialSource::Static(keys),
+        credentials,
     };
     Ok(S3Bucket::connect(&options).await?)
 }

@@ -389,6 +389,8 @@ fn pod_template(
         init_containers: Some(vec![install_container(input.instance_manager_image)]),
         containers: vec![postgres_container(cluster, input.image_repository)],
         volumes: Some(volumes(cluster, names)),
+        // The identity storage credentials may come from (`spec.serviceAccountName`).
+        service_account_name: cluster.service_account_name.clone(),
         ..PodSpec::default()
     };
     // Part of the template: a change rolls the pods like any other template change.

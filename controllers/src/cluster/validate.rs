@@ -78,6 +78,8 @@ pub struct ValidatedCluster {
     pub network_policy: Option<Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer>>,
     /// The user's own server certificate (`spec.certificates`); none: pgkube issues it.
     pub server_certificates: Option<pgkube_crds::ServerCertificates>,
+    /// The ServiceAccount the pods run as (`spec.serviceAccountName`); none: `default`.
+    pub service_account_name: Option<String>,
 }
 
 /// A valid spec: what to build now, and the changes held back from it.
@@ -290,6 +292,7 @@ pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validat
             .filter(|settings| settings.enabled)
             .map(|settings| settings.postgres_from),
         server_certificates: spec.certificates.clone(),
+        service_account_name: spec.service_account_name.clone(),
     };
     Ok(Validation {
         effective,

@@ -110,9 +110,17 @@ pub struct WalArchiveTarget {
     /// Whether the pod has a CA bundle to trust for the endpoint.
     #[serde(default)]
     pub ca_bundle: bool,
+    /// Whether the pod has key files; without them the pod's identity is used (the AWS SDK's
+    /// default chain). Absent from older operators' settings, which always gave keys.
+    #[serde(default = "keys_by_default")]
+    pub keys: bool,
     /// Server-side encryption every object must request: `AES256` or `aws:kms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_side_encryption: Option<String>,
+}
+
+fn keys_by_default() -> bool {
+    true
 }
 
 impl WalArchiveTarget {

@@ -96,6 +96,7 @@ fn spec_to_v1beta1(spec: v1alpha1::PostgreSQLClusterSpec) -> v1beta1::PostgreSQL
         enable_superuser_access,
         network_policy,
         certificates,
+        service_account_name,
     } = spec;
     v1beta1::PostgreSQLClusterSpec {
         replicas,
@@ -117,6 +118,7 @@ fn spec_to_v1beta1(spec: v1alpha1::PostgreSQLClusterSpec) -> v1beta1::PostgreSQL
         enable_superuser_access,
         network_policy,
         certificates,
+        service_account_name,
     }
 }
 
@@ -143,6 +145,7 @@ fn spec_to_v1alpha1(spec: v1beta1::PostgreSQLClusterSpec) -> v1alpha1::PostgreSQ
         enable_superuser_access,
         network_policy,
         certificates,
+        service_account_name,
     } = spec;
     v1alpha1::PostgreSQLClusterSpec {
         replicas,
@@ -161,6 +164,7 @@ fn spec_to_v1alpha1(spec: v1beta1::PostgreSQLClusterSpec) -> v1alpha1::PostgreSQ
         enable_superuser_access,
         network_policy,
         certificates,
+        service_account_name,
     }
 }
 

@@ -196,8 +196,7 @@ pub fn s3_storage() -> impl Strategy<Value = S3Storage> {
     );
     let security = (
         of(secret_key_selector()),
-        secret_key_selector(),
-        secret_key_selector(),
+        of((secret_key_selector(), secret_key_selector())),
         of(select(vec![
             ServerSideEncryption::Aes256,
             ServerSideEncryption::AwsKms,
@@ -206,8 +205,7 @@ pub fn s3_storage() -> impl Strategy<Value = S3Storage> {
     );
     (location, security).prop_map(|(location, security)| {
         let (bucket, prefix, endpoint, region, force_path_style) = location;
-        let (ca_bundle, access_key_id, secret_access_key, server_side_encryption, allowed) =
-            security;
+        let (ca_bundle, keys, server_side_encryption, allowed) = security;
         // Admission refuses a plain http:// endpoint unless the spec allows it.
         let plain = endpoint
             .as_deref()
@@ -219,10 +217,10 @@ pub fn s3_storage() -> impl Strategy<Value = S3Storage> {
             region,
             force_path_style,
             ca_bundle,
-            credentials: S3Credentials {
+            credentials: keys.map(|(access_key_id, secret_access_key)| S3Credentials {
                 access_key_id,
                 secret_access_key,
-            },
+            }),
             server_side_encryption,
             allow_plain_http: plain || allowed,
         }

@@ -123,6 +123,7 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
             any::<bool>(),
             of(network_policy()),
             of(server_certificates()),
+            of("[a-z]([a-z0-9.-]{0,18}[a-z0-9])?"),
         ),
     );
     (instances, pods, data).prop_map(|(instances, pods, data)| {
@@ -135,6 +136,7 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
             enable_superuser_access,
             network_policy,
             certificates,
+            service_account_name,
         ) = rest;
         let spread = admissible_spread(spread, &affinity);
         PostgreSQLClusterSpec {
@@ -154,6 +156,7 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
             enable_superuser_access,
             network_policy,
             certificates,
+            service_account_name,
         }
     })
 }

@@ -290,16 +290,20 @@ impl Archiver {
 }
 
 /// The client options for the archive `target`, with the keys and CA bundle that are files of
-/// `s3_dir` (the pod's volume of the storage's Secrets).
+/// `s3_dir` (the pod's volume of the storage's Secrets), or without keys the pod's identity.
 pub fn s3_options(s3_dir: &Path, target: &WalArchiveTarget) -> Result<S3Options, WalArchiveError> {
     let [access_key, secret_key, ca_bundle] = WalArchiveTarget::FILES;
-    let files: HashMap<&str, OsString> = HashMap::from([
-        (ACCESS_KEY_ID_FILE_VARIABLE, s3_dir.join(access_key).into()),
-        (
-            SECRET_ACCESS_KEY_FILE_VARIABLE,
-            s3_dir.join(secret_key).into(),
-        ),
-    ]);
+    let files: HashMap<&str, OsString> = match target.keys {
+        true => HashMap::from([
+            (ACCESS_KEY_ID_FILE_VARIABLE, s3_dir.join(access_key).into()),
+            (
+                SECRET_ACCESS_KEY_FILE_VARIABLE,
+                s3_dir.join(secret_key).into(),
+            ),
+        ]),
+        // No keys: the pod's identity, through the AWS SDK's default chain.
+        false => HashMap::new(),
+    };
     let ca_bundle = match target.ca_bundle {
         true => Some(CaBundle::from_file(
             &s3_dir.join(ca_bundle),
@@ -340,5 +344,53 @@ pub fn settings_of(desired: &super::Desired) -> ArchiveSettings {
     ArchiveSettings {
         target: desired.topology.wal_archive.clone(),
         cluster_uid: desired.topology.cluster_uid.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(keys: bool) -> WalArchiveTarget {
+        WalArchiveTarget {
+            bucket: "wal".to_owned(),
+            region: "garage".to_owned(),
+            endpoint: None,
+            force_path_style: true,
+            root: "db/main/wal/main/".to_owned(),
+            cluster: "db/main".to_owned(),
+            ca_bundle: false,
+            keys,
+            server_side_encryption: None,
+        }
+    }
+
+    #[test]
+    fn the_archiver_signs_with_the_key_files_or_without_them_as_the_pod() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let [access_key, secret_key, _] = WalArchiveTarget::FILES;
+        std::fs::write(dir.path().join(access_key), "GK-ID\n").expect("write");
+        std::fs::write(dir.path().join(secret_key), "secret\n").expect("write");
+        let with_keys = s3_options(dir.path(), &target(true)).expect("options");
+        let CredentialSource::Static(keys) = with_keys.credentials else {
+            panic!("the key files are used: {:?}", with_keys.credentials);
+        };
+        assert_eq!(keys.access_key_id, "GK-ID");
+        // Files left by an earlier template must not be taken for the keys of a storage
+        // without them.
+        let as_the_pod = s3_options(dir.path(), &target(false)).expect("options");
+        assert_eq!(as_the_pod.credentials, CredentialSource::DefaultChain);
+        // An empty volume: the pod's identity, not an error about a missing file.
+        let empty = tempfile::tempdir().expect("temporary directory");
+        assert!(s3_options(empty.path(), &target(true)).is_err());
+        let as_the_pod = s3_options(empty.path(), &target(false)).expect("options");
+        assert_eq!(as_the_pod.credentials, CredentialSource::DefaultChain);
+    }
+
+    #[test]
+    fn settings_of_older_operators_without_the_keys_field_mean_key_files() {
+        let older = r#"{"bucket":"wal","region":"r","root":"x/","cluster":"db/main"}"#;
+        let target: WalArchiveTarget = serde_json::from_str(older).expect("parses");
+        assert!(target.keys);
     }
 }

@@ -160,6 +160,7 @@ fn an_archiving_instance_runs_the_managers_archive_command_whatever_the_paramete
         root: "wal/db/".into(),
         cluster: "ns/db".into(),
         ca_bundle: false,
+        keys: true,
         server_side_encryption: None,
     });
     let config = server_config(

@@ -65,10 +65,10 @@ pub fn test_storage(env: &TestEnv, bucket: &str, secret: &str) -> S3Storage {
         region: env.s3_region.clone(),
         force_path_style: true,
         ca_bundle: None,
-        credentials: S3Credentials {
+        credentials: Some(S3Credentials {
             access_key_id: selector(ACCESS_KEY_ID_KEY),
             secret_access_key: selector(SECRET_ACCESS_KEY_KEY),
-        },
+        }),
         server_side_encryption: None,
         // The test bed's Garage speaks plain HTTP on loopback.
         allow_plain_http: env.s3_endpoint.starts_with("http://"),

@@ -272,6 +272,7 @@ impl TestCluster {
             enable_superuser_access: false,
             network_policy: None,
             certificates: None,
+            service_account_name: None,
         };
         local_node_scheduling().apply_to_cluster(&mut spec);
         TestClusterBuilder {

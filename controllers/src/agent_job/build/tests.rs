@@ -22,10 +22,10 @@ fn storage() -> S3Storage {
         region: "garage".to_owned(),
         force_path_style: true,
         ca_bundle: Some(selector("s3-ca", "ca.pem")),
-        credentials: S3Credentials {
+        credentials: Some(S3Credentials {
             access_key_id: selector("s3-keys", "id"),
             secret_access_key: selector("s3-keys", "secret"),
-        },
+        }),
         server_side_encryption: None,
         allow_plain_http: false,
     }
@@ -78,7 +78,17 @@ fn job_reading(
     resources: &ResourceRequirements,
     source: Option<crate::backup::physical::Source>,
 ) -> Job {
-    let (backup, cluster, storage) = (backup(), cluster(), storage());
+    job_of(compression, resources, source, &cluster(), &storage())
+}
+
+fn job_of(
+    compression: BackupCompression,
+    resources: &ResourceRequirements,
+    source: Option<crate::backup::physical::Source>,
+    cluster: &PostgreSQLCluster,
+    storage: &S3Storage,
+) -> Job {
+    let backup = backup();
     let otel = [(
         "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
         "http://collector:4317".to_owned(),
@@ -89,8 +99,8 @@ fn job_reading(
             compression,
             source,
         },
-        cluster: &cluster,
-        storage: &storage,
+        cluster,
+        storage,
         prefix: "db/main",
         postgres_image_repository: "registry.local/postgres",
         agent_image: "registry.local/pgkube:1.2",
@@ -332,29 +342,8 @@ fn it_connects_through_the_rw_service_with_secrets_as_files() {
         );
     }
     // The keys come from the Secret keys the storage names.
-    let volumes = pod.volumes.expect("volumes");
-    let s3 = volumes
-        .iter()
-        .find(|v| v.name == S3_VOLUME)
-        .expect("s3 volume");
-    let sources = s3
-        .projected
-        .as_ref()
-        .and_then(|p| p.sources.clone())
-        .expect("sources");
-    let projected: Vec<(String, String, String)> = sources
-        .iter()
-        .filter_map(|source| source.secret.as_ref())
-        .flat_map(|secret| {
-            secret
-                .items
-                .iter()
-                .flatten()
-                .map(|item| (secret.name.clone(), item.key.clone(), item.path.clone()))
-        })
-        .collect();
     assert_eq!(
-        projected,
+        s3_files(&pod),
         [
             (
                 "s3-keys".to_owned(),
@@ -373,6 +362,70 @@ fn it_connects_through_the_rw_service_with_secrets_as_files() {
             ),
         ]
     );
+}
+
+/// The (Secret, key, file) of each file of the Job's S3 volume.
+fn s3_files(pod: &PodSpec) -> Vec<(String, String, String)> {
+    let volumes = pod.volumes.as_ref().expect("volumes");
+    let s3 = volumes
+        .iter()
+        .find(|v| v.name == S3_VOLUME)
+        .expect("s3 volume");
+    let sources = s3
+        .projected
+        .as_ref()
+        .and_then(|p| p.sources.clone())
+        .expect("sources");
+    sources
+        .iter()
+        .filter_map(|source| source.secret.as_ref())
+        .flat_map(|secret| {
+            secret
+                .items
+                .iter()
+                .flatten()
+                .map(|item| (secret.name.clone(), item.key.clone(), item.path.clone()))
+        })
+        .collect()
+}
+
+#[test]
+fn without_keys_the_agent_runs_as_the_clusters_account_and_gets_no_key_files() {
+    let mut cluster = cluster();
+    cluster.spec.service_account_name = Some("backup-writer".to_owned());
+    let storage = S3Storage {
+        credentials: None,
+        ..storage()
+    };
+    let without_keys = job_of(
+        BackupCompression::default(),
+        &ResourceRequirements::default(),
+        None,
+        &cluster,
+        &storage,
+    );
+    let pod = without_keys.spec.expect("spec").template.spec.expect("pod");
+    assert_eq!(pod.service_account_name.as_deref(), Some("backup-writer"));
+    // The identity's own token volume is added by its webhook; pgkube mounts no API token.
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    let env = env_of(&pod.containers[0]);
+    for name in [
+        "PGKUBE_S3_ACCESS_KEY_ID_FILE",
+        "PGKUBE_S3_SECRET_ACCESS_KEY_FILE",
+    ] {
+        assert!(!env.contains_key(name), "{name} is set without keys");
+    }
+    assert_eq!(
+        s3_files(&pod),
+        [(
+            "s3-ca".to_owned(),
+            "ca.pem".to_owned(),
+            CA_BUNDLE_FILE.to_owned()
+        )]
+    );
+    // With keys, the default account.
+    let with_keys = job().spec.expect("spec").template.spec.expect("pod");
+    assert_eq!(with_keys.service_account_name, None);
 }
 
 #[test]

@@ -76,6 +76,7 @@ pub fn archive_target(storage: &S3Storage, root: String, cluster: String) -> Wal
         root,
         cluster,
         ca_bundle: storage.ca_bundle.is_some(),
+        keys: storage.credentials.is_some(),
         server_side_encryption: storage.server_side_encryption.map(|sse| match sse {
             ServerSideEncryption::Aes256 => "AES256".to_owned(),
             ServerSideEncryption::AwsKms => "aws:kms".to_owned(),
