@@ -28,6 +28,12 @@ pub const CLIENT_CA_FILE: &str = "client-ca.crt";
 /// What clients verify the cluster's servers with, written beside the copies: `ca.crt` and
 /// `client-ca.crt` together ([`servers_ca`]).
 pub const SERVERS_CA_FILE: &str = "servers-ca.crt";
+/// The CA of the applications' client certificates (`spec.certificates.clientCASecret`), on
+/// instance pods of a cluster that has one.
+pub const USER_CLIENT_CA_FILE: &str = "user-client-ca.crt";
+/// What the server verifies client certificates with when the user gave a client CA, written
+/// beside the copies: `client-ca.crt` and `user-client-ca.crt` together.
+pub const CLIENT_CAS_FILE: &str = "client-cas.crt";
 pub const SERVER_CERT_FILE: &str = "tls.crt";
 pub const SERVER_KEY_FILE: &str = "tls.key";
 
@@ -72,7 +78,24 @@ pub fn copy_private(source: &Path, target: &Path) -> io::Result<Option<String>> 
         write_if_changed(&path, &content)?;
     }
     write_if_changed(&target.join(SERVERS_CA_FILE), &servers_ca(source)?)?;
+    write_client_cas(source, target)?;
     Ok(Some(hex::encode(digest.finalize())))
+}
+
+/// [`CLIENT_CAS_FILE`] in `target`: pgkube's client CA and the user's, when `source` has the
+/// user's; none otherwise.
+fn write_client_cas(source: &Path, target: &Path) -> io::Result<()> {
+    match fs::read(source.join(USER_CLIENT_CA_FILE)) {
+        Ok(user) => {
+            let mut bundle = fs::read(source.join(CLIENT_CA_FILE))?;
+            append_pem(&mut bundle, &user);
+            write_if_changed(&target.join(CLIENT_CAS_FILE), &bundle)
+        }
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {
+            remove_if_present(&target.join(CLIENT_CAS_FILE))
+        }
+        Err(error) => Err(error),
+    }
 }
 
 /// The CAs a client of the cluster's servers trusts, from the certificates in `dir`: `ca.crt`
@@ -88,12 +111,23 @@ pub fn servers_ca(dir: &Path) -> io::Result<Vec<u8>> {
         Err(error) => return Err(error),
     };
     if client_ca != bundle {
-        if !bundle.ends_with(b"\n") {
-            bundle.push(b'\n');
-        }
-        bundle.extend_from_slice(&client_ca);
+        append_pem(&mut bundle, &client_ca);
     }
     Ok(bundle)
+}
+
+fn append_pem(bundle: &mut Vec<u8>, pem: &[u8]) {
+    if !bundle.is_empty() && !bundle.ends_with(b"\n") {
+        bundle.push(b'\n');
+    }
+    bundle.extend_from_slice(pem);
+}
+
+fn remove_if_present(path: &Path) -> io::Result<()> {
+    match fs::remove_file(path) {
+        Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
+        _ => Ok(()),
+    }
 }
 
 /// The CAs of a pod's certificates, each as the SHA-256 (hex) of its DER form: those that
@@ -343,6 +377,33 @@ mod tests {
             b"renewed"
         );
         assert_eq!(fs::read(target.join(SERVERS_CA_FILE)).expect("read"), b"ca");
+        fs::remove_dir_all(root).expect("clean up");
+    }
+
+    #[test]
+    fn the_server_verifies_clients_with_pgkubes_ca_and_the_users_when_given() {
+        let root = std::env::temp_dir().join(format!("pgkube-tls-clients-{}", std::process::id()));
+        let (source, target) = (root.join("volume"), root.join("private"));
+        fs::create_dir_all(&source).expect("volume");
+        fs::write(source.join(CA_FILE), "server CA\n").expect("ca");
+        fs::write(source.join(CLIENT_CA_FILE), "pgkube CA").expect("client ca");
+        copy_private(&source, &target).expect("copy");
+        assert!(
+            !target.join(CLIENT_CAS_FILE).exists(),
+            "no user CA, no bundle"
+        );
+        fs::write(source.join(USER_CLIENT_CA_FILE), "user CA\n").expect("user ca");
+        copy_private(&source, &target).expect("copy");
+        assert_eq!(
+            fs::read(target.join(CLIENT_CAS_FILE)).expect("bundle"),
+            b"pgkube CA\nuser CA\n"
+        );
+        fs::remove_file(source.join(USER_CLIENT_CA_FILE)).expect("remove");
+        copy_private(&source, &target).expect("copy");
+        assert!(
+            !target.join(CLIENT_CAS_FILE).exists(),
+            "a stale bundle is removed"
+        );
         fs::remove_dir_all(root).expect("clean up");
     }
 

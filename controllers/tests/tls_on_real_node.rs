@@ -16,6 +16,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::Running;
+use common::own_tls::{own_hosts, put_tls_secret, streaming_over_tls};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Patch, PatchParams};
 use pgkube_controllers::cluster::build::STATUS_PORT;
@@ -175,6 +176,7 @@ async fn a_cluster_serves_its_own_certificate_and_loads_a_new_one_without_restar
             spec.certificates = Some(pgkube_crds::ServerCertificates {
                 server_tls_secret: "own-server".to_owned(),
                 server_ca_secret: None,
+                client_ca_secret: None,
             });
         })
         .start(&running.namespace)
@@ -401,35 +403,6 @@ async fn pod_uids(cluster: &TestCluster) -> BTreeMap<String, String> {
 /// volume, then the instance manager's look.
 const RENEWAL_TIMEOUT: Duration = Duration::from_secs(180);
 
-/// The names of cluster `own` in `namespace`: its Services and its pods.
-fn own_hosts(namespace: &str) -> Vec<String> {
-    let mut hosts: Vec<String> = ["rw", "ro", "r"]
-        .iter()
-        .map(|service| format!("own-{service}.{namespace}.svc"))
-        .collect();
-    hosts.push(format!("*.own-postgresql-headless.{namespace}.svc"));
-    hosts
-}
-
-/// Creates or replaces the `kubernetes.io/tls` Secret `name` with a new certificate of `ca`
-/// for `hosts`, and the CA.
-async fn put_tls_secret(secrets: &kube::Api<Secret>, name: &str, ca: &TestCa, hosts: &[String]) {
-    let (certificate, key) = ca.server_certificate(hosts);
-    let secret: Secret = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name},
-        "type": "kubernetes.io/tls",
-        "stringData": {"tls.crt": certificate, "tls.key": key, "ca.crt": ca.pem()},
-    }))
-    .expect("a Secret");
-    let params = PatchParams::apply("tls-on-real-node").force();
-    secrets
-        .patch(name, &params, &Patch::Apply(&secret))
-        .await
-        .expect("the Secret is written");
-}
-
 /// A cluster whose certificate names only its -rw Service is refused with the reason, and
 /// none of its pods is made.
 async fn refuses_a_certificate_without_the_clusters_names(running: &Running, ca: &TestCa) {
@@ -447,6 +420,7 @@ async fn refuses_a_certificate_without_the_clusters_names(running: &Running, ca:
             spec.certificates = Some(pgkube_crds::ServerCertificates {
                 server_tls_secret: "narrow".to_owned(),
                 server_ca_secret: None,
+                client_ca_secret: None,
             });
         })
         .create(&running.namespace)
@@ -486,20 +460,6 @@ async fn status_port_is_tls_and_token_only(cluster: &TestCluster, ca: &str) {
         );
         assert_eq!(answers, (403, 401, 200), "{}", pod.name);
     }
-}
-
-/// Whether the primary's replication connection is TLS, authenticated as `streaming_replica`.
-async fn streaming_over_tls(sql: &tokio_postgres::Client) -> anyhow::Result<bool> {
-    let rows = sql
-        .query(
-            "SELECT s.ssl, s.client_dn FROM pg_stat_replication r \
-             JOIN pg_stat_ssl s USING (pid) WHERE r.state = 'streaming'",
-            &[],
-        )
-        .await?;
-    Ok(rows.len() == 1
-        && rows[0].get::<_, bool>(0)
-        && rows[0].get::<_, Option<String>>(1).as_deref() == Some("/CN=streaming_replica"))
 }
 
 /// When each instance's server started, by pod.

@@ -306,6 +306,18 @@ pub struct ServerCertificates {
     )]
     #[schemars(length(min = 1, max = 253))]
     pub server_ca_secret: Option<String>,
+    /// A Secret with the `ca.crt` of the client certificates applications present. With it,
+    /// a remote login needs, besides its password, a client certificate signed by this CA
+    /// (or pgkube's) whose common name is the role's name (`pg_hba`: `scram-sha-256
+    /// clientcert=verify-full`), once every instance has the CA. pgkube's own logins
+    /// (replication, its tools) keep their certificates from pgkube's CA.
+    #[serde(
+        rename = "clientCASecret",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(length(min = 1, max = 253))]
+    pub client_ca_secret: Option<String>,
 }
 
 fn default_true() -> bool {

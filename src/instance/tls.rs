@@ -35,11 +35,10 @@ impl Instance {
     /// The server's and clients' TLS settings under `desired`, once certificates are installed.
     pub(super) fn server_tls<'a>(&'a self, desired: &Desired) -> Option<InstanceTls<'a>> {
         let dir = &self.args.tls_runtime_dir;
-        let client_ca_file = if dir.join(crate::tls::CLIENT_CA_FILE).exists() {
-            crate::tls::CLIENT_CA_FILE
-        } else {
-            crate::tls::CA_FILE
-        };
+        let client_ca_file = [crate::tls::CLIENT_CAS_FILE, crate::tls::CLIENT_CA_FILE]
+            .into_iter()
+            .find(|file| dir.join(file).exists())
+            .unwrap_or(crate::tls::CA_FILE);
         Some(InstanceTls {
             dir,
             digest: self.tls.as_deref()?,

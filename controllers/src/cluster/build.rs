@@ -39,6 +39,9 @@ pub const VERSION_ANNOTATION: &str = "db.example.com/postgres-version";
 /// Annotation on the StatefulSet saying its pods mount the cluster's certificates (see
 /// [`super::certificates::tls_only`]).
 pub const TLS_ANNOTATION: &str = "db.example.com/tls";
+/// Pod template annotation: the pods accept the applications' client CA
+/// (`spec.certificates.clientCASecret`; see `certificates::client_certificates_required`).
+pub const CLIENT_CA_ANNOTATION: &str = "db.example.com/client-ca";
 /// Pod label naming the role an instance has (`primary` or `replica`), set by the controller
 /// from what the instance manager reports; the `-rw` and `-ro` Services select on it.
 pub const ROLE_LABEL: &str = "db.example.com/role";
@@ -229,6 +232,9 @@ pub struct BuildInput<'a> {
     /// Every instance has its certificates: connections without TLS are refused (see
     /// [`super::certificates::tls_only`]).
     pub tls_only: bool,
+    /// Every instance accepts the applications' client CA: remote logins need a client
+    /// certificate (see [`super::certificates::client_certificates_required`]).
+    pub client_certificates: bool,
     /// The cluster's database, once recorded (`status.systemIdentifier`).
     pub system_identifier: Option<&'a str>,
     /// What the first instance recovers (`spec.bootstrap.recovery`), until the cluster
@@ -326,6 +332,18 @@ fn metadata(cluster: &ValidatedCluster, names: &ChildNames, name: &str) -> Objec
     }
 }
 
+fn pod_annotations(cluster: &ValidatedCluster) -> BTreeMap<String, String> {
+    let mut annotations = BTreeMap::from([(TLS_ANNOTATION.to_owned(), "true".to_owned())]);
+    let client_ca = cluster
+        .server_certificates
+        .as_ref()
+        .and_then(|own| own.client_ca_secret.as_ref());
+    if let Some(secret) = client_ca {
+        annotations.insert(CLIENT_CA_ANNOTATION.to_owned(), secret.clone());
+    }
+    annotations
+}
+
 fn statefulset(
     cluster: &ValidatedCluster,
     names: &ChildNames,
@@ -399,11 +417,9 @@ fn pod_template(
         metadata: Some(ObjectMeta {
             labels: Some(labels(names)),
             // Each pod says it mounts the certificates, so that a roll from one template with
-            // them to another stays TLS-only (see `certificates::tls_only`).
-            annotations: Some(BTreeMap::from([(
-                TLS_ANNOTATION.to_owned(),
-                "true".to_owned(),
-            )])),
+            // them to another stays TLS-only (see `certificates::tls_only`), and whether it
+            // accepts the applications' client CA.
+            annotations: Some(pod_annotations(cluster)),
             ..ObjectMeta::default()
         }),
         spec: Some(pod),
@@ -465,7 +481,11 @@ fn config_map(cluster: &ValidatedCluster, names: &ChildNames, input: &BuildInput
             ),
             (
                 HBA_FILE.to_owned(),
-                pg_hba(input.tls_only, cluster.superuser_access),
+                pg_hba(
+                    input.tls_only,
+                    cluster.superuser_access,
+                    input.client_certificates,
+                ),
             ),
             (
                 INSTANCE_FILE.to_owned(),

@@ -41,6 +41,9 @@ pub const CA_CERT_KEY: &str = "ca.crt";
 /// The file of the pods' TLS volume with pgkube's CA, which signs the client certificates
 /// (`ca.crt` there is the CA of the server's certificate, which may be the user's).
 pub const CLIENT_CA_FILE: &str = "client-ca.crt";
+/// The file of the instance pods' TLS volume with the applications' client CA
+/// (`spec.certificates.clientCASecret`), which the server accepts besides pgkube's.
+pub const USER_CLIENT_CA_FILE: &str = "user-client-ca.crt";
 const CA_KEY_KEY: &str = "ca.key";
 const CA_VALIDITY: time::Duration = time::Duration::days(3650);
 /// Server and client certificates last this long unless the manager is told otherwise.
@@ -392,12 +395,71 @@ pub fn tls_only(live: &LiveChildren) -> bool {
             .all(|pod| pod.tls || pod.revision.as_deref() == revision)
 }
 
+/// Whether remote logins need a client certificate: the spec gives the applications' client
+/// CA (`spec.certificates.clientCASecret`) and every live pod accepts it. While pods made
+/// before it remain (it was added with a certificate of one's own), passwords alone still
+/// log in, as those pods could not verify the applications' certificates.
+pub fn client_certificates_required(
+    cluster: &super::validate::ValidatedCluster,
+    live: &LiveChildren,
+) -> bool {
+    let wanted = cluster
+        .server_certificates
+        .as_ref()
+        .is_some_and(|own| own.client_ca_secret.is_some());
+    wanted && live.pods.values().all(|pod| pod.client_ca)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn names() -> ChildNames {
         ChildNames::for_cluster("db")
+    }
+
+    #[test]
+    fn client_certificates_are_required_once_every_pod_accepts_the_client_ca() {
+        let pod = |client_ca: bool| super::super::rollout::LivePod {
+            client_ca,
+            ..super::super::rollout::LivePod::default()
+        };
+        let live = |pods: &[bool]| LiveChildren {
+            pods: pods
+                .iter()
+                .enumerate()
+                .map(|(ordinal, client_ca)| (format!("db-postgresql-{ordinal}"), pod(*client_ca)))
+                .collect(),
+            ..LiveChildren::default()
+        };
+        let spec: pgkube_crds::PostgreSQLClusterSpec = serde_json::from_value(
+            serde_json::json!({"storage": {"size": "1Gi"}, "postgresVersion": "15"}),
+        )
+        .expect("spec");
+        let mut db = pgkube_crds::PostgreSQLCluster::new("db", spec);
+        db.metadata.namespace = Some("team-a".to_owned());
+        db.metadata.uid = Some("uid".to_owned());
+        let mut cluster = crate::cluster::validate::validate(&db, &Default::default())
+            .expect("valid")
+            .effective;
+        assert!(!client_certificates_required(
+            &cluster,
+            &live(&[true, true])
+        ));
+        cluster.server_certificates = Some(pgkube_crds::ServerCertificates {
+            server_tls_secret: "own".to_owned(),
+            server_ca_secret: None,
+            client_ca_secret: Some("apps-ca".to_owned()),
+        });
+        assert!(
+            client_certificates_required(&cluster, &live(&[])),
+            "a new cluster"
+        );
+        assert!(!client_certificates_required(
+            &cluster,
+            &live(&[true, false])
+        ));
+        assert!(client_certificates_required(&cluster, &live(&[true, true])));
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! certificate and its key, that the certificate chains to the CA that clients, replicas and
 //! the operator verify it with, is valid now, and names every host clients reach the cluster
 //! by. Otherwise the reconcile stops with the reason, so that no pod is made or replaced to
-//! mount a certificate its peers would refuse.
+//! mount a certificate its peers would refuse. The applications' client CA, if given, must hold
+//! at least one CA certificate.
 //!
 //! Added to a running cluster, the CA is also added to the `ca.crt` of the server certificate
 //! pgkube issued, which the pods made before mount ([`trust_in_issued_secret`]).
@@ -63,6 +64,11 @@ pub async fn check(
     let ca_pem = value(&ca, CA_CERT_KEY).map_err(|why| unusable(ca_secret, why))?;
     verify(&cert, &key, &ca_pem, hosts, UnixTime::now())
         .map_err(|why| unusable(&own.server_tls_secret, why))?;
+    if let Some(client_ca) = &own.client_ca_secret {
+        let secret = read(&secrets, client_ca).await?;
+        let pem = value(&secret, CA_CERT_KEY).map_err(|why| unusable(client_ca, why))?;
+        crate::pki::root_store(&pem).map_err(|why| unusable(client_ca, why))?;
+    }
     Ok(ca_pem)
 }
 

@@ -465,6 +465,7 @@ async fn apply_validated(
         manager_namespace: settings.manager_namespace.as_deref(),
         synchronous_standbys: built.synchronous_standbys,
         tls_only: certificates::tls_only(&live),
+        client_certificates: certificates::client_certificates_required(&effective, &live),
         system_identifier: built.system_identifier,
         recovery: built.recovery,
         in_place: built.in_place,

@@ -37,6 +37,8 @@ pub struct LivePod {
     pub terminating: bool,
     /// Made from a template that mounts the certificates (its TLS annotation).
     pub tls: bool,
+    /// Made from a template whose server accepts the applications' client CA.
+    pub client_ca: bool,
 }
 
 impl LivePod {
@@ -46,6 +48,9 @@ impl LivePod {
             revision: pod.labels().get(REVISION_LABEL).cloned(),
             terminating: pod.metadata.deletion_timestamp.is_some(),
             tls: pod.annotations().contains_key(super::build::TLS_ANNOTATION),
+            client_ca: pod
+                .annotations()
+                .contains_key(super::build::CLIENT_CA_ANNOTATION),
         }
     }
 }

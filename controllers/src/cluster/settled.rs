@@ -96,6 +96,7 @@ pub fn fingerprint(
     }
     hasher.update(input.synchronous_standbys.to_le_bytes());
     hasher.update([u8::from(input.tls_only)]);
+    hasher.update([u8::from(input.client_certificates)]);
     write_text(&mut hasher, &serde_json::to_string(&input.recovery)?);
     write_text(&mut hasher, &serde_json::to_string(&input.in_place)?);
     hasher.update([
@@ -185,6 +186,7 @@ mod tests {
             manager_namespace: None,
             synchronous_standbys: 0,
             tls_only: true,
+            client_certificates: false,
             system_identifier: None,
             recovery: None,
             in_place: None,

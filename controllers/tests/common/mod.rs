@@ -4,6 +4,7 @@
 
 #![allow(dead_code)] // Each test binary uses a different part.
 
+pub mod own_tls;
 pub mod real_node;
 pub mod stored;
 

@@ -431,12 +431,13 @@ pub fn network_policy() -> impl Strategy<Value = pgkube_crds::NetworkPolicySetti
 /// A server certificate of one's own (the same type in both versions), with or without a CA
 /// Secret of its own.
 pub fn server_certificates() -> impl Strategy<Value = pgkube_crds::ServerCertificates> {
-    ("[a-z]{1,12}", of("[a-z]{1,12}")).prop_map(|(server_tls_secret, server_ca_secret)| {
-        pgkube_crds::ServerCertificates {
+    ("[a-z]{1,12}", of("[a-z]{1,12}"), of("[a-z]{1,12}")).prop_map(
+        |(server_tls_secret, server_ca_secret, client_ca_secret)| pgkube_crds::ServerCertificates {
             server_tls_secret,
             server_ca_secret,
-        }
-    })
+            client_ca_secret,
+        },
+    )
 }
 
 /// High-availability settings (the same type in both versions).

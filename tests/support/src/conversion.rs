@@ -54,6 +54,18 @@ impl TestCa {
         (certificate.pem(), key.serialize_pem())
     }
 
+    /// A new client certificate for the role `common_name` and its key, PEM.
+    pub fn client_certificate(&self, common_name: &str) -> (String, String) {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("parameters");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate().expect("key");
+        let certificate = params.signed_by(&key, &self.issuer).expect("certificate");
+        (certificate.pem(), key.serialize_pem())
+    }
+
     /// A new serving certificate for 127.0.0.1, written as `tls.crt` and `tls.key` in `dir`.
     pub fn write_serving_certificate(&self, dir: &Path) {
         let (certificate, key) = self.serving_certificate();

@@ -157,7 +157,10 @@ pub use restore::{
     restore_of_backup, restore_of_source, restore_reason, wait_restore, wait_restore_ended,
 };
 pub use service::{pod_addresses, service_addresses};
-pub use tls::{served_certificate, server_tls_secret_name, status_port_answer, verify_full};
+pub use tls::{
+    Login, connect, served_certificate, server_tls_secret_name, status_port_answer, verify_full,
+    verify_full_with_certificate,
+};
 pub use wait::wait_until;
 pub use writer::{RwWriter, WRITE_PERIOD, Written};
 

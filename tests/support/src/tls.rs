@@ -125,7 +125,7 @@ pub async fn status_port_answer(
 }
 
 /// Who logs in where: `host` is the name the server's certificate must cover.
-pub(crate) struct Login<'a> {
+pub struct Login<'a> {
     pub host: &'a str,
     pub user: &'a str,
     pub password: &'a str,
@@ -134,7 +134,7 @@ pub(crate) struct Login<'a> {
 
 /// Connects to `login.database` at `address` over TLS, the certificate checked for
 /// `login.host`; the connection runs in the background.
-pub(crate) async fn connect(
+pub async fn connect(
     address: SocketAddr,
     login: &Login<'_>,
     tls: tokio_postgres_rustls::MakeRustlsConnect,

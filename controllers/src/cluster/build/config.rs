@@ -82,10 +82,11 @@ fn synchronous_standby_names(cluster: &ValidatedCluster, names: &ChildNames, cou
 /// Local connections as the matching system user (the instance manager runs as `postgres`);
 /// remote ones over TLS only: replication as `streaming_replica` with its client certificate,
 /// the superuser with its client certificate unless `superuser_access` lets it use its password,
-/// everything else with a SCRAM password. Connections without TLS match no line and are
+/// everything else with a SCRAM password, and with `client_certificates` also a client
+/// certificate naming the role. Connections without TLS match no line and are
 /// refused, except while some instances still run without certificates (`tls_only` false):
 /// they then keep their SCRAM logins without TLS, as before, the superuser's included.
-pub(super) fn pg_hba(tls_only: bool, superuser_access: bool) -> String {
+pub(super) fn pg_hba(tls_only: bool, superuser_access: bool, client_certificates: bool) -> String {
     let mut hba = String::from(
         "# Managed by pgkube; edits are overwritten.\n\
          local      all          all                                peer\n\
@@ -97,7 +98,14 @@ pub(super) fn pg_hba(tls_only: bool, superuser_access: bool) -> String {
              hostssl    all          {SUPERUSER:<18} all             cert\n"
         ));
     }
-    hba.push_str("hostssl    all          all                all             scram-sha-256\n");
+    match client_certificates && tls_only {
+        true => hba.push_str(
+            "# Applications present a client certificate too (spec.certificates.clientCASecret)\n\
+             hostssl    all          all                all             scram-sha-256 clientcert=verify-full\n",
+        ),
+        false => hba
+            .push_str("hostssl    all          all                all             scram-sha-256\n"),
+    }
     if !tls_only {
         hba.push_str(
             "# Until every instance has its certificates\n\

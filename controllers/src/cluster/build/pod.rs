@@ -114,6 +114,8 @@ pub struct TlsSources {
     /// server verifies client certificates.
     pub replication: String,
     pub superuser: String,
+    /// The applications' client CA (`spec.certificates.clientCASecret`), for the server.
+    pub client_ca: Option<String>,
 }
 
 impl TlsSources {
@@ -137,15 +139,19 @@ impl TlsSources {
             server_ca,
             replication: names.replication_tls_secret.clone(),
             superuser: names.superuser_tls_secret.clone(),
+            client_ca: own.and_then(|own| own.client_ca_secret.clone()),
         }
     }
 }
 
 /// A volume of the cluster's certificates: `ca.crt` (the CA clients verify the server with),
-/// `client-ca.crt` (pgkube's, which the server verifies client certificates with) and `files`.
+/// `client-ca.crt` (pgkube's, which the server verifies client certificates with) and `files`;
+/// with the server's files, `user-client-ca.crt` when the user gave a client CA.
 /// The Secrets are required: a pod waits for them rather than start without TLS.
 pub fn tls_volume(name: &str, from: &TlsSources, files: &[TlsFiles]) -> Volume {
-    use super::super::certificates::{CA_CERT_KEY, CERT_KEY, CLIENT_CA_FILE, KEY_KEY};
+    use super::super::certificates::{
+        CA_CERT_KEY, CERT_KEY, CLIENT_CA_FILE, KEY_KEY, USER_CLIENT_CA_FILE,
+    };
     let item = |key: &str, path: &str| KeyToPath {
         key: key.to_owned(),
         path: path.to_owned(),
@@ -169,6 +175,12 @@ pub fn tls_volume(name: &str, from: &TlsSources, files: &[TlsFiles]) -> Volume {
             TlsFiles::Replication => (&from.replication, Some("replication")),
             TlsFiles::Superuser => (&from.superuser, Some("superuser")),
         };
+        if let (TlsFiles::Server, Some(client_ca)) = (files, &from.client_ca) {
+            sources.push(source(
+                client_ca,
+                vec![item(CA_CERT_KEY, USER_CLIENT_CA_FILE)],
+            ));
+        }
         let items = match stem {
             None => vec![item(CERT_KEY, CERT_KEY), item(KEY_KEY, KEY_KEY)],
             Some(stem) => vec![

@@ -375,6 +375,7 @@ mod tests {
         let own = pgkube_crds::ServerCertificates {
             server_tls_secret: "db-cert".to_owned(),
             server_ca_secret: None,
+            client_ca_secret: None,
         };
         assert_eq!(ServerCa::of(Some(&own)), ServerCa::Own("db-cert"));
         let issued = cache.get(&client, "ns", &names, ServerCa::Issued).await;

@@ -91,6 +91,7 @@ fn input(installer: &str) -> BuildInput<'_> {
         manager_namespace: None,
         synchronous_standbys: 0,
         tls_only: true,
+        client_certificates: false,
         system_identifier: None,
         recovery: None,
         in_place: None,

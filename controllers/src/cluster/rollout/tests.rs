@@ -50,6 +50,7 @@ fn pods(revisions: [&str; 3]) -> BTreeMap<String, LivePod> {
                 revision: Some(revisions[ordinal as usize].to_owned()),
                 terminating: false,
                 tls: true,
+                client_ca: false,
             };
             (pod(ordinal), live)
         })

@@ -52,6 +52,25 @@ fn pg_hba_allows_local_peer_and_remote_logins_over_tls_only() {
     assert_eq!(rules(&transition), expected);
     let hba = &children.config_map.data.as_ref().expect("data")[HBA_FILE];
     assert!(hba.starts_with("# Managed by pgkube; edits are overwritten.\n"));
+    // With the applications' client CA on every pod: a certificate naming the role as well.
+    let with_client_certificates = build(
+        &validated("my-cluster", 3),
+        &BuildInput {
+            client_certificates: true,
+            ..super::input("postgres")
+        },
+    );
+    assert_eq!(
+        rules(&with_client_certificates).last().expect("a rule"),
+        &line(&[
+            "hostssl",
+            "all",
+            "all",
+            "all",
+            "scram-sha-256",
+            "clientcert=verify-full"
+        ])
+    );
 }
 
 #[test]

@@ -69,6 +69,7 @@ fn a_server_certificate_of_ones_own_is_mounted_with_its_ca_and_pgkubes_client_ca
     own.server_certificates = Some(pgkube_crds::ServerCertificates {
         server_tls_secret: "my-cert".to_owned(),
         server_ca_secret: Some("my-ca".to_owned()),
+        client_ca_secret: None,
     });
     let files = tls_files(&built(&own));
     assert_eq!(
@@ -84,11 +85,53 @@ fn a_server_certificate_of_ones_own_is_mounted_with_its_ca_and_pgkubes_client_ca
     own.server_certificates = Some(pgkube_crds::ServerCertificates {
         server_tls_secret: "my-cert".to_owned(),
         server_ca_secret: None,
+        client_ca_secret: None,
     });
     assert_eq!(
         tls_files(&built(&own))[0],
         file("my-cert", "ca.crt", "ca.crt")
     );
+}
+
+#[test]
+fn an_applications_client_ca_is_mounted_for_the_server_and_said_on_the_pods() {
+    let mut own = validated("my-cluster", 3);
+    own.server_certificates = Some(pgkube_crds::ServerCertificates {
+        server_tls_secret: "my-cert".to_owned(),
+        server_ca_secret: None,
+        client_ca_secret: Some("apps-ca".to_owned()),
+    });
+    let children = built(&own);
+    assert!(
+        tls_files(&children).contains(&file("apps-ca", "ca.crt", "user-client-ca.crt")),
+        "{:?}",
+        tls_files(&children)
+    );
+    let template = children
+        .statefulset
+        .spec
+        .as_ref()
+        .expect("spec")
+        .template
+        .clone();
+    let pod = k8s_openapi::api::core::v1::Pod {
+        metadata: template.metadata.expect("template metadata"),
+        ..k8s_openapi::api::core::v1::Pod::default()
+    };
+    assert!(crate::cluster::rollout::LivePod::of(&pod).client_ca);
+    // Without one: neither the file nor the annotation.
+    let plain = built(&validated("my-cluster", 3));
+    assert!(
+        tls_files(&plain)
+            .iter()
+            .all(|(_, _, path)| path != "user-client-ca.crt")
+    );
+    let template = plain.statefulset.spec.expect("spec").template;
+    let pod = k8s_openapi::api::core::v1::Pod {
+        metadata: template.metadata.expect("template metadata"),
+        ..k8s_openapi::api::core::v1::Pod::default()
+    };
+    assert!(!crate::cluster::rollout::LivePod::of(&pod).client_ca);
 }
 
 #[test]
