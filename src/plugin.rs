@@ -1,9 +1,12 @@
 //! `kubectl pgkube`: the pgkube binary run under the name `kubectl-pgkube` (a link to it on the
 //! `PATH` makes it a kubectl plugin). It reads kubeconfig as kubectl does (`--kubeconfig`,
 //! `KUBECONFIG`, `~/.kube/config`), with `--context` and `-n`, and drives a cluster through
-//! its objects only: `status`, `switchover` (the `db.example.com/switchover-to` annotation),
-//! `backup` (a PostgreSQLBackup), and shell completion.
+//! its objects: `status`, `switchover` (the `db.example.com/switchover-to` annotation),
+//! `backup` (a PostgreSQLBackup), `restore` (a PostgreSQLRestore); and its pods: `psql` (through
+//! `kubectl exec`) and `logs`; and shell completion.
 
+mod objects;
+mod pods;
 mod status;
 
 use std::io::IsTerminal as _;
@@ -12,11 +15,11 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
-use kube::api::{Patch, PatchParams, PostParams};
+use clap::{Args, CommandFactory as _, Parser, Subcommand, ValueEnum};
+use kube::api::{Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client};
-use pgkube_crds::{BackupPhase, InstanceRole, PostgreSQLBackup, PostgreSQLCluster};
+use pgkube_crds::{InstanceRole, PostgreSQLBackup, PostgreSQLCluster, PostgreSQLRestore};
 
 /// The executable name under which the binary is the plugin.
 pub const PLUGIN_NAME: &str = "kubectl-pgkube";
@@ -39,7 +42,7 @@ pub fn invoked_as_plugin() -> bool {
     name = PLUGIN_NAME,
     bin_name = "kubectl pgkube",
     version,
-    about = "Drive pgkube's PostgreSQL clusters: status, switchover, backup"
+    about = "Drive pgkube's PostgreSQL clusters: status, switchover, backup, restore, psql, logs"
 )]
 struct PluginCli {
     /// The kubeconfig file; otherwise KUBECONFIG, then ~/.kube/config.
@@ -88,8 +91,57 @@ enum PluginCommand {
         #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
         timeout: Duration,
     },
+    /// Restore a backup into the cluster (a new PostgreSQLRestore): a logical backup's
+    /// databases, or with --point-in-time or --target-time the whole cluster from its WAL
+    /// archive.
+    Restore(RestoreArgs),
+    /// Run psql as the superuser in the primary's pod (or a replica's), through kubectl exec;
+    /// arguments after `--` go to psql.
+    Psql {
+        cluster: String,
+        #[arg(long)]
+        replica: bool,
+        #[arg(last = true)]
+        args: Vec<String>,
+    },
+    /// The PostgreSQL logs of every instance, each line prefixed with its pod.
+    Logs {
+        cluster: String,
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// Lines from the end of each pod's log.
+        #[arg(long)]
+        tail: Option<i64>,
+    },
     /// Print a shell completion script for kubectl-pgkube.
     Completion { shell: clap_complete::Shell },
+}
+
+#[derive(Args)]
+struct RestoreArgs {
+    cluster: String,
+    /// The PostgreSQLBackup to restore; for a point-in-time restore, the latest physical
+    /// backup before the target unless named.
+    #[arg(long)]
+    backup: Option<String>,
+    /// Recover the whole cluster in place to the end of its WAL archive.
+    #[arg(long)]
+    point_in_time: bool,
+    /// Recover the whole cluster in place to this moment (RFC 3339).
+    #[arg(long)]
+    target_time: Option<String>,
+    /// A logical restore's databases (all in the backup unless given).
+    #[arg(long, value_delimiter = ',')]
+    databases: Vec<String>,
+    /// Replace databases that exist already (a logical restore otherwise refuses them).
+    #[arg(long)]
+    drop_existing: bool,
+    /// Wait until the restore ends, showing its phase.
+    #[arg(long)]
+    wait: bool,
+    /// How long --wait waits.
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    timeout: Duration,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -159,10 +211,70 @@ async fn run(cli: PluginCli) -> anyhow::Result<()> {
         } => {
             get_cluster(&clusters, &cluster, &namespace).await?;
             let backups = Api::<PostgreSQLBackup>::namespaced(client, &namespace);
-            backup(&backups, &cluster, method, wait.then_some(timeout)).await
+            let method = match method {
+                Method::Logical => "Logical",
+                Method::Physical => "Physical",
+            };
+            objects::backup(&backups, &cluster, method, wait.then_some(timeout)).await
+        }
+        PluginCommand::Restore(args) => restore(&clusters, client, &namespace, args).await,
+        PluginCommand::Psql {
+            cluster,
+            replica,
+            args,
+        } => {
+            let found = get_cluster(&clusters, &cluster, &namespace).await?;
+            let target = pods::KubectlTarget {
+                kubeconfig: cli.kubeconfig.as_deref(),
+                context: cli.context.as_deref(),
+                namespace: &namespace,
+            };
+            psql(&target, &found, replica, &args)
+        }
+        PluginCommand::Logs {
+            cluster,
+            follow,
+            tail,
+        } => {
+            get_cluster(&clusters, &cluster, &namespace).await?;
+            let pods = Api::<k8s_openapi::api::core::v1::Pod>::namespaced(client, &namespace);
+            pods::logs(&pods, &cluster, follow, tail).await
         }
         PluginCommand::Completion { .. } => Ok(()),
     }
+}
+
+/// Restores into the cluster `args` names, if it exists.
+async fn restore(
+    clusters: &Api<PostgreSQLCluster>,
+    client: Client,
+    namespace: &str,
+    args: RestoreArgs,
+) -> anyhow::Result<()> {
+    get_cluster(clusters, &args.cluster, namespace).await?;
+    let request = objects::RestoreRequest {
+        cluster: &args.cluster,
+        backup: args.backup.as_deref(),
+        point_in_time: args.point_in_time,
+        target_time: args.target_time.as_deref(),
+        databases: &args.databases,
+        drop_existing: args.drop_existing,
+    };
+    let restores = Api::<PostgreSQLRestore>::namespaced(client, namespace);
+    objects::restore(&restores, &request, args.wait.then_some(args.timeout)).await
+}
+
+/// Runs psql in the primary's pod of `cluster`, or a replica's.
+fn psql(
+    target: &pods::KubectlTarget<'_>,
+    cluster: &PostgreSQLCluster,
+    replica: bool,
+    args: &[String],
+) -> anyhow::Result<()> {
+    let pod = pods::psql_pod(cluster, replica)?;
+    let status = pods::psql(target, &pod, args)?;
+    anyhow::ensure!(status.success(), "psql in {pod} ended with {status}");
+    Ok(())
 }
 
 /// A client of the kubeconfig's cluster, and the namespace to act in.
@@ -292,69 +404,6 @@ fn names(instances: &[&pgkube_crds::InstanceStatus]) -> String {
         .map(|instance| instance.name.as_str())
         .collect::<Vec<_>>()
         .join(", ")
-}
-
-/// Makes a backup of `cluster` by `method`, and waits for its end if `wait` says how long.
-async fn backup(
-    backups: &Api<PostgreSQLBackup>,
-    cluster: &str,
-    method: Method,
-    wait: Option<Duration>,
-) -> anyhow::Result<()> {
-    let method = match method {
-        Method::Logical => "Logical",
-        Method::Physical => "Physical",
-    };
-    let backup: PostgreSQLBackup = serde_json::from_value(serde_json::json!({
-        "apiVersion": "db.example.com/v1beta1",
-        "kind": "PostgreSQLBackup",
-        "metadata": {"generateName": format!("{cluster}-")},
-        "spec": {"cluster": {"name": cluster}, "method": method},
-    }))?;
-    let made = backups.create(&PostParams::default(), &backup).await?;
-    let name = made.metadata.name.unwrap_or_default();
-    println!("backup {name} of {cluster} ({method}) created");
-    let Some(timeout) = wait else {
-        return Ok(());
-    };
-    let started = Instant::now();
-    let mut shown = None;
-    loop {
-        let backup = backups.get(&name).await?;
-        let status = backup.status.unwrap_or_default();
-        if status.phase != shown {
-            let phase = status
-                .phase
-                .map_or_else(|| "Pending".to_owned(), |phase| format!("{phase:?}"));
-            println!("{:>6.0}s  {phase}", started.elapsed().as_secs_f64());
-            shown = status.phase;
-        }
-        match status.phase {
-            Some(BackupPhase::Completed) => {
-                let size = status.size_bytes.map_or_else(String::new, |bytes| {
-                    format!(", {}", status::bytes_text(bytes))
-                });
-                let key = status.object_key.unwrap_or_default();
-                println!("completed{size}: {key}");
-                return Ok(());
-            }
-            Some(BackupPhase::Failed) => {
-                let why = status
-                    .conditions
-                    .iter()
-                    .map(|condition| condition.message.clone())
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                anyhow::bail!("backup {name} failed: {why}");
-            }
-            _ => {}
-        }
-        anyhow::ensure!(
-            started.elapsed() < timeout,
-            "backup {name} has not ended after {timeout:?}"
-        );
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@
 //! pipe, and `-o json` gives the object; a switchover to the primary itself is refused with the
 //! replicas named; `switchover --wait` without a pod moves the primary to the replica and
 //! returns once it serves; `backup --wait` shows the phases and ends with the backup's size;
-//! an unknown cluster is a clear error.
+//! `restore --wait` restores it; `psql` runs in the primary's and a replica's pod; `logs` shows
+//! each instance's lines; an unknown cluster is a clear error.
 
 mod manager_common;
 
@@ -32,16 +33,17 @@ fn plugin_dir() -> PathBuf {
 
 /// `kubectl pgkube <args>` in `namespace`, the plugin found on the `PATH`.
 fn kubectl_pgkube(env: &TestEnv, dir: &std::path::Path, namespace: &str, args: &[&str]) -> Output {
+    // The test bed's kubectl too: `psql` runs `kubectl exec`.
     let path = format!(
-        "{}:{}",
+        "{}:{}:{}",
         dir.display(),
+        env.bin_dir.display(),
         std::env::var("PATH").unwrap_or_default()
     );
     env.kubectl()
         .env("PATH", path)
-        .arg("pgkube")
+        .args(["pgkube", "-n", namespace])
         .args(args)
-        .args(["-n", namespace])
         .output()
         .expect("kubectl runs")
 }
@@ -138,6 +140,14 @@ async fn kubectl_pgkube_shows_a_cluster_and_switches_it_over() {
         "the phase (a small backup may end before Running is seen), then the size and key: {said}"
     );
 
+    let backup_name = said
+        .split_whitespace()
+        .skip_while(|word| *word != "backup")
+        .nth(1)
+        .unwrap_or_else(|| panic!("the backup's name: {said}"))
+        .to_owned();
+    restores_psql_and_logs(&env, &dir, &ns, &backup_name, &cluster).await;
+
     let unknown = kubectl_pgkube(&env, &dir, &ns, &["status", "nothing"]);
     assert!(!unknown.status.success());
     assert!(
@@ -151,4 +161,79 @@ async fn kubectl_pgkube_shows_a_cluster_and_switches_it_over() {
     manager.terminate();
     namespace.cleanup().await;
     bucket.cleanup().await;
+}
+
+/// `restore --wait` brings back a row deleted after the backup; `psql` runs a query in the
+/// primary's pod and in a replica's; `logs` prefixes each instance's lines with its pod.
+async fn restores_psql_and_logs(
+    env: &TestEnv,
+    dir: &std::path::Path,
+    ns: &str,
+    backup: &str,
+    cluster: &TestCluster,
+) {
+    let app = cluster.application_secret().await.expect("the app Secret");
+    let sql = cluster
+        .sql_to(&app.dbname)
+        .await
+        .expect("SQL to the app database");
+    sql.batch_execute("CREATE TABLE kept (id int)")
+        .await
+        .expect("a table after the backup");
+    let restore = kubectl_pgkube(
+        env,
+        dir,
+        ns,
+        &[
+            "restore",
+            "pg",
+            "--backup",
+            backup,
+            "--drop-existing",
+            "--wait",
+        ],
+    );
+    let said = text(&restore);
+    assert!(restore.status.success(), "{said}");
+    assert!(
+        said.contains("s  Completed\n") && said.contains("completed"),
+        "{said}"
+    );
+    let sql = cluster
+        .sql_to(&app.dbname)
+        .await
+        .expect("SQL after the restore");
+    let tables: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM pg_tables WHERE tablename = 'kept'",
+            &[],
+        )
+        .await
+        .expect("a query")
+        .get(0);
+    assert_eq!(tables, 0, "the table made after the backup is gone: {said}");
+
+    let query = ["-tAc", "SELECT pg_is_in_recovery()"];
+    for (flags, expected) in [(&[][..], "f"), (&["--replica"][..], "t")] {
+        let mut args = vec!["psql", "pg"];
+        args.extend_from_slice(flags);
+        args.push("--");
+        args.extend_from_slice(&query);
+        let psql = kubectl_pgkube(env, dir, ns, &args);
+        assert!(psql.status.success(), "{}", text(&psql));
+        assert_eq!(
+            String::from_utf8_lossy(&psql.stdout).trim(),
+            expected,
+            "{flags:?}"
+        );
+    }
+    let psql = kubectl_pgkube(env, dir, ns, &["psql", "pg", "--", "-c", "SELECT nonsense"]);
+    assert!(!psql.status.success(), "a failed query fails the command");
+
+    let logs = kubectl_pgkube(env, dir, ns, &["logs", "pg", "--tail", "20"]);
+    let said = text(&logs);
+    assert!(logs.status.success(), "{said}");
+    for pod in ["pg-postgresql-0", "pg-postgresql-1"] {
+        assert!(said.contains(&format!("[{pod}] ")), "{pod}'s lines: {said}");
+    }
 }
