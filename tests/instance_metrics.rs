@@ -68,3 +68,67 @@ async fn the_primary_and_its_replica_serve_their_postgresql_metrics() {
     terminate(&mut bed, replica);
     terminate(&mut bed, primary);
 }
+
+/// Custom queries in postgres_exporter's format, from a file read at each scrape: none yet is
+/// an invalid file; then each row's gauges labelled by its labels, a failing query marked down
+/// while the others still report; a broken file again invalid, the built-in metrics unharmed.
+#[tokio::test]
+async fn custom_queries_from_a_file_are_served_and_follow_its_changes() {
+    let mut bed = Bed::new();
+    let (primary, writer) = primary_with_kept_rows(&mut bed, 1).await;
+    let address = bed.instances[primary].metrics;
+    let file = bed.instances[primary].dir.join(CUSTOM_QUERIES_FILE);
+    let samples = metric_samples(address).await.expect("metrics");
+    assert_eq!(
+        samples.get("pgkube_postgres_custom_queries_valid"),
+        Some(&0.0)
+    );
+
+    std::fs::write(
+        &file,
+        r#"
+databases:
+  query: "SELECT datname, numbackends, xact_commit FROM pg_stat_database WHERE datname = 'postgres'"
+  metrics:
+    - datname: {usage: LABEL, description: "The database"}
+    - numbackends: {usage: GAUGE, description: "Backends"}
+    - xact_commit: {usage: COUNTER, description: "Commits"}
+broken:
+  query: "SELECT nonsense"
+  metrics:
+    - nonsense: {usage: GAUGE}
+"#,
+    )
+    .expect("the queries file");
+    let samples = eventually("the custom queries are served", || async {
+        let samples = metric_samples(address).await?;
+        Ok((samples.get("pgkube_postgres_custom_queries_valid") == Some(&1.0)).then_some(samples))
+    })
+    .await;
+    assert!(
+        samples
+            .get("databases_numbackends{datname=\"postgres\"}")
+            .is_some_and(|backends| *backends >= 1.0),
+        "{samples:#?}"
+    );
+    assert!(samples.contains_key("databases_xact_commit_total{datname=\"postgres\"}"));
+    assert_eq!(
+        samples.get("pgkube_postgres_custom_query_up{query=\"databases\"}"),
+        Some(&1.0)
+    );
+    assert_eq!(
+        samples.get("pgkube_postgres_custom_query_up{query=\"broken\"}"),
+        Some(&0.0)
+    );
+    assert_eq!(samples.get("pgkube_postgres_up"), Some(&1.0));
+
+    std::fs::write(&file, "databases: [not, a, query]\n").expect("a broken file");
+    let samples = metric_samples(address).await.expect("metrics");
+    assert_eq!(
+        samples.get("pgkube_postgres_custom_queries_valid"),
+        Some(&0.0)
+    );
+    assert_eq!(samples.get("pgkube_postgres_up"), Some(&1.0));
+    drop(writer);
+    terminate(&mut bed, primary);
+}

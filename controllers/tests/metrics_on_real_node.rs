@@ -1,6 +1,7 @@
 //! PostgreSQL's metrics on the test bed's real node: each pod of a two-instance cluster serves
 //! `/metrics` on its metrics port (9187) from the instance manager, the primary with its
-//! replica's lag and the replica's slot, the replica as in recovery.
+//! replica's lag and the replica's slot, the replica as in recovery; and the rows of the custom
+//! queries of the ConfigMap that `spec.monitoring.customQueries` names.
 
 mod common;
 
@@ -8,6 +9,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::Running;
+use k8s_openapi::api::core::v1::{ConfigMap, ConfigMapKeySelector};
 use pgkube_controllers::cluster::build::METRICS_PORT;
 use pgkube_testkit::{TestCluster, metric_samples, wait_until};
 
@@ -19,8 +21,27 @@ async fn each_instance_serves_its_postgresql_metrics() {
     let Some(running) = Running::start("metrics", RESYNC).await else {
         return;
     };
+    let queries: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "pg-metrics"},
+        "data": {"queries.yaml": CUSTOM_QUERIES},
+    }))
+    .expect("a ConfigMap");
+    running
+        .api::<ConfigMap>()
+        .create(&Default::default(), &queries)
+        .await
+        .expect("the queries' ConfigMap");
     let cluster = TestCluster::builder("pg")
         .replicas(2)
+        .spec(|spec| {
+            spec.monitoring = Some(pgkube_crds::Monitoring {
+                custom_queries: Some(ConfigMapKeySelector {
+                    name: "pg-metrics".to_owned(),
+                    key: "queries.yaml".to_owned(),
+                    optional: None,
+                }),
+            });
+        })
         .start(&running.namespace)
         .await
         .expect("the cluster becomes Running");
@@ -68,5 +89,27 @@ async fn each_instance_serves_its_postgresql_metrics() {
         .expect("the replica's metrics");
     assert_eq!(samples.get("pgkube_postgres_up"), Some(&1.0));
     assert_eq!(samples.get("pgkube_postgres_in_recovery"), Some(&1.0));
+    for pod in [&primary, &replica] {
+        let samples = metric_samples(address(pod)).await.expect("metrics");
+        assert_eq!(
+            samples.get("pgkube_postgres_custom_queries_valid"),
+            Some(&1.0),
+            "{pod}: {samples:#?}"
+        );
+        assert_eq!(
+            samples.get("app_tables_count{database=\"postgres\"}"),
+            Some(&0.0),
+            "{pod}: {samples:#?}"
+        );
+    }
     running.stop().await;
 }
+
+/// One query in postgres_exporter's format: the user tables of the `postgres` database.
+const CUSTOM_QUERIES: &str = r#"
+app_tables:
+  query: "SELECT current_database() AS database, count(*) AS count FROM pg_stat_user_tables"
+  metrics:
+    - database: {usage: LABEL, description: "The database"}
+    - count: {usage: GAUGE, description: "User tables"}
+"#;

@@ -120,6 +120,9 @@ pub struct PostgreSQLClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$') && size(self) <= 253").message("must be a ServiceAccount name: lowercase letters, digits, '-' and '.', at most 253 characters"))]
     pub service_account_name: Option<String>,
+    /// Metrics of the instances beyond pgkube's own (port 9187, `/metrics`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monitoring: Option<Monitoring>,
 }
 
 /// How the operator keeps a cluster of several instances writable, and what a failover may
@@ -281,6 +284,20 @@ pub struct NetworkPolicySettings {
     /// namespaces, address blocks). The pods of the cluster's namespace always may.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub postgres_from: Vec<k8s_openapi::api::networking::v1::NetworkPolicyPeer>,
+}
+
+/// What the instances' metrics port serves beyond pgkube's own metrics. The same in v1alpha1
+/// and v1beta1.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Monitoring {
+    /// A ConfigMap key holding custom queries in postgres_exporter's queries format; each
+    /// instance runs them at every scrape, as the superuser in the `postgres` database, and
+    /// serves their rows as `<query>_<column>` metrics. A change of the ConfigMap is read at the
+    /// next scrape after the kubelet refreshed the file; a missing ConfigMap or an invalid file
+    /// is `pgkube_postgres_custom_queries_valid 0`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub custom_queries: Option<k8s_openapi::api::core::v1::ConfigMapKeySelector>,
 }
 
 /// A server certificate of one's own, in Secrets of the cluster's namespace. The same in

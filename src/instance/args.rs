@@ -114,6 +114,11 @@ pub struct RunArgs {
     #[arg(long, env = "PGKUBE_METRICS_PORT", default_value_t = 9187)]
     pub(super) metrics_port: u16,
 
+    /// A file of custom queries for the metrics port, in postgres_exporter's queries format,
+    /// read again at each scrape (a mounted ConfigMap).
+    #[arg(long, env = "PGKUBE_METRICS_QUERIES")]
+    pub(super) metrics_queries: Option<PathBuf>,
+
     /// How long a fast shutdown may take before it becomes immediate. Keep it below the pod's
     /// termination grace period.
     #[arg(long, env = "PGKUBE_SHUTDOWN_TIMEOUT", default_value = "50s",

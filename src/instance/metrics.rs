@@ -2,13 +2,15 @@
 //! (9187, postgres_exporter's usual one) at `/metrics`: replication lag by replica and the
 //! replica's own delay, replication slots and the WAL they retain, connections by state,
 //! database sizes, transactions and deadlocks, checkpoints, the age of the oldest transaction
-//! ID, and the WAL archiver's metrics (the same as the status port's).
+//! ID, and the WAL archiver's metrics (the same as the status port's); and the metrics of the
+//! user's own queries ([`custom`]), from a file read again at each scrape.
 //!
 //! Each scrape reads the server through one kept connection over the local socket, every query
 //! of it within [`SCRAPE_TIMEOUT`]; a scrape that fails or times out says `pgkube_postgres_up 0`
 //! and drops the connection, to make a new one next time. Scraping is cheap by design: a few
 //! catalog and statistics views, no table is read.
 
+mod custom;
 mod render;
 
 use std::net::SocketAddr;
@@ -26,6 +28,7 @@ use tokio_postgres::Client;
 use super::archive::Archiver;
 use super::sql;
 
+use custom::CustomResults;
 pub use render::{DatabaseStats, ReplicaLag, Sample, render};
 
 /// How long one scrape's queries may take together.
@@ -37,6 +40,8 @@ pub struct PostgresMetrics {
     pub port: u16,
     pub superuser: String,
     pub archiver: Arc<Archiver>,
+    /// The custom queries file, in postgres_exporter's format; none: no custom metrics.
+    pub custom_queries: Option<PathBuf>,
     client: Mutex<Option<Client>>,
 }
 
@@ -47,7 +52,16 @@ impl PostgresMetrics {
             port,
             superuser,
             archiver,
+            custom_queries: None,
             client: Mutex::new(None),
+        }
+    }
+
+    /// With the custom queries of `file`, if any.
+    pub fn with_custom_queries(self, file: Option<PathBuf>) -> Self {
+        Self {
+            custom_queries: file,
+            ..self
         }
     }
 
@@ -69,14 +83,47 @@ impl PostgresMetrics {
                 None
             }
         };
+        let custom = match (&self.custom_queries, sample.is_some()) {
+            (Some(file), true) => Some(self.run_custom(file, &mut kept).await),
+            _ => None,
+        };
         drop(kept);
         let mut text = render(sample.as_ref())?;
+        if let Some(custom) = custom {
+            text = text.trim_end_matches("# EOF\n").to_owned() + &custom::render(&custom)?;
+        }
         // Both are OpenMetrics text: one `# EOF` at the very end.
         let archiver = self.archiver.metrics()?;
         if !archiver.is_empty() {
             text = text.trim_end_matches("# EOF\n").to_owned() + &archiver;
         }
         Ok(text)
+    }
+
+    /// The custom queries of `file`, each run within [`SCRAPE_TIMEOUT`] together; a timeout
+    /// drops the connection (a query may still run on it).
+    async fn run_custom(&self, file: &std::path::Path, kept: &mut Option<Client>) -> CustomResults {
+        let queries = match std::fs::read_to_string(file)
+            .map_err(|e| e.to_string())
+            .and_then(|text| custom::parse(&text))
+        {
+            Ok(queries) => queries,
+            Err(error) => {
+                tracing::debug!(file = %file.display(), %error, "no custom metrics");
+                return CustomResults::Invalid;
+            }
+        };
+        let Some(client) = kept.as_ref() else {
+            return CustomResults::Invalid;
+        };
+        let ran = tokio::time::timeout(SCRAPE_TIMEOUT, run_queries(client, &queries)).await;
+        match ran {
+            Ok(ran) => CustomResults::Ran(ran),
+            Err(_) => {
+                *kept = None;
+                CustomResults::Ran(queries.into_iter().map(|query| (query, None)).collect())
+            }
+        }
     }
 
     async fn sample_with(&self, kept: &mut Option<Client>) -> anyhow::Result<Sample> {
@@ -89,6 +136,43 @@ impl PostgresMetrics {
             .ok_or_else(|| anyhow::anyhow!("no connection"))?;
         sample(client).await
     }
+}
+
+/// Each query with its rows (text values), or `None` when it failed.
+async fn run_queries(
+    client: &Client,
+    queries: &[custom::CustomQuery],
+) -> Vec<(custom::CustomQuery, Option<Vec<custom::Row>>)> {
+    let mut ran = Vec::new();
+    for query in queries {
+        let rows = match client.simple_query(&query.query).await {
+            Ok(messages) => Some(text_rows(&messages)),
+            Err(error) => {
+                tracing::debug!(query = %query.name, %error, "a custom query failed");
+                None
+            }
+        };
+        ran.push((query.clone(), rows));
+    }
+    ran
+}
+
+fn text_rows(messages: &[tokio_postgres::SimpleQueryMessage]) -> Vec<custom::Row> {
+    messages
+        .iter()
+        .filter_map(|message| match message {
+            tokio_postgres::SimpleQueryMessage::Row(row) => Some(
+                row.columns()
+                    .iter()
+                    .enumerate()
+                    .map(|(index, column)| {
+                        (column.name().to_owned(), row.get(index).map(str::to_owned))
+                    })
+                    .collect(),
+            ),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Reads the sample from the server.

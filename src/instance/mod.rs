@@ -235,12 +235,15 @@ async fn supervise(args: RunArgs) -> anyhow::Result<()> {
         args.run_dir.join(archive::socket::SOCKET_NAME),
         archiver.clone(),
     ));
-    let postgres_metrics = Arc::new(metrics::PostgresMetrics::new(
-        args.socket_dir.clone(),
-        args.port,
-        desired.superuser.username.clone(),
-        archiver.clone(),
-    ));
+    let postgres_metrics = Arc::new(
+        metrics::PostgresMetrics::new(
+            args.socket_dir.clone(),
+            args.port,
+            desired.superuser.username.clone(),
+            archiver.clone(),
+        )
+        .with_custom_queries(args.metrics_queries.clone()),
+    );
     let metrics_address = SocketAddr::new(args.status_address, args.metrics_port);
     tokio::spawn(async move {
         if let Err(error) = metrics::serve(metrics_address, postgres_metrics).await {

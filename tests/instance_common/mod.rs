@@ -63,6 +63,10 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// The metrics' custom queries file of an instance, under its directory (absent unless a test
+/// writes it).
+pub const CUSTOM_QUERIES_FILE: &str = "config/queries.yaml";
+
 /// A cluster's files and processes under one temporary directory.
 pub struct Bed {
     pub root: PathBuf,
@@ -234,6 +238,10 @@ impl Bed {
             .env("PGKUBE_STATUS_ADDRESS", instance.address.to_string())
             .env("PGKUBE_STATUS_PORT", instance.status.port().to_string())
             .env("PGKUBE_METRICS_PORT", instance.metrics.port().to_string())
+            .env(
+                "PGKUBE_METRICS_QUERIES",
+                instance.dir.join(CUSTOM_QUERIES_FILE),
+            )
             .env("PGKUBE_SHUTDOWN_TIMEOUT", "20s")
             .env("PGKUBE_WATCH_PERIOD", "500ms")
             .env("PGKUBE_SLOT_DROP_GRACE", "1s")

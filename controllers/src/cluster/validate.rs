@@ -80,6 +80,8 @@ pub struct ValidatedCluster {
     pub server_certificates: Option<pgkube_crds::ServerCertificates>,
     /// The ServiceAccount the pods run as (`spec.serviceAccountName`); none: `default`.
     pub service_account_name: Option<String>,
+    /// The ConfigMap key of the metrics' custom queries (`spec.monitoring.customQueries`).
+    pub custom_queries: Option<k8s_openapi::api::core::v1::ConfigMapKeySelector>,
 }
 
 /// A valid spec: what to build now, and the changes held back from it.
@@ -293,6 +295,10 @@ pub fn validate(cluster: &PostgreSQLCluster, live: &LiveFacts) -> Result<Validat
             .map(|settings| settings.postgres_from),
         server_certificates: spec.certificates.clone(),
         service_account_name: spec.service_account_name.clone(),
+        custom_queries: spec
+            .monitoring
+            .as_ref()
+            .and_then(|monitoring| monitoring.custom_queries.clone()),
     };
     Ok(Validation {
         effective,

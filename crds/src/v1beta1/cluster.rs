@@ -16,7 +16,7 @@ use crate::archiving::WalArchiving;
 use crate::backup::{BackupCompression, BackupMethod};
 use crate::cluster::{
     BOOTSTRAP_ONE_OF_MESSAGE, BOOTSTRAP_ONE_OF_RULE, CERTIFICATES_KEPT_MESSAGE,
-    CERTIFICATES_KEPT_RULE, HighAvailability, InstanceSpread, NetworkPolicySettings,
+    CERTIFICATES_KEPT_RULE, HighAvailability, InstanceSpread, Monitoring, NetworkPolicySettings,
     ONE_ANTI_AFFINITY_MESSAGE, ONE_ANTI_AFFINITY_RULE, PostgreSQLClusterStatus, PostgreSQLSettings,
     PostgresVersion, PrimaryUpdateStrategy, SYNCHRONOUS_FITS_MESSAGE, SYNCHRONOUS_FITS_RULE,
     ServerCertificates,
@@ -127,6 +127,9 @@ pub struct PostgreSQLClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$') && size(self) <= 253").message("must be a ServiceAccount name: lowercase letters, digits, '-' and '.', at most 253 characters"))]
     pub service_account_name: Option<String>,
+    /// Metrics of the instances beyond pgkube's own (port 9187, `/metrics`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monitoring: Option<Monitoring>,
 }
 
 fn default_replicas() -> i32 {

@@ -45,11 +45,11 @@ pub use crate::backup::{
 pub use crate::cluster::{
     ClusterPhase, DEFAULT_APPLICATION_NAME, DEFAULT_FAILOVER_DELAY_SECONDS,
     DEFAULT_ISOLATION_TIMEOUT_SECONDS, FENCE_MARGIN_SECONDS, HighAvailability, Initdb,
-    InstanceRole, InstanceSpread, InstanceStatus, MANAGED_PARAMETERS, NetworkPolicySettings,
-    NodeAntiAffinity, ONE_ANTI_AFFINITY_MESSAGE, ONE_ANTI_AFFINITY_RULE, PostgreSQLClusterStatus,
-    PostgreSQLSettings, PostgresVersion, PrimaryChange, PrimaryChangeKind, PrimaryUpdateStrategy,
-    REFUSED_PARAMETERS, Recoverability, SYNCHRONOUS_FITS_MESSAGE, SYNCHRONOUS_FITS_RULE,
-    ServerCertificates, SynchronousReplication,
+    InstanceRole, InstanceSpread, InstanceStatus, MANAGED_PARAMETERS, Monitoring,
+    NetworkPolicySettings, NodeAntiAffinity, ONE_ANTI_AFFINITY_MESSAGE, ONE_ANTI_AFFINITY_RULE,
+    PostgreSQLClusterStatus, PostgreSQLSettings, PostgresVersion, PrimaryChange, PrimaryChangeKind,
+    PrimaryUpdateStrategy, REFUSED_PARAMETERS, Recoverability, SYNCHRONOUS_FITS_MESSAGE,
+    SYNCHRONOUS_FITS_RULE, ServerCertificates, SynchronousReplication,
 };
 pub use crate::common::{
     LocalReference, S3Credentials, S3Storage, ServerSideEncryption, conditions_schema,

@@ -97,6 +97,7 @@ fn spec_to_v1beta1(spec: v1alpha1::PostgreSQLClusterSpec) -> v1beta1::PostgreSQL
         network_policy,
         certificates,
         service_account_name,
+        monitoring,
     } = spec;
     v1beta1::PostgreSQLClusterSpec {
         replicas,
@@ -119,6 +120,7 @@ fn spec_to_v1beta1(spec: v1alpha1::PostgreSQLClusterSpec) -> v1beta1::PostgreSQL
         network_policy,
         certificates,
         service_account_name,
+        monitoring,
     }
 }
 
@@ -146,6 +148,7 @@ fn spec_to_v1alpha1(spec: v1beta1::PostgreSQLClusterSpec) -> v1alpha1::PostgreSQ
         network_policy,
         certificates,
         service_account_name,
+        monitoring,
     } = spec;
     v1alpha1::PostgreSQLClusterSpec {
         replicas,
@@ -165,6 +168,7 @@ fn spec_to_v1alpha1(spec: v1beta1::PostgreSQLClusterSpec) -> v1alpha1::PostgreSQ
         network_policy,
         certificates,
         service_account_name,
+        monitoring,
     }
 }
 

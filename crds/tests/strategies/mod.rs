@@ -440,6 +440,19 @@ pub fn server_certificates() -> impl Strategy<Value = pgkube_crds::ServerCertifi
     )
 }
 
+/// Monitoring settings (the same type in both versions).
+pub fn monitoring() -> impl Strategy<Value = pgkube_crds::Monitoring> {
+    of((name(), "[a-z.]{1,12}", of(any::<bool>()))).prop_map(|selector| pgkube_crds::Monitoring {
+        custom_queries: selector.map(|(name, key, optional)| {
+            k8s_openapi::api::core::v1::ConfigMapKeySelector {
+                name,
+                key,
+                optional,
+            }
+        }),
+    })
+}
+
 /// High-availability settings (the same type in both versions).
 pub fn high_availability() -> impl Strategy<Value = Option<HighAvailability>> {
     let synchronous =

@@ -124,6 +124,7 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
             of(network_policy()),
             of(server_certificates()),
             of("[a-z]([a-z0-9.-]{0,18}[a-z0-9])?"),
+            of(monitoring()),
         ),
     );
     (instances, pods, data).prop_map(|(instances, pods, data)| {
@@ -137,6 +138,7 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
             network_policy,
             certificates,
             service_account_name,
+            monitoring,
         ) = rest;
         let spread = admissible_spread(spread, &affinity);
         PostgreSQLClusterSpec {
@@ -157,6 +159,7 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
             network_policy,
             certificates,
             service_account_name,
+            monitoring,
         }
     })
 }

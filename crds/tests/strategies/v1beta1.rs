@@ -131,6 +131,7 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
             of(network_policy()),
             of(server_certificates()),
             of("[a-z]([a-z0-9.-]{0,18}[a-z0-9])?"),
+            of(monitoring()),
         ),
     );
     (instances, pods, data).prop_map(|(instances, pods, data)| {
@@ -144,6 +145,7 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
             network_policy,
             certificates,
             service_account_name,
+            monitoring,
         ) = rest;
         let spread = admissible_spread(spread, &affinity);
         PostgreSQLClusterSpec {
@@ -164,6 +166,7 @@ fn cluster_spec() -> impl Strategy<Value = PostgreSQLClusterSpec> {
             network_policy,
             certificates,
             service_account_name,
+            monitoring,
         }
     })
 }

@@ -273,6 +273,7 @@ impl TestCluster {
             network_policy: None,
             certificates: None,
             service_account_name: None,
+            monitoring: None,
         };
         local_node_scheduling().apply_to_cluster(&mut spec);
         TestClusterBuilder {

@@ -20,6 +20,10 @@ const S3_MOUNT: &str = "/etc/pgkube/s3";
 /// The keys (and CA bundle) of the storage a point-in-time recovery reads.
 const RECOVERY_S3_VOLUME: &str = "recovery-s3";
 const RECOVERY_S3_MOUNT: &str = "/etc/pgkube/recovery-s3";
+const METRICS_QUERIES_VOLUME: &str = "metrics-queries";
+const METRICS_QUERIES_MOUNT: &str = "/etc/pgkube/metrics";
+/// The custom queries' file in [`METRICS_QUERIES_MOUNT`].
+const METRICS_QUERIES_FILE: &str = "queries.yaml";
 
 pub(super) fn volumes(cluster: &ValidatedCluster, names: &ChildNames) -> Vec<Volume> {
     let secret = |volume: &str, secret: &str| Volume {
@@ -76,7 +80,27 @@ pub(super) fn volumes(cluster: &ValidatedCluster, names: &ChildNames) -> Vec<Vol
             .as_ref()
             .map(|s| s3_volume(RECOVERY_S3_VOLUME, s)),
     )
+    .chain(cluster.custom_queries.as_ref().map(metrics_queries_volume))
     .collect()
+}
+
+/// The ConfigMap key of the metrics' custom queries, as one file. Optional: a missing
+/// ConfigMap must not keep the database from starting; the metrics say so instead.
+fn metrics_queries_volume(selector: &k8s_openapi::api::core::v1::ConfigMapKeySelector) -> Volume {
+    Volume {
+        name: METRICS_QUERIES_VOLUME.to_owned(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: selector.name.clone(),
+            items: Some(vec![KeyToPath {
+                key: selector.key.clone(),
+                path: METRICS_QUERIES_FILE.to_owned(),
+                mode: None,
+            }]),
+            optional: Some(true),
+            ..ConfigMapVolumeSource::default()
+        }),
+        ..Volume::default()
+    }
 }
 
 /// A volume of Secret `secret` that may not exist (yet): the pod starts without it.
@@ -291,6 +315,12 @@ pub(super) fn postgres_container(cluster: &ValidatedCluster, image_repository: &
                     .as_ref()
                     .map(|_| mount(RECOVERY_S3_VOLUME, RECOVERY_S3_MOUNT, true)),
             )
+            .chain(
+                cluster
+                    .custom_queries
+                    .as_ref()
+                    .map(|_| mount(METRICS_QUERIES_VOLUME, METRICS_QUERIES_MOUNT, true)),
+            )
             .collect(),
         ),
         ..Container::default()
@@ -343,6 +373,12 @@ fn instance_manager_env(cluster: &ValidatedCluster) -> Vec<EnvVar> {
             .as_ref()
             .map(|_| value("PGKUBE_RECOVERY_S3_DIR", RECOVERY_S3_MOUNT)),
     )
+    .chain(cluster.custom_queries.as_ref().map(|_| {
+        value(
+            "PGKUBE_METRICS_QUERIES",
+            &format!("{METRICS_QUERIES_MOUNT}/{METRICS_QUERIES_FILE}"),
+        )
+    }))
     .collect()
 }
 

@@ -135,6 +135,60 @@ fn an_applications_client_ca_is_mounted_for_the_server_and_said_on_the_pods() {
 }
 
 #[test]
+fn custom_metric_queries_are_an_optional_configmap_file_named_to_the_instance_manager() {
+    let mut monitored = validated("my-cluster", 3);
+    monitored.custom_queries = Some(k8s_openapi::api::core::v1::ConfigMapKeySelector {
+        name: "pg-metrics".to_owned(),
+        key: "custom.yaml".to_owned(),
+        optional: None,
+    });
+    let pod = pod_spec(&built(&monitored));
+    let volume = pod
+        .volumes
+        .iter()
+        .flatten()
+        .find(|volume| volume.name == "metrics-queries")
+        .and_then(|volume| volume.config_map.clone())
+        .expect("the queries' volume");
+    assert_eq!(volume.name, "pg-metrics");
+    assert_eq!(
+        volume.optional,
+        Some(true),
+        "a missing ConfigMap starts the pod"
+    );
+    let items = volume.items.expect("items");
+    assert_eq!(
+        (items[0].key.as_str(), items[0].path.as_str()),
+        ("custom.yaml", "queries.yaml")
+    );
+    let container = &pod.containers[0];
+    let env = container
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "PGKUBE_METRICS_QUERIES");
+    assert_eq!(
+        env.and_then(|e| e.value.as_deref()),
+        Some("/etc/pgkube/metrics/queries.yaml")
+    );
+    assert!(
+        container
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.name == "metrics-queries" && m.mount_path == "/etc/pgkube/metrics")
+    );
+    let plain = pod_spec(&built(&validated("my-cluster", 3)));
+    assert!(
+        plain
+            .volumes
+            .iter()
+            .flatten()
+            .all(|v| v.name != "metrics-queries")
+    );
+}
+
+#[test]
 fn a_cluster_archives_wal_to_its_backup_storage_unless_told_not_to() {
     let archiving = validated("my-cluster", 3);
     let children = built(&archiving);
