@@ -78,6 +78,10 @@ async fn custom_queries_from_a_file_are_served_and_follow_its_changes() {
     let (primary, writer) = primary_with_kept_rows(&mut bed, 1).await;
     let address = bed.instances[primary].metrics;
     let file = bed.instances[primary].dir.join(CUSTOM_QUERIES_FILE);
+    writer
+        .batch_execute("CREATE TABLE guarded (id int); CREATE SEQUENCE guarded_ids")
+        .await
+        .expect("what the queries must not touch");
     let samples = metric_samples(address).await.expect("metrics");
     assert_eq!(
         samples.get("pgkube_postgres_custom_queries_valid"),
@@ -97,6 +101,14 @@ broken:
   query: "SELECT nonsense"
   metrics:
     - nonsense: {usage: GAUGE}
+dropper:
+  query: "SELECT 1 AS one; DROP TABLE guarded"
+  metrics:
+    - one: {usage: GAUGE}
+writer:
+  query: "SELECT count(*) AS n FROM (SELECT set_config('default_transaction_read_only', 'off', false)) s, LATERAL (SELECT nextval('guarded_ids')) w"
+  metrics:
+    - n: {usage: GAUGE}
 "#,
     )
     .expect("the queries file");
@@ -121,6 +133,20 @@ broken:
         Some(&0.0)
     );
     assert_eq!(samples.get("pgkube_postgres_up"), Some(&1.0));
+    // The queries run read-only, each as one statement: neither a second statement nor a write
+    // in the query gets through.
+    for query in ["dropper", "writer"] {
+        let up = format!("pgkube_postgres_custom_query_up{{query=\"{query}\"}}");
+        assert_eq!(samples.get(&up), Some(&0.0), "{query}");
+    }
+    let untouched = writer
+        .query_one("SELECT to_regclass('guarded') IS NOT NULL, (SELECT last_value FROM guarded_ids) = 1 AND NOT (SELECT is_called FROM guarded_ids)", &[])
+        .await
+        .expect("a query");
+    assert_eq!(
+        (untouched.get::<_, bool>(0), untouched.get::<_, bool>(1)),
+        (true, true)
+    );
 
     std::fs::write(&file, "databases: [not, a, query]\n").expect("a broken file");
     let samples = metric_samples(address).await.expect("metrics");

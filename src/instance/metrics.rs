@@ -138,15 +138,17 @@ impl PostgresMetrics {
     }
 }
 
-/// Each query with its rows (text values), or `None` when it failed.
+/// Each query with its rows, or `None` when it failed. The queries run in a read-only
+/// transaction, each as one subquery (so one statement that cannot end the transaction), their
+/// rows read as JSON whatever the columns' types.
 async fn run_queries(
     client: &Client,
     queries: &[custom::CustomQuery],
 ) -> Vec<(custom::CustomQuery, Option<Vec<custom::Row>>)> {
     let mut ran = Vec::new();
     for query in queries {
-        let rows = match client.simple_query(&query.query).await {
-            Ok(messages) => Some(text_rows(&messages)),
+        let rows = match read_only_rows(client, &query.query).await {
+            Ok(rows) => Some(rows),
             Err(error) => {
                 tracing::debug!(query = %query.name, %error, "a custom query failed");
                 None
@@ -157,21 +159,17 @@ async fn run_queries(
     ran
 }
 
-fn text_rows(messages: &[tokio_postgres::SimpleQueryMessage]) -> Vec<custom::Row> {
-    messages
+async fn read_only_rows(client: &Client, query: &str) -> anyhow::Result<Vec<custom::Row>> {
+    let statement = format!(
+        "SELECT row_to_json(q)::text FROM ({}) q",
+        query.trim().trim_end_matches(';')
+    );
+    client.batch_execute("BEGIN READ ONLY").await?;
+    let rows = client.query(&statement, &[]).await;
+    client.batch_execute("ROLLBACK").await?;
+    rows?
         .iter()
-        .filter_map(|message| match message {
-            tokio_postgres::SimpleQueryMessage::Row(row) => Some(
-                row.columns()
-                    .iter()
-                    .enumerate()
-                    .map(|(index, column)| {
-                        (column.name().to_owned(), row.get(index).map(str::to_owned))
-                    })
-                    .collect(),
-            ),
-            _ => None,
-        })
+        .map(|row| custom::json_row(row.get(0)))
         .collect()
 }
 

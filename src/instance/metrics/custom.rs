@@ -188,6 +188,24 @@ fn register_query(registry: &mut Registry, query: &CustomQuery, rows: &[Row]) {
     }
 }
 
+/// A row as `row_to_json` gives it: each column's value as text (a boolean as 1 or 0, as
+/// postgres_exporter reads it), in the row's order.
+pub fn json_row(json: &str) -> anyhow::Result<Row> {
+    let object: serde_json::Map<String, serde_json::Value> = serde_json::from_str(json)?;
+    Ok(object
+        .into_iter()
+        .map(|(column, value)| {
+            let text = match value {
+                serde_json::Value::Null => None,
+                serde_json::Value::Bool(flag) => Some(u8::from(flag).to_string()),
+                serde_json::Value::String(text) => Some(text),
+                other => Some(other.to_string()),
+            };
+            (column, text)
+        })
+        .collect())
+}
+
 fn value_of(row: &Row, column: &str) -> Option<String> {
     row.iter()
         .find(|(name, _)| name == column)
@@ -258,6 +276,18 @@ pg_table:
         assert!(failed.contains("pgkube_postgres_custom_query_up{query=\"pg_table\"} 0"));
         let invalid = render(&CustomResults::Invalid).expect("renders");
         assert!(invalid.contains("pgkube_postgres_custom_queries_valid 0"));
+    }
+
+    #[test]
+    fn rows_read_as_json_keep_text_numbers_and_booleans_as_one_or_zero() {
+        let row = json_row(r#"{"name":"orders","rows":42,"ratio":0.5,"hot":true,"gone":null}"#)
+            .expect("a row");
+        let value = |column: &str| value_of(&row, column);
+        assert_eq!(value("name").as_deref(), Some("orders"));
+        assert_eq!(value("rows").as_deref(), Some("42"));
+        assert_eq!(value("ratio").as_deref(), Some("0.5"));
+        assert_eq!(value("hot").as_deref(), Some("1"));
+        assert_eq!(value("gone"), None);
     }
 
     #[test]
