@@ -387,12 +387,19 @@ fn switchover_target(cluster: &PostgreSQLCluster, pod: Option<&str>) -> anyhow::
         );
         return Ok(pod.to_owned());
     }
-    replicas
-        .iter()
-        .filter(|replica| replica.ready)
-        .min_by_key(|replica| replica.lag_bytes.unwrap_or(i64::MAX))
-        .map(|replica| replica.name.clone())
+    best_replica(cluster)
         .with_context(|| format!("no ready replica to switch over to ({})", names(&replicas)))
+}
+
+/// The ready replica with the least lag, if any.
+fn best_replica(cluster: &PostgreSQLCluster) -> Option<String> {
+    cluster
+        .status
+        .iter()
+        .flat_map(|status| &status.instances)
+        .filter(|instance| instance.role == InstanceRole::Replica && instance.ready)
+        .min_by_key(|instance| instance.lag_bytes.unwrap_or(i64::MAX))
+        .map(|instance| instance.name.clone())
 }
 
 fn names(instances: &[&pgkube_crds::InstanceStatus]) -> String {

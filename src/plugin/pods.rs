@@ -8,7 +8,7 @@ use futures::{AsyncBufReadExt as _, StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{ListParams, LogParams};
-use pgkube_crds::{InstanceRole, PostgreSQLCluster};
+use pgkube_crds::PostgreSQLCluster;
 
 /// The instances' PostgreSQL container.
 const CONTAINER: &str = "postgresql";
@@ -29,12 +29,7 @@ pub fn psql_pod(cluster: &PostgreSQLCluster, replica: bool) -> anyhow::Result<St
             .and_then(|status| status.current_primary.clone())
             .ok_or_else(|| anyhow::anyhow!("cluster {name} has no primary yet"));
     }
-    status
-        .into_iter()
-        .flat_map(|status| &status.instances)
-        .filter(|instance| instance.role == InstanceRole::Replica && instance.ready)
-        .min_by_key(|instance| instance.lag_bytes.unwrap_or(i64::MAX))
-        .map(|instance| instance.name.clone())
+    super::best_replica(cluster)
         .ok_or_else(|| anyhow::anyhow!("cluster {name} has no ready replica"))
 }
 

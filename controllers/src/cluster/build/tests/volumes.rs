@@ -49,18 +49,7 @@ fn the_pods_mount_the_clusters_certificates_and_wait_for_them() {
         ]
     );
     // Each pod says so, for the rollout's TLS-only check.
-    let template = children
-        .statefulset
-        .spec
-        .as_ref()
-        .expect("spec")
-        .template
-        .clone();
-    let pod = k8s_openapi::api::core::v1::Pod {
-        metadata: template.metadata.expect("template metadata"),
-        ..k8s_openapi::api::core::v1::Pod::default()
-    };
-    assert!(crate::cluster::rollout::LivePod::of(&pod).tls);
+    assert!(templated_pod(&children).tls);
 }
 
 #[test]
@@ -107,18 +96,7 @@ fn an_applications_client_ca_is_mounted_for_the_server_and_said_on_the_pods() {
         "{:?}",
         tls_files(&children)
     );
-    let template = children
-        .statefulset
-        .spec
-        .as_ref()
-        .expect("spec")
-        .template
-        .clone();
-    let pod = k8s_openapi::api::core::v1::Pod {
-        metadata: template.metadata.expect("template metadata"),
-        ..k8s_openapi::api::core::v1::Pod::default()
-    };
-    assert!(crate::cluster::rollout::LivePod::of(&pod).client_ca);
+    assert!(templated_pod(&children).client_ca);
     // Without one: neither the file nor the annotation.
     let plain = built(&validated("my-cluster", 3));
     assert!(
@@ -126,12 +104,22 @@ fn an_applications_client_ca_is_mounted_for_the_server_and_said_on_the_pods() {
             .iter()
             .all(|(_, _, path)| path != "user-client-ca.crt")
     );
-    let template = plain.statefulset.spec.expect("spec").template;
-    let pod = k8s_openapi::api::core::v1::Pod {
+    assert!(!templated_pod(&plain).client_ca);
+}
+
+/// A pod made from the StatefulSet's template, as the rollout sees it.
+fn templated_pod(children: &DesiredChildren) -> crate::cluster::rollout::LivePod {
+    let template = children
+        .statefulset
+        .spec
+        .as_ref()
+        .expect("spec")
+        .template
+        .clone();
+    crate::cluster::rollout::LivePod::of(&k8s_openapi::api::core::v1::Pod {
         metadata: template.metadata.expect("template metadata"),
         ..k8s_openapi::api::core::v1::Pod::default()
-    };
-    assert!(!crate::cluster::rollout::LivePod::of(&pod).client_ca);
+    })
 }
 
 #[test]
