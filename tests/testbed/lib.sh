@@ -78,6 +78,24 @@ kube_cache_key() {
     echo "k8s-$KUBERNETES_VERSION-$hash"
 }
 
+# helm, for the chart's tests: the version its module pins (helm/go.mod), stamped into the
+# binary as helm's own release build does (a plain `go build` would report v4.3).
+HELM_VERSION="$(awk '$1 == "require" && $2 == "helm.sh/helm/v4" { print $3 }' "$TESTBED_DIR/helm/go.mod")"
+HELM_LDFLAGS="-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION"
+HELM_LDFLAGS+=" -X helm.sh/helm/v4/internal/version.gitTreeState=clean"
+
+# Cache key of helm: its module files, link flags and the Go version. A key of its own, so a
+# helm bump never rebuilds Kubernetes.
+helm_cache_key() {
+    local hash
+    hash="$(cd "$TESTBED_DIR/helm" && {
+        go version
+        echo "$HELM_LDFLAGS"
+        cat go.mod go.sum
+    } | sha256sum | cut -c1-12)"
+    echo "helm-$HELM_VERSION-$hash"
+}
+
 # Cache key of the test bed's own programs: the storage provisioner, the node agent and its
 # bind shim (sources, module files, Go and C compiler versions).
 own_cache_key() {
