@@ -20,6 +20,7 @@ mod backup;
 mod cluster;
 mod common;
 pub mod conversion;
+mod progress;
 mod recovery;
 mod restore;
 pub mod v1alpha1;

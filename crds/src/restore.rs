@@ -28,6 +28,7 @@ pub const ANY_SYSTEM_IDENTIFIER: &str = "Any";
     printcolumn = r#"{"name":"Backup","type":"string","jsonPath":".spec.backup.name"}"#,
     printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.cluster.name"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Progress","type":"string","jsonPath":".status.progress.summary"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Completed\")].reason"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"Message","type":"string","jsonPath":".status.message","priority":1}"#
@@ -113,6 +114,10 @@ pub struct PostgreSQLRestoreStatus {
     /// Name of the Job that ran the restore.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_name: Option<String>,
+    /// While the Job runs: how far it got, as its agent last reported it (written at most every
+    /// 10 s). Removed when the restore ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<crate::progress::TransferProgress>,
     /// Human-readable detail of the current phase, the reason of a failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,

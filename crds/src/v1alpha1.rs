@@ -6,6 +6,7 @@ pub use crate::archiving::*;
 pub use crate::backup::*;
 pub use crate::cluster::*;
 pub use crate::common::*;
+pub use crate::progress::*;
 pub use crate::recovery::*;
 pub use crate::restore::*;
 

@@ -26,6 +26,7 @@ use super::error::AgentError;
 use super::multipart::{MultipartUpload, PartBuffers, SentStream};
 use super::physical::{self, PhysicalArgs};
 use super::postgres::{Postgres, conninfo_for};
+use super::progress::Progress;
 use super::report::Report;
 use super::storage::Store;
 use super::zstd_stream;
@@ -122,6 +123,7 @@ struct Dumper {
     compression: Plan,
     /// One pool for the whole backup: every object's parts go through the same buffers.
     buffers: PartBuffers,
+    progress: Progress,
 }
 
 pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
@@ -145,6 +147,8 @@ pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
     let part_size = usize::try_from(args.part_size_mib * MIB)
         .map_err(|_| AgentError::Settings("--part-size-mib is too large".into()))?;
     let parts_in_flight = usize::try_from(args.parts_in_flight).unwrap_or(1);
+    let progress = Progress::new();
+    let _reporting = progress.report_periodically();
     let mut manifest = match args.method {
         Method::Logical => {
             let buffers = PartBuffers::new(part_size, parts_in_flight);
@@ -154,6 +158,7 @@ pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
                 parts_in_flight,
                 compression,
                 buffers,
+                progress,
             };
             logical(&args, &mut dumper, started_at).await?
         }
@@ -166,6 +171,7 @@ pub async fn run(args: BackupArgs) -> Result<Report, AgentError> {
                 compression,
                 parts_in_flight,
                 part_size,
+                progress: &progress,
             };
             let taken = physical::take(&args.physical, context).await?;
             physical_manifest(&args, taken, started_at)
@@ -237,10 +243,16 @@ async fn logical(
         compression = ?dumper.compression,
         "starting backup"
     );
+    // An estimate only: a failure to size the databases does not fail the backup.
+    let estimate = postgres.databases_size(&databases).await.ok();
+    dumper.progress.set_database_count(databases.len());
+    dumper.progress.start_step("Dumping", estimate, true);
     let globals = dumper.dump_globals().await?;
     let mut dumped = Vec::with_capacity(databases.len());
     for database in &databases {
+        dumper.progress.start_database(database);
         dumped.push(dumper.dump_database(database).await?);
+        dumper.progress.finish_database();
     }
     debug!(part_buffers = dumper.buffers.allocated(), "dumps stored");
     Ok(Manifest {
@@ -316,6 +328,7 @@ impl Dumper {
         let upload = MultipartUpload::create(&self.store, key, self.parts_in_flight).await?;
         let postgres = &self.postgres;
         let buffers = &mut self.buffers;
+        let progress = &self.progress;
         let sent = async {
             command.stdout(std::process::Stdio::piped());
             let mut tool = postgres.spawn(program, command)?;
@@ -324,8 +337,10 @@ impl Dumper {
                 reason: "its stdout is not captured".into(),
             })?;
             let sent = match zstd {
-                Some(settings) => send_compressed(&upload, stdout, settings, buffers, key).await?,
-                None => upload.send(&mut { stdout }, buffers).await?,
+                Some(settings) => {
+                    send_compressed(&upload, stdout, settings, buffers, progress, key).await?
+                }
+                None => upload.send(&mut progress.counting(stdout), buffers).await?,
             };
             tool.finish().await?;
             Ok(sent)
@@ -364,6 +379,7 @@ async fn send_compressed(
     stdout: tokio::process::ChildStdout,
     settings: ZstdSettings,
     buffers: &mut PartBuffers,
+    progress: &Progress,
     key: &str,
 ) -> Result<SentStream, AgentError> {
     let stream_error = |source| AgentError::Stream {
@@ -371,7 +387,7 @@ async fn send_compressed(
         source,
     };
     let input = std::fs::File::from(stdout.into_owned_fd().map_err(stream_error)?);
-    let mut compressor = zstd_stream::compress(input, settings);
+    let mut compressor = zstd_stream::compress(progress.counting(input), settings);
     let sent = upload.send(&mut compressor.output, buffers).await?;
     let dumped = compressor.finish().await.map_err(stream_error)?;
     debug!(%key, dumped, stored = sent.size, "compressed with zstd");

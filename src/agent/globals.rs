@@ -33,7 +33,7 @@ pub(super) async fn download(store: &Store, globals: &StoredObject) -> Result<Ve
         });
     }
     let mut script = Vec::new();
-    stream_object(store, globals, &mut script).await?;
+    stream_object(store, globals, &mut script, None).await?;
     only_sql(&script).map_err(|reason| AgentError::Verification {
         key: globals.key.clone(),
         reason,

@@ -75,6 +75,7 @@ pub mod multipart;
 pub mod part_size;
 mod physical;
 mod postgres;
+pub mod progress;
 mod replace;
 mod report;
 mod restore;

@@ -34,6 +34,7 @@ use super::compression::{DEFAULT_ZSTD_LEVEL, Plan, ZstdSettings, container_cpus}
 use super::error::AgentError;
 use super::multipart::{MultipartUpload, PartBuffers, SentStream};
 use super::postgres::{Postgres, RunningTool};
+use super::progress::Progress;
 use super::storage::{Store, secret_from_env_or_file};
 use super::tar_scan::{TarScanner, TarTap};
 use super::wal_range::{self, Lsn, WalRange};
@@ -98,6 +99,7 @@ pub struct Context<'a> {
     pub parts_in_flight: usize,
     /// The size of the first parts of the upload (see [`PartBuffers`]).
     pub part_size: usize,
+    pub progress: &'a Progress,
 }
 
 /// The base backup as stored, and the system it was taken from.
@@ -132,6 +134,9 @@ pub async fn take(args: &PhysicalArgs, context: Context<'_>) -> Result<Taken, Ag
           ?zstd, "starting base backup");
 
     let command = base_backup_command(args, postgres, context.backup_name)?;
+    // An estimate only: a failure to size the instance does not fail the backup.
+    let estimate = postgres.databases_size(&[]).await.ok();
+    context.progress.start_step("Streaming", estimate, true);
     let (base, mut kept) = stream_base(&context, command, zstd).await?;
     let manifest_bytes = kept
         .remove(BACKUP_MANIFEST)
@@ -160,6 +165,7 @@ pub async fn take(args: &PhysicalArgs, context: Context<'_>) -> Result<Taken, Ag
 
     let segments = wal_range::needed_segments(&ranges, segment_size);
     let wait = Duration::from_secs(args.wal_wait_seconds);
+    context.progress.start_step("WaitingForWal", None, false);
     wait_for_wal(store, &wal_root, &segments, postgres, wait).await?;
     let (first, last) = bounds(&ranges);
     Ok(Taken {
@@ -372,6 +378,7 @@ async fn send_base(
         reason: "its stdout is not captured".into(),
     })?;
     let input = std::fs::File::from(stdout.into_owned_fd().map_err(stream_error)?);
+    let input = context.progress.counting(input);
     let mut compressor = zstd_stream::compress(TarTap::new(input, scanner.clone()), zstd);
     let sent = upload.send(&mut compressor.output, buffers).await?;
     let read = compressor.finish().await.map_err(stream_error)?;

@@ -274,6 +274,27 @@ impl Postgres {
         Ok(output.trim().to_string())
     }
 
+    /// Bytes on disk of `databases` (every database when empty): what a backup reads, roughly.
+    pub async fn databases_size(&self, databases: &[String]) -> Result<u64, AgentError> {
+        let filter = if databases.is_empty() {
+            String::new()
+        } else {
+            // The names as one JSON array literal: any name, no quoting of each.
+            let names = serde_json::to_string(databases).unwrap_or_default();
+            format!(
+                " WHERE datname IN (SELECT json_array_elements_text('{}'::json))",
+                names.replace('\'', "''")
+            )
+        };
+        let sql =
+            format!("SELECT coalesce(sum(pg_database_size(oid)), 0) FROM pg_database{filter}");
+        let output = self.query(&self.maintenance_database, &sql).await?;
+        output.trim().parse().map_err(|error| AgentError::Tool {
+            program: "psql".into(),
+            reason: format!("unexpected database size {:?}: {error}", output.trim()),
+        })
+    }
+
     /// The PostgreSQL system identifier of the database the server runs.
     pub async fn system_identifier(&self) -> Result<String, AgentError> {
         let output = self

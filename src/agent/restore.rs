@@ -39,6 +39,7 @@ use super::download::ObjectReader;
 use super::error::AgentError;
 use super::globals;
 use super::postgres::{Postgres, conninfo_for};
+use super::progress::Progress;
 use super::replace::{self, Replacement};
 use super::report::Report;
 use super::storage::{Store, s3_error};
@@ -131,8 +132,13 @@ pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
         return Err(AgentError::DatabasesExist(existing.into_iter().collect()));
     }
 
+    let progress = Progress::new();
+    let _reporting = progress.report_periodically();
+    let total = Some(selected.iter().map(|db| db.object.size).sum::<u64>());
+    progress.set_database_count(selected.len());
+    progress.start_step("Verifying", total, false);
     info!(backup = %manifest.backup_name, databases = selected.len(), "verifying objects");
-    let globals = verify(&store, manifest, &selected, args.skip_globals)
+    let globals = verify(&store, manifest, &selected, args.skip_globals, &progress)
         .instrument(info_span!("verify", objects = selected.len()))
         .await?;
 
@@ -141,17 +147,21 @@ pub async fn run(args: RestoreArgs) -> Result<Report, AgentError> {
         globals::restore(&postgres, &globals, args.application_role.as_deref()).await?;
     }
     let run_id = replace::run_id();
+    progress.start_step("Restoring", total, false);
     for database in &selected {
+        progress.start_database(&database.name);
         if !existing.contains(&database.name) {
-            restore_database(&postgres, &store, database).await?;
+            restore_database(&postgres, &store, database, &progress).await?;
+            progress.finish_database();
             continue;
         }
         let names = Replacement::new(&database.name, &run_id);
         replace::set_aside(&postgres, &names).await?;
-        match restore_database(&postgres, &store, database).await {
+        match restore_database(&postgres, &store, database, &progress).await {
             Ok(()) => replace::drop_aside(&postgres, &names).await,
             Err(error) => return Err(replace::put_back(&postgres, &names, error).await),
         }
+        progress.finish_database();
     }
 
     let size = selected.iter().map(|db| db.object.size).sum::<u64>()
@@ -197,13 +207,22 @@ async fn verify(
     manifest: &Manifest,
     selected: &[&DatabaseObject],
     skip_globals: bool,
+    progress: &Progress,
 ) -> Result<Option<Vec<u8>>, AgentError> {
     let globals = match manifest.globals.as_ref().filter(|_| !skip_globals) {
         None => None,
         Some(globals) => Some(globals::download(store, globals).await?),
     };
     for database in selected {
-        stream_object(store, &database.object, &mut tokio::io::sink()).await?;
+        progress.start_database(&database.name);
+        stream_object(
+            store,
+            &database.object,
+            &mut tokio::io::sink(),
+            Some(progress),
+        )
+        .await?;
+        progress.finish_database();
     }
     Ok(globals)
 }
@@ -273,11 +292,13 @@ async fn existing_among(
 /// Streams an object into `sink`, decompressed if it is stored compressed, checking its size and
 /// SHA-256 (of the stored bytes) against the manifest, and that it decompresses. A stream that
 /// stops decompressing is read to its end all the same, so that an object altered in storage is
-/// reported as a checksum mismatch rather than as bad zstd.
+/// reported as a checksum mismatch rather than as bad zstd. The stored bytes read are added to
+/// `progress`.
 pub(super) async fn stream_object<W: AsyncWrite + Unpin>(
     store: &Store,
     object: &StoredObject,
     sink: &mut W,
+    progress: Option<&Progress>,
 ) -> Result<(), AgentError> {
     let mismatch = |reason: String| AgentError::Verification {
         key: object.key.clone(),
@@ -299,6 +320,9 @@ pub(super) async fn stream_object<W: AsyncWrite + Unpin>(
     let mut size = 0u64;
     while let Some(chunk) = reader.next_chunk().await? {
         size += chunk.len() as u64;
+        if let Some(progress) = progress {
+            progress.add(chunk.len() as u64);
+        }
         if size > object.size {
             return Err(mismatch(format!(
                 "longer than the {} bytes the manifest lists",
@@ -359,6 +383,7 @@ async fn restore_database(
     postgres: &Postgres,
     store: &Store,
     database: &DatabaseObject,
+    progress: &Progress,
 ) -> Result<(), AgentError> {
     info!(database = %database.name, key = %database.object.key, "restoring database");
     let mut command = postgres.command("pg_restore");
@@ -372,7 +397,7 @@ async fn restore_database(
     let mut tool = postgres.spawn("pg_restore", command)?;
     let streamed = match tool.child.stdin.take() {
         // Dropping stdin at the end of the arm closes it: pg_restore sees the end of the archive.
-        Some(mut stdin) => stream_object(store, &database.object, &mut stdin).await,
+        Some(mut stdin) => stream_object(store, &database.object, &mut stdin, Some(progress)).await,
         None => Err(AgentError::Tool {
             program: "pg_restore".into(),
             reason: "its stdin is not captured".into(),

@@ -38,6 +38,10 @@ use crate::scheduling::Scheduling;
 use super::inputs;
 
 /// Label on backup Jobs and their pods: the backup's name (as a label value).
+/// Name of the agent's container in a backup Job.
+pub const BACKUP_CONTAINER: &str = "backup";
+/// Name of the agent's container in a restore Job.
+pub const RESTORE_CONTAINER: &str = "restore";
 pub const BACKUP_LABEL: &str = "db.example.com/backup";
 /// Label on restore Jobs and their pods: the restore's name (as a label value).
 pub const RESTORE_LABEL: &str = "db.example.com/restore";
@@ -107,8 +111,8 @@ impl Task<'_> {
     /// `app.kubernetes.io/component`.
     pub fn verb(&self) -> &'static str {
         match self {
-            Self::Backup { .. } => "backup",
-            Self::Restore { .. } => "restore",
+            Self::Backup { .. } => BACKUP_CONTAINER,
+            Self::Restore { .. } => RESTORE_CONTAINER,
         }
     }
 

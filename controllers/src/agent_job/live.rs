@@ -7,7 +7,7 @@ use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Event, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Controller;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -15,6 +15,8 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 
 use super::follow::{self, JobState};
+use super::progress::{AgentProgress, progress_due};
+use pgkube_crds::TransferProgress;
 
 /// Why a Job could not be created or read.
 #[derive(Debug, thiserror::Error)]
@@ -158,4 +160,62 @@ async fn pod_events(
         .await
         .map(|list| list.items)
         .map_err(kube_error("list the pod Events of", job))
+}
+
+/// How much of a running agent's log is read for its last progress line: it prints one every
+/// few seconds, among few other lines.
+const PROGRESS_LOG_LINES: i64 = 200;
+const PROGRESS_LOG_BYTES: i64 = 256 * 1024;
+
+/// The last progress the agent of running Job `job` printed (container `container` of its
+/// pod), if any. Best effort: a pod or log that cannot be read gives none, with a debug log,
+/// and never fails the reconcile.
+pub async fn running_progress(
+    client: &Client,
+    namespace: &str,
+    job: &str,
+    container: &str,
+) -> Option<AgentProgress> {
+    let pods = Api::<Pod>::namespaced(client.clone(), namespace);
+    let selector = format!("batch.kubernetes.io/job-name={job}");
+    let listed = pods.list(&ListParams::default().labels(&selector)).await;
+    let running = match listed {
+        Ok(list) => list
+            .items
+            .into_iter()
+            .find(|pod| pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))?,
+        Err(error) => {
+            tracing::debug!(%job, %error, "cannot list the Job's pods for its progress");
+            return None;
+        }
+    };
+    let params = LogParams {
+        container: Some(container.to_owned()),
+        tail_lines: Some(PROGRESS_LOG_LINES),
+        limit_bytes: Some(PROGRESS_LOG_BYTES),
+        ..LogParams::default()
+    };
+    match pods.logs(&running.name_any(), &params).await {
+        Ok(log) => AgentProgress::last_in_log(&log),
+        Err(error) => {
+            tracing::debug!(%job, %error, "cannot read the agent's log for its progress");
+            None
+        }
+    }
+}
+
+/// The progress to write into the status of the object whose running Job is `job`: the agent's
+/// last one, read only when `previous` is old enough to be replaced (see [`progress_due`]).
+pub async fn progress_to_write(
+    client: &Client,
+    namespace: &str,
+    job: &str,
+    container: &str,
+    previous: Option<&TransferProgress>,
+) -> Option<TransferProgress> {
+    if !progress_due(previous, Timestamp::now()) {
+        return None;
+    }
+    let progress = running_progress(client, namespace, job, container).await?;
+    Some(progress.to_status(Timestamp::now()))
 }

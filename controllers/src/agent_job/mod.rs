@@ -7,10 +7,15 @@ pub mod build;
 pub mod follow;
 mod inputs;
 mod live;
+pub mod progress;
 pub mod start;
 
-pub use build::{BACKUP_LABEL, JobInput, RESTORE_LABEL, Task, build, job_name, restore_job_name};
+pub use build::{
+    BACKUP_CONTAINER, BACKUP_LABEL, JobInput, RESTORE_CONTAINER, RESTORE_LABEL, Task, build,
+    job_name, restore_job_name,
+};
 pub use follow::{AgentResult, JobFailure, JobState, has_ended, job_state};
 pub use inputs::s3_sources;
-pub use live::{JobError, create, delete, own_jobs, state};
+pub use live::{JobError, create, delete, own_jobs, progress_to_write, running_progress, state};
+pub use progress::{AgentProgress, human_bytes, progress_due};
 pub use start::{NotStarted, StartDeadline};

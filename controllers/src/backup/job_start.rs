@@ -104,7 +104,7 @@ pub async fn follow(
             return Ok(Action::await_change());
         }
     };
-    status::write(context, backup, Change::Progress(reason)).await?;
+    status::write(context, backup, Change::Progress(reason, None)).await?;
     Ok(Action::requeue(again))
 }
 

@@ -75,8 +75,9 @@ pub const CONTROLLER: &str = "backup";
 pub const STATUS_FIELD_MANAGER: &str = "pgkube-backup";
 /// How soon a waiting backup looks again.
 const WAIT_REQUEUE: Duration = Duration::from_secs(15);
-/// How soon a running backup looks again if no Job event came first.
-const FOLLOW_REQUEUE: Duration = Duration::from_secs(30);
+/// How soon a backup whose agent runs looks again, for its progress.
+const PROGRESS_REQUEUE: Duration =
+    Duration::from_secs(pgkube_crds::PROGRESS_WRITE_INTERVAL_SECONDS.unsigned_abs());
 /// Labels of the Jobs this controller makes, the only ones it watches.
 const JOB_SELECTOR: &str = "app.kubernetes.io/managed-by=pgkube,app.kubernetes.io/component=backup";
 
@@ -404,8 +405,12 @@ async fn follow_job(
             // A pod that waited before says now that it runs.
             let running =
                 decide::Reason::new(status::RUNNING_REASON, status::running_message(&name));
-            status::write(context, backup, Change::Progress(running)).await?;
-            Ok(Action::requeue(FOLLOW_REQUEUE))
+            let previous = backup.status.as_ref().and_then(|s| s.progress.as_ref());
+            let progress =
+                job::progress_to_write(client, namespace, &name, job::BACKUP_CONTAINER, previous)
+                    .await;
+            status::write(context, backup, Change::Progress(running, progress)).await?;
+            Ok(Action::requeue(PROGRESS_REQUEUE))
         }
         JobState::Succeeded(result) => {
             complete(context, backup, namespace, result.map(|r| *r)).await

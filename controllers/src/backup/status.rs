@@ -6,7 +6,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 use pgkube_crds::{
     BackupCompression, BackupPhase, BackupStorage, PostgreSQLBackup, PostgreSQLBackupStatus,
-    S3Storage,
+    S3Storage, TransferProgress,
 };
 
 use super::decide::Reason;
@@ -35,8 +35,9 @@ pub enum Change {
         job: String,
     },
     /// The Job exists and has not ended: whether its agent started, or why not (see
-    /// `job_start`). Only the message and the condition change.
-    Progress(Reason),
+    /// `job_start`), and how far its agent got when it says so (`None` keeps the last one).
+    /// Only the message, the condition and the progress change.
+    Progress(Reason, Option<TransferProgress>),
     Completed(Verified),
     Failed(Reason),
 }
@@ -88,8 +89,14 @@ pub fn next_status(
             let message = running_message(&job);
             (BackupPhase::Running, "False", RUNNING_REASON, message)
         }
-        Change::Progress(reason) => (BackupPhase::Running, "False", reason.reason, reason.message),
+        Change::Progress(reason, progress) => {
+            if progress.is_some() {
+                status.progress = progress;
+            }
+            (BackupPhase::Running, "False", reason.reason, reason.message)
+        }
         Change::Completed(verified) => {
+            status.progress = None;
             status.object_key = Some(verified.manifest_key.clone());
             status.size_bytes = Some(i64::try_from(verified.size).unwrap_or(i64::MAX));
             status.checksum = Some(verified.checksum.clone());
@@ -103,6 +110,7 @@ pub fn next_status(
             (BackupPhase::Completed, "True", "Completed", message)
         }
         Change::Failed(reason) => {
+            status.progress = None;
             status.completion_time = Some(Time(now));
             (BackupPhase::Failed, "False", reason.reason, reason.message)
         }
@@ -131,6 +139,7 @@ fn same(new: &PostgreSQLBackupStatus, previous: &PostgreSQLBackupStatus) -> bool
         && new.object_key == previous.object_key
         && new.size_bytes == previous.size_bytes
         && new.checksum == previous.checksum
+        && same_progress(new.progress.as_ref(), previous.progress.as_ref())
         && new.conditions.len() == previous.conditions.len()
         && new
             .conditions
@@ -142,6 +151,18 @@ fn same(new: &PostgreSQLBackupStatus, previous: &PostgreSQLBackupStatus) -> bool
                     && a.reason == b.reason
                     && a.message == b.message
             })
+}
+
+/// Equal but for when it was read: a stalled agent's progress is not written again.
+fn same_progress(new: Option<&TransferProgress>, previous: Option<&TransferProgress>) -> bool {
+    match (new, previous) {
+        (Some(new), Some(previous)) => {
+            let mut new = new.clone();
+            new.updated_at = previous.updated_at.clone();
+            &new == previous
+        }
+        (new, previous) => new.is_none() && previous.is_none(),
+    }
 }
 
 fn parse_time(text: &str) -> Option<Time> {
@@ -278,7 +299,7 @@ mod tests {
             at(0),
         );
         let not_started = Reason::new("JobNotStarted", "pod b1-backup-x waits: ErrImagePull");
-        let waiting = next_status(&running, Change::Progress(not_started), at(20));
+        let waiting = next_status(&running, Change::Progress(not_started, None), at(20));
         assert_eq!(waiting.phase, Some(BackupPhase::Running));
         assert_eq!(waiting.start_time, running.start_time);
         assert_eq!(waiting.job_name, running.job_name);
@@ -290,11 +311,11 @@ mod tests {
         assert_eq!(waiting.conditions[0].reason, "JobNotStarted");
         assert!(!same(&waiting, &running), "written");
         let started = Reason::new(RUNNING_REASON, running_message("b1-backup"));
-        let back = next_status(&waiting, Change::Progress(started), at(40));
+        let back = next_status(&waiting, Change::Progress(started, None), at(40));
         assert!(same(&back, &running), "as it was before the wait");
         let again = Reason::new(RUNNING_REASON, running_message("b1-backup"));
         assert!(same(
-            &next_status(&running, Change::Progress(again), at(60)),
+            &next_status(&running, Change::Progress(again, None), at(60)),
             &running
         ));
     }

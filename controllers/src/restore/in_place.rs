@@ -53,15 +53,15 @@ fn in_place_change(restore: &PostgreSQLRestore, cluster: &PostgreSQLCluster) -> 
         .and_then(|s| s.in_place_recovery.as_ref())
         .filter(|recorded| Some(recorded.uid.as_str()) == uid);
     let Some(recorded) = recorded else {
-        return Change::Progress(Reason::new(
-            "Recovering",
-            "the cluster has not started the recovery yet",
-        ));
+        return Change::Progress(
+            Reason::new("Recovering", "the cluster has not started the recovery yet"),
+            None,
+        );
     };
     let message = recorded.message.clone().unwrap_or_default();
     match recorded.step {
-        InPlaceStep::Recovering => Change::Progress(Reason::new("Recovering", message)),
-        InPlaceStep::Recloning => Change::Progress(Reason::new("Recloning", message)),
+        InPlaceStep::Recovering => Change::Progress(Reason::new("Recovering", message), None),
+        InPlaceStep::Recloning => Change::Progress(Reason::new("Recloning", message), None),
         InPlaceStep::Completed => Change::RecoveredInPlace(match &recorded.previous_data {
             Some(previous) => format!(
                 "{message}; the data from before is kept in {previous} on the primary's volume"
@@ -109,7 +109,7 @@ mod tests {
 
     fn reason_of(change: &Change) -> Option<&'static str> {
         match change {
-            Change::Progress(reason) | Change::Failed(reason) => Some(reason.reason),
+            Change::Progress(reason, _) | Change::Failed(reason) => Some(reason.reason),
             _ => None,
         }
     }

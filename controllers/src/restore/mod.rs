@@ -59,8 +59,9 @@ pub const CONTROLLER: &str = "restore";
 pub const STATUS_FIELD_MANAGER: &str = "pgkube-restore";
 /// How soon a waiting restore looks again.
 const WAIT_REQUEUE: Duration = Duration::from_secs(15);
-/// How soon a running restore looks again if no Job event came first.
-const FOLLOW_REQUEUE: Duration = Duration::from_secs(30);
+/// How soon a restore whose agent runs looks again, for its progress.
+const PROGRESS_REQUEUE: Duration =
+    Duration::from_secs(pgkube_crds::PROGRESS_WRITE_INTERVAL_SECONDS.unsigned_abs());
 /// Labels of the Jobs this controller makes, the only ones it watches.
 const JOB_SELECTOR: &str =
     "app.kubernetes.io/managed-by=pgkube,app.kubernetes.io/component=restore";
@@ -449,8 +450,13 @@ async fn follow_job(
         Some(JobState::Running) => {
             // A pod that waited before says now that it runs.
             let running = Reason::new(status::RUNNING_REASON, running_message(restore, &name));
-            status::write(context, restore, Change::Progress(running)).await?;
-            return Ok(Action::requeue(FOLLOW_REQUEUE));
+            let client = &context.base.client;
+            let previous = restore.status.as_ref().and_then(|s| s.progress.as_ref());
+            let progress =
+                job::progress_to_write(client, namespace, &name, job::RESTORE_CONTAINER, previous)
+                    .await;
+            status::write(context, restore, Change::Progress(running, progress)).await?;
+            return Ok(Action::requeue(PROGRESS_REQUEUE));
         }
         Some(JobState::Succeeded(Some(result))) if result.status == "Completed" => {
             Change::Completed(result)
@@ -494,7 +500,7 @@ async fn not_started(
             return Ok(Action::await_change());
         }
     };
-    status::write(context, restore, Change::Progress(reason)).await?;
+    status::write(context, restore, Change::Progress(reason, None)).await?;
     Ok(Action::requeue(again))
 }
 

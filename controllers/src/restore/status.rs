@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
-use pgkube_crds::{PostgreSQLRestore, PostgreSQLRestoreStatus, RestorePhase};
+use pgkube_crds::{PostgreSQLRestore, PostgreSQLRestoreStatus, RestorePhase, TransferProgress};
 use serde_json::json;
 
 use super::identity::starting_message;
@@ -36,8 +36,9 @@ pub enum Change {
         manifest_key: String,
     },
     /// The Job exists and has not ended: whether its agent started, or why not (see
-    /// `backup::job_start`). Only the message and the condition change.
-    Progress(Reason),
+    /// `backup::job_start`), and how far its agent got when it says so (`None` keeps the last
+    /// one). Only the message, the condition and the progress change.
+    Progress(Reason, Option<TransferProgress>),
     Completed(Box<AgentResult>),
     /// A PointInTime restore, about to be carried out by the cluster, which must hold the
     /// database of system identifier `target`.
@@ -106,13 +107,19 @@ pub fn next_status(
             let message = running_message(&job, &manifest_key);
             (RestorePhase::Running, "False", RUNNING_REASON, message)
         }
-        Change::Progress(reason) => (
-            RestorePhase::Running,
-            "False",
-            reason.reason,
-            reason.message,
-        ),
+        Change::Progress(reason, progress) => {
+            if progress.is_some() {
+                status.progress = progress;
+            }
+            (
+                RestorePhase::Running,
+                "False",
+                reason.reason,
+                reason.message,
+            )
+        }
         Change::Completed(result) => {
+            status.progress = None;
             if let Some(key) = result.manifest_key {
                 status.restored_object_key = Some(key);
             }
@@ -140,10 +147,12 @@ pub fn next_status(
             (RestorePhase::Running, "False", "Recovering", message)
         }
         Change::RecoveredInPlace(message) => {
+            status.progress = None;
             status.completion_time = Some(Time(now));
             (RestorePhase::Completed, "True", "Completed", message)
         }
         Change::Failed(reason) => {
+            status.progress = None;
             status.completion_time = Some(Time(now));
             (RestorePhase::Failed, "False", reason.reason, reason.message)
         }
@@ -162,12 +171,15 @@ pub fn next_status(
     status
 }
 
-/// Equal but for transition times: no write.
+/// Equal but for transition times and when the progress was read: no write.
 fn same(new: &PostgreSQLRestoreStatus, previous: &PostgreSQLRestoreStatus) -> bool {
     let strip = |status: &PostgreSQLRestoreStatus| {
         let mut status = status.clone();
         for condition in &mut status.conditions {
             condition.last_transition_time = Time(Timestamp::UNIX_EPOCH);
+        }
+        if let Some(progress) = &mut status.progress {
+            progress.updated_at = Time(Timestamp::UNIX_EPOCH);
         }
         status
     };
@@ -303,7 +315,7 @@ mod tests {
             at(0),
         );
         let waits = Reason::new("JobNotStarted", "pod r1-restore-x waits: ImagePullBackOff");
-        let waiting = next_status(&running, Change::Progress(waits), at(20));
+        let waiting = next_status(&running, Change::Progress(waits, None), at(20));
         assert_eq!(waiting.phase, Some(RestorePhase::Running));
         assert_eq!(waiting.start_time, running.start_time);
         assert_eq!(waiting.conditions[0].reason, "JobNotStarted");
@@ -312,7 +324,7 @@ mod tests {
             RUNNING_REASON,
             running_message("r1-restore", "db/main/b1/manifest.json"),
         );
-        let back = next_status(&waiting, Change::Progress(started), at(40));
+        let back = next_status(&waiting, Change::Progress(started, None), at(40));
         assert!(same(&back, &running), "{back:?}");
     }
 

@@ -27,6 +27,7 @@ use crate::common::{LocalReference, conditions_schema};
     status = "PostgreSQLBackupStatus",
     printcolumn = r#"{"name":"Cluster","type":"string","jsonPath":".spec.cluster.name"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Progress","type":"string","jsonPath":".status.progress.summary"}"#,
     printcolumn = r#"{"name":"Size","type":"integer","format":"int64","jsonPath":".status.sizeBytes"}"#,
     printcolumn = r#"{"name":"Completed","type":"date","jsonPath":".status.completionTime"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
@@ -94,6 +95,10 @@ pub struct PostgreSQLBackupStatus {
     /// Name of the Job that ran the backup.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub job_name: Option<String>,
+    /// While the Job runs: how far it got, as its agent last reported it (written at most every
+    /// 10 s). Removed when the backup ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<crate::progress::TransferProgress>,
     /// Human-readable detail of the current phase, the reason of a failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,

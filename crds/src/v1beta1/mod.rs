@@ -54,6 +54,7 @@ pub use crate::cluster::{
 pub use crate::common::{
     LocalReference, S3Credentials, S3Storage, ServerSideEncryption, conditions_schema,
 };
+pub use crate::progress::{PROGRESS_WRITE_INTERVAL_SECONDS, TransferProgress};
 pub use crate::recovery::{InPlaceRecovery, InPlaceStep, RecoveryTarget, RestoreMethod};
 pub use crate::restore::{ANY_SYSTEM_IDENTIFIER, PostgreSQLRestoreStatus, RestorePhase};
 

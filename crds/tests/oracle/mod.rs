@@ -355,6 +355,7 @@ fn status_to_v1beta1(status: v1alpha1::PostgreSQLBackupStatus) -> v1beta1::Postg
         checksum,
         postgres_version,
         job_name,
+        progress,
         message,
         conditions,
     } = status;
@@ -369,6 +370,7 @@ fn status_to_v1beta1(status: v1alpha1::PostgreSQLBackupStatus) -> v1beta1::Postg
         checksum,
         postgres_version,
         job_name,
+        progress,
         message,
         conditions,
     }
@@ -386,6 +388,7 @@ fn status_to_v1alpha1(status: v1beta1::PostgreSQLBackupStatus) -> v1alpha1::Post
         checksum,
         postgres_version,
         job_name,
+        progress,
         message,
         conditions,
     } = status;
@@ -400,6 +403,7 @@ fn status_to_v1alpha1(status: v1beta1::PostgreSQLBackupStatus) -> v1alpha1::Post
         checksum,
         postgres_version,
         job_name,
+        progress,
         message,
         conditions,
     }

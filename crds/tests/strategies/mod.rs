@@ -29,7 +29,8 @@ use pgkube_crds::{
     DeletionPolicy, HighAvailability, InstanceRole, InstanceSpread, InstanceStatus, LocalReference,
     NodeAntiAffinity, PostgreSQLClusterStatus, PostgreSQLRestoreStatus, PostgreSQLSettings,
     PostgresVersion, PrimaryChange, PrimaryChangeKind, PrimaryUpdateStrategy, RestorePhase,
-    S3Credentials, S3Storage, ServerSideEncryption, SynchronousReplication, WalArchivingStatus,
+    S3Credentials, S3Storage, ServerSideEncryption, SynchronousReplication, TransferProgress,
+    WalArchivingStatus,
 };
 use proptest::collection::{btree_map, vec};
 use proptest::option::of;
@@ -714,14 +715,51 @@ fn restore_phase() -> impl Strategy<Value = RestorePhase> {
     ])
 }
 
+/// A running transfer's progress (the same type in both versions).
+pub fn transfer_progress() -> impl Strategy<Value = TransferProgress> {
+    (
+        (
+            "[A-Za-z]{1,15}",
+            0i64..1 << 50,
+            of(0i64..1 << 50),
+            any::<bool>(),
+        ),
+        (
+            of(0i64..1 << 40),
+            of(0i32..1000),
+            of(0i32..1000),
+            of(name()),
+        ),
+        (text(), time()),
+    )
+        .prop_map(|(bytes, databases, report)| {
+            let (step, bytes, total_bytes, total_is_estimate) = bytes;
+            let (bytes_per_second, databases_done, database_count, current_database) = databases;
+            let (summary, updated_at) = report;
+            TransferProgress {
+                step,
+                bytes,
+                total_bytes,
+                total_is_estimate,
+                bytes_per_second,
+                databases_done,
+                database_count,
+                current_database,
+                summary,
+                updated_at,
+            }
+        })
+}
+
 /// A restore status (the same type in both versions).
 pub fn restore_status() -> impl Strategy<Value = PostgreSQLRestoreStatus> {
     (
         (of(restore_phase()), of(time()), of(time())),
         (of("[a-z/.-]{1,30}"), vec(name(), 0..3), of(name())),
         (of(text()), conditions(), of("([0-9]{1,20}|Any)")),
+        of(transfer_progress()),
     )
-        .prop_map(|(state, result, detail)| {
+        .prop_map(|(state, result, detail, progress)| {
             let (phase, start_time, completion_time) = state;
             let (restored_object_key, restored_databases, job_name) = result;
             let (message, conditions, target_system_identifier) = detail;
@@ -733,6 +771,7 @@ pub fn restore_status() -> impl Strategy<Value = PostgreSQLRestoreStatus> {
                 restored_object_key,
                 restored_databases,
                 job_name,
+                progress,
                 message,
                 conditions,
             }

@@ -205,7 +205,8 @@ fn backup_status() -> impl Strategy<Value = PostgreSQLBackupStatus> {
         of("1[4-8]\\.[0-9]{1,2}"),
     );
     let detail = (of(name()), of(text()), conditions(), of(compression()));
-    (state, result, detail).prop_map(|(state, result, detail)| {
+    let progress = of(super::transfer_progress());
+    (state, result, detail, progress).prop_map(|(state, result, detail, progress)| {
         let (phase, start_time, completion_time, storage) = state;
         let (object_key, size_bytes, checksum, postgres_version) = result;
         let (job_name, message, conditions, compression) = detail;
@@ -220,6 +221,7 @@ fn backup_status() -> impl Strategy<Value = PostgreSQLBackupStatus> {
             checksum,
             postgres_version,
             job_name,
+            progress,
             message,
             conditions,
         }
