@@ -7,6 +7,7 @@
 
 mod objects;
 mod pods;
+mod progress;
 mod status;
 
 use std::io::IsTerminal as _;

@@ -3,7 +3,8 @@
 //! on the real node (run by a manager process): `status` shows it at a glance, plain through a
 //! pipe, and `-o json` gives the object; a switchover to the primary itself is refused with the
 //! replicas named; `switchover --wait` without a pod moves the primary to the replica and
-//! returns once it serves; `backup --wait` shows the phases and ends with the backup's size;
+//! returns once it serves; `backup --wait` shows the phases, the progress while a lock holds the
+//! dump of a database, and ends with the backup's size;
 //! `restore --wait` restores it; `psql` runs in the primary's and a replica's pod; `logs` shows
 //! each instance's lines; an unknown cluster is a clear error.
 
@@ -33,6 +34,17 @@ fn plugin_dir() -> PathBuf {
 
 /// `kubectl pgkube <args>` in `namespace`, the plugin found on the `PATH`.
 fn kubectl_pgkube(env: &TestEnv, dir: &std::path::Path, namespace: &str, args: &[&str]) -> Output {
+    plugin_command(env, dir, namespace, args)
+        .output()
+        .expect("kubectl runs")
+}
+
+fn plugin_command(
+    env: &TestEnv,
+    dir: &std::path::Path,
+    namespace: &str,
+    args: &[&str],
+) -> std::process::Command {
     // The test bed's kubectl too: `psql` runs `kubectl exec`.
     let path = format!(
         "{}:{}:{}",
@@ -40,12 +52,66 @@ fn kubectl_pgkube(env: &TestEnv, dir: &std::path::Path, namespace: &str, args: &
         env.bin_dir.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    env.kubectl()
+    let mut command = env.kubectl();
+    command
         .env("PATH", path)
         .args(["pgkube", "-n", namespace])
-        .args(args)
-        .output()
-        .expect("kubectl runs")
+        .args(args);
+    command
+}
+
+/// `backup pg --wait` through a pipe while the dump of database `postgres` is held by a lock:
+/// the progress lines come while it waits; then the lock goes and the backup completes. What
+/// the command printed, and whether it succeeded.
+async fn backup_with_progress(
+    env: &TestEnv,
+    dir: &std::path::Path,
+    namespace: &str,
+    cluster: &TestCluster,
+) -> (String, bool) {
+    use std::io::BufRead as _;
+    let sql = cluster.sql().await.expect("SQL");
+    sql.batch_execute("CREATE TABLE held (id int); INSERT INTO held VALUES (1);")
+        .await
+        .expect("a table to hold");
+    let lock = cluster.sql().await.expect("SQL");
+    lock.batch_execute("BEGIN; LOCK TABLE held IN ACCESS EXCLUSIVE MODE")
+        .await
+        .expect("held locked");
+    let mut child = plugin_command(env, dir, namespace, &["backup", "pg", "--wait"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("kubectl runs");
+    let stdout = child.stdout.take().expect("stdout");
+    let (lines, seen) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = lines.send(line);
+        }
+    });
+    let mut said = String::new();
+    loop {
+        let line = seen
+            .recv_timeout(TIMEOUT)
+            .unwrap_or_else(|_| panic!("no progress line while the dump waits: {said}"));
+        said.push_str(&line);
+        said.push('\n');
+        if line.contains("Dumping ") {
+            break;
+        }
+    }
+    lock.batch_execute("ROLLBACK").await.expect("lock released");
+    let status = child.wait().expect("the plugin ends");
+    reader.join().expect("stdout read");
+    said.extend(seen.try_iter().map(|line| line + "\n"));
+    if let Some(mut stderr) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut said);
+    }
+    (said, status.success())
 }
 
 fn text(output: &Output) -> String {
@@ -132,12 +198,21 @@ async fn kubectl_pgkube_shows_a_cluster_and_switches_it_over() {
         Some(replica)
     );
 
-    let backup = kubectl_pgkube(&env, &dir, &ns, &["backup", "pg", "--wait"]);
-    let said = text(&backup);
-    assert!(backup.status.success(), "{said}");
+    let (said, succeeded) = backup_with_progress(&env, &dir, &ns, &cluster).await;
+    assert!(succeeded, "{said}");
     assert!(
-        said.contains("s  Completed\n") && said.contains("completed, "),
-        "the phase (a small backup may end before Running is seen), then the size and key: {said}"
+        said.contains("s  Running\n")
+            && said.contains("s  Completed\n")
+            && said.contains("completed, "),
+        "the phases, then the size and key: {said}"
+    );
+    let progress = said
+        .lines()
+        .find(|line| line.contains("Dumping "))
+        .unwrap_or_default();
+    assert!(
+        progress.contains(" postgres  ") && progress.contains(" of ~") && progress.contains("/s"),
+        "the database it waits on, bytes of the estimate and the rate: {said}"
     );
 
     let backup_name = said

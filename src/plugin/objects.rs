@@ -1,49 +1,55 @@
 //! The plugin's commands that make an object and may wait for its end: `backup` (a
 //! PostgreSQLBackup) and `restore` (a PostgreSQLRestore), each printing its phases as they
-//! change and how it ended.
+//! change, its transfer's progress while it runs ([`super::progress`]) and how it ended.
 
 use std::fmt::Debug;
+use std::io::{IsTerminal as _, Write as _};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
 use kube::api::PostParams;
 use pgkube_crds::{
     BackupPhase, PostgreSQLBackup, PostgreSQLBackupStatus, PostgreSQLRestore,
-    PostgreSQLRestoreStatus, RestorePhase,
+    PostgreSQLRestoreStatus, RestorePhase, TransferProgress,
 };
 
+use super::progress;
 use super::status::bytes_text;
 
 /// How often `--wait` reads the object again.
 const POLL: Duration = Duration::from_secs(2);
 
 /// Where an object is, as `--wait` shows it.
-struct Progress {
+struct Look {
     /// Its phase, as printed.
     phase: String,
+    /// While it runs: how far its transfer got.
+    transfer: Option<TransferProgress>,
     /// `Some` once it ended: what to print, or why it failed.
     ended: Option<Result<String, String>>,
 }
 
-/// Reads `name` every [`POLL`], printing each new phase, until it ends or `timeout` passed.
+/// Reads `name` every [`POLL`], printing each new phase and the transfer's progress, until it
+/// ends or `timeout` passed.
 async fn wait_for_end<K, F>(
     api: &Api<K>,
     name: &str,
     timeout: Duration,
-    progress: F,
+    look: F,
 ) -> anyhow::Result<()>
 where
     K: kube::Resource + Clone + Debug + serde::de::DeserializeOwned,
-    F: Fn(K) -> Progress,
+    F: Fn(K) -> Look,
 {
     let started = Instant::now();
-    let mut shown = None;
+    let mut screen = Screen {
+        terminal: std::io::stdout().is_terminal(),
+        ..Screen::default()
+    };
     loop {
-        let now = progress(api.get(name).await?);
-        if shown.as_ref() != Some(&now.phase) {
-            println!("{:>6.0}s  {}", started.elapsed().as_secs_f64(), now.phase);
-            shown = Some(now.phase);
-        }
+        let now = look(api.get(name).await?);
+        screen.show(started.elapsed(), &now);
         match now.ended {
             Some(Ok(summary)) => {
                 println!("{summary}");
@@ -57,6 +63,46 @@ where
             "{name} has not ended after {timeout:?}"
         );
         tokio::time::sleep(POLL).await;
+    }
+}
+
+/// What `--wait` printed so far.
+#[derive(Default)]
+struct Screen {
+    terminal: bool,
+    phase: Option<String>,
+    /// When the progress last shown was reported.
+    reported: Option<Time>,
+    /// Whether a bar is drawn on the current line (a terminal only).
+    bar_drawn: bool,
+}
+
+impl Screen {
+    /// Prints a new phase on a line of its own; then, on a terminal, redraws the bar in place,
+    /// and through a pipe prints each new report once.
+    fn show(&mut self, elapsed: Duration, look: &Look) {
+        let elapsed = elapsed.as_secs_f64();
+        let mut out = std::io::stdout().lock();
+        if self.phase.as_ref() != Some(&look.phase) {
+            if std::mem::take(&mut self.bar_drawn) {
+                let _ = writeln!(out);
+            }
+            let _ = writeln!(out, "{elapsed:>6.0}s  {}", look.phase);
+            self.phase = Some(look.phase.clone());
+        }
+        if let Some(transfer) = look.transfer.as_ref().filter(|_| look.ended.is_none()) {
+            if self.terminal {
+                let _ = write!(out, "\r\x1b[2K{elapsed:>6.0}s  {}", progress::bar(transfer));
+                self.bar_drawn = true;
+            } else if self.reported.as_ref() != Some(&transfer.updated_at) {
+                let _ = writeln!(out, "{elapsed:>6.0}s  {}", progress::figures(transfer));
+                self.reported = Some(transfer.updated_at.clone());
+            }
+        }
+        if look.ended.is_some() && std::mem::take(&mut self.bar_drawn) {
+            let _ = writeln!(out);
+        }
+        let _ = out.flush();
     }
 }
 
@@ -90,12 +136,12 @@ pub async fn backup(
     let name = made.metadata.name.unwrap_or_default();
     println!("backup {name} of {cluster} ({method}) created");
     match wait {
-        Some(timeout) => wait_for_end(backups, &name, timeout, backup_progress).await,
+        Some(timeout) => wait_for_end(backups, &name, timeout, backup_look).await,
         None => Ok(()),
     }
 }
 
-fn backup_progress(backup: PostgreSQLBackup) -> Progress {
+fn backup_look(backup: PostgreSQLBackup) -> Look {
     let status: PostgreSQLBackupStatus = backup.status.unwrap_or_default();
     let ended = match status.phase {
         Some(BackupPhase::Completed) => {
@@ -108,8 +154,9 @@ fn backup_progress(backup: PostgreSQLBackup) -> Progress {
         Some(BackupPhase::Failed) => Some(Err(messages(&status.conditions))),
         _ => None,
     };
-    Progress {
+    Look {
         phase: phase_text(status.phase),
+        transfer: status.progress,
         ended,
     }
 }
@@ -180,12 +227,12 @@ pub async fn restore(
     let name = made.metadata.name.unwrap_or_default();
     println!("restore {name} into {} created", request.cluster);
     match wait {
-        Some(timeout) => wait_for_end(restores, &name, timeout, restore_progress).await,
+        Some(timeout) => wait_for_end(restores, &name, timeout, restore_look).await,
         None => Ok(()),
     }
 }
 
-fn restore_progress(restore: PostgreSQLRestore) -> Progress {
+fn restore_look(restore: PostgreSQLRestore) -> Look {
     let status: PostgreSQLRestoreStatus = restore.status.unwrap_or_default();
     let ended = match status.phase {
         Some(RestorePhase::Completed) => {
@@ -200,8 +247,9 @@ fn restore_progress(restore: PostgreSQLRestore) -> Progress {
             .unwrap_or_else(|| messages(&status.conditions)))),
         _ => None,
     };
-    Progress {
+    Look {
         phase: phase_text(status.phase),
+        transfer: status.progress,
         ended,
     }
 }

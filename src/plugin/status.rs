@@ -175,18 +175,7 @@ fn render_backups(out: &mut String, status: &pgkube_crds::PostgreSQLClusterStatu
 
 /// A size in bytes as people read it.
 pub fn bytes_text(bytes: i64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value.abs() >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
+    pgkube_controllers::agent_job::human_bytes(u64::try_from(bytes).unwrap_or(0))
 }
 
 /// A unit enum as its manifest spells it.
