@@ -8,15 +8,16 @@
 //! - `helm install` runs the manager as two pods on the test bed's real node, namespaced, with a
 //!   webhook certificate of the user's own (a mode that touches no CRD: the test bed's CRDs are
 //!   shared, and their conversion webhook is other tests'). A cluster in the watched namespace
-//!   reaches Running; the webhook serves the certificate and answers; the PodMonitor and
-//!   ServiceMonitor select pods that serve metrics. `helm upgrade` rolls the manager to the new
-//!   values and it goes on reconciling; `helm uninstall` removes the manager and leaves the
-//!   cluster, its volumes, its Secrets and its data.
+//!   reaches Running; the webhook's pods serve the certificate and answer an AdmissionReview; the
+//!   rendered registration trusts the CA; the PodMonitor and ServiceMonitor select pods that
+//!   serve metrics. `helm upgrade` rolls the manager to the new values and it goes on
+//!   reconciling; `helm uninstall` removes the manager and leaves the cluster, its volumes, its
+//!   Secrets and its data.
 //!
 //! Not here, because the test bed cannot: the API server calling the webhook through its
-//! Service (no kube-proxy: a Service's cluster IP leads nowhere, and the API server refuses the
-//! pods' loopback addresses in EndpointSlices), cert-manager (not installed), and
-//! prometheus-operator's kinds (not installed; `helm lint` renders them).
+//! Service. It calls a Service's cluster IP, and with no kube-proxy that address is not on this
+//! machine: the install registers no admission webhook, so that no call leaves it. Nor
+//! cert-manager or prometheus-operator's kinds (not installed; `helm lint` renders them).
 
 mod helm_common;
 mod helm_install;

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::api::{Api, ListParams};
@@ -138,39 +137,35 @@ async fn post_review(
     Ok(serde_json::from_str(body)?)
 }
 
-/// The MutatingWebhookConfiguration trusts the CA and admits the watched namespace alone, and
-/// every pod behind the webhook Service serves the certificate for the Service's name and puts
-/// the finalizer on a created cluster.
+/// The MutatingWebhookConfiguration the install's values render (the install itself registers
+/// none: see `install_args`) trusts the CA and admits the watched namespace alone, through the
+/// webhook Service; and every pod behind that Service serves the certificate for the Service's
+/// name and puts the finalizer on a created cluster.
 pub async fn the_webhook_serves_the_certificate(
+    env: &TestEnv,
     client: &Client,
     release: &Release<'_>,
+    install_args: &[String],
     watched: &str,
     ca_pem: &str,
 ) {
-    let registered = Api::<MutatingWebhookConfiguration>::all(client.clone())
-        .get(&release.name)
-        .await
-        .expect("the release's MutatingWebhookConfiguration");
-    let webhook = &registered.webhooks.expect("webhooks")[0];
-    let bundle = webhook
-        .client_config
-        .ca_bundle
-        .as_ref()
-        .expect("a caBundle");
-    assert_eq!(bundle.0, ca_pem.as_bytes());
-    let service = webhook.client_config.service.as_ref().expect("a Service");
-    assert_eq!(
-        (service.namespace.as_str(), service.name.as_str()),
-        (
-            release.namespace.as_str(),
-            release.webhook_service().as_str()
-        )
-    );
-    let selector = serde_json::to_value(&webhook.namespace_selector).expect("JSON");
-    assert_eq!(
-        selector["matchExpressions"][0]["values"],
-        serde_json::json!([watched])
-    );
+    let mut args: Vec<&str> = install_args.iter().map(String::as_str).collect();
+    args.extend(["--set", "admissionWebhook.enabled=true"]);
+    let rendered = objects(&crate::helm_common::template(
+        env,
+        &release.name,
+        &release.namespace,
+        &args,
+    ));
+    let registration = the_object(&rendered, "MutatingWebhookConfiguration", &release.name);
+    let webhook = &registration["webhooks"][0];
+    let bundle = &webhook["clientConfig"]["caBundle"];
+    assert_eq!(json_bytes_text(bundle), ca_pem);
+    let service = &webhook["clientConfig"]["service"];
+    assert_eq!(service["namespace"], release.namespace.as_str());
+    assert_eq!(service["name"], release.webhook_service().as_str());
+    let selector = &webhook["namespaceSelector"]["matchExpressions"][0];
+    assert_eq!(selector["values"], serde_json::json!([watched]));
 
     let addresses = service_addresses(client, &release.namespace, &release.webhook_service())
         .await
@@ -187,14 +182,14 @@ pub async fn the_webhook_serves_the_certificate(
         .unwrap_or_else(|e| panic!("the webhook at {address}: {e:#}"));
         let response = &answer["response"];
         assert_eq!(response["allowed"], true, "{answer}");
-        let patch = patch_text(&response["patch"]);
+        let patch = json_bytes_text(&response["patch"]);
         assert!(patch.contains(CLEANUP_FINALIZER), "{patch}");
     }
 }
 
-/// An AdmissionResponse's `patch`: bytes, which pgkube writes as an array of numbers (the
-/// API server's decoder takes that as well as base64).
-fn patch_text(patch: &serde_json::Value) -> String {
+/// Bytes in JSON, as text: base64 (a `caBundle`), or an array of numbers (an AdmissionResponse's
+/// `patch` as pgkube writes it; the API server's decoder takes both).
+fn json_bytes_text(patch: &serde_json::Value) -> String {
     let bytes: Vec<u8> = match patch {
         serde_json::Value::String(_) => {
             let decoded: k8s_openapi::ByteString =
