@@ -54,6 +54,10 @@ fn main() -> ExitCode {
     if pgkube::plugin::invoked_as_plugin() {
         return pgkube::plugin::main();
     }
+    // Linked as `kubectl_complete-pgkube`, it completes `kubectl pgkube <TAB>`.
+    if pgkube::plugin::invoked_as_completion() {
+        return pgkube::plugin::complete::main();
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => manager::run(*args),

@@ -5,6 +5,7 @@
 //! `backup` (a PostgreSQLBackup), `restore` (a PostgreSQLRestore); and its pods: `psql` (through
 //! `kubectl exec`) and `logs`; and shell completion.
 
+pub mod complete;
 mod objects;
 mod pods;
 mod progress;
@@ -27,13 +28,22 @@ pub const PLUGIN_NAME: &str = "kubectl-pgkube";
 
 /// Whether this process was started as `kubectl-pgkube`.
 pub fn invoked_as_plugin() -> bool {
+    invoked_as(PLUGIN_NAME)
+}
+
+/// Whether this process was started as `kubectl_complete-pgkube`.
+pub fn invoked_as_completion() -> bool {
+    invoked_as(complete::COMPLETE_NAME)
+}
+
+fn invoked_as(executable: &str) -> bool {
     std::env::args_os()
         .next()
         .as_deref()
         .and_then(|program| {
             Path::new(program)
                 .file_name()
-                .map(|name| name == PLUGIN_NAME)
+                .map(|name| name == executable)
         })
         .unwrap_or(false)
 }
@@ -182,7 +192,12 @@ async fn run(cli: PluginCli) -> anyhow::Result<()> {
         clap_complete::generate(shell, &mut command, PLUGIN_NAME, &mut std::io::stdout());
         return Ok(());
     }
-    let (client, namespace) = connect(&cli).await?;
+    let connection = Connection {
+        kubeconfig: cli.kubeconfig.clone(),
+        context: cli.context.clone(),
+        namespace: cli.namespace.clone(),
+    };
+    let (client, namespace) = connect(&connection).await?;
     let clusters = Api::<PostgreSQLCluster>::namespaced(client.clone(), &namespace);
     match cli.command {
         PluginCommand::Status { cluster, output } => {
@@ -278,8 +293,15 @@ fn psql(
     Ok(())
 }
 
+/// Where to connect: the kubeconfig, context and namespace flags.
+struct Connection {
+    kubeconfig: Option<PathBuf>,
+    context: Option<String>,
+    namespace: Option<String>,
+}
+
 /// A client of the kubeconfig's cluster, and the namespace to act in.
-async fn connect(cli: &PluginCli) -> anyhow::Result<(Client, String)> {
+async fn connect(cli: &Connection) -> anyhow::Result<(Client, String)> {
     let options = KubeConfigOptions {
         context: cli.context.clone(),
         ..KubeConfigOptions::default()

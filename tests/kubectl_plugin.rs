@@ -6,7 +6,8 @@
 //! returns once it serves; `backup --wait` shows the phases, the progress while a lock holds the
 //! dump of a database, and ends with the backup's size;
 //! `restore --wait` restores it; `psql` runs in the primary's and a replica's pod; `logs` shows
-//! each instance's lines; an unknown cluster is a clear error.
+//! each instance's lines; an unknown cluster is a clear error; `kubectl __complete pgkube ...`
+//! completes through `kubectl_complete-pgkube`.
 
 mod manager_common;
 
@@ -22,14 +23,51 @@ use pgkube_testkit::{
 
 const TIMEOUT: Duration = Duration::from_secs(180);
 
-/// A directory holding `kubectl-pgkube`, a link to the built binary.
+/// A directory holding `kubectl-pgkube` and `kubectl_complete-pgkube`, links to the built
+/// binary.
 fn plugin_dir() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("pgkube-plugin-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a directory");
-    let link = dir.join("kubectl-pgkube");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_pgkube"), &link).expect("the link");
+    for name in ["kubectl-pgkube", "kubectl_complete-pgkube"] {
+        let link = dir.join(name);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_pgkube"), &link).expect("the link");
+    }
     dir
+}
+
+/// `kubectl __complete pgkube <words>`: what kubectl's shell completion gets, through
+/// `kubectl_complete-pgkube`.
+fn completion(env: &TestEnv, dir: &std::path::Path, words: &[&str]) -> String {
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let output = env
+        .kubectl()
+        .env("PATH", path)
+        .args(["__complete", "pgkube"])
+        .args(words)
+        .output()
+        .expect("kubectl runs");
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Subcommands, flags, the namespace's clusters and a cluster's replicas complete.
+fn completes(env: &TestEnv, dir: &std::path::Path, ns: &str, replica: &str) {
+    let subcommands = completion(env, dir, &["sw"]);
+    assert!(subcommands.starts_with("switchover\t"), "{subcommands}");
+    assert!(
+        subcommands.ends_with(":4\n"),
+        "no file names: {subcommands}"
+    );
+    let clusters = completion(env, dir, &["-n", ns, "status", ""]);
+    assert_eq!(clusters, "pg\n:4\n", "the namespace's one cluster");
+    let replicas = completion(env, dir, &["-n", ns, "switchover", "pg", ""]);
+    assert_eq!(replicas, format!("{replica}\n:4\n"), "its one replica");
+    let flags = completion(env, dir, &["backup", "pg", "--w"]);
+    assert!(flags.starts_with("--wait\t"), "{flags}");
 }
 
 /// `kubectl pgkube <args>` in `namespace`, the plugin found on the `PATH`.
@@ -149,6 +187,7 @@ async fn kubectl_pgkube_shows_a_cluster_and_switches_it_over() {
         "pg-postgresql-0"
     };
     let dir = plugin_dir();
+    completes(&env, &dir, &ns, replica);
 
     let status = kubectl_pgkube(&env, &dir, &ns, &["status", "pg"]);
     let shown = text(&status);
