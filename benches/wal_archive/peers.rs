@@ -3,10 +3,10 @@
 //! front of the store that it reaches the store through (which the bench may stop).
 
 use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 
 use pgkube_controllers::storage::wal::WalArchiveTarget;
+pub use pgkube_testkit::install_package as install;
 use pgkube_testkit::proxy::Proxy;
 use pgkube_testkit::{TestBucket, TestEnv};
 
@@ -202,26 +202,4 @@ pub async fn barman(env: &TestEnv, bucket: &TestBucket, dir: &Path) -> Started {
         "barman/".to_owned(),
         proxy,
     ))
-}
-
-/// Installs Debian package `package` unless `program` is already on the PATH.
-pub fn install(program: &str, package: &str) -> Result<(), String> {
-    let found = Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .output()
-        .map(|output| output.status.success())
-        .unwrap_or(false);
-    if found {
-        return Ok(());
-    }
-    let status = Command::new("apt-get")
-        .args(["install", "-y", "-q", package])
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .status()
-        .map_err(|e| format!("apt-get: {e}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("apt-get install {package}: {status}"))
-    }
 }

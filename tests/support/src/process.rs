@@ -1,6 +1,7 @@
 //! This machine's processes, found through `/proc`: the test bed's real node runs pods as local
 //! processes, so a test can check that a stopped instance left none behind; benches read a
-//! process's CPU time and peak memory.
+//! process's CPU time and peak memory, and install the Debian packages of the peers they
+//! compare with.
 
 use std::time::Duration;
 
@@ -129,6 +130,29 @@ pub fn send_signal(pid: u32, signal: &str) -> anyhow::Result<()> {
         .with_context(|| format!("running kill -s {signal} {pid}"))?;
     anyhow::ensure!(status.success(), "kill -s {signal} {pid}: {status}");
     Ok(())
+}
+
+/// Installs Debian package `package` with `apt-get` unless `program` is already on the PATH
+/// (benches install the peers they compare with this way).
+pub fn install_package(program: &str, package: &str) -> Result<(), String> {
+    let found = std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .output()
+        .map(|output| output.status.success())
+        .unwrap_or(false);
+    if found {
+        return Ok(());
+    }
+    let status = std::process::Command::new("apt-get")
+        .args(["install", "-y", "-q", package])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()
+        .map_err(|e| format!("apt-get: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("apt-get install {package}: {status}"))
+    }
 }
 
 /// A process stopped with `SIGSTOP`, sent `SIGCONT` when this is dropped: a failing test must
