@@ -1,6 +1,7 @@
 //! Backup and restore round trip through the real `pgkube agent` binary, the test bed's
 //! PostgreSQL and its S3 server: several databases, a role owning one of them, a large object
-//! and a table of a few hundred MB, compared by row counts and content checksums.
+//! and a table of a few hundred MB, compared by row counts and content checksums; the progress
+//! lines the agent prints on stderr count what was read.
 //!
 //! `PGKUBE_AGENT_TEST_BIG_ROWS` sets the size of the big table (default 2,000,000 rows, about
 //! 300 MB on disk).
@@ -11,10 +12,21 @@ use agent_common::{
     Agent, Scratch, connect, database_exists, fingerprint, object_digest, open_multipart_uploads,
     work_dir,
 };
+use pgkube_controllers::agent_job::AgentProgress;
 use pgkube_testkit::tokio_postgres::Client;
 use pgkube_testkit::{TestBucket, TestDatabase, testbed};
 
 const DEFAULT_BIG_ROWS: i64 = 2_000_000;
+
+/// The progress lines the agent printed on stderr, in order.
+fn progress_lines(stderr: &str) -> Vec<AgentProgress> {
+    let lines: Vec<AgentProgress> = stderr
+        .lines()
+        .filter_map(AgentProgress::last_in_log)
+        .collect();
+    assert!(!lines.is_empty(), "no progress line: {stderr}");
+    lines
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backup_then_restore_reproduces_databases_roles_and_large_objects() {
@@ -89,6 +101,27 @@ async fn backup_then_restore_reproduces_databases_roles_and_large_objects() {
         total > 10 * 1024 * 1024,
         "the big table should dump to several parts"
     );
+    let reported = progress_lines(&backup.stderr);
+    let (first, last) = (&reported[0], &reported[reported.len() - 1]);
+    assert_eq!(
+        (first.step.as_str(), first.bytes),
+        ("Dumping", 0),
+        "{reported:?}"
+    );
+    assert_eq!(first.database_count, Some(3), "{reported:?}");
+    assert!(
+        first.total_is_estimate && first.total_bytes > Some(0),
+        "{first:?}"
+    );
+    assert_eq!(
+        last.databases_done,
+        Some(3),
+        "at the end, all three: {last:?}"
+    );
+    assert!(
+        last.bytes > 10 * 1024 * 1024,
+        "what pg_dump wrote, before zstd: {last:?}"
+    );
     assert!(
         open_multipart_uploads(&s3, bucket.name(), "clusters/")
             .await
@@ -109,6 +142,28 @@ async fn backup_then_restore_reproduces_databases_roles_and_large_objects() {
     let restore = agent.restore("full-1", &[]).await;
     restore.assert_completed();
     assert_eq!(restore.termination, restore.report);
+    let dumps: u64 = manifest["databases"]
+        .as_array()
+        .expect("databases")
+        .iter()
+        .map(|database| database["size"].as_u64().expect("a size"))
+        .sum();
+    let reported = progress_lines(&restore.stderr);
+    let steps: Vec<&str> = reported.iter().map(|p| p.step.as_str()).collect();
+    assert!(
+        steps.contains(&"Verifying") && steps.last() == Some(&"Restoring"),
+        "{steps:?}"
+    );
+    let last = &reported[reported.len() - 1];
+    assert_eq!(
+        (last.bytes, last.total_bytes, last.total_is_estimate),
+        (dumps, Some(dumps), false),
+        "every stored dump read once more while restoring, of an exact total"
+    );
+    assert_eq!(
+        (last.databases_done, last.database_count),
+        (Some(3), Some(3))
+    );
     restore.assert_does_not_reveal(&agent.login.password);
     for (name, expected) in databases.iter().zip(&before) {
         let after = fingerprint(&connect(&agent.login, name).await).await;

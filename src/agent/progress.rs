@@ -1,6 +1,7 @@
-//! Where a backup or restore stands, printed on stderr every [`REPORT_EVERY`] as one JSON line
-//! ([`AgentProgress::line`]): the backup and restore controllers read the last one from the pod's
-//! log into the object's `status.progress`.
+//! Where a backup or restore stands, printed on stderr as one JSON line
+//! ([`AgentProgress::line`]) when a step starts, every [`REPORT_EVERY`] while it runs, and once
+//! more at the end: the backup and restore controllers read the last one from the pod's log into
+//! the object's `status.progress`.
 //!
 //! The steps count bytes as they pass ([`Progress::add`], [`CountingReader`]); the rate is the
 //! step's average so far.
@@ -70,6 +71,11 @@ impl Progress {
             state.current_database = None;
         });
         self.bytes.store(0, Ordering::Relaxed);
+        self.print();
+    }
+
+    fn print(&self) {
+        eprintln!("{}", self.snapshot().line());
     }
 
     /// The step goes over `count` databases.
@@ -125,7 +131,8 @@ impl Progress {
         })
     }
 
-    /// Prints the progress on stderr every [`REPORT_EVERY`] until the returned guard is dropped.
+    /// Prints the progress on stderr every [`REPORT_EVERY`] until the returned guard is
+    /// dropped, and then once more.
     pub fn report_periodically(&self) -> ReportGuard {
         let progress = self.clone();
         let task = tokio::spawn(async move {
@@ -133,19 +140,26 @@ impl Progress {
             ticks.tick().await;
             loop {
                 ticks.tick().await;
-                eprintln!("{}", progress.snapshot().line());
+                progress.print();
             }
         });
-        ReportGuard(task)
+        ReportGuard {
+            task,
+            progress: self.clone(),
+        }
     }
 }
 
-/// Stops the periodic report when dropped.
-pub struct ReportGuard(tokio::task::JoinHandle<()>);
+/// Stops the periodic report when dropped, after a last one.
+pub struct ReportGuard {
+    task: tokio::task::JoinHandle<()>,
+    progress: Progress,
+}
 
 impl Drop for ReportGuard {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
+        self.progress.print();
     }
 }
 
