@@ -1,7 +1,8 @@
 //! Shared by the tests that run `pgkube instance run` as real processes on this machine
 //! (`instance_manager.rs`, `instance_health.rs`): a bed of instances, each with the files the
 //! operator's ConfigMap and Secrets would mount, and the helpers that drive and watch them.
-//! The beds and what they need are described in `instance_manager.rs`.
+//! The beds and what they need are described in `instance_manager.rs`. A bed may also run its
+//! managers in a root filesystem of their own, as a pod's container does ([`Bed::in_root`]).
 
 #![allow(dead_code)] // each test file uses a different part
 
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
-use pgkube_testkit::{http_get, processes_with_args, unique_name};
+use pgkube_testkit::{http_get, processes_with_args, processes_with_env, unique_name};
 use serde_json::Value;
 
 /// The PostgreSQL major the tests run (Debian's).
@@ -78,12 +79,36 @@ pub struct Bed {
     /// The PostgreSQL metrics' port, the same on every instance.
     pub metrics_port: u16,
     pub instances: Vec<Instance>,
+    /// The root filesystem the managers run in; on this machine's when none.
+    pub chroot: Option<Chroot>,
+    /// When set, instances are named by host name, `<pod>.<domain>` (a headless Service's
+    /// names, which something must resolve), not by address.
+    pub domain: Option<String>,
+}
+
+/// A root filesystem that a bed's managers run in, each in new mount and PID namespaces
+/// (`unshare --root`), with the manager as PID 1 and its own `/proc`, as in a pod's container.
+/// An instance's child is then `unshare`, which [`terminate`] does not stop the manager through.
+pub struct Chroot {
+    /// Its directory on this machine; the bed's files are in it.
+    pub root: PathBuf,
+    /// The manager's path in it.
+    pub binary: String,
+    /// The user and group (the same number) that the managers run as, and that own their
+    /// files. Its name there is `postgres`, the superuser's name.
+    pub id: u32,
+    /// The programs' search path in it.
+    pub path: String,
+    /// More environment for the managers.
+    pub env: Vec<(String, String)>,
 }
 
 /// One `pgkube instance run`.
 pub struct Instance {
     pub pod: String,
     pub dir: PathBuf,
+    /// `dir` as the manager sees it (in its root filesystem).
+    pub seen_dir: PathBuf,
     pub address: std::net::Ipv4Addr,
     pub pg_port: u16,
     pub status: SocketAddr,
@@ -93,24 +118,55 @@ pub struct Instance {
 
 impl Bed {
     pub fn new() -> Self {
-        let root = std::env::temp_dir().join(unique_name("pgkube-instance"));
+        Self::with_root(
+            std::env::temp_dir().join(unique_name("pgkube-instance")),
+            os_user(),
+            None,
+        )
+    }
+
+    /// A bed whose managers run in `chroot` (as root only: namespaces).
+    pub fn in_root(chroot: Chroot) -> Self {
+        let root = chroot.root.join(unique_name("bed"));
+        Self::with_root(root, "postgres".to_owned(), Some(chroot))
+    }
+
+    fn with_root(root: PathBuf, superuser: String, chroot: Option<Chroot>) -> Self {
         std::fs::create_dir_all(&root).expect("root dir");
         let bed = Self {
             root,
-            superuser: os_user(),
+            superuser,
             port: free_port(),
             status_port: free_port(),
             metrics_port: free_port(),
             instances: Vec::new(),
+            chroot,
+            domain: None,
         };
         bed.give_to_os_user(&bed.root);
         bed
     }
 
+    /// `path` (under the bed's directory) as the managers see it.
+    pub fn seen(&self, path: &Path) -> PathBuf {
+        match &self.chroot {
+            None => path.to_owned(),
+            Some(chroot) => Path::new("/").join(
+                path.strip_prefix(&chroot.root)
+                    .expect("the bed is in its root filesystem"),
+            ),
+        }
+    }
+
     pub fn give_to_os_user(&self, path: &Path) {
+        let owner = match &self.chroot {
+            Some(chroot) => format!("{0}:{0}", chroot.id),
+            None => "postgres:postgres".to_owned(),
+        };
         if nix_is_root() {
             let status = Command::new("chown")
-                .args(["-R", "postgres:postgres"])
+                .arg("-R")
+                .arg(owner)
                 .arg(path)
                 .status()
                 .expect("chown runs");
@@ -140,6 +196,7 @@ impl Bed {
         let address = address_of(ordinal);
         let instance = Instance {
             pod,
+            seen_dir: self.seen(&dir),
             dir,
             address,
             pg_port: self.port,
@@ -188,12 +245,17 @@ impl Bed {
                 (format!("{STATEFULSET}-{ordinal}"), Value::String(host))
             })
             .collect();
-        let topology = serde_json::json!({
+        let mut topology = serde_json::json!({
             "primary": format!("{STATEFULSET}-{primary}"),
             "primaryHost": address_of(primary).to_string(),
             "port": self.port, "replicas": replicas, "statefulset": STATEFULSET,
             "hosts": hosts,
         });
+        if let Some(domain) = &self.domain {
+            // As the operator writes it: the primary's name, the others' derived from it.
+            topology["primaryHost"] = Value::String(format!("{STATEFULSET}-{primary}.{domain}"));
+            topology.as_object_mut().expect("an object").remove("hosts");
+        }
         std::fs::write(
             instance.dir.join("config/instance.json"),
             topology.to_string(),
@@ -202,7 +264,51 @@ impl Bed {
     }
 
     pub fn spawn(&mut self, index: usize) {
-        let instance = &mut self.instances[index];
+        let mut command = self.manager_command();
+        let instance = &self.instances[index];
+        let seen = |sub: &str| instance.seen_dir.join(sub);
+        command
+            .args(["instance", "run"])
+            .env("POD_NAME", &instance.pod)
+            .env("PGDATA", seen("data/pgdata"))
+            .env("PGKUBE_CONFIG_DIR", seen("config"))
+            .env("PGKUBE_SUPERUSER_DIR", seen("superuser"))
+            .env("PGKUBE_REPLICATION_DIR", seen("replication"))
+            .env("PGKUBE_APPLICATION_DIR", seen("application"))
+            .env("PGKUBE_CONTROL_DIR", seen("control"))
+            .env("PGKUBE_RUN_DIR", seen("run"))
+            .env("PGKUBE_SOCKET_DIR", seen("socket"))
+            .env("PGKUBE_PORT", instance.pg_port.to_string())
+            .env("PGKUBE_STATUS_ADDRESS", instance.address.to_string())
+            .env("PGKUBE_STATUS_PORT", instance.status.port().to_string())
+            .env("PGKUBE_METRICS_PORT", instance.metrics.port().to_string())
+            .env("PGKUBE_METRICS_QUERIES", seen(CUSTOM_QUERIES_FILE))
+            .env("PGKUBE_SHUTDOWN_TIMEOUT", "20s")
+            .env("PGKUBE_WATCH_PERIOD", "500ms")
+            .env("PGKUBE_SLOT_DROP_GRACE", "1s")
+            .env("LANG", "C.UTF-8");
+        let child = command.spawn().expect("pgkube instance run starts");
+        self.instances[index].child = Some(child);
+    }
+
+    /// The manager's command line up to its arguments, with its search path: as the OS user
+    /// on this machine, or in the bed's root filesystem.
+    fn manager_command(&self) -> Command {
+        if let Some(chroot) = &self.chroot {
+            let mut command = Command::new(on_path("unshare"));
+            command
+                .args(["--pid", "--kill-child", "--mount-proc"])
+                .arg(format!("--root={}", chroot.root.display()))
+                .args(["--setuid", &chroot.id.to_string()])
+                .args(["--setgid", &chroot.id.to_string()])
+                .arg("--")
+                .arg(&chroot.binary)
+                // Only what the bed gives, as a container has.
+                .env_clear()
+                .env("PATH", &chroot.path)
+                .envs(chroot.env.iter().map(|(name, value)| (name, value)));
+            return command;
+        }
         let binary = env!("CARGO_BIN_EXE_pgkube");
         let mut command = if nix_is_root() {
             let mut command = Command::new("setpriv");
@@ -222,31 +328,8 @@ impl Bed {
             "/usr/lib/postgresql/{MAJOR}/bin:{}",
             std::env::var("PATH").unwrap_or_default()
         );
+        command.env("PATH", path);
         command
-            .args(["instance", "run"])
-            .env("PATH", path)
-            .env("POD_NAME", &instance.pod)
-            .env("PGDATA", instance.dir.join("data/pgdata"))
-            .env("PGKUBE_CONFIG_DIR", instance.dir.join("config"))
-            .env("PGKUBE_SUPERUSER_DIR", instance.dir.join("superuser"))
-            .env("PGKUBE_REPLICATION_DIR", instance.dir.join("replication"))
-            .env("PGKUBE_APPLICATION_DIR", instance.dir.join("application"))
-            .env("PGKUBE_CONTROL_DIR", instance.dir.join("control"))
-            .env("PGKUBE_RUN_DIR", instance.dir.join("run"))
-            .env("PGKUBE_SOCKET_DIR", instance.dir.join("socket"))
-            .env("PGKUBE_PORT", instance.pg_port.to_string())
-            .env("PGKUBE_STATUS_ADDRESS", instance.address.to_string())
-            .env("PGKUBE_STATUS_PORT", instance.status.port().to_string())
-            .env("PGKUBE_METRICS_PORT", instance.metrics.port().to_string())
-            .env(
-                "PGKUBE_METRICS_QUERIES",
-                instance.dir.join(CUSTOM_QUERIES_FILE),
-            )
-            .env("PGKUBE_SHUTDOWN_TIMEOUT", "20s")
-            .env("PGKUBE_WATCH_PERIOD", "500ms")
-            .env("PGKUBE_SLOT_DROP_GRACE", "1s")
-            .env("LANG", "C.UTF-8");
-        instance.child = Some(command.spawn().expect("pgkube instance run starts"));
     }
 
     /// A SQL connection to instance `index` over TCP as the superuser.
@@ -275,12 +358,29 @@ impl Drop for Bed {
             if let Some(mut child) = instance.child.take() {
                 let _ = child.kill();
                 let _ = child.wait();
-                // The manager's children die with it only when it stops them; make sure.
-                kill_postgres_of(&instance.dir.join("data/pgdata"));
+                // The manager's children die with it only when it stops them; make sure. A
+                // manager in a root filesystem is unshare's child, which outlives it; it and
+                // what it started have the instance's PGDATA in their environment.
+                let pgdata = instance.seen_dir.join("data/pgdata");
+                let variable = format!("PGDATA={}", pgdata.display());
+                for pid in processes_with_env(&variable) {
+                    let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+                }
+                kill_postgres_of(&pgdata);
             }
         }
         let _ = std::fs::remove_dir_all(&self.root);
     }
+}
+
+/// Where `program` is on this process's search path (a command's own `PATH` is searched
+/// otherwise, and a bed in a root filesystem gives its managers that filesystem's).
+fn on_path(program: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(program))
+        .find(|candidate| candidate.is_file())
+        .unwrap_or_else(|| panic!("{program} is not on PATH"))
 }
 
 pub fn server_config(instance: &Instance, extra: &str) -> String {
@@ -296,7 +396,7 @@ pub fn server_config(instance: &Instance, extra: &str) -> String {
          {extra}",
         instance.address,
         instance.pg_port,
-        instance.dir.join("socket").display(),
+        instance.seen_dir.join("socket").display(),
     )
 }
 
