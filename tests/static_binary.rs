@@ -9,8 +9,8 @@
 //! - PostgreSQL's container, in a root filesystem holding only PostgreSQL, runs it from that
 //!   volume as PID 1 (`pgkube instance run`), which initialises and starts PostgreSQL.
 //!
-//! Each runs in new mount and PID namespaces with `unshare --root`, as its user (the distroless
-//! `nonroot` 65532, the PostgreSQL images' `postgres` 999). The PostgreSQL root filesystem is made
+//! Each runs in new mount and PID namespaces with `unshare --root`, as the pod's user: the
+//! PostgreSQL images' `postgres` (999), which the pod's security context sets for both. The PostgreSQL root filesystem is made
 //! of this machine's Debian PostgreSQL: its programs, the libraries they load, its data files and
 //! time zones, the C.UTF-8 locale, and the shell that initdb and PostgreSQL run commands with. Its programs find
 //! glibc's loader at a path of their own, not at `/lib64/ld-linux-x86-64.so.2`, as in an image
@@ -42,8 +42,6 @@ use pgkube_testkit::unique_name;
 const TARGET: &str = "x86_64-unknown-linux-musl";
 /// The PostgreSQL images' `postgres` user and group.
 const POSTGRES_ID: u32 = 999;
-/// The distroless `nonroot` user and group, pgkube's image's.
-const NONROOT_ID: u32 = 65532;
 /// Where the PostgreSQL programs of the root filesystem find glibc's loader.
 const LOADER: &str = "/usr/lib/postgresql/ld.so";
 /// The programs `pgkube instance` runs.
@@ -282,13 +280,13 @@ impl PostgresRoot {
         }
         std::fs::copy(binary, self.image.join("usr/local/bin/pgkube")).expect("a copy");
         run(Command::new("chown")
-            .arg(format!("{NONROOT_ID}:{NONROOT_ID}"))
+            .arg(format!("{POSTGRES_ID}:{POSTGRES_ID}"))
             .arg(self.image.join("controller")));
         run(Command::new("unshare")
-            .args(["--pid", "--kill-child", "--mount-proc"])
+            .args(["--pid", "--fork", "--mount-proc"])
             .arg(format!("--root={}", self.image.display()))
-            .args(["--setuid", &NONROOT_ID.to_string()])
-            .args(["--setgid", &NONROOT_ID.to_string()])
+            .args(["--setuid", &POSTGRES_ID.to_string()])
+            .args(["--setgid", &POSTGRES_ID.to_string()])
             .args(["--", "/usr/local/bin/pgkube", "instance", "install"])
             .arg("/controller/pgkube")
             .env_clear());

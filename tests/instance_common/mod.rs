@@ -297,7 +297,7 @@ impl Bed {
         if let Some(chroot) = &self.chroot {
             let mut command = Command::new(on_path("unshare"));
             command
-                .args(["--pid", "--kill-child", "--mount-proc"])
+                .args(["--pid", "--fork", "--mount-proc"])
                 .arg(format!("--root={}", chroot.root.display()))
                 .args(["--setuid", &chroot.id.to_string()])
                 .args(["--setgid", &chroot.id.to_string()])
