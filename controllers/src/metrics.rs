@@ -9,6 +9,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use kube::ResourceExt;
+use pgkube_crds::{ClusterPhase, PostgreSQLCluster, PrimaryChangeKind};
+
 /// Labels of `operator_reconcile_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReconcileResultLabels {
@@ -30,6 +33,16 @@ pub struct ClusterLabels {
     pub cluster: String,
 }
 
+impl ClusterLabels {
+    /// The labels of `cluster`.
+    pub fn of(cluster: &PostgreSQLCluster) -> Self {
+        Self {
+            namespace: cluster.namespace().unwrap_or_default(),
+            cluster: cluster.name_any(),
+        }
+    }
+}
+
 /// Labels of `pgkube_backups_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BackupResultLabels {
@@ -48,11 +61,53 @@ pub struct SkippedTickLabels {
     pub reason: &'static str,
 }
 
-/// Labels of the primary-change metrics.
+/// Labels of `pgkube_primary_change_duration_seconds`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PrimaryChangeLabels {
     /// `Switchover` or `Failover`.
     pub kind: &'static str,
+}
+
+/// Labels of `pgkube_primary_changes_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClusterPrimaryChangeLabels {
+    pub namespace: String,
+    pub cluster: String,
+    /// `Switchover` or `Failover`.
+    pub kind: &'static str,
+}
+
+/// Labels of `pgkube_cluster_phase`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    pub namespace: String,
+    pub cluster: String,
+    /// One of [`PHASES`], as `status.phase` spells it.
+    pub phase: &'static str,
+}
+
+/// Every phase a cluster can be in: `pgkube_cluster_phase` has a series for each.
+pub const PHASES: [ClusterPhase; 7] = [
+    ClusterPhase::Pending,
+    ClusterPhase::Creating,
+    ClusterPhase::Running,
+    ClusterPhase::Scaling,
+    ClusterPhase::Upgrading,
+    ClusterPhase::Degraded,
+    ClusterPhase::Failed,
+];
+
+/// `phase` as `status.phase` spells it.
+pub fn phase_name(phase: ClusterPhase) -> &'static str {
+    match phase {
+        ClusterPhase::Pending => "Pending",
+        ClusterPhase::Creating => "Creating",
+        ClusterPhase::Running => "Running",
+        ClusterPhase::Scaling => "Scaling",
+        ClusterPhase::Upgrading => "Upgrading",
+        ClusterPhase::Degraded => "Degraded",
+        ClusterPhase::Failed => "Failed",
+    }
 }
 
 /// The controllers' metrics.
@@ -65,8 +120,10 @@ pub struct Metrics {
     last_backup_size: Family<ClusterLabels, Gauge>,
     skipped_ticks: Family<SkippedTickLabels, Counter>,
     pruned_objects: Family<ClusterLabels, Counter>,
-    primary_changes: Family<PrimaryChangeLabels, Counter>,
+    last_scheduled: Family<ClusterLabels, Gauge>,
+    primary_changes: Family<ClusterPrimaryChangeLabels, Counter>,
     primary_change_duration: Family<PrimaryChangeLabels, Histogram>,
+    phase: Family<PhaseLabels, Gauge>,
 }
 
 impl Metrics {
@@ -89,10 +146,10 @@ impl Metrics {
             reconcile_duration.clone(),
         );
         let backup = BackupMetrics::register(registry);
-        let primary_changes = Family::<PrimaryChangeLabels, Counter>::default();
+        let primary_changes = Family::<ClusterPrimaryChangeLabels, Counter>::default();
         registry.register(
             "pgkube_primary_changes",
-            "Switchovers and failovers decided, by kind",
+            "Switchovers and failovers decided, by cluster and kind",
             primary_changes.clone(),
         );
         // 0.25 s doubling 10 times: 250 ms to about 4 minutes.
@@ -105,6 +162,12 @@ impl Metrics {
             "Seconds from a switchover's or failover's decision until the new primary reported itself",
             primary_change_duration.clone(),
         );
+        let phase = Family::<PhaseLabels, Gauge>::default();
+        registry.register(
+            "pgkube_cluster_phase",
+            "1 for the cluster's current phase (status.phase), 0 for the others",
+            phase.clone(),
+        );
         Self {
             reconcile_total,
             reconcile_duration,
@@ -114,8 +177,10 @@ impl Metrics {
             last_backup_size: backup.last_size,
             skipped_ticks: backup.skipped_ticks,
             pruned_objects: backup.pruned_objects,
+            last_scheduled: backup.last_scheduled,
             primary_changes,
             primary_change_duration,
+            phase,
         }
     }
 
@@ -175,11 +240,74 @@ impl Metrics {
         self.pruned_objects.get_or_create(cluster).inc_by(objects);
     }
 
-    /// Counts a switchover or failover decided.
-    pub fn observe_primary_change(&self, kind: &'static str) {
+    /// Sets the cluster's latest scheduled backup time that has come (a Unix time), or
+    /// removes it (`None`: no schedule, or none of its times has come since it started).
+    pub fn observe_last_scheduled(&self, cluster: &ClusterLabels, at: Option<i64>) {
+        match at {
+            Some(at) => {
+                self.last_scheduled.get_or_create(cluster).set(at);
+            }
+            None => {
+                self.last_scheduled.remove(cluster);
+            }
+        }
+    }
+
+    /// Counts a switchover or failover of `cluster` decided.
+    pub fn observe_primary_change(&self, cluster: &ClusterLabels, kind: &'static str) {
         self.primary_changes
-            .get_or_create(&PrimaryChangeLabels { kind })
+            .get_or_create(&ClusterPrimaryChangeLabels {
+                namespace: cluster.namespace.clone(),
+                cluster: cluster.cluster.clone(),
+                kind,
+            })
             .inc();
+    }
+
+    /// Sets `pgkube_cluster_phase` of `cluster`: 1 for `phase`, 0 for the others (all 0
+    /// without a phase). Makes its primary-change counters too (at 0), so that the first
+    /// failover shows as an increase, not as a new series.
+    pub fn observe_cluster_phase(&self, cluster: &ClusterLabels, phase: Option<ClusterPhase>) {
+        for kind in [PrimaryChangeKind::Switchover, PrimaryChangeKind::Failover] {
+            self.primary_changes
+                .get_or_create(&ClusterPrimaryChangeLabels {
+                    namespace: cluster.namespace.clone(),
+                    cluster: cluster.cluster.clone(),
+                    kind: kind.as_str(),
+                })
+                .inc_by(0);
+        }
+        for each in PHASES {
+            let labels = PhaseLabels {
+                namespace: cluster.namespace.clone(),
+                cluster: cluster.cluster.clone(),
+                phase: phase_name(each),
+            };
+            self.phase
+                .get_or_create(&labels)
+                .set(i64::from(phase == Some(each)));
+        }
+    }
+
+    /// Removes the series of a deleted cluster that only the cluster controller and the
+    /// scheduler set (its phase, its primary changes, its scheduled time), so that neither the
+    /// dashboard nor the alerts show it any more.
+    pub fn forget_cluster(&self, cluster: &ClusterLabels) {
+        for each in PHASES {
+            self.phase.remove(&PhaseLabels {
+                namespace: cluster.namespace.clone(),
+                cluster: cluster.cluster.clone(),
+                phase: phase_name(each),
+            });
+        }
+        for kind in [PrimaryChangeKind::Switchover, PrimaryChangeKind::Failover] {
+            self.primary_changes.remove(&ClusterPrimaryChangeLabels {
+                namespace: cluster.namespace.clone(),
+                cluster: cluster.cluster.clone(),
+                kind: kind.as_str(),
+            });
+        }
+        self.last_scheduled.remove(cluster);
     }
 
     /// Records how long a switchover or failover took to complete.
@@ -189,12 +317,17 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    /// Records one finished reconcile of `controller`.
+    /// Records one finished reconcile of `controller`. The other result's series is made too
+    /// (at 0), so that the first error shows as an increase, not as a new series.
     pub fn observe_reconcile(&self, controller: &'static str, succeeded: bool, took: Duration) {
-        let result = if succeeded { "success" } else { "error" };
-        self.reconcile_total
-            .get_or_create(&ReconcileResultLabels { controller, result })
-            .inc();
+        for result in ["success", "error"] {
+            let counter = self
+                .reconcile_total
+                .get_or_create(&ReconcileResultLabels { controller, result });
+            if (result == "success") == succeeded {
+                counter.inc();
+            }
+        }
         self.reconcile_duration
             .get_or_create(&ControllerLabels { controller })
             .observe(took.as_secs_f64());
@@ -209,6 +342,7 @@ struct BackupMetrics {
     last_size: Family<ClusterLabels, Gauge>,
     skipped_ticks: Family<SkippedTickLabels, Counter>,
     pruned_objects: Family<ClusterLabels, Counter>,
+    last_scheduled: Family<ClusterLabels, Gauge>,
 }
 
 impl BackupMetrics {
@@ -221,6 +355,7 @@ impl BackupMetrics {
             last_size: Family::default(),
             skipped_ticks: Family::default(),
             pruned_objects: Family::default(),
+            last_scheduled: Family::default(),
         };
         registry.register(
             "pgkube_backups",
@@ -251,6 +386,11 @@ impl BackupMetrics {
             "pgkube_backup_pruned_objects",
             "Objects deleted from backup storage by retention",
             metrics.pruned_objects.clone(),
+        );
+        registry.register(
+            "pgkube_backup_last_scheduled_timestamp_seconds",
+            "Unix time of the cluster's latest scheduled backup time that has come since its schedule started",
+            metrics.last_scheduled.clone(),
         );
         metrics
     }
@@ -285,11 +425,107 @@ mod tests {
         }
     }
 
+    fn encoded(registry: &Registry) -> String {
+        let mut text = String::new();
+        encode(&mut text, registry).expect("metrics encode");
+        text
+    }
+
+    #[test]
+    fn a_clusters_phase_is_one_series_per_phase_and_goes_with_the_cluster() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let cluster = ClusterLabels {
+            namespace: "db".to_owned(),
+            cluster: "main".to_owned(),
+        };
+        let other = ClusterLabels {
+            namespace: "db".to_owned(),
+            cluster: "other".to_owned(),
+        };
+        metrics.observe_cluster_phase(&cluster, Some(ClusterPhase::Running));
+        metrics.observe_cluster_phase(&other, None);
+        let text = encoded(&registry);
+        let series = |cluster: &str, phase: &str, value: u8| {
+            format!(
+                "pgkube_cluster_phase{{namespace=\"db\",cluster=\"{cluster}\",phase=\"{phase}\"}} {value}\n"
+            )
+        };
+        for line in [
+            series("main", "Running", 1),
+            series("main", "Degraded", 0),
+            series("main", "Pending", 0),
+            series("other", "Running", 0),
+        ] {
+            assert!(text.contains(&line), "{line} in:\n{text}");
+        }
+        assert_eq!(
+            text.matches("cluster=\"main\",phase=").count(),
+            PHASES.len()
+        );
+        metrics.observe_cluster_phase(&cluster, Some(ClusterPhase::Degraded));
+        let text = encoded(&registry);
+        assert!(text.contains(&series("main", "Running", 0)), "{text}");
+        assert!(text.contains(&series("main", "Degraded", 1)), "{text}");
+
+        let switchovers =
+            r#"pgkube_primary_changes_total{namespace="db",cluster="main",kind="Switchover"} 0"#;
+        assert!(text.contains(switchovers), "{text}");
+        metrics.observe_primary_change(&cluster, PrimaryChangeKind::Failover.as_str());
+        metrics.observe_last_scheduled(&cluster, Some(1_700_000_000));
+        let text = encoded(&registry);
+        for line in [
+            switchovers,
+            r#"pgkube_primary_changes_total{namespace="db",cluster="main",kind="Failover"} 1"#,
+            r#"pgkube_backup_last_scheduled_timestamp_seconds{namespace="db",cluster="main"} 1700000000"#,
+        ] {
+            assert!(text.contains(line), "{line} in:\n{text}");
+        }
+        metrics.forget_cluster(&cluster);
+        let text = encoded(&registry);
+        assert!(!text.contains("cluster=\"main\""), "{text}");
+        assert!(text.contains(&series("other", "Running", 0)), "{text}");
+    }
+
+    #[test]
+    fn a_scheduled_time_that_no_longer_applies_is_removed() {
+        let mut registry = Registry::default();
+        let metrics = Metrics::register(&mut registry);
+        let cluster = ClusterLabels {
+            namespace: "db".to_owned(),
+            cluster: "main".to_owned(),
+        };
+        metrics.observe_last_scheduled(&cluster, Some(60));
+        metrics.observe_last_scheduled(&cluster, Some(120));
+        assert!(encoded(&registry).contains(
+            "pgkube_backup_last_scheduled_timestamp_seconds{namespace=\"db\",cluster=\"main\"} 120\n"
+        ));
+        metrics.observe_last_scheduled(&cluster, None);
+        let text = encoded(&registry);
+        assert!(
+            !text.contains("pgkube_backup_last_scheduled_timestamp_seconds{"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn phase_names_are_spelled_as_in_the_status() {
+        for phase in PHASES {
+            let json = serde_json::to_value(phase).expect("JSON");
+            assert_eq!(json.as_str(), Some(phase_name(phase)));
+        }
+    }
+
     #[test]
     fn both_reconcile_metrics_are_exposed_with_their_labels() {
         let mut registry = Registry::default();
         let metrics = Metrics::register(&mut registry);
         metrics.observe_reconcile("cluster", true, Duration::from_millis(30));
+        assert!(
+            encoded(&registry)
+                .contains(r#"operator_reconcile_total{controller="cluster",result="error"} 0"#),
+            "the error series from the first reconcile on"
+        );
         metrics.observe_reconcile("cluster", false, Duration::from_millis(5));
         let mut text = String::new();
         encode(&mut text, &registry).expect("metrics encode");

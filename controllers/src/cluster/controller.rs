@@ -183,6 +183,10 @@ pub async fn reconcile(
             FinalizerEvent::Cleanup(cluster) => {
                 context.settled.forget(&key);
                 context.echoes.forget(&key);
+                context
+                    .base
+                    .metrics
+                    .forget_cluster(&crate::metrics::ClusterLabels::of(&cluster));
                 if let Some(namespace) = cluster.namespace() {
                     let names = super::build::ChildNames::for_cluster(&cluster.name_any());
                     context.instance_access.forget_cluster(&namespace, &names);

@@ -221,10 +221,10 @@ async fn record_primary_change(
     };
     let new_status = status::compute(observation, Timestamp::now());
     patch_status(cluster, context, &new_status).await?;
-    context
-        .base
-        .metrics
-        .observe_primary_change(change.kind.as_str());
+    context.base.metrics.observe_primary_change(
+        &crate::metrics::ClusterLabels::of(cluster),
+        change.kind.as_str(),
+    );
     let (warning, reason) = match change.kind {
         pgkube_crds::PrimaryChangeKind::Failover => (true, "FailoverStarted"),
         pgkube_crds::PrimaryChangeKind::Switchover => (false, "SwitchoverStarted"),

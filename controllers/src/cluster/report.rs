@@ -33,6 +33,10 @@ pub(super) async fn write_status(
 ) -> Result<StatusStep, Error> {
     let now = Timestamp::now();
     let new_status = status::compute(observation, now);
+    context.base.metrics.observe_cluster_phase(
+        &crate::metrics::ClusterLabels::of(cluster),
+        new_status.phase,
+    );
     let held_for = match status::difference(&new_status, observation.previous) {
         status::Difference::None => return Ok(StatusStep::written(new_status)),
         status::Difference::Details => observation

@@ -85,6 +85,14 @@ impl ClusterKey {
             name: cluster.name_any(),
         }
     }
+
+    /// The cluster's labels in the metrics.
+    fn labels(&self) -> ClusterLabels {
+        ClusterLabels {
+            namespace: self.namespace.clone(),
+            cluster: self.name.clone(),
+        }
+    }
 }
 
 /// What the loop is asked to do.
@@ -445,19 +453,22 @@ impl Engine {
             None => ClusterState::first_sight(&cluster, now),
         };
         state.observe(&cluster, now);
-        let next = match &plan {
+        let (next, come) = match &plan {
             Plan::Active(schedule) => {
                 self.run_due(&cluster, schedule, &mut state, now).await;
                 let next = schedule.next_after(now);
                 let wake = next.into_iter().chain(state.retry_at(now)).min();
                 self.arm(key, &mut state, wake).await;
-                next
+                (next, plan::last_come(schedule, state.floor, now))
             }
             Plan::None | Plan::Suspended | Plan::Invalid(_) => {
                 self.disarm(&mut state).await;
-                None
+                (None, None)
             }
         };
+        self.context
+            .metrics
+            .observe_last_scheduled(&key.labels(), come.map(|at| at.timestamp()));
         if let Plan::Invalid(error) = &plan {
             tracing::debug!(%error, "schedule refused");
         }
@@ -653,6 +664,9 @@ impl Engine {
 
     /// The cluster is gone (or being deleted): its timer and state go.
     async fn forget(&mut self, key: &ClusterKey) {
+        self.context
+            .metrics
+            .observe_last_scheduled(&key.labels(), None);
         if let Some(mut state) = self.states.remove(key) {
             self.disarm(&mut state).await;
             tracing::debug!("cluster gone; schedule removed");

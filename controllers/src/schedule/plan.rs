@@ -1,7 +1,8 @@
 //! What the cron engine decides, from objects and a given `now` (pure).
 //!
 //! - [`Plan::of`]: what a cluster's spec asks for (no schedule, suspended, invalid, active);
-//! - [`first_floor`] and [`due`]: which scheduled time, if any, runs now. Times at or before
+//! - [`first_floor`] and [`due`]: which scheduled time, if any, runs now ([`last_come`]: the
+//!   latest that came, for the metric). Times at or before
 //!   the floor never run; the floor starts at the cluster's `lastScheduledBackup` (else its
 //!   creation) when the engine first sees the cluster, so that after downtime only the latest
 //!   missed time runs (at most one catch-up), and moves to `now` when the schedule changes;
@@ -91,6 +92,19 @@ pub fn due(schedule: &Schedule, floor: DateTime<Utc>, now: DateTime<Utc>) -> Opt
     schedule
         .latest_at_or_before(now)
         .filter(|latest| *latest > floor)
+}
+
+/// The latest scheduled time that has come since the schedule started (`floor`: a time
+/// handled counts as come), for `pgkube_backup_last_scheduled_timestamp_seconds`: unlike
+/// [`due`], it stays once handled, and moves on when a time could not be handled.
+pub fn last_come(
+    schedule: &Schedule,
+    floor: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Option<DateTime<Utc>> {
+    schedule
+        .latest_at_or_before(now)
+        .filter(|latest| *latest >= floor)
 }
 
 /// Why a scheduled time made no backup.

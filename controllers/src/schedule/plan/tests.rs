@@ -108,6 +108,41 @@ fn after_downtime_only_the_latest_missed_time_runs() {
 }
 
 #[test]
+fn the_last_time_come_stays_once_handled_and_never_precedes_the_schedule() {
+    let hourly = cluster("0 * * * *", true);
+    let schedule = active(&hourly);
+    let floor = first_floor(&hourly, at("2025-01-01T00:50:00Z"));
+    // Created at 00:30: 00:00 came before the schedule started.
+    assert_eq!(
+        last_come(&schedule, floor, at("2025-01-01T00:50:00Z")),
+        None
+    );
+    // 01:00 came; handled (the floor moves to it), it stays the last time come.
+    let now = at("2025-01-01T01:10:00Z");
+    assert_eq!(
+        last_come(&schedule, floor, now),
+        Some(at("2025-01-01T01:00:00Z"))
+    );
+    let handled = at("2025-01-01T01:00:00Z");
+    assert_eq!(due(&schedule, handled, now), None);
+    assert_eq!(last_come(&schedule, handled, now), Some(handled));
+    // 02:00 not handled (its backup could not be made): it is the last time come all the same.
+    assert_eq!(
+        last_come(&schedule, handled, at("2025-01-01T02:05:00Z")),
+        Some(at("2025-01-01T02:00:00Z"))
+    );
+    // A schedule changed at 02:30 (the floor moves to then): none of its times came yet.
+    assert_eq!(
+        last_come(
+            &schedule,
+            at("2025-01-01T02:30:00Z"),
+            at("2025-01-01T02:40:00Z")
+        ),
+        None
+    );
+}
+
+#[test]
 fn a_new_cluster_catches_up_only_times_after_its_creation() {
     let hourly = cluster("0 * * * *", true);
     let schedule = active(&hourly);
