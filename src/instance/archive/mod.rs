@@ -279,13 +279,15 @@ impl Archiver {
         Some(state.report(&upload::wal_usage(&self.pgdata), enabled))
     }
 
-    /// `/metrics`: empty when this instance does not archive and never did.
+    /// `/metrics`: the archiver's counts when this instance archives or did, and the usage of
+    /// `pg_wal` and its volume in any case.
     pub fn metrics(&self) -> Result<String, std::fmt::Error> {
         let state = lock(&self.report).clone();
-        if !self.enabled() && state.is_empty() {
-            return Ok(String::new());
-        }
-        report::render_metrics(&state, &upload::wal_usage(&self.pgdata))
+        let archiving = self.enabled() || !state.is_empty();
+        report::render_metrics(
+            archiving.then_some(&state),
+            &upload::wal_usage(&self.pgdata),
+        )
     }
 }
 

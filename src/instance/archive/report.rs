@@ -75,60 +75,87 @@ impl State {
     }
 }
 
-/// The archiver's metrics in Prometheus' text format.
-pub fn render_metrics(state: &State, usage: &WalUsage) -> Result<String, std::fmt::Error> {
+/// The archiver's metrics in Prometheus' text format; without `state` (an instance that does
+/// not archive and never did) only `pg_wal`'s size and its volume's.
+pub fn render_metrics(state: Option<&State>, usage: &WalUsage) -> Result<String, std::fmt::Error> {
     let mut registry = Registry::with_prefix("pgkube_wal");
+    if let Some(state) = state {
+        register_archiving(&mut registry, state, usage);
+    }
+    register_usage(&mut registry, usage);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry)?;
+    Ok(text)
+}
+
+fn gauge(registry: &mut Registry, name: &str, help: &str, value: Option<u64>) {
+    if let Some(value) = value {
+        let gauge = Gauge::<i64>::default();
+        gauge.set(i64::try_from(value).unwrap_or(i64::MAX));
+        registry.register(name, help, gauge);
+    }
+}
+
+/// What the archiver did, and the files waiting for it.
+fn register_archiving(registry: &mut Registry, state: &State, usage: &WalUsage) {
     let counter = |registry: &mut Registry, name: &str, help: &str, value: u64| {
         let counter = Counter::<u64>::default();
         counter.inc_by(value);
         registry.register(name, help, counter);
     };
     counter(
-        &mut registry,
+        registry,
         "archived_files",
         "WAL files archived",
         state.archived,
     );
     counter(
-        &mut registry,
+        registry,
         "archive_failures",
         "archive requests that failed",
         state.failed,
     );
     counter(
-        &mut registry,
+        registry,
         "archive_conflicts",
         "WAL files found in the archive with other content",
         state.conflicts,
     );
-    let gauge = |registry: &mut Registry, name: &str, help: &str, value: Option<u64>| {
-        if let Some(value) = value {
-            let gauge = Gauge::<i64>::default();
-            gauge.set(i64::try_from(value).unwrap_or(i64::MAX));
-            registry.register(name, help, gauge);
-        }
-    };
     gauge(
-        &mut registry,
+        registry,
         "last_archived_timestamp_seconds",
         "when the last WAL file was archived (Unix time)",
         state.last_archived_unix(),
     );
     gauge(
-        &mut registry,
+        registry,
         "waiting_files",
         "WAL files ready and not archived",
         usage.waiting,
     );
+}
+
+/// `pg_wal` and the volume that holds it: what fills up when WAL is kept (archiving failing,
+/// a replication slot behind), archiving or not.
+fn register_usage(registry: &mut Registry, usage: &WalUsage) {
     gauge(
-        &mut registry,
+        registry,
         "bytes",
         "bytes of the files in pg_wal",
         usage.wal_bytes,
     );
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry)?;
-    Ok(text)
+    gauge(
+        registry,
+        "volume_size_bytes",
+        "size of the volume that holds pg_wal",
+        usage.volume_bytes,
+    );
+    gauge(
+        registry,
+        "volume_available_bytes",
+        "bytes left for PostgreSQL on the volume that holds pg_wal",
+        usage.available_bytes,
+    );
 }
 
 #[cfg(test)]
@@ -163,15 +190,18 @@ mod tests {
         let usage = WalUsage {
             waiting: Some(3),
             wal_bytes: Some(48 << 20),
-            ..WalUsage::default()
+            volume_bytes: Some(1 << 30),
+            available_bytes: Some(900 << 20),
         };
-        let text = render_metrics(&state, &usage).expect("encoded");
+        let text = render_metrics(Some(&state), &usage).expect("encoded");
         for line in [
             "pgkube_wal_archived_files_total 1",
             "pgkube_wal_archive_failures_total 0",
             "pgkube_wal_archive_conflicts_total 1",
             "pgkube_wal_waiting_files 3",
             "pgkube_wal_bytes 50331648",
+            "pgkube_wal_volume_size_bytes 1073741824",
+            "pgkube_wal_volume_available_bytes 943718400",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
         }
@@ -179,5 +209,26 @@ mod tests {
             text.contains("pgkube_wal_last_archived_timestamp_seconds "),
             "{text}"
         );
+    }
+
+    #[test]
+    fn without_archiving_only_the_usage_of_pg_wal_and_its_volume_is_shown() {
+        let usage = WalUsage {
+            waiting: Some(0),
+            wal_bytes: Some(32 << 20),
+            volume_bytes: Some(1 << 30),
+            available_bytes: Some(100 << 20),
+        };
+        let text = render_metrics(None, &usage).expect("encoded");
+        for line in [
+            "pgkube_wal_bytes 33554432",
+            "pgkube_wal_volume_size_bytes 1073741824",
+            "pgkube_wal_volume_available_bytes 104857600",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in:\n{text}");
+        }
+        for absent in ["archived_files", "archive_failures", "waiting_files"] {
+            assert!(!text.contains(absent), "{absent} in:\n{text}");
+        }
     }
 }
