@@ -96,6 +96,27 @@ helm_cache_key() {
     echo "helm-$HELM_VERSION-$hash"
 }
 
+# promtool, for the alerts' tests (tests/monitoring.rs): the Prometheus module its module pins
+# (promtool/go.mod, v0.3XY.Z for Prometheus 3.XY.Z), stamped with that release as Prometheus'
+# own build does. `remove_all_sd` leaves out the cloud service discoveries promtool never uses
+# here (their SDKs are most of the build).
+PROMETHEUS_MODULE_VERSION="$(awk '$1 == "require" && $2 == "github.com/prometheus/prometheus" { print $3 }' "$TESTBED_DIR/promtool/go.mod")"
+PROMETHEUS_VERSION="$(sed -E 's/^v0\.3([0-9][0-9])\.([0-9]+)$/3.\1.\2/' <<<"$PROMETHEUS_MODULE_VERSION")"
+PROMTOOL_TAGS="remove_all_sd"
+PROMTOOL_LDFLAGS="-s -w -X github.com/prometheus/common/version.Version=$PROMETHEUS_VERSION"
+
+# Cache key of promtool: its module files, build tags, link flags and the Go version. A key of
+# its own, so a Prometheus bump rebuilds nothing else.
+promtool_cache_key() {
+    local hash
+    hash="$(cd "$TESTBED_DIR/promtool" && {
+        go version
+        echo "$PROMTOOL_TAGS $PROMTOOL_LDFLAGS"
+        cat go.mod go.sum
+    } | sha256sum | cut -c1-12)"
+    echo "promtool-$PROMETHEUS_VERSION-$hash"
+}
+
 # Cache key of the test bed's own programs: the storage provisioner, the node agent and its
 # bind shim (sources, module files, Go and C compiler versions).
 own_cache_key() {
