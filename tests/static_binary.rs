@@ -10,11 +10,12 @@
 //!   volume as PID 1 (`pgkube instance run`), which initialises and starts PostgreSQL.
 //!
 //! Each runs in new mount and PID namespaces with `unshare --root`, as the pod's user: the
-//! PostgreSQL images' `postgres` (999), which the pod's security context sets for both. The PostgreSQL root filesystem is made
-//! of this machine's Debian PostgreSQL: its programs, the libraries they load, its data files and
-//! time zones, the C.UTF-8 locale, and the shell that initdb and PostgreSQL run commands with. Its programs find
-//! glibc's loader at a path of their own, not at `/lib64/ld-linux-x86-64.so.2`, as in an image
-//! built on another C library (Alpine's): a dynamically linked pgkube does not start there.
+//! PostgreSQL images' `postgres` (999), which the pod's security context sets for both. The
+//! PostgreSQL root filesystem is made of this machine's Debian PostgreSQL: its programs, the
+//! libraries they load, its data files and time zones, the C.UTF-8 locale, and the shell that
+//! initdb and PostgreSQL run commands with. Its programs find glibc's loader at a path of their
+//! own, not at `/lib64/ld-linux-x86-64.so.2`, as in an image built on another C library
+//! (Alpine's): a dynamically linked pgkube does not start there, nor in the image.
 //!
 //! A static binary resolves names itself (musl's resolver: `/etc/hosts`, then the DNS servers,
 //! search domains and `ndots` of `/etc/resolv.conf`), with no NSS module of the image's C
