@@ -148,7 +148,11 @@ fn static_binary() -> &'static Path {
             .env("CARGO_TARGET_DIR", &target_dir)
             .status()
             .expect("cargo runs");
-        assert!(status.success(), "the static build failed");
+        assert!(
+            status.success(),
+            "the static build failed; it needs `rustup target add {TARGET}` and musl-gcc \
+             (Debian's musl-tools)"
+        );
         target_dir.join(TARGET).join("debug/pgkube")
     })
 }
