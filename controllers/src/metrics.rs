@@ -43,6 +43,9 @@ impl ClusterLabels {
     }
 }
 
+/// The results of `pgkube_backups_total`.
+const BACKUP_RESULTS: [&str; 2] = ["completed", "failed"];
+
 /// Labels of `pgkube_backups_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BackupResultLabels {
@@ -192,10 +195,11 @@ impl Metrics {
         took: Option<Duration>,
         completed: Option<(i64, i64)>,
     ) {
+        let [completed_result, failed_result] = BACKUP_RESULTS;
         let result = if completed.is_some() {
-            "completed"
+            completed_result
         } else {
-            "failed"
+            failed_result
         };
         self.backups_total
             .get_or_create(&BackupResultLabels {
@@ -265,9 +269,18 @@ impl Metrics {
     }
 
     /// Sets `pgkube_cluster_phase` of `cluster`: 1 for `phase`, 0 for the others (all 0
-    /// without a phase). Makes its primary-change counters too (at 0), so that the first
-    /// failover shows as an increase, not as a new series.
-    pub fn observe_cluster_phase(&self, cluster: &ClusterLabels, phase: Option<ClusterPhase>) {
+    /// without a phase). Makes its primary-change and backup counters too (at 0), so that a
+    /// first failover or failed backup shows as an increase, not as a new series.
+    pub fn observe_cluster(&self, cluster: &ClusterLabels, phase: Option<ClusterPhase>) {
+        for result in BACKUP_RESULTS {
+            self.backups_total
+                .get_or_create(&BackupResultLabels {
+                    namespace: cluster.namespace.clone(),
+                    cluster: cluster.cluster.clone(),
+                    result,
+                })
+                .inc_by(0);
+        }
         for kind in [PrimaryChangeKind::Switchover, PrimaryChangeKind::Failover] {
             self.primary_changes
                 .get_or_create(&ClusterPrimaryChangeLabels {
@@ -289,9 +302,9 @@ impl Metrics {
         }
     }
 
-    /// Removes the series of a deleted cluster that only the cluster controller and the
-    /// scheduler set (its phase, its primary changes, its scheduled time), so that neither the
-    /// dashboard nor the alerts show it any more.
+    /// Removes the series of a deleted cluster that the cluster controller and the scheduler
+    /// set (its phase, its primary changes and backup counts, its scheduled time), so that
+    /// neither the dashboard nor the alerts show it any more.
     pub fn forget_cluster(&self, cluster: &ClusterLabels) {
         for each in PHASES {
             self.phase.remove(&PhaseLabels {
@@ -305,6 +318,13 @@ impl Metrics {
                 namespace: cluster.namespace.clone(),
                 cluster: cluster.cluster.clone(),
                 kind: kind.as_str(),
+            });
+        }
+        for result in BACKUP_RESULTS {
+            self.backups_total.remove(&BackupResultLabels {
+                namespace: cluster.namespace.clone(),
+                cluster: cluster.cluster.clone(),
+                result,
             });
         }
         self.last_scheduled.remove(cluster);
@@ -443,8 +463,8 @@ mod tests {
             namespace: "db".to_owned(),
             cluster: "other".to_owned(),
         };
-        metrics.observe_cluster_phase(&cluster, Some(ClusterPhase::Running));
-        metrics.observe_cluster_phase(&other, None);
+        metrics.observe_cluster(&cluster, Some(ClusterPhase::Running));
+        metrics.observe_cluster(&other, None);
         let text = encoded(&registry);
         let series = |cluster: &str, phase: &str, value: u8| {
             format!(
@@ -463,7 +483,7 @@ mod tests {
             text.matches("cluster=\"main\",phase=").count(),
             PHASES.len()
         );
-        metrics.observe_cluster_phase(&cluster, Some(ClusterPhase::Degraded));
+        metrics.observe_cluster(&cluster, Some(ClusterPhase::Degraded));
         let text = encoded(&registry);
         assert!(text.contains(&series("main", "Running", 0)), "{text}");
         assert!(text.contains(&series("main", "Degraded", 1)), "{text}");
@@ -471,6 +491,8 @@ mod tests {
         let switchovers =
             r#"pgkube_primary_changes_total{namespace="db",cluster="main",kind="Switchover"} 0"#;
         assert!(text.contains(switchovers), "{text}");
+        let failed = r#"pgkube_backups_total{namespace="db",cluster="main",result="failed"} 0"#;
+        assert!(text.contains(failed), "{text}");
         metrics.observe_primary_change(&cluster, PrimaryChangeKind::Failover.as_str());
         metrics.observe_last_scheduled(&cluster, Some(1_700_000_000));
         let text = encoded(&registry);

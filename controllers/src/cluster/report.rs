@@ -33,7 +33,7 @@ pub(super) async fn write_status(
 ) -> Result<StatusStep, Error> {
     let now = Timestamp::now();
     let new_status = status::compute(observation, now);
-    context.base.metrics.observe_cluster_phase(
+    context.base.metrics.observe_cluster(
         &crate::metrics::ClusterLabels::of(cluster),
         new_status.phase,
     );
