@@ -68,6 +68,33 @@ async fn the_dashboard_and_the_alerts_find_their_series_in_real_scrapes() {
         .start(&namespace)
         .await
         .expect("the cluster becomes Running");
+    switch_over_then_back_up_every_minute(&client, &cluster).await;
+
+    let manager_address = manager.endpoint("metrics").await;
+    let addresses: Vec<(String, SocketAddr)> = cluster
+        .pods()
+        .await
+        .expect("pods")
+        .into_iter()
+        .map(|pod| {
+            let ip = pod.address.expect("an address");
+            (pod.name, SocketAddr::new(ip, METRICS_PORT))
+        })
+        .collect();
+    let scrapes = wait_for_every_metric(manager_address, &addresses).await;
+    let cluster_label = cluster_label_of_pods(&client, &ns, &addresses).await;
+    let series = labelled_series(&scrapes, &ns, &cluster_label);
+    every_dashboard_query_finds_series(&env, &series, &ns);
+
+    cluster.delete(TIMEOUT).await.expect("the cluster goes");
+    manager.terminate();
+    namespace.cleanup().await;
+    bucket.cleanup().await;
+}
+
+/// A switchover (for the primary-change series), then a backup every minute, and some WAL
+/// files finished for the archiver.
+async fn switch_over_then_back_up_every_minute(client: &kube::Client, cluster: &TestCluster) {
     let first = cluster.wait_healthy(None, TIMEOUT).await.expect("healthy");
     let pods = cluster.pods().await.expect("pods");
     let second = pods
@@ -75,13 +102,15 @@ async fn the_dashboard_and_the_alerts_find_their_series_in_real_scrapes() {
         .map(|pod| pod.name.clone())
         .find(|name| *name != first)
         .expect("a replica");
-
-    // A switchover (the primary-change series), then a backup every minute.
-    let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), &ns);
+    let clusters: Api<PostgreSQLCluster> = Api::namespaced(client.clone(), cluster.namespace());
     let annotate =
         serde_json::json!({"metadata": {"annotations": {SWITCHOVER_ANNOTATION: second}}});
     clusters
-        .patch("pg", &PatchParams::default(), &Patch::Merge(&annotate))
+        .patch(
+            cluster.name(),
+            &PatchParams::default(),
+            &Patch::Merge(&annotate),
+        )
         .await
         .expect("switchover asked for");
     cluster
@@ -94,53 +123,58 @@ async fn the_dashboard_and_the_alerts_find_their_series_in_real_scrapes() {
         .expect("healthy again");
     let schedule = serde_json::json!({"spec": {"backup": {"schedule": {"cron": EVERY_MINUTE}}}});
     clusters
-        .patch("pg", &PatchParams::default(), &Patch::Merge(&schedule))
+        .patch(
+            cluster.name(),
+            &PatchParams::default(),
+            &Patch::Merge(&schedule),
+        )
         .await
         .expect("scheduled every minute");
     let sql = cluster.sql().await.expect("SQL");
     finish_segments(&sql, 2)
         .await
         .expect("WAL for the archiver");
+}
 
+/// Scrapes the manager and the instances until every metric the dashboard and the alerts
+/// read has a sample; the scrapes' bodies by source (`manager` or the pod's name).
+async fn wait_for_every_metric(
+    manager: SocketAddr,
+    instances: &[(String, SocketAddr)],
+) -> Vec<(String, String)> {
     let used = used_metrics().expect("the dashboard's and the alerts' metrics");
-    let manager_address = manager.endpoint("metrics").await;
-    let addresses: Vec<(String, SocketAddr)> = cluster
-        .pods()
-        .await
-        .expect("pods")
-        .into_iter()
-        .map(|pod| {
-            let ip = pod.address.expect("an address");
-            (pod.name, SocketAddr::new(ip, METRICS_PORT))
-        })
-        .collect();
     let scraped = wait_until(
         "every metric of the dashboard and the alerts in the scrapes",
         TIMEOUT,
         || async {
-            let scrapes = scrape(manager_address, &addresses).await?;
+            let scrapes = scrape(manager, instances).await?;
             Ok(missing_metrics(&used, &scrapes)
                 .is_empty()
                 .then_some(scrapes))
         },
     )
     .await;
-    let scrapes = match scraped {
+    match scraped {
         Ok(scrapes) => scrapes,
         Err(error) => {
-            let scrapes = scrape(manager_address, &addresses).await.expect("scrapes");
+            let scrapes = scrape(manager, instances).await.expect("scrapes");
             let missing = missing_metrics(&used, &scrapes);
             panic!("{error:#}; no sample of: {missing:#?}");
         }
-    };
+    }
+}
 
-    let instance_label = cluster_label_of_pods(&client, &ns, &addresses).await;
-    let series = labelled_series(&scrapes, &ns, &instance_label);
+/// Runs each dashboard query in promtool over `series` and expects series from each.
+fn every_dashboard_query_finds_series(
+    env: &pgkube_testkit::TestEnv,
+    series: &[(String, f64)],
+    namespace: &str,
+) {
     let dir = tempfile::tempdir().expect("a directory");
-    let queries = dashboard_checks(&ns);
-    write_promtool_test(dir.path(), &series, &queries);
+    let queries = dashboard_checks(namespace);
+    write_promtool_test(dir.path(), series, &queries);
     let test = dir.path().join("test.yaml");
-    let tested = promtool(&env, &["test", "rules", &test.to_string_lossy()]);
+    let tested = promtool(env, &["test", "rules", &test.to_string_lossy()]);
     assert!(
         tested.status.success(),
         "a dashboard query found no series in the real samples:\n{}\nqueries:\n{}",
@@ -152,11 +186,6 @@ async fn the_dashboard_and_the_alerts_find_their_series_in_real_scrapes() {
             .collect::<Vec<_>>()
             .join("\n")
     );
-
-    cluster.delete(TIMEOUT).await.expect("the cluster goes");
-    manager.terminate();
-    namespace.cleanup().await;
-    bucket.cleanup().await;
 }
 
 /// One scrape's body, with the Prometheus target labels it gets.
