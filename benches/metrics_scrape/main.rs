@@ -146,6 +146,9 @@ async fn measure_peers(
                     backends: Backends::Named(exporter::APPLICATION.to_owned()),
                 };
                 rows.push(measure(server, &peer, scrapes).await);
+                drop(exporter);
+                // Its backends end on their own; their CPU time is then the postmaster's.
+                server.wait_no_backends(exporter::APPLICATION).await;
             }
             Err(why) => println!("{name}: left out: {why}"),
         }

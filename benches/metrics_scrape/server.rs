@@ -130,14 +130,44 @@ impl Primary {
     }
 
     /// CPU time of all the server's processes so far: the postmaster, the children it reaped
-    /// (backends that ended) and those alive.
+    /// (backends that ended) and those alive. Read again when a child was reaped while the
+    /// live ones were read: it would be counted in neither or in both.
     pub fn cpu(&self) -> Duration {
-        let (own, reaped) = stat_ticks(self.postmaster).unwrap_or_default();
-        let children: u64 = children_of(self.postmaster)
-            .into_iter()
-            .filter_map(|pid| stat_ticks(pid).map(|(own, _)| own))
-            .sum();
-        Duration::from_millis((own + reaped + children) * 1000 / TICKS_PER_SECOND)
+        loop {
+            let (_, reaped_before) = stat_ticks(self.postmaster).unwrap_or_default();
+            let children: u64 = children_of(self.postmaster)
+                .into_iter()
+                .filter_map(|pid| stat_ticks(pid).map(|(own, _)| own))
+                .sum();
+            let (own, reaped) = stat_ticks(self.postmaster).unwrap_or_default();
+            if reaped == reaped_before {
+                return Duration::from_millis((own + reaped + children) * 1000 / TICKS_PER_SECOND);
+            }
+        }
+    }
+
+    /// Waits until no backend has `application` for its `application_name`.
+    pub async fn wait_no_backends(&self, application: &str) {
+        let deadline = Instant::now() + LOG_WAIT;
+        loop {
+            let left: i64 = self
+                .sql
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                    &[&application],
+                )
+                .await
+                .expect("pg_stat_activity")
+                .get(0);
+            if left == 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{left} backends of {application} left"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Sessions established to any database since the statistics were reset.
