@@ -261,9 +261,17 @@ async fn the_pod_monitor_finds_postgresql(
         "PodMonitor",
         &format!("{}-postgresql", release.name),
     );
-    let port = pod_monitor["spec"]["podMetricsEndpoints"][0]["port"]
-        .as_str()
-        .expect("a port");
+    let endpoint = &pod_monitor["spec"]["podMetricsEndpoints"][0];
+    let port = endpoint["port"].as_str().expect("a port");
+    // The dashboard and the alerts group instances by a `cluster` label, from this pod label.
+    assert_eq!(
+        endpoint["relabelings"],
+        serde_json::json!([{
+            "sourceLabels": ["__meta_kubernetes_pod_label_app_kubernetes_io_instance"],
+            "targetLabel": "cluster",
+        }]),
+        "{pod_monitor}"
+    );
     let mut scraped = 0;
     for namespace in namespaces_of(pod_monitor) {
         let pods = Api::<Pod>::namespaced(client.clone(), &namespace)
@@ -271,6 +279,12 @@ async fn the_pod_monitor_finds_postgresql(
             .await
             .expect("pods");
         for pod in pods.items {
+            let instance = pod.labels().get("app.kubernetes.io/instance");
+            assert!(
+                instance.is_some_and(|cluster| pod.name_any().starts_with(&format!("{cluster}-"))),
+                "{}'s cluster label source: {instance:?}",
+                pod.name_any()
+            );
             let address = metrics_address(&pod, port);
             let samples = metric_samples(address).await.expect("PostgreSQL's metrics");
             assert_eq!(samples.get("pgkube_postgres_up"), Some(&1.0), "{address}");
@@ -293,9 +307,10 @@ async fn the_service_monitor_finds_the_managers(
         .list(&ListParams::default().labels(&selector_of(service_monitor)))
         .await
         .expect("Services");
-    let port = service_monitor["spec"]["endpoints"][0]["port"]
-        .as_str()
-        .expect("a port");
+    let endpoint = &service_monitor["spec"]["endpoints"][0];
+    let port = endpoint["port"].as_str().expect("a port");
+    // The manager's per-cluster series keep their clusters' namespace.
+    assert_eq!(endpoint["honorLabels"], true, "{service_monitor}");
     let scraped: Vec<String> = services
         .items
         .iter()
