@@ -15,8 +15,8 @@
 //!   Secrets and its data.
 //!
 //! Not here, because the test bed cannot: the API server calling the webhook through its
-//! Service. It calls a Service's cluster IP, and with no kube-proxy that address is not on this
-//! machine: the install registers no admission webhook, so that no call leaves it. Nor
+//! Service. It calls the Service's endpoints, and the pods' loopback addresses are never in
+//! Endpoints, so the call would fail: the install registers no admission webhook. Nor
 //! cert-manager or prometheus-operator's kinds (not installed; `helm lint` renders them).
 
 mod helm_common;

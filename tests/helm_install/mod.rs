@@ -118,9 +118,9 @@ fn create_certificate_secret(
 
 /// The install's values, as docs/helm.md gives them (a manager of the namespace `watched`,
 /// with the certificate of the Secret `secret`), a values file that puts the manager's pods on
-/// the test bed's real node, and no admission webhook registration: the API server would call
-/// it at the webhook Service's cluster IP, which on the test bed (no kube-proxy) is no address
-/// of this machine, so the call would leave it.
+/// the test bed's real node, and no admission webhook registration: the test bed's API server
+/// would call the webhook Service's endpoints, and the pods' loopback addresses are never in
+/// Endpoints, so the call would fail.
 fn install_args(dir: &Path, watched: &str, secret: &str) -> Vec<String> {
     let node = local_node_scheduling();
     let on_real_node = serde_json::json!({
