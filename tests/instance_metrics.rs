@@ -9,6 +9,10 @@ mod instance_common;
 use instance_common::*;
 use pgkube_testkit::metric_samples;
 
+/// Well under the metrics connection's statement timeout (10 s), which would end a query
+/// that was not cancelled.
+const CANCELLED_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
+
 #[tokio::test]
 async fn the_primary_and_its_replica_serve_their_postgresql_metrics() {
     let mut bed = Bed::new();
@@ -147,6 +151,32 @@ writer:
         (untouched.get::<_, bool>(0), untouched.get::<_, bool>(1)),
         (true, true)
     );
+
+    // A query that outlasts the scrape's time is cut off, and cancelled on the server: no
+    // backend goes on sleeping until the statement timeout (10 s).
+    std::fs::write(
+        &file,
+        "sleeper:\n  query: \"SELECT 1 AS one FROM pg_sleep(60)\"\n  metrics:\n    - one: {usage: GAUGE}\n",
+    )
+    .expect("a slow query");
+    let samples = metric_samples(address).await.expect("metrics");
+    assert_eq!(
+        samples.get("pgkube_postgres_custom_query_up{query=\"sleeper\"}"),
+        Some(&0.0)
+    );
+    assert_eq!(samples.get("pgkube_postgres_up"), Some(&1.0));
+    let sleeping = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%FROM pg_sleep(60)%' \
+                    AND pid <> pg_backend_pid()";
+    pgkube_testkit::wait_until(
+        "the slow query to be cancelled",
+        CANCELLED_WITHIN,
+        || async {
+            let row = writer.query_one(sleeping, &[]).await?;
+            Ok((row.get::<_, i64>(0) == 0).then_some(()))
+        },
+    )
+    .await
+    .unwrap_or_else(|error| panic!("{error:#}"));
 
     std::fs::write(&file, "databases: [not, a, query]\n").expect("a broken file");
     let samples = metric_samples(address).await.expect("metrics");

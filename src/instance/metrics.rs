@@ -5,9 +5,10 @@
 //! ID, and the WAL archiver's metrics (the same as the status port's); and the metrics of the
 //! user's own queries ([`custom`]), from a file read again at each scrape.
 //!
-//! Each scrape reads the server through one kept connection over the local socket, every query
-//! of it within [`SCRAPE_TIMEOUT`]; a scrape that fails or times out says `pgkube_postgres_up 0`
-//! and drops the connection, to make a new one next time. Scraping is cheap by design: a few
+//! Each scrape reads the server through one kept connection over the local socket, all its
+//! queries (the built-in ones, then the custom ones) within one [`SCRAPE_TIMEOUT`]; a scrape that
+//! fails or times out says `pgkube_postgres_up 0` (or a custom query's `up 0`), cancels the
+//! query still running and drops the connection, to make a new one next time. Scraping is cheap by design: a few
 //! catalog and statistics views, no table is read.
 
 mod custom;
@@ -31,7 +32,7 @@ use super::sql;
 use custom::CustomResults;
 pub use render::{DatabaseStats, ReplicaLag, Sample, render};
 
-/// How long one scrape's queries may take together.
+/// How long one scrape's queries may take together, the custom ones included.
 pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What a scrape reads the server through.
@@ -69,7 +70,8 @@ impl PostgresMetrics {
     /// archiver's.
     pub async fn scrape(&self) -> Result<String, std::fmt::Error> {
         let mut kept = self.client.lock().await;
-        let sampled = tokio::time::timeout(SCRAPE_TIMEOUT, self.sample_with(&mut kept)).await;
+        let deadline = tokio::time::Instant::now() + SCRAPE_TIMEOUT;
+        let sampled = tokio::time::timeout_at(deadline, self.sample_with(&mut kept)).await;
         let sample = match sampled {
             Ok(Ok(sample)) => Some(sample),
             Ok(Err(error)) => {
@@ -79,12 +81,12 @@ impl PostgresMetrics {
             }
             Err(_) => {
                 tracing::debug!("the PostgreSQL metrics' queries timed out");
-                *kept = None;
+                cancel_and_drop(&mut kept).await;
                 None
             }
         };
         let custom = match (&self.custom_queries, sample.is_some()) {
-            (Some(file), true) => Some(self.run_custom(file, &mut kept).await),
+            (Some(file), true) => Some(self.run_custom(file, &mut kept, deadline).await),
             _ => None,
         };
         drop(kept);
@@ -100,9 +102,14 @@ impl PostgresMetrics {
         Ok(text)
     }
 
-    /// The custom queries of `file`, each run within [`SCRAPE_TIMEOUT`] together; a timeout
-    /// drops the connection (a query may still run on it).
-    async fn run_custom(&self, file: &std::path::Path, kept: &mut Option<Client>) -> CustomResults {
+    /// The custom queries of `file`, run in the time left before `deadline`; a timeout cancels
+    /// the query still running and drops the connection.
+    async fn run_custom(
+        &self,
+        file: &std::path::Path,
+        kept: &mut Option<Client>,
+        deadline: tokio::time::Instant,
+    ) -> CustomResults {
         let queries = match std::fs::read_to_string(file)
             .map_err(|e| e.to_string())
             .and_then(|text| custom::parse(&text))
@@ -116,11 +123,11 @@ impl PostgresMetrics {
         let Some(client) = kept.as_ref() else {
             return CustomResults::Invalid;
         };
-        let ran = tokio::time::timeout(SCRAPE_TIMEOUT, run_queries(client, &queries)).await;
+        let ran = tokio::time::timeout_at(deadline, run_queries(client, &queries)).await;
         match ran {
             Ok(ran) => CustomResults::Ran(ran),
             Err(_) => {
-                *kept = None;
+                cancel_and_drop(kept).await;
                 CustomResults::Ran(queries.into_iter().map(|query| (query, None)).collect())
             }
         }
@@ -135,6 +142,24 @@ impl PostgresMetrics {
             .as_ref()
             .ok_or_else(|| anyhow::anyhow!("no connection"))?;
         sample(client).await
+    }
+}
+
+/// How long a cancel request may take: the connection is dropped after it anyway.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Asks the server to cancel the query still running on the kept connection, then drops the
+/// connection: without the cancel, the query would run on until its statement timeout and the
+/// next scrape's new connection would be a second one meanwhile.
+async fn cancel_and_drop(kept: &mut Option<Client>) {
+    let Some(client) = kept.take() else {
+        return;
+    };
+    let token = client.cancel_token();
+    match tokio::time::timeout(CANCEL_TIMEOUT, token.cancel_query(tokio_postgres::NoTls)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::debug!(%error, "cannot cancel the metrics query"),
+        Err(_) => tracing::debug!("cancelling the metrics query timed out"),
     }
 }
 
