@@ -138,7 +138,9 @@ async fn backup_with_progress(
             .unwrap_or_else(|_| panic!("no progress line while the dump waits: {said}"));
         said.push_str(&line);
         said.push('\n');
-        if line.contains("Dumping ") {
+        // The report that names the database the lock holds (an earlier one may be the
+        // step's start, before any database).
+        if line.contains("Dumping ") && line.contains(" postgres  ") {
             break;
         }
     }
@@ -247,7 +249,7 @@ async fn kubectl_pgkube_shows_a_cluster_and_switches_it_over() {
     );
     let progress = said
         .lines()
-        .find(|line| line.contains("Dumping "))
+        .find(|line| line.contains("Dumping ") && line.contains(" postgres  "))
         .unwrap_or_default();
     assert!(
         progress.contains(" postgres  ") && progress.contains(" of ~") && progress.contains("/s"),
