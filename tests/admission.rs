@@ -6,9 +6,8 @@
 //! contain that text (a field path such as `spec.replicas`). A file with two YAML documents is a
 //! forbidden update: the first document must be accepted, then the second must be refused.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::Output;
 
 use pgkube_testkit::{TestEnv, TestNamespace, install_crds, testbed};
 
@@ -16,31 +15,8 @@ fn repo_path(relative: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(relative)
 }
 
-/// Runs `kubectl <args>` with `manifest` on standard input.
-fn kubectl_with_stdin(env: &TestEnv, args: &[&str], manifest: &str) -> Output {
-    let mut child = env
-        .kubectl()
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl starts");
-    child
-        .stdin
-        .take()
-        .expect("kubectl stdin is piped")
-        .write_all(manifest.as_bytes())
-        .expect("manifest written to kubectl");
-    child.wait_with_output().expect("kubectl finishes")
-}
-
 fn apply(env: &TestEnv, namespace: &str, manifest: &str) -> Output {
-    kubectl_with_stdin(
-        env,
-        &["apply", "--namespace", namespace, "-f", "-"],
-        manifest,
-    )
+    env.kubectl_with_input(&["apply", "--namespace", namespace, "-f", "-"], manifest)
 }
 
 fn yaml_files(dir: &Path) -> Vec<PathBuf> {

@@ -22,9 +22,6 @@
 mod helm_common;
 mod helm_install;
 
-use std::io::Write;
-use std::process::Stdio;
-
 use helm_common::{chart_dir, helm, objects, run_ok, template};
 use pgkube_testkit::{TestEnv, TestNamespace, install_crds, testbed};
 
@@ -165,21 +162,7 @@ fn values_reach_the_manager_and_its_registration() {
 
 /// `kubectl apply --dry-run=server` of `manifests`: the API server's answer.
 fn server_dry_run(env: &TestEnv, manifests: &str) -> String {
-    let mut child = env
-        .kubectl()
-        .args(["apply", "--dry-run=server", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("kubectl starts");
-    child
-        .stdin
-        .take()
-        .expect("piped")
-        .write_all(manifests.as_bytes())
-        .expect("manifests written");
-    let output = child.wait_with_output().expect("kubectl finishes");
+    let output = env.kubectl_with_input(&["apply", "--dry-run=server", "-f", "-"], manifests);
     assert!(
         output.status.success(),
         "the API server refused the chart: {}",

@@ -131,6 +131,27 @@ impl TestEnv {
         command
     }
 
+    /// `kubectl <args>` with `input` on its stdin (`-f -`), once it ended.
+    pub fn kubectl_with_input(&self, args: &[&str], input: &str) -> std::process::Output {
+        use std::io::Write as _;
+        use std::process::Stdio;
+        let mut child = self
+            .kubectl()
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl starts");
+        child
+            .stdin
+            .take()
+            .expect("kubectl's stdin is piped")
+            .write_all(input.as_bytes())
+            .expect("input written to kubectl");
+        child.wait_with_output().expect("kubectl finishes")
+    }
+
     /// An S3 client for the test bed's object store: path-style, static credentials, and
     /// checksums only when an operation requires them (non-AWS stores reject some of the SDK's
     /// default checksum headers).
