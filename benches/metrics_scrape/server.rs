@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use pgkube_testkit::{children_of, stat_fields};
 use serde_json::Value;
 use tokio_postgres::Client;
 
@@ -223,25 +224,4 @@ fn stat_ticks(pid: u32) -> Option<(u64, u64)> {
     // fields[0] is field 3 of proc(5); utime, stime, cutime, cstime are fields 14 to 17.
     let tick = |field: usize| fields.get(field - 3)?.parse::<u64>().ok();
     Some((tick(14)? + tick(15)?, tick(16)? + tick(17)?))
-}
-
-/// The fields of `/proc/<pid>/stat` after the command name (which may hold spaces).
-fn stat_fields(pid: u32) -> Option<Vec<String>> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(')')?;
-    Some(rest.split_whitespace().map(str::to_owned).collect())
-}
-
-fn children_of(parent: u32) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            // Field 4 is the parent.
-            stat_fields(*pid).and_then(|fields| fields.get(1)?.parse::<u32>().ok()) == Some(parent)
-        })
-        .collect()
 }

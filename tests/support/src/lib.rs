@@ -148,8 +148,9 @@ pub use namespace::TestNamespace;
 pub use node::{FrozenNode, LostNode, SECOND_NODE, SECOND_NODE_TAINT, second_node_toleration};
 pub use partition::Partition;
 pub use process::{
-    Frozen, cpu_time, install_package, instance_manager_of, mount_options, peak_rss_bytes,
-    pod_processes, postmaster_of, processes_with_args, processes_with_env, send_signal,
+    Frozen, children_of, cpu_time, install_package, instance_manager_of, mount_options,
+    peak_rss_bytes, pod_processes, postmaster_of, processes_with_args, processes_with_env,
+    send_signal, stat_fields,
 };
 pub use restore::{
     ClusterDigest, DatabaseDigest, RESTORE_CONDITION, RESTORE_LABEL, TableDigest, cluster_digest,

@@ -13,16 +13,32 @@ const CLOCK_TICKS_PER_SECOND: u64 = 100;
 /// CPU time a process has used so far, user + system (fields 14 and 15 of `/proc/<pid>/stat`,
 /// in 10 ms ticks); zero when the process is gone.
 pub fn cpu_time(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The command name (field 2) may hold spaces; the fields after it are plain numbers.
-    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let fields = stat_fields(pid).unwrap_or_default();
     // fields[0] is field 3 (state), so field N is fields[N - 3].
     let ticks: u64 = [11, 12]
         .iter()
         .filter_map(|&index| fields.get(index)?.parse::<u64>().ok())
         .sum();
     Duration::from_millis(ticks * 1000 / CLOCK_TICKS_PER_SECOND)
+}
+
+/// The fields of `/proc/<pid>/stat` after the command name (field 2, which may hold spaces):
+/// `[0]` is field 3 (state), so field N is `[N - 3]`. `None` when the process is gone.
+pub fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
+/// The live children of process `parent` (field 4 of their `/proc/<pid>/stat`).
+pub fn children_of(parent: u32) -> Vec<u32> {
+    processes_where("stat", |stat| {
+        let stat = String::from_utf8_lossy(stat);
+        let parent_field = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1));
+        parent_field.and_then(|field| field.parse::<u32>().ok()) == Some(parent)
+    })
 }
 
 /// The most resident memory a process has had, in bytes (`VmHWM` of `/proc/<pid>/status`);
@@ -196,6 +212,25 @@ fn processes_where(file: &str, matches: impl Fn(&[u8]) -> bool) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_child_is_found_under_its_parent_with_its_stat_fields() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep starts");
+        let children = children_of(std::process::id());
+        let fields = stat_fields(child.id()).expect("its stat");
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(children.contains(&child.id()), "{children:?}");
+        assert_eq!(
+            fields[1],
+            std::process::id().to_string(),
+            "field 4, the parent"
+        );
+        assert!(!children_of(child.id()).contains(&std::process::id()));
+    }
 
     #[test]
     fn this_test_process_is_found_by_its_environment_and_arguments() {
